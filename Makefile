@@ -1,0 +1,57 @@
+# Every entry point a person or CI uses. Nothing here assumes a prepared machine: the
+# virtualenv and the control-plane binaries are made on first use and cached.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha1sum | cut -c1-12)
+
+.PHONY: help venv binaries lint unit e2e test cluster cluster-down demo bench compare clean
+
+help:
+	@echo "make demo          local control plane + webhook, replays the resize walkthrough"
+	@echo "make test          lint, type checks, layering contract, unit and end-to-end tests"
+	@echo "make cluster       start the local control plane and leave it running"
+	@echo "make cluster-down  stop it"
+	@echo "make bench         benchmarks under bench/"
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c requirements.lock -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+venv: $(STAMP)
+
+binaries:
+	@scripts/build-control-plane.sh >/dev/null
+
+lint: venv
+	$(VENV)/bin/ruff check webhook tests bench
+	$(VENV)/bin/ruff format --check webhook tests bench
+	$(VENV)/bin/mypy webhook
+	$(VENV)/bin/lint-imports
+
+unit: venv
+	$(PY) -m pytest tests/unit -q
+
+e2e: venv binaries
+	$(PY) -m pytest tests/e2e -q
+
+test: lint binaries
+	$(PY) -m pytest -q
+
+cluster: venv binaries
+	@$(PY) -m tests.harness up
+
+cluster-down: venv
+	@$(PY) -m tests.harness down
+
+demo: venv binaries
+	@$(PY) -m tests.harness demo
+
+bench: venv
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

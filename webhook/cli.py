@@ -1,0 +1,152 @@
+"""Command line: ``python -m webhook plan|serve|certs ...``.
+
+Every subcommand turns expected failures (bad input, unreachable files) into one line on
+stderr and exit code 2; a traceback means a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from webhook.core.errors import InputError, LookupFailed, WebhookError
+from webhook.core.objects import parse_time
+from webhook.core.policy import DefaultPolicy
+from webhook.core.report import human_report, plan_to_dict
+from webhook.core.snapshot import load_snapshot, plan_snapshot_resize
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+
+
+class UsageError(InputError):
+    """A command-line argument that cannot be used."""
+
+
+def _read_documents(path: str) -> list[object]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"cannot read snapshot {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"snapshot {path} is not UTF-8 text") from None
+    stripped = text.lstrip()
+    if stripped.startswith(("{", "[")):
+        try:
+            data = orjson.loads(text)
+        except orjson.JSONDecodeError as e:
+            raise UsageError(f"snapshot {path} is not valid JSON: {e}") from None
+        return list(data) if isinstance(data, list) else [data]
+    try:
+        return list(yaml.safe_load_all(text))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UsageError(f"snapshot {path} is not valid YAML{where}") from None
+
+
+def _read_patch(text: str) -> dict[str, Any]:
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as e:
+            raise UsageError(f"cannot read resize patch {text[1:]}: {e.strerror or e}") from None
+    try:
+        patch = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise UsageError(f"--resize is not valid JSON: {e}") from None
+    if not isinstance(patch, dict):
+        raise UsageError('--resize must be a JSON object like {"spec": {"containers": [...]}}')
+    return patch
+
+
+def _pod_key(text: str) -> str:
+    namespace, sep, name = text.partition("/")
+    if not sep:
+        namespace, name = "default", text
+    if not namespace or not name or "/" in name:
+        raise UsageError(f"--pod must be NAMESPACE/NAME, not {text!r}")
+    return f"{namespace}/{name}"
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    snapshot = load_snapshot(_read_documents(args.snapshot))
+    now = time.time() if args.now is None else parse_time(args.now, "--now")
+    assert now is not None
+    policy = DefaultPolicy(
+        pdb_mode=args.pdb_mode,
+        max_victims=args.max_victims,
+        protected_namespaces=frozenset(args.protected_namespace or ()),
+    )
+    plan = plan_snapshot_resize(
+        snapshot, _pod_key(args.pod), _read_patch(args.resize), now=now, policy=policy
+    )
+    if args.output == "json":
+        sys.stdout.write(orjson.dumps(plan_to_dict(plan)).decode() + "\n")
+    else:
+        sys.stdout.write(human_report(plan) + "\n")
+    return EXIT_OK
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m webhook",
+        description="Make room for in-place pod resizes by preempting lower-priority pods.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    plan = sub.add_parser(
+        "plan",
+        help="plan a resize against a snapshot of cluster objects",
+        description="Plan a resize offline: which lower-priority pods would have to go.",
+    )
+    plan.add_argument(
+        "--snapshot",
+        required=True,
+        metavar="FILE",
+        help="Nodes, Pods, PodDisruptionBudgets, PriorityClasses (YAML or JSON)",
+    )
+    plan.add_argument("--pod", required=True, metavar="NAMESPACE/NAME")
+    plan.add_argument(
+        "--resize",
+        required=True,
+        metavar="PATCH",
+        help="the JSON given to kubectl patch --subresource resize (or @file)",
+    )
+    plan.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    plan.add_argument("--pdb-mode", choices=("respect", "best-effort"), default="respect")
+    plan.add_argument("--max-victims", type=_non_negative_int, default=None)
+    plan.add_argument("--protected-namespace", action="append", metavar="NAMESPACE")
+    plan.add_argument("--now", metavar="RFC3339", help="evaluate as of this time")
+    plan.set_defaults(func=cmd_plan)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except (InputError, LookupFailed) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except WebhookError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code

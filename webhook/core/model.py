@@ -1,0 +1,222 @@
+"""Slim, frozen views of the Kubernetes objects a resize decision reads.
+
+They hold only what the decision needs, already parsed (quantities as integers, times as
+epoch seconds), so the cluster cache can keep hundreds of thousands of them and the
+planner never touches raw JSON. Build them with :mod:`webhook.core.objects`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Final, Literal
+
+from webhook.core.resources import ZERO, Resources
+
+PreemptionPolicyName = Literal["PreemptLowerPriority", "Never"]
+ResizeState = Literal["none", "deferred", "infeasible"]
+PdbMode = Literal["respect", "best-effort"]
+
+PREEMPT_LOWER_PRIORITY: Final = "PreemptLowerPriority"
+NEVER: Final = "Never"
+
+#: Our opt-out for nodes on clusters older than 1.37 (which lack
+#: ``spec.podPreemptionPolicy.disableResizePreemption``). Any non-empty value opts out.
+NODE_OPT_OUT_ANNOTATION: Final = "resize-preemption.io/disable-resize-preemption"
+#: Opt-in for the mutating endpoint: shrink an unfittable resize to what fits.
+FIT_TO_NODE_ANNOTATION: Final = "resize-preemption.io/fit-to-node"
+MIRROR_POD_ANNOTATION: Final = "kubernetes.io/config.mirror"
+TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    """A pod's identity: ``namespace/name`` plus the uid that tells incarnations apart."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def __str__(self) -> str:
+        return self.key
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    """A container's declared resources. ``sidecar`` marks a restartable init container."""
+
+    name: str
+    requests: Resources = ZERO
+    limits: Resources = ZERO
+    sidecar: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerStatus:
+    """What the kubelet reports for a container.
+
+    ``allocated`` is ``allocatedResources`` (the requests the kubelet admitted); ``actual``
+    is ``resources.requests`` (what the runtime has applied). Either may be absent on
+    older clusters or before the container started.
+    """
+
+    name: str
+    allocated: Resources | None = None
+    actual: Resources | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """The parts of a Pod that resource accounting and victim selection read."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str = ""
+    priority: int = 0
+    preemption_policy: PreemptionPolicyName = "PreemptLowerPriority"
+    #: ``status.startTime`` in epoch seconds; ``None`` for a pod that has not started.
+    start_time: float | None = None
+    phase: str = "Running"
+    terminating: bool = False
+    mirror: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    containers: tuple[Container, ...] = ()
+    init_containers: tuple[Container, ...] = ()
+    overhead: Resources = ZERO
+    #: Pod-level ``spec.resources.requests``/``limits``; zero components are unset.
+    pod_requests: Resources = ZERO
+    pod_limits: Resources = ZERO
+    #: Container statuses by container name, app and init containers alike. Empty when
+    #: the kubelet has not reported any.
+    statuses: Mapping[str, ContainerStatus] = field(default_factory=dict)
+    #: Pod-level ``status.allocatedResources`` and ``status.resources.requests``.
+    pod_allocated: Resources | None = None
+    pod_actual: Resources | None = None
+    #: ``PodResizePending`` reason, lower-cased; ``none`` when no resize is pending.
+    resize: ResizeState = "none"
+    #: When the current ``PodResizePending`` condition was set (epoch seconds).
+    resize_pending_since: float | None = None
+    #: The kubelet set ``PodResizePreemptionDisabled=True`` (node opted out, 1.37+).
+    resize_preemption_disabled: bool = False
+    qos_class: str = ""
+    generation: int = 0
+
+    @property
+    def ref(self) -> PodRef:
+        return PodRef(self.namespace, self.name, self.uid)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def terminal(self) -> bool:
+        """Succeeded or Failed: holds no resources on its node."""
+        return self.phase in TERMINAL_PHASES
+
+    def all_containers(self) -> tuple[Container, ...]:
+        return self.init_containers + self.containers
+
+    def container(self, name: str) -> Container | None:
+        for c in self.all_containers():
+            if c.name == name:
+                return c
+        return None
+
+    def with_containers(
+        self, containers: tuple[Container, ...], init_containers: tuple[Container, ...]
+    ) -> Pod:
+        """The same pod with other declared container resources (a resize)."""
+        return replace(self, containers=containers, init_containers=init_containers)
+
+    def with_pod_resources(self, requests: Resources, limits: Resources) -> Pod:
+        return replace(self, pod_requests=requests, pod_limits=limits)
+
+    def with_resize(self, state: ResizeState) -> Pod:
+        return replace(self, resize=state)
+
+    def same_declared_resources(self, other: Pod) -> bool:
+        """True when the two carry the same requests and limits everywhere."""
+        return (
+            self.containers == other.containers
+            and self.init_containers == other.init_containers
+            and self.pod_requests == other.pod_requests
+            and self.pod_limits == other.pod_limits
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node's allocatable resources and its resize-preemption opt-out."""
+
+    name: str
+    allocatable: Resources
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: ``spec.podPreemptionPolicy.disableResizePreemption`` (1.37) or our annotation.
+    resize_preemption_disabled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """One ``matchExpressions`` entry of a label selector."""
+
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: frozenset[str] = frozenset()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if self.operator == "Exists":
+            return self.key in labels
+        if self.operator == "DoesNotExist":
+            return self.key not in labels
+        if self.operator == "In":
+            return self.key in labels and labels[self.key] in self.values
+        return self.key not in labels or labels[self.key] not in self.values
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """A ``metav1.LabelSelector``: every label and every expression must match."""
+
+    match_labels: tuple[tuple[str, str], ...] = ()
+    match_expressions: tuple[Requirement, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.match_labels and not self.match_expressions
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in self.match_labels) and all(
+            r.matches(labels) for r in self.match_expressions
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DisruptionBudget:
+    """A PodDisruptionBudget's selector and the status the disruption controller keeps."""
+
+    namespace: str
+    name: str
+    #: ``None`` for a null selector (matches nothing); an empty selector is ``{}``.
+    selector: LabelSelector | None
+    disruptions_allowed: int
+    #: Pod names in ``status.disruptedPods``: evictions the API server already admitted.
+    disrupted_pods: frozenset[str] = frozenset()
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    name: str
+    value: int
+    global_default: bool = False
+    preemption_policy: PreemptionPolicyName = "PreemptLowerPriority"

@@ -1,0 +1,357 @@
+"""Raw Kubernetes JSON (as the API or ``kubectl get -o yaml`` gives it) -> slim views.
+
+Every function here is defensive: a field of the wrong type raises :class:`ObjectError`
+naming the object and the field, never ``KeyError``/``TypeError``. Missing optional
+fields take the API's defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any, cast
+
+from webhook.core.errors import ObjectError
+from webhook.core.model import (
+    MIRROR_POD_ANNOTATION,
+    NEVER,
+    NODE_OPT_OUT_ANNOTATION,
+    Container,
+    ContainerStatus,
+    DisruptionBudget,
+    LabelSelector,
+    Node,
+    Pod,
+    PreemptionPolicyName,
+    PriorityClass,
+    Requirement,
+    ResizeState,
+)
+from webhook.core.quantity import cpu_millis, memory_bytes
+from webhook.core.resources import ZERO, Resources
+
+Obj = Mapping[str, Any]
+_EMPTY: Obj = {}
+_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
+
+
+def _describe(obj: Obj) -> str:
+    meta = obj.get("metadata")
+    if isinstance(meta, Mapping):
+        ns, name = meta.get("namespace"), meta.get("name")
+        if isinstance(name, str):
+            return f"{obj.get('kind') or 'object'} {ns}/{name}" if ns else f"{name}"
+    return str(obj.get("kind") or "object")
+
+
+def _map(value: object, where: str) -> Obj:
+    if value is None:
+        return _EMPTY
+    if not isinstance(value, Mapping):
+        raise ObjectError(f"{where} must be an object, not {type(value).__name__}")
+    return cast(Obj, value)
+
+
+def _list(value: object, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ObjectError(f"{where} must be a list, not {type(value).__name__}")
+    return value
+
+
+def _str(value: object, where: str, default: str = "") -> str:
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ObjectError(f"{where} must be a string, not {type(value).__name__}")
+    return value
+
+
+def _int(value: object, where: str, default: int = 0) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ObjectError(f"{where} must be an integer, not {value!r}")
+    return value
+
+
+def _labels(value: object, where: str) -> dict[str, str]:
+    raw = _map(value, where)
+    for k, v in raw.items():
+        if not isinstance(v, str):
+            raise ObjectError(f"{where}.{k} must be a string, not {v!r}")
+    return dict(raw)
+
+
+def parse_time(value: object, where: str) -> float | None:
+    """RFC 3339 timestamp -> epoch seconds (``None`` when absent)."""
+    if value is None:
+        return None
+    text = _str(value, where)
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise ObjectError(f"{where}: {text!r} is not an RFC 3339 time") from None
+
+
+def parse_resources(value: object, where: str) -> Resources:
+    """A ``ResourceList`` (``{"cpu": "2", "memory": "1Gi", ...}``); other names ignored."""
+    raw = _map(value, where)
+    cpu, memory = raw.get("cpu"), raw.get("memory")
+    return Resources(
+        0 if cpu is None else cpu_millis(cpu, where=f"{where}.cpu"),
+        0 if memory is None else memory_bytes(memory, where=f"{where}.memory"),
+    )
+
+
+def _optional_resources(value: object, where: str) -> Resources | None:
+    return None if value is None else parse_resources(value, where)
+
+
+def _container(raw: object, where: str, *, init: bool) -> Container:
+    c = _map(raw, where)
+    name = _str(c.get("name"), f"{where}.name")
+    if not name:
+        raise ObjectError(f"{where}.name is missing")
+    resources = _map(c.get("resources"), f"{where}.resources")
+    limits = parse_resources(resources.get("limits"), f"{where}.resources.limits")
+    requests = parse_resources(resources.get("requests"), f"{where}.resources.requests")
+    # API defaulting: a request left unset takes the limit's value.
+    req_raw = _map(resources.get("requests"), f"{where}.resources.requests")
+    if "cpu" not in req_raw and limits.cpu:
+        requests = requests.replace("cpu", limits.cpu)
+    if "memory" not in req_raw and limits.memory:
+        requests = requests.replace("memory", limits.memory)
+    sidecar = init and c.get("restartPolicy") == "Always"
+    return Container(name=name, requests=requests, limits=limits, sidecar=sidecar)
+
+
+def _status(raw: object, where: str) -> ContainerStatus:
+    s = _map(raw, where)
+    name = _str(s.get("name"), f"{where}.name")
+    actual_raw = _map(s.get("resources"), f"{where}.resources")
+    return ContainerStatus(
+        name=name,
+        allocated=_optional_resources(s.get("allocatedResources"), f"{where}.allocatedResources"),
+        actual=_optional_resources(actual_raw.get("requests"), f"{where}.resources.requests"),
+    )
+
+
+def _resize_state(status: Obj, where: str) -> tuple[ResizeState, float | None, bool]:
+    state: ResizeState = "none"
+    since: float | None = None
+    disabled = False
+    for i, raw in enumerate(_list(status.get("conditions"), f"{where}.conditions")):
+        cond = _map(raw, f"{where}.conditions[{i}]")
+        kind, value = cond.get("type"), cond.get("status")
+        if kind == "PodResizePending" and value == "True":
+            reason = cond.get("reason")
+            if reason in ("Deferred", "Infeasible"):
+                state = "deferred" if reason == "Deferred" else "infeasible"
+                since = parse_time(cond.get("lastTransitionTime"), f"{where}.conditions[{i}]")
+        elif kind == "PodResizePreemptionDisabled" and value == "True":
+            disabled = True
+    # Before 1.33 the kubelet reported the resize state in status.resize.
+    legacy = status.get("resize")
+    if state == "none" and legacy in ("Deferred", "Infeasible"):
+        state = "deferred" if legacy == "Deferred" else "infeasible"
+    return state, since, disabled
+
+
+class PriorityResolver:
+    """Resolves a pod's priority and preemption policy the way the Priority plugin does.
+
+    ``spec.priority`` wins; else the value of ``priorityClassName``'s class; else the
+    globalDefault class; else 0. ``preemptionPolicy`` follows the same chain and
+    defaults to ``PreemptLowerPriority``. Live API pods already carry both fields.
+    """
+
+    def __init__(self, classes: Iterable[PriorityClass] = ()) -> None:
+        self._classes = {c.name: c for c in classes}
+        defaults = sorted(
+            (c for c in self._classes.values() if c.global_default),
+            key=lambda c: (-c.value, c.name),
+        )
+        self._default = defaults[0] if defaults else None
+
+    def resolve(self, spec: Obj, where: str) -> tuple[int, PreemptionPolicyName]:
+        class_name = _str(spec.get("priorityClassName"), f"{where}.priorityClassName")
+        cls = self._classes.get(class_name) if class_name else self._default
+        if class_name and cls is None and spec.get("priority") is None:
+            raise ObjectError(f"{where}.priorityClassName: no PriorityClass {class_name!r}")
+        priority = spec.get("priority")
+        value = (
+            _int(priority, f"{where}.priority")
+            if priority is not None
+            else (cls.value if cls else 0)
+        )
+        policy_raw = spec.get("preemptionPolicy")
+        if policy_raw is None:
+            policy: PreemptionPolicyName = cls.preemption_policy if cls else "PreemptLowerPriority"
+        elif policy_raw in ("PreemptLowerPriority", NEVER):
+            policy = cast(PreemptionPolicyName, policy_raw)
+        else:
+            raise ObjectError(f"{where}.preemptionPolicy: unknown value {policy_raw!r}")
+        return value, policy
+
+
+_NO_CLASSES = PriorityResolver()
+
+
+def parse_pod(obj: Obj, priorities: PriorityResolver = _NO_CLASSES) -> Pod:
+    """A Pod object -> :class:`Pod`. Raises :class:`ObjectError` on a malformed object."""
+    where = _describe(obj) if obj.get("kind") else "pod"
+    meta = _map(obj.get("metadata"), f"{where}.metadata")
+    namespace = _str(meta.get("namespace"), f"{where}.metadata.namespace", "default")
+    name = _str(meta.get("name"), f"{where}.metadata.name")
+    if not name:
+        raise ObjectError(f"{where}: metadata.name is missing")
+    where = f"pod {namespace}/{name}"
+    spec = _map(obj.get("spec"), f"{where}.spec")
+    status = _map(obj.get("status"), f"{where}.status")
+    annotations = _labels(meta.get("annotations"), f"{where}.metadata.annotations")
+    priority, policy = priorities.resolve(spec, f"{where}.spec")
+    containers = tuple(
+        _container(c, f"{where}.spec.containers[{i}]", init=False)
+        for i, c in enumerate(_list(spec.get("containers"), f"{where}.spec.containers"))
+    )
+    init_containers = tuple(
+        _container(c, f"{where}.spec.initContainers[{i}]", init=True)
+        for i, c in enumerate(_list(spec.get("initContainers"), f"{where}.spec.initContainers"))
+    )
+    statuses: dict[str, ContainerStatus] = {}
+    for field in ("initContainerStatuses", "containerStatuses"):
+        for i, raw in enumerate(_list(status.get(field), f"{where}.status.{field}")):
+            st = _status(raw, f"{where}.status.{field}[{i}]")
+            statuses[st.name] = st
+    pod_resources = _map(spec.get("resources"), f"{where}.spec.resources")
+    pod_status_resources = _map(status.get("resources"), f"{where}.status.resources")
+    resize, since, disabled = _resize_state(status, f"{where}.status")
+    return Pod(
+        namespace=namespace,
+        name=name,
+        # Hand-written snapshots often omit uids; the key still tells pods apart.
+        uid=_str(meta.get("uid"), f"{where}.metadata.uid") or f"{namespace}/{name}",
+        node=_str(spec.get("nodeName"), f"{where}.spec.nodeName"),
+        priority=priority,
+        preemption_policy=policy,
+        start_time=parse_time(status.get("startTime"), f"{where}.status.startTime"),
+        phase=_str(status.get("phase"), f"{where}.status.phase", "Pending"),
+        terminating=meta.get("deletionTimestamp") is not None,
+        mirror=MIRROR_POD_ANNOTATION in annotations,
+        labels=_labels(meta.get("labels"), f"{where}.metadata.labels"),
+        annotations=annotations,
+        containers=containers,
+        init_containers=init_containers,
+        overhead=parse_resources(spec.get("overhead"), f"{where}.spec.overhead"),
+        pod_requests=parse_resources(pod_resources.get("requests"), f"{where}.spec.resources"),
+        pod_limits=parse_resources(pod_resources.get("limits"), f"{where}.spec.resources"),
+        statuses=statuses,
+        pod_allocated=_optional_resources(
+            status.get("allocatedResources"), f"{where}.status.allocatedResources"
+        ),
+        pod_actual=_optional_resources(
+            pod_status_resources.get("requests"), f"{where}.status.resources.requests"
+        ),
+        resize=resize,
+        resize_pending_since=since,
+        resize_preemption_disabled=disabled,
+        qos_class=_str(status.get("qosClass"), f"{where}.status.qosClass"),
+        generation=_int(meta.get("generation"), f"{where}.metadata.generation"),
+    )
+
+
+def parse_node(obj: Obj) -> Node:
+    """A Node object -> :class:`Node`."""
+    meta = _map(obj.get("metadata"), "node.metadata")
+    name = _str(meta.get("name"), "node.metadata.name")
+    if not name:
+        raise ObjectError("node: metadata.name is missing")
+    where = f"node {name}"
+    spec = _map(obj.get("spec"), f"{where}.spec")
+    status = _map(obj.get("status"), f"{where}.status")
+    policy = _map(spec.get("podPreemptionPolicy"), f"{where}.spec.podPreemptionPolicy")
+    annotations = _labels(meta.get("annotations"), f"{where}.metadata.annotations")
+    allocatable_raw = status.get("allocatable")
+    if allocatable_raw is None:
+        allocatable_raw = status.get("capacity")
+    return Node(
+        name=name,
+        allocatable=parse_resources(allocatable_raw, f"{where}.status.allocatable"),
+        labels=_labels(meta.get("labels"), f"{where}.metadata.labels"),
+        resize_preemption_disabled=bool(policy.get("disableResizePreemption"))
+        or bool(annotations.get(NODE_OPT_OUT_ANNOTATION)),
+    )
+
+
+def parse_selector(value: object, where: str) -> LabelSelector | None:
+    """A ``metav1.LabelSelector``; ``None`` for a null selector."""
+    if value is None:
+        return None
+    raw = _map(value, where)
+    match_labels = tuple(sorted(_labels(raw.get("matchLabels"), f"{where}.matchLabels").items()))
+    expressions = []
+    for i, e in enumerate(_list(raw.get("matchExpressions"), f"{where}.matchExpressions")):
+        expr = _map(e, f"{where}.matchExpressions[{i}]")
+        op = expr.get("operator")
+        if op not in _OPERATORS:
+            raise ObjectError(f"{where}.matchExpressions[{i}].operator: unknown {op!r}")
+        values = _list(expr.get("values"), f"{where}.matchExpressions[{i}].values")
+        expressions.append(
+            Requirement(
+                key=_str(expr.get("key"), f"{where}.matchExpressions[{i}].key"),
+                operator=op,
+                values=frozenset(_str(v, f"{where}.matchExpressions[{i}].values") for v in values),
+            )
+        )
+    return LabelSelector(match_labels, tuple(expressions))
+
+
+def parse_pdb(obj: Obj) -> DisruptionBudget:
+    """A PodDisruptionBudget (policy/v1) -> :class:`DisruptionBudget`."""
+    meta = _map(obj.get("metadata"), "pdb.metadata")
+    namespace = _str(meta.get("namespace"), "pdb.metadata.namespace", "default")
+    name = _str(meta.get("name"), "pdb.metadata.name")
+    where = f"PodDisruptionBudget {namespace}/{name}"
+    spec = _map(obj.get("spec"), f"{where}.spec")
+    status = _map(obj.get("status"), f"{where}.status")
+    disrupted = _map(status.get("disruptedPods"), f"{where}.status.disruptedPods")
+    return DisruptionBudget(
+        namespace=namespace,
+        name=name,
+        selector=parse_selector(spec.get("selector"), f"{where}.spec.selector"),
+        disruptions_allowed=_int(
+            status.get("disruptionsAllowed"), f"{where}.status.disruptionsAllowed"
+        ),
+        disrupted_pods=frozenset(disrupted),
+    )
+
+
+def parse_priority_class(obj: Obj) -> PriorityClass:
+    """A PriorityClass (scheduling.k8s.io/v1) -> :class:`PriorityClass`."""
+    meta = _map(obj.get("metadata"), "priorityclass.metadata")
+    name = _str(meta.get("name"), "priorityclass.metadata.name")
+    where = f"PriorityClass {name}"
+    policy = obj.get("preemptionPolicy") or "PreemptLowerPriority"
+    if policy not in ("PreemptLowerPriority", NEVER):
+        raise ObjectError(f"{where}.preemptionPolicy: unknown value {policy!r}")
+    return PriorityClass(
+        name=name,
+        value=_int(obj.get("value"), f"{where}.value"),
+        global_default=bool(obj.get("globalDefault")),
+        preemption_policy=cast(PreemptionPolicyName, policy),
+    )
+
+
+__all__ = [
+    "ZERO",
+    "PriorityResolver",
+    "parse_node",
+    "parse_pdb",
+    "parse_pod",
+    "parse_priority_class",
+    "parse_resources",
+    "parse_selector",
+    "parse_time",
+]

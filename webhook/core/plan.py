@@ -1,0 +1,324 @@
+"""The decision: for this resize of this pod on its node, who (if anyone) must go.
+
+``plan_resize`` is a fixed algorithm after kube-scheduler's DefaultPreemption
+``SelectVictimsOnNode`` (which KEP-5836 reuses for resizes) with the kubelet's fit model;
+:class:`~webhook.core.policy.PreemptionPolicy` supplies the tunable parts. It is pure:
+same inputs, same :class:`Plan`, whatever order the pods come in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from webhook.core.accounting import pod_requests
+from webhook.core.disruption import split_by_violation
+from webhook.core.headroom import NodeUsage, node_usage
+from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
+from webhook.core.policy import DefaultPolicy, PreemptionPolicy
+from webhook.core.reservation import Reservation, active_on
+from webhook.core.resources import RESOURCE_NAMES, ZERO, ResourceName, Resources, format_amount
+
+Verdict = Literal["fits", "preempt", "infeasible", "not-eligible"]
+ReasonCode = Literal[
+    "fits",
+    "fits-once-terminated",
+    "preempt",
+    "exceeds-allocatable",
+    "insufficient-after-preemption",
+    "pdb-violation",
+    "too-many-victims",
+    "preemption-policy-never",
+    "node-opted-out",
+    "no-growth",
+    "not-bound",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceFigures:
+    """One resource's numbers for the messages a person reads."""
+
+    requested: int  # the resizing pod's new requests
+    in_use: int  # held by every other pod and by reservations
+    freeing: int  # part of in_use already on its way out
+    allocatable: int
+    shortfall: int  # missing before preemption, counting what is freeing as free
+    unmet: int = 0  # still missing after the plan's victims (infeasible plans)
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    pod: PodRef
+    priority: int
+    frees: Resources
+    violates_pdb: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A frozen verdict for one resize; executors carry it out, never change it."""
+
+    pod: PodRef
+    node: str
+    verdict: Verdict
+    code: ReasonCode
+    reason: str
+    requested: Resources = ZERO
+    victims: tuple[Victim, ...] = ()  # in eviction order, least important first
+    figures: Mapping[ResourceName, ResourceFigures] | None = None
+    waiting_for: tuple[PodRef, ...] = ()  # terminating or already-claimed pods
+
+    @property
+    def victim_keys(self) -> tuple[str, ...]:
+        return tuple(v.pod.key for v in self.victims)
+
+    @property
+    def shortfall(self) -> Resources:
+        """What preemption must free (``fits``: zero)."""
+        f = self.figures or {}
+        return Resources(
+            f["cpu"].shortfall if "cpu" in f else 0,
+            f["memory"].shortfall if "memory" in f else 0,
+        )
+
+    @property
+    def unmet(self) -> Resources:
+        """What is missing even after the plan (non-zero only for infeasible plans)."""
+        f = self.figures or {}
+        return Resources(
+            f["cpu"].unmet if "cpu" in f else 0, f["memory"].unmet if "memory" in f else 0
+        )
+
+    def with_victims(self, victims: tuple[Victim, ...]) -> Plan:
+        return replace(self, victims=victims)
+
+
+def shortfall(demand: Resources, used: Resources, allocatable: Resources) -> Resources:
+    """What ``demand`` lacks on a node with ``used`` of ``allocatable`` taken.
+
+    As the scheduler's and kubelet's fit checks, only resources the pod requests are
+    checked: a pod asking for no memory fits an overcommitted node's memory.
+    """
+    short = (demand + used - allocatable).clamp()
+    return Resources(short.cpu if demand.cpu else 0, short.memory if demand.memory else 0)
+
+
+def _fits(demand: Resources, used: Resources, allocatable: Resources) -> bool:
+    return shortfall(demand, used, allocatable).is_zero()
+
+
+def _amounts(r: Resources, names: Iterable[ResourceName]) -> str:
+    return ", ".join(f"{n} {format_amount(n, r.get(n))}" for n in names)
+
+
+def _nonzero(r: Resources) -> tuple[ResourceName, ...]:
+    return tuple(n for n in RESOURCE_NAMES if r.get(n))
+
+
+def _short_by(r: Resources) -> str:
+    return ", ".join(f"{n} short by {format_amount(n, r.get(n))}" for n in _nonzero(r))
+
+
+def _grows(demand: Resources, current: Resources) -> bool:
+    return bool(demand.exceeds_in(current))
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    preemptor: Pod
+    node: Node
+    demand: Resources
+    usage: NodeUsage
+
+    def figures(self, unmet: Resources = ZERO) -> dict[ResourceName, ResourceFigures]:
+        u = self.usage
+        short = shortfall(self.demand, u.in_use - u.freeing, u.allocatable)
+        return {
+            n: ResourceFigures(
+                requested=self.demand.get(n),
+                in_use=u.in_use.get(n),
+                freeing=u.freeing.get(n),
+                allocatable=u.allocatable.get(n),
+                shortfall=short.get(n),
+                unmet=unmet.get(n),
+            )
+            for n in RESOURCE_NAMES
+        }
+
+    def plan(
+        self,
+        verdict: Verdict,
+        code: ReasonCode,
+        reason: str,
+        victims: tuple[Victim, ...] = (),
+        unmet: Resources = ZERO,
+    ) -> Plan:
+        return Plan(
+            pod=self.preemptor.ref,
+            node=self.node.name,
+            verdict=verdict,
+            code=code,
+            reason=reason,
+            requested=self.demand,
+            victims=victims,
+            figures=self.figures(unmet),
+            waiting_for=self.usage.waiting_for,
+        )
+
+
+def plan_resize(
+    old: Pod,
+    new: Pod,
+    node: Node,
+    pods: Sequence[Pod],
+    *,
+    now: float,
+    budgets: Sequence[DisruptionBudget] = (),
+    reservations: Iterable[Reservation] = (),
+    policy: PreemptionPolicy | None = None,
+) -> Plan:
+    """Decide what the resize of ``old`` into ``new`` needs on ``node``.
+
+    Contract:
+    * ``old`` is the pod as stored (with the kubelet's status); ``new`` the pod with the
+      desired resources (for a resize already persisted, ``new`` may equal ``old``);
+    * ``pods`` are the pods bound to ``node`` (the resizing pod may be among them; pods
+      bound elsewhere are ignored, so victims are never on another node);
+    * ``reservations`` may hold any node's; only active ones on ``node`` of other pods count;
+    * the result never names a victim with priority >= the resizing pod's, a mirror pod,
+      a terminating pod, or a pod another admitted resize already claimed; it has no
+      victims unless its verdict is ``preempt``; and without its victims the resize fits
+      while keeping any one of them it does not.
+    """
+    policy = policy or DefaultPolicy()
+    # Step 0: the pod's demand under the kubelet's model. An infeasible resize that this
+    # request does not change keeps being ignored, as the kubelet ignores it.
+    stale_infeasible = old.resize == "infeasible" and new.same_declared_resources(old)
+    demand = pod_requests(new, "other" if stale_infeasible else "resizing")
+    held_now = pod_requests(old, "other")
+    reserved = active_on(reservations, node.name, now, exclude_pod=new.uid)
+    usage = node_usage(node, pods, reserved, exclude_uid=new.uid)
+    ctx = _Context(new, node, demand, usage)
+    name = node.name
+
+    # Step 1: requests that can never fit, or need nothing.
+    if not new.node:
+        return ctx.plan("not-eligible", "not-bound", "pod is not bound to a node")
+    if not _grows(demand, held_now):
+        return ctx.plan(
+            "not-eligible",
+            "no-growth",
+            f"resize does not grow cpu or memory beyond what {name} already holds for it",
+        )
+    too_big = demand.exceeds_in(node.allocatable)
+    if too_big:
+        detail = ", ".join(
+            f"{n} {format_amount(n, demand.get(n))} > {format_amount(n, node.allocatable.get(n))}"
+            for n in too_big
+        )
+        return ctx.plan(
+            "infeasible", "exceeds-allocatable", f"requests exceed {name} allocatable: {detail}"
+        )
+
+    # Step 2: fits already, possibly once pods already leaving have gone.
+    projected = usage.in_use - usage.freeing
+    if _fits(demand, projected, node.allocatable):
+        if _fits(demand, usage.in_use, node.allocatable):
+            return ctx.plan("fits", "fits", f"fits on {name} without preemption")
+        count = len(usage.waiting_for)
+        return ctx.plan(
+            "fits",
+            "fits-once-terminated",
+            f"fits on {name} once {count} pod{'s' if count != 1 else ''} already leaving "
+            f"{'have' if count != 1 else 'has'} gone",
+        )
+    short = shortfall(demand, projected, node.allocatable)
+    short_text = _amounts(short, _nonzero(short))
+
+    # Step 3: the pod or node does not allow preemption for it.
+    if new.preemption_policy == "Never":
+        return ctx.plan(
+            "not-eligible",
+            "preemption-policy-never",
+            f"preemptionPolicy is Never; {_short_by(short)} on {name}",
+        )
+    if node.resize_preemption_disabled or new.resize_preemption_disabled:
+        return ctx.plan("not-eligible", "node-opted-out", f"{name} opted out of resize preemption")
+
+    # Step 4: candidates - strictly lower priority, removable, not already leaving.
+    claimed = {uid for r in reserved.values() for uid in r.victims}
+    candidates = [
+        p
+        for p in pods
+        if p.node == name
+        and p.uid != new.uid
+        and not p.terminal
+        and not p.terminating
+        and not p.mirror
+        and p.uid not in claimed
+        and p.priority < new.priority
+        and policy.may_preempt(p, new)
+    ]
+    frees = {p.uid: usage.held.get(p.uid, ZERO) for p in candidates}
+
+    # Step 5: remove them all; if the resize still does not fit, preempt nobody.
+    used = projected
+    for p in candidates:
+        used = used - frees[p.uid]
+    if not _fits(demand, used, node.allocatable):
+        unmet = shortfall(demand, used, node.allocatable)
+        return ctx.plan(
+            "infeasible",
+            "insufficient-after-preemption",
+            f"cannot fit on {name} even after preempting every lower-priority pod: "
+            f"{_short_by(unmet)}",
+            unmet=unmet,
+        )
+
+    # Step 6: most important first, then split by PodDisruptionBudget violation.
+    candidates.sort(key=lambda p: policy.importance(p, now))
+    violating, safe = split_by_violation(candidates, budgets, policy.pdb_mode)
+
+    # Step 7: reprieve - add back violating pods first, then the rest, each in importance
+    # order; a pod that no longer lets the resize fit becomes a victim.
+    victims: list[Victim] = []
+    for group, violates in ((violating, True), (safe, False)):
+        for p in group:
+            with_pod = used + frees[p.uid]
+            if _fits(demand, with_pod, node.allocatable):
+                used = with_pod
+            else:
+                victims.append(Victim(p.ref, p.priority, frees[p.uid], violates))
+
+    # Step 8: limits the policy sets.
+    blocked = [v for v in victims if v.violates_pdb]
+    if blocked and policy.pdb_mode == "respect":
+        return ctx.plan(
+            "infeasible",
+            "pdb-violation",
+            f"cannot fit on {name} without violating a PodDisruptionBudget of "
+            + ", ".join(v.pod.key for v in blocked),
+            unmet=short,
+        )
+    limit = policy.max_victims
+    if limit is not None and len(victims) > limit:
+        return ctx.plan(
+            "infeasible",
+            "too-many-victims",
+            f"would need {len(victims)} victims on {name}, more than the limit of {limit}",
+            unmet=short,
+        )
+
+    # Step 9: evict the least important first.
+    order = {p.uid: i for i, p in enumerate(candidates)}
+    victims.sort(key=lambda v: -order[v.pod.uid])
+    count = len(victims)
+    return ctx.plan(
+        "preempt",
+        "preempt",
+        f"preempting {count} lower-priority pod{'s' if count != 1 else ''} on {name} "
+        f"to free {short_text}",
+        victims=tuple(victims),
+    )

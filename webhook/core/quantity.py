@@ -1,0 +1,121 @@
+"""Exact parsing of Kubernetes resource quantities.
+
+Follows apimachinery's ``resource.ParseQuantity`` grammar::
+
+    <quantity>  ::= <sign><number><suffix>
+    <number>    ::= <digits> | <digits>.<digits> | <digits>. | .<digits>
+    <suffix>    ::= <binarySI> | <decimalExponent> | <decimalSI>
+    <binarySI>  ::= Ki | Mi | Gi | Ti | Pi | Ei
+    <decimalSI> ::= n | u | m | "" | k | M | G | T | P | E
+    <decimalExponent> ::= "e" <signedNumber> | "E" <signedNumber>
+
+Values are held as :class:`~decimal.Decimal` built from the digits (never a float), then
+rounded *up* to integer millicores or bytes, as ``Quantity.MilliValue()`` and
+``Quantity.Value()`` do.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import ROUND_CEILING, Context, Decimal
+from typing import Final
+
+from webhook.core.errors import QuantityError
+
+_NUMBER: Final = re.compile(r"([+-]?)(\d*)(?:\.(\d*))?(.*)", re.DOTALL)
+_EXPONENT: Final = re.compile(r"[eE]([+-]?\d+)")
+
+_BINARY: Final = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL: Final = {
+    "n": -9,
+    "u": -6,
+    "m": -3,
+    "": 0,
+    "k": 3,
+    "M": 6,
+    "G": 9,
+    "T": 12,
+    "P": 15,
+    "E": 18,
+}
+# apimachinery caps exponents far below this; the cap keeps a hostile "1e999999999" from
+# building a number with a billion digits.
+_MAX_EXPONENT: Final = 64
+_MAX_LENGTH: Final = 100
+# Arithmetic context wide enough to keep every admitted quantity exact (<= 100 digits,
+# exponent <= 64, times 1000 for millis).
+_EXACT: Final = Context(prec=256, rounding=ROUND_CEILING)
+
+
+def parse_quantity(text: object, *, where: str = "quantity") -> Decimal:
+    """Parse ``text`` into an exact Decimal, or raise :class:`QuantityError`.
+
+    ``where`` names the field for the error message, e.g. ``"node-1 allocatable.cpu"``.
+    Integers are accepted too, since JSON and YAML often carry ``cpu: 2``.
+    """
+    if isinstance(text, bool):
+        raise QuantityError(f"{where}: {text!r} is not a quantity")
+    if isinstance(text, int):
+        return Decimal(text)
+    if not isinstance(text, str):
+        raise QuantityError(f"{where}: {text!r} is not a quantity (expected a string)")
+    s = text.strip()
+    if len(s) > _MAX_LENGTH:
+        raise QuantityError(f"{where}: {s[:20]!r}... is too long to be a quantity")
+    match = _NUMBER.fullmatch(s)
+    if not s or match is None:
+        raise QuantityError(f"{where}: {text!r} is not a valid quantity")
+    sign, whole, fraction, suffix = match.groups()
+    if not whole and not fraction:
+        raise QuantityError(f"{where}: {text!r} is not a valid quantity (no digits)")
+    number = Decimal(f"{sign}{whole or '0'}.{fraction or '0'}")
+    if suffix in _BINARY:
+        return _EXACT.multiply(number, Decimal(_BINARY[suffix]))
+    if suffix in _DECIMAL:
+        return _EXACT.scaleb(number, Decimal(_DECIMAL[suffix]))
+    exponent = _EXPONENT.fullmatch(suffix)
+    if exponent is None:
+        raise QuantityError(f"{where}: {text!r} has an unknown suffix {suffix!r}")
+    power = int(exponent.group(1))
+    if abs(power) > _MAX_EXPONENT:
+        raise QuantityError(f"{where}: {text!r} is out of range")
+    return _EXACT.scaleb(number, Decimal(power))
+
+
+def _ceil(value: Decimal) -> int:
+    return int(value.to_integral_value(rounding=ROUND_CEILING, context=_EXACT))
+
+
+def _non_negative(value: Decimal, text: object, where: str) -> Decimal:
+    if value < 0:
+        raise QuantityError(f"{where}: {text!r} is negative")
+    return value
+
+
+def cpu_millis(text: object, *, where: str = "cpu") -> int:
+    """CPU quantity in millicores, rounded up (``"100m"`` -> 100, ``"0.0001"`` -> 1)."""
+    value = _non_negative(parse_quantity(text, where=where), text, where)
+    return _ceil(_EXACT.multiply(value, Decimal(1000)))
+
+
+def memory_bytes(text: object, *, where: str = "memory") -> int:
+    """Memory quantity in bytes, rounded up (``"1Ki"`` -> 1024, ``"100m"`` -> 1)."""
+    return _ceil(_non_negative(parse_quantity(text, where=where), text, where))
+
+
+def format_cpu(millis: int) -> str:
+    """Shortest exact form of a CPU amount: ``6000`` -> ``"6"``, ``1500`` -> ``"1500m"``."""
+    if millis % 1000 == 0:
+        return str(millis // 1000)
+    return f"{millis}m"
+
+
+def format_memory(amount: int) -> str:
+    """Shortest exact binary form of a byte count: ``1073741824`` -> ``"1Gi"``."""
+    if amount == 0:
+        return "0"
+    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+        unit = _BINARY[suffix]
+        if amount % unit == 0:
+            return f"{amount // unit}{suffix}"
+    return str(amount)

@@ -1,0 +1,99 @@
+"""Plans as people and programs read them: JSON, a short report, kubectl warnings."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from webhook.core.plan import Plan
+from webhook.core.resources import RESOURCE_NAMES, format_amount
+
+#: The API server cuts warnings at 256 characters; kubectl users read ~120 at a glance.
+WARNING_LIMIT: Final = 120
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The ``plan -o json`` contract: one object, quantities in Kubernetes notation."""
+    resources: dict[str, dict[str, str]] = {}
+    for name, f in (plan.figures or {}).items():
+        resources[name] = {
+            "requested": format_amount(name, f.requested),
+            "inUse": format_amount(name, f.in_use),
+            "freeing": format_amount(name, f.freeing),
+            "allocatable": format_amount(name, f.allocatable),
+            "shortfall": format_amount(name, f.shortfall),
+            "unmet": format_amount(name, f.unmet),
+        }
+    return {
+        "pod": plan.pod.key,
+        "node": plan.node,
+        "verdict": plan.verdict,
+        "code": plan.code,
+        "victims": list(plan.victim_keys),
+        "reason": plan.reason,
+        "resources": resources,
+        "waitingFor": [ref.key for ref in plan.waiting_for],
+    }
+
+
+def human_report(plan: Plan) -> str:
+    """A few lines a person reads at a glance."""
+    lines = [f"{plan.verdict}: {plan.reason}", f"pod {plan.pod.key} on {plan.node or '-'}", ""]
+    header = ("resource", "requested", "in use", "freeing", "allocatable", "shortfall")
+    rows: list[tuple[str, ...]] = [header]
+    for name in RESOURCE_NAMES:
+        f = (plan.figures or {}).get(name)
+        if f is None:
+            continue
+        rows.append(
+            (
+                name,
+                *(
+                    format_amount(name, v)
+                    for v in (f.requested, f.in_use, f.freeing, f.allocatable, f.shortfall)
+                ),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    if plan.victims:
+        lines += ["", "victims, in eviction order:"]
+        for v in plan.victims:
+            lines.append(f"  {v.pod.key}  priority {v.priority}  frees {v.frees.describe()}")
+    if plan.waiting_for:
+        lines += ["", "already leaving: " + ", ".join(r.key for r in plan.waiting_for)]
+    return "\n".join(lines)
+
+
+def clip(text: str, limit: int = WARNING_LIMIT) -> str:
+    """One line of at most ``limit`` characters (the API server rejects newlines)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def warnings_for(plan: Plan, *, enforcing: bool = True) -> list[str]:
+    """kubectl warnings for a plan; each one line of at most :data:`WARNING_LIMIT`."""
+    if plan.verdict == "preempt":
+        names = ", ".join(plan.victim_keys)
+        verb = "preempting" if enforcing else "would preempt"
+        count = len(plan.victims)
+        wanted = ", ".join(
+            f"{n} {format_amount(n, plan.requested.get(n))}"
+            for n in RESOURCE_NAMES
+            if plan.shortfall.get(n)
+        )
+        return [
+            clip(
+                f"{verb} {count} lower-priority pod{'s' if count != 1 else ''} on {plan.node} "
+                f"for {wanted}: {names}"
+            )
+        ]
+    if plan.verdict == "infeasible":
+        return [clip(plan.reason)]
+    if plan.verdict == "not-eligible" and plan.code in (
+        "preemption-policy-never",
+        "node-opted-out",
+    ):
+        return [clip(f"resize will wait on {plan.node}: {plan.reason}")]
+    if plan.code == "fits-once-terminated":
+        return [clip(plan.reason)]
+    return []

@@ -1,0 +1,47 @@
+"""Reservations: room promised to resizes already admitted but not yet actuated.
+
+Between the webhook's answer and the kubelet actuating the resize, the node's pods do not
+yet show the new size. Without a reservation, two resizes admitted a millisecond apart
+would both see the same free room. A reservation holds the resizing pod's full new
+requests (not a delta, so it never double counts once the kubelet catches up) and names
+the victims the plan claimed, whose capacity is therefore already spoken for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from webhook.core.resources import Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Room on ``node`` held for pod ``pod_uid`` until ``expires_at`` (epoch seconds)."""
+
+    pod_uid: str
+    pod: str  # "namespace/name", for messages
+    node: str
+    resources: Resources
+    victims: frozenset[str] = frozenset()  # victim pod uids claimed by the plan
+    expires_at: float = 0.0
+
+    def active(self, now: float) -> bool:
+        return now < self.expires_at
+
+    def with_expiry(self, expires_at: float) -> Reservation:
+        return replace(self, expires_at=expires_at)
+
+    def with_victims(self, victims: Iterable[str]) -> Reservation:
+        return replace(self, victims=frozenset(victims))
+
+
+def active_on(
+    reservations: Iterable[Reservation], node: str, now: float, *, exclude_pod: str = ""
+) -> dict[str, Reservation]:
+    """Active reservations on ``node`` by pod uid, leaving out ``exclude_pod``'s own."""
+    return {
+        r.pod_uid: r
+        for r in reservations
+        if r.node == node and r.pod_uid != exclude_pod and r.active(now)
+    }

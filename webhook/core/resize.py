@@ -1,0 +1,92 @@
+"""Applying a resize patch, as ``kubectl patch --subresource resize`` sends it.
+
+The patch is a strategic merge patch restricted to what the resize subresource accepts:
+``spec.containers[*].resources`` / ``resizePolicy`` and ``spec.initContainers[*]`` (matched
+by name), and pod-level ``spec.resources``. ``requests`` and ``limits`` merge key by key.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from webhook.core.errors import ResizeError
+
+_CONTAINER_FIELDS = frozenset({"name", "resources", "resizePolicy"})
+_SPEC_FIELDS = frozenset({"containers", "initContainers", "resources"})
+
+
+def _merge_resources(target: dict[str, Any], patch: object, where: str) -> None:
+    if not isinstance(patch, Mapping):
+        raise ResizeError(f"{where} must be an object")
+    for kind, values in patch.items():
+        if kind not in ("requests", "limits"):
+            raise ResizeError(f"{where}.{kind}: only requests and limits can be resized")
+        if not isinstance(values, Mapping):
+            raise ResizeError(f"{where}.{kind} must be an object")
+        merged = dict(target.get(kind) or {})
+        for resource, quantity in values.items():
+            if quantity is None:
+                raise ResizeError(f"{where}.{kind}.{resource}: a resize cannot remove it")
+            if resource not in ("cpu", "memory"):
+                raise ResizeError(f"{where}.{kind}.{resource}: only cpu and memory can be resized")
+            merged[resource] = quantity
+        target[kind] = merged
+
+
+def _patch_containers(pod_spec: dict[str, Any], field: str, patches: object) -> None:
+    if not isinstance(patches, list):
+        raise ResizeError(f"spec.{field} must be a list")
+    containers = pod_spec.get(field) or []
+    by_name = {c.get("name"): c for c in containers if isinstance(c, dict)}
+    for i, patch in enumerate(patches):
+        where = f"spec.{field}[{i}]"
+        if not isinstance(patch, Mapping):
+            raise ResizeError(f"{where} must be an object")
+        name = patch.get("name")
+        if not isinstance(name, str) or not name:
+            raise ResizeError(f"{where}: every container in a resize patch needs a name")
+        target = by_name.get(name)
+        if target is None:
+            known = ", ".join(sorted(str(n) for n in by_name)) or "none"
+            raise ResizeError(f"{where}: the pod has no {field[:-1]} named {name!r} (has: {known})")
+        extra = set(patch) - _CONTAINER_FIELDS
+        if extra:
+            raise ResizeError(f"{where}: cannot resize {', '.join(sorted(extra))}")
+        if "resources" in patch:
+            resources = target.setdefault("resources", {})
+            _merge_resources(resources, patch["resources"], f"{where}.resources")
+        if "resizePolicy" in patch:
+            target["resizePolicy"] = copy.deepcopy(patch["resizePolicy"])
+
+
+def apply_resize(pod: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a copy of ``pod`` (a Pod object) with the resize ``patch`` applied.
+
+    Raises :class:`ResizeError` for a patch naming a container the pod lacks, removing a
+    request, or touching anything a resize cannot change.
+    """
+    if not isinstance(patch, Mapping):
+        raise ResizeError("the resize patch must be a JSON object")
+    extra = set(patch) - {"spec", "metadata"}
+    if extra:
+        raise ResizeError(f"a resize patch can only change spec, not {', '.join(sorted(extra))}")
+    spec_patch = patch.get("spec") or {}
+    if not isinstance(spec_patch, Mapping):
+        raise ResizeError("spec must be an object")
+    extra = set(spec_patch) - _SPEC_FIELDS
+    if extra:
+        raise ResizeError(f"a resize cannot change spec.{', spec.'.join(sorted(extra))}")
+    result = copy.deepcopy(dict(pod))
+    spec = result.setdefault("spec", {})
+    if not isinstance(spec, dict):
+        raise ResizeError("the pod's spec is not an object")
+    for field in ("containers", "initContainers"):
+        if field in spec_patch:
+            _patch_containers(spec, field, spec_patch[field])
+    if "resources" in spec_patch:
+        _merge_resources(
+            spec.setdefault("resources", {}), spec_patch["resources"], "spec.resources"
+        )
+    return result

@@ -1,0 +1,1 @@
+"""The admission engine and the ports it needs; independent of HTTP and of the client."""

@@ -1,0 +1,1 @@
+"""HTTP: the Flask app serving AdmissionReviews, health and metrics."""
