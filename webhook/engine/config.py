@@ -1,0 +1,55 @@
+"""Settings of the service, with their defaults. Loading them is ``webhook.engine.settings``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from webhook.core.model import PdbMode
+from webhook.core.policy import DefaultPolicy
+
+Mode = Literal["enforce", "warn", "deny-infeasible"]
+EvictionMethod = Literal["evict", "delete"]
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything an operator can set (flags, ``RPW_*`` environment variables, a file).
+
+    ``mode``: ``enforce`` plans, reserves and preempts; ``warn`` plans and tells but never
+    reserves or evicts (trial rollouts); ``deny-infeasible`` is ``enforce`` that also
+    denies (403) a resize that cannot fit even with preemption.
+    """
+
+    mode: Mode = "enforce"
+    eviction_method: EvictionMethod = "evict"
+    pdb_mode: PdbMode = "respect"
+    protected_namespaces: frozenset[str] = frozenset()
+    max_victims: int | None = None
+    #: Seconds an admitted resize holds its room if nobody releases it earlier.
+    reservation_ttl: float = 120.0
+    #: Upper bound on a victim's termination grace period (seconds); None keeps the pod's.
+    grace_period_cap: int | None = None
+    #: Seconds the worker waits for an admitted resize to show in the pod's spec.
+    persist_timeout: float = 10.0
+    #: Namespace of the ledger and leader-election Leases (the webhook's own).
+    namespace: str = "resize-preemption-system"
+    #: Identity in leader election and in the ledger's audit fields.
+    identity: str = ""
+    lease_duration: float = 15.0
+    #: Full resync of the cache, seconds.
+    resync_period: float = 300.0
+    #: Largest AdmissionReview body accepted, bytes.
+    max_body_bytes: int = 3 * 1024 * 1024
+    scheduler_name: str = "resize-preemption-webhook"
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def policy(self) -> DefaultPolicy:
+        return DefaultPolicy(
+            pdb_mode=self.pdb_mode,
+            max_victims=self.max_victims,
+            protected_namespaces=self.protected_namespaces,
+        )
+
+    def with_mode(self, mode: Mode) -> Config:
+        return replace(self, mode=mode)

@@ -1,0 +1,198 @@
+"""The reservation ledger: entries, their wire form, and the port that stores them.
+
+One entry per admitted resize. It holds the room reserved for the resize (so concurrent
+admissions, on any replica, see it) and the plan the preemption worker must carry out (so
+a crash between admission and eviction loses nothing). Entries are grouped per node; a
+store updates one node's group atomically with optimistic concurrency.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, TypeVar
+
+import orjson
+
+from webhook.core.errors import ObjectError
+from webhook.core.model import PodRef
+from webhook.core.reservation import Reservation
+from webhook.core.resources import Resources
+
+R = TypeVar("R")
+
+#: Bump when the JSON form changes incompatibly; readers skip entries they do not know.
+ENTRY_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """An admitted resize.
+
+    ``desired`` are the container requests the webhook admitted (by container name), so
+    the worker can tell when the resize is persisted in the pod's spec. ``victims`` are in
+    eviction order, with uids: the worker never evicts a later pod of the same name.
+    ``handled`` are the victim uids already evicted, deleted or found gone.
+    """
+
+    pod: PodRef
+    node: str
+    review_uid: str
+    resources: Resources
+    desired: tuple[tuple[str, Resources], ...]
+    victims: tuple[PodRef, ...]
+    admitted_at: float
+    expires_at: float
+    handled: frozenset[str] = frozenset()
+    #: Set by the worker once the resize is in the pod's spec.
+    persisted: bool = False
+
+    @property
+    def pending_victims(self) -> tuple[PodRef, ...]:
+        return tuple(v for v in self.victims if v.uid not in self.handled)
+
+    def reservation(self) -> Reservation:
+        return Reservation(
+            pod_uid=self.pod.uid,
+            pod=self.pod.key,
+            node=self.node,
+            resources=self.resources,
+            victims=frozenset(v.uid for v in self.pending_victims),
+            expires_at=self.expires_at,
+        )
+
+    def with_handled(self, uid: str) -> LedgerEntry:
+        return replace(self, handled=self.handled | {uid})
+
+    def with_victims(self, victims: Sequence[PodRef]) -> LedgerEntry:
+        return replace(self, victims=tuple(victims))
+
+    def with_persisted(self) -> LedgerEntry:
+        return replace(self, persisted=True)
+
+    def with_expiry(self, expires_at: float) -> LedgerEntry:
+        return replace(self, expires_at=expires_at)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "v": ENTRY_VERSION,
+            "pod": {"namespace": self.pod.namespace, "name": self.pod.name, "uid": self.pod.uid},
+            "node": self.node,
+            "review": self.review_uid,
+            "resources": {"cpu": self.resources.cpu, "memory": self.resources.memory},
+            "desired": {n: [r.cpu, r.memory] for n, r in self.desired},
+            "victims": [
+                {"namespace": v.namespace, "name": v.name, "uid": v.uid} for v in self.victims
+            ],
+            "admitted": self.admitted_at,
+            "expires": self.expires_at,
+            "handled": sorted(self.handled),
+            "persisted": self.persisted,
+        }
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> LedgerEntry:
+        """Inverse of :meth:`to_json`; raises :class:`ObjectError` on a malformed entry."""
+        try:
+            if data.get("v") != ENTRY_VERSION:
+                raise ObjectError(f"ledger entry version {data.get('v')!r} is not supported")
+            pod = data["pod"]
+            return LedgerEntry(
+                pod=PodRef(str(pod["namespace"]), str(pod["name"]), str(pod["uid"])),
+                node=str(data["node"]),
+                review_uid=str(data["review"]),
+                resources=Resources(
+                    int(data["resources"]["cpu"]), int(data["resources"]["memory"])
+                ),
+                desired=tuple(
+                    (str(n), Resources(int(c), int(m))) for n, (c, m) in data["desired"].items()
+                ),
+                victims=tuple(
+                    PodRef(str(v["namespace"]), str(v["name"]), str(v["uid"]))
+                    for v in data["victims"]
+                ),
+                admitted_at=float(data["admitted"]),
+                expires_at=float(data["expires"]),
+                handled=frozenset(str(u) for u in data.get("handled", ())),
+                persisted=bool(data.get("persisted", False)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ObjectError(f"malformed ledger entry: {e!r}") from None
+
+
+def encode_entries(entries: Iterable[LedgerEntry]) -> str:
+    """Canonical JSON of one node's entries (sorted, so equal sets encode equally)."""
+    items = sorted((e.to_json() for e in entries), key=lambda d: (d["pod"]["uid"], d["review"]))
+    return orjson.dumps(items, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def decode_entries(text: str | None) -> tuple[LedgerEntry, ...]:
+    """Entries from :func:`encode_entries`' output; unknown or broken entries are dropped
+    (a ledger we cannot read must not stop admissions - it only loses reservations)."""
+    if not text:
+        return ()
+    try:
+        raw = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return ()
+    entries = []
+    for item in raw if isinstance(raw, list) else ():
+        try:
+            entries.append(LedgerEntry.from_json(item))
+        except ObjectError:
+            continue
+    return tuple(entries)
+
+
+#: ``change`` receives one node's current entries and returns (new entries or ``None``
+#: for "leave as is", result). It must be pure: a store calls it again after a conflict.
+Change = Callable[[tuple[LedgerEntry, ...]], tuple[tuple[LedgerEntry, ...] | None, R]]
+
+
+class Ledger(Protocol):
+    """Where entries live. ``webhook.kube.ledger`` keeps them in Leases, one per node."""
+
+    def entries(self, node: str) -> tuple[LedgerEntry, ...]:
+        """One node's entries as last seen (no API call on the hot path)."""
+        ...
+
+    def all_entries(self) -> tuple[LedgerEntry, ...]: ...
+
+    def update(self, node: str, change: Change[R]) -> R:
+        """Apply ``change`` atomically to ``node``'s entries; retried on conflict.
+
+        Raises ``webhook.kube.errors.ClusterError`` (a :class:`WebhookError`) when the
+        store cannot be reached; callers on the admission path fail open.
+        """
+        ...
+
+    def reachable(self) -> bool: ...
+
+
+class InMemoryLedger:
+    """A :class:`Ledger` in one process's memory: for unit tests, ``plan`` and ``warn``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nodes: dict[str, tuple[LedgerEntry, ...]] = {}
+        self.writes = 0
+
+    def entries(self, node: str) -> tuple[LedgerEntry, ...]:
+        with self._lock:
+            return self._nodes.get(node, ())
+
+    def all_entries(self) -> tuple[LedgerEntry, ...]:
+        with self._lock:
+            return tuple(e for group in self._nodes.values() for e in group)
+
+    def update(self, node: str, change: Change[R]) -> R:
+        with self._lock:
+            new, result = change(self._nodes.get(node, ()))
+            if new is not None:
+                self._nodes[node] = new
+                self.writes += 1
+            return result
+
+    def reachable(self) -> bool:
+        return True

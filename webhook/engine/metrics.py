@@ -1,0 +1,88 @@
+"""The service's Prometheus metrics, in one injectable object (no global registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+#: Milliseconds matter here: the API server waits for us on every resize.
+LATENCY_BUCKETS_SECONDS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+)
+
+
+class Metrics:
+    """Every metric the service exports, registered in its own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.reviews = Counter(
+            "rpw_admission_reviews",
+            "AdmissionReviews answered, by endpoint and verdict",
+            ["endpoint", "verdict"],
+            registry=r,
+        )
+        self.review_latency = Histogram(
+            "rpw_admission_review_duration_seconds",
+            "Time to answer one AdmissionReview",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.errors = Counter(
+            "rpw_errors",
+            "Internal errors by where they happened; reviews failed open",
+            ["where"],
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "rpw_preemptions",
+            "Victims acted on, by result (evicted, deleted, gone, skipped, blocked, failed)",
+            ["result"],
+            registry=r,
+        )
+        self.victims_planned = Counter(
+            "rpw_victims_planned", "Victims named by admitted plans", registry=r
+        )
+        self.victims_per_plan = Histogram(
+            "rpw_victims_per_plan",
+            "Victims per preempting plan",
+            buckets=(1, 2, 3, 5, 8, 13, 21),
+            registry=r,
+        )
+        self.ledger_conflicts = Counter(
+            "rpw_ledger_conflicts",
+            "Ledger writes retried after a resourceVersion conflict",
+            registry=r,
+        )
+        self.ledger_entries = Gauge(
+            "rpw_ledger_entries", "Admitted resizes holding a reservation", registry=r
+        )
+        self.cache_age = Gauge(
+            "rpw_cache_age_seconds",
+            "Seconds since the cache last heard from the API server",
+            registry=r,
+        )
+        self.reconciler_actions = Counter(
+            "rpw_reconciler_actions",
+            "Deferred resizes the reconciler acted on, by verdict",
+            ["verdict"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "rpw_leader", "1 while this replica runs the preemption worker", registry=r
+        )
