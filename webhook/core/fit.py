@@ -1,0 +1,127 @@
+"""The largest resize that fits: what the mutating endpoint shrinks an unfittable resize to.
+
+Only the growth is cut back, container by container from the last one, never below what
+the container holds now; a container whose request equalled its limit keeps them equal,
+so a Guaranteed pod stays Guaranteed and no QoS class changes. The result is checked with
+:func:`~webhook.core.plan.plan_resize` itself, so it never promises what the validating
+path would refuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from webhook.core.accounting import container_requests, pod_requests
+from webhook.core.headroom import node_usage
+from webhook.core.model import Container, DisruptionBudget, Node, Pod
+from webhook.core.plan import Plan, plan_resize
+from webhook.core.policy import DefaultPolicy, PreemptionPolicy
+from webhook.core.reservation import Reservation, active_on
+from webhook.core.resources import RESOURCE_NAMES, ResourceName, Resources
+
+_INFEASIBLE_CODES = frozenset({"exceeds-allocatable", "insufficient-after-preemption"})
+
+
+def _room(
+    new: Pod,
+    node: Node,
+    pods: Sequence[Pod],
+    reservations: Iterable[Reservation],
+    now: float,
+    policy: PreemptionPolicy,
+) -> Resources:
+    """The most the pod may need: allocatable minus what stays even if every pod it may
+    preempt goes."""
+    reserved = active_on(reservations, node.name, now, exclude_pod=new.uid)
+    usage = node_usage(node, pods, reserved, exclude_uid=new.uid)
+    claimed = {uid for r in reserved.values() for uid in r.victims}
+    removable = Resources()
+    for p in pods:
+        if (
+            p.node == node.name
+            and p.uid != new.uid
+            and not (p.terminal or p.terminating or p.mirror)
+            and p.uid not in claimed
+            and p.priority < new.priority
+            and policy.may_preempt(p, new)
+        ):
+            removable = removable + usage.held.get(p.uid, Resources())
+    stays = usage.in_use - usage.freeing - removable
+    return (node.allocatable - stays).clamp()
+
+
+def _shrink(new: Pod, name: ResourceName, excess: int) -> Pod | None:
+    """Cut ``excess`` of resource ``name`` from the containers' growth, last first."""
+    containers = list(new.containers)
+    for i in range(len(containers) - 1, -1, -1):
+        if excess <= 0:
+            break
+        c = containers[i]
+        held = container_requests(new, c, "other").get(name)
+        growth = c.requests.get(name) - held
+        if growth <= 0:
+            continue
+        cut = min(growth, excess)
+        wanted = c.requests.get(name) - cut
+        limits = c.limits
+        if c.limits.get(name) == c.requests.get(name):
+            limits = limits.replace(name, wanted)
+        containers[i] = replace(c, requests=c.requests.replace(name, wanted), limits=limits)
+        excess -= cut
+    if excess > 0:
+        return None
+    return new.with_containers(tuple(containers), new.init_containers)
+
+
+def largest_fit(
+    old: Pod,
+    new: Pod,
+    node: Node,
+    pods: Sequence[Pod],
+    *,
+    now: float,
+    budgets: Sequence[DisruptionBudget] = (),
+    reservations: Sequence[Reservation] = (),
+    policy: PreemptionPolicy | None = None,
+) -> tuple[Pod, Plan] | None:
+    """``new`` reduced to the largest resize that can fit, with its plan; ``None`` when
+    the resize is not infeasible, or when no smaller growth fits either."""
+    policy = policy or DefaultPolicy()
+    plan = plan_resize(
+        old, new, node, pods, now=now, budgets=budgets, reservations=reservations, policy=policy
+    )
+    if plan.verdict != "infeasible" or plan.code not in _INFEASIBLE_CODES:
+        return None
+    room = _room(new, node, pods, reservations, now, policy).max(pod_requests(old, "other"))
+    candidate: Pod | None = new
+    for name in RESOURCE_NAMES:
+        if candidate is None:
+            return None
+        excess = pod_requests(candidate, "resizing").get(name) - room.get(name)
+        if excess > 0:
+            candidate = _shrink(candidate, name, excess)
+    if candidate is None or candidate.same_declared_resources(old):
+        return None
+    reduced = plan_resize(
+        old,
+        candidate,
+        node,
+        pods,
+        now=now,
+        budgets=budgets,
+        reservations=reservations,
+        policy=policy,
+    )
+    if reduced.verdict not in ("fits", "preempt"):
+        return None
+    return candidate, reduced
+
+
+def changed_containers(old: Pod, new: Pod) -> list[tuple[int, Container]]:
+    """(index, container) of ``new.containers`` whose resources differ from ``old``'s."""
+    return [
+        (i, c)
+        for i, (o, c) in enumerate(zip(old.containers, new.containers, strict=False))
+        if o != c
+    ]

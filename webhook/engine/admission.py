@@ -1,0 +1,359 @@
+"""The admission engine: one AdmissionRequest in, one decision out. No HTTP here.
+
+Contract:
+* only ``pods/resize`` UPDATE requests are acted on; anything else is allowed untouched;
+* reads come from the in-memory :class:`ClusterView`; the only API call is the ledger
+  write that records an admitted resize (none for ``dryRun`` or in ``warn`` mode);
+* the engine never raises and never blocks a resize because of its own failure: input it
+  cannot read, an unreachable ledger or a bug all end in ``allowed`` with a warning and an
+  error metric (fail open). Only ``deny-infeasible`` mode denies, and only for a resize
+  that cannot fit even after preemption.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import jsonpatch
+import orjson
+
+from webhook.core.errors import InputError, WebhookError
+from webhook.core.fit import largest_fit
+from webhook.core.model import FIT_TO_NODE_ANNOTATION, Node, Pod
+from webhook.core.objects import parse_pod
+from webhook.core.plan import Plan, plan_resize
+from webhook.core.quantity import format_cpu, format_memory
+from webhook.core.report import warnings_for
+from webhook.core.resources import RESOURCE_NAMES, format_amount
+from webhook.engine.config import Config
+from webhook.engine.ledger import Ledger, LedgerEntry
+from webhook.engine.metrics import Metrics
+from webhook.engine.ports import ClusterView
+from webhook.engine.wire import AdmissionRequest, AdmissionReview, is_pod_resize, response
+
+Endpoint = Literal["validate", "mutate"]
+PREFIX = "resize-preemption: "
+
+decision_log = logging.getLogger("webhook.decisions")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to answer, and why. ``verdict`` is the plan's, or ``ignored``/``error``."""
+
+    uid: str
+    allowed: bool = True
+    verdict: str = "ignored"
+    plan: Plan | None = None
+    warnings: tuple[str, ...] = ()
+    audit: Mapping[str, str] = field(default_factory=dict)
+    code: int | None = None
+    message: str = ""
+    patch: list[dict[str, Any]] | None = None
+    reserved: bool = False
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Scene:
+    """Everything a decision reads, taken from the cache once."""
+
+    old: Pod
+    new: Pod
+    node: Node
+    pods: tuple[Pod, ...]
+    budgets: tuple[Any, ...]
+
+
+def desired_requests(pod: Pod) -> tuple[tuple[str, Any], ...]:
+    """The container requests a resize asks for, by name (for the ledger entry)."""
+    return tuple((c.name, c.requests) for c in pod.all_containers())
+
+
+def _audit(plan: Plan) -> dict[str, str]:
+    short = plan.unmet if plan.verdict == "infeasible" else plan.shortfall
+    return {
+        "verdict": plan.verdict,
+        "reason": plan.code,
+        "node": plan.node,
+        "victims": ",".join(plan.victim_keys),
+        "shortfall": ",".join(f"{n}={format_amount(n, short.get(n))}" for n in RESOURCE_NAMES),
+    }
+
+
+class AdmissionEngine:
+    """Answers AdmissionRequests for ``pods/resize``; thread-safe, holds no request state."""
+
+    def __init__(
+        self,
+        config: Config,
+        cluster: ClusterView,
+        ledger: Ledger,
+        *,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+        timer: Callable[[], float] = time.perf_counter,
+        on_admitted: Callable[[LedgerEntry], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.ledger = ledger
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self.timer = timer
+        self.on_admitted = on_admitted
+        self.policy = config.policy()
+
+    # -- entry points ---------------------------------------------------------------
+
+    def answer(
+        self, api_version: str, request: AdmissionRequest, endpoint: Endpoint
+    ) -> AdmissionReview:
+        """The AdmissionReview to send back for ``request``."""
+        d = self.validate(request) if endpoint == "validate" else self.mutate(request)
+        return response(
+            api_version,
+            d.uid,
+            allowed=d.allowed,
+            code=d.code,
+            message=d.message,
+            reason="Forbidden" if not d.allowed else "",
+            warnings=d.warnings,
+            audit=d.audit if endpoint == "validate" else None,
+            patch=d.patch if endpoint == "mutate" else None,
+        )
+
+    def validate(self, request: AdmissionRequest) -> Decision:
+        return self._guarded(request, "validate", self._validate)
+
+    def mutate(self, request: AdmissionRequest) -> Decision:
+        return self._guarded(request, "mutate", self._mutate)
+
+    # -- the fail-open frame ----------------------------------------------------------
+
+    def _guarded(
+        self,
+        request: AdmissionRequest,
+        endpoint: Endpoint,
+        decide: Callable[[AdmissionRequest], Decision],
+    ) -> Decision:
+        start = self.timer()
+        uid = str(request.get("uid", ""))
+        if not is_pod_resize(request):
+            decision = Decision(uid)
+        else:
+            try:
+                decision = decide(request)
+            except InputError as e:
+                decision = self._failed_open(uid, "input", f"could not read this resize: {e}")
+            except WebhookError as e:
+                decision = self._failed_open(uid, "cluster", f"could not plan this resize: {e}")
+            except Exception:
+                log.exception("internal error answering review %s", uid)
+                decision = self._failed_open(uid, "internal", "internal error; resize allowed")
+        elapsed = self.timer() - start
+        self.metrics.reviews.labels(endpoint, decision.verdict).inc()
+        self.metrics.review_latency.labels(endpoint).observe(elapsed)
+        if decision.verdict != "ignored":
+            self._log(request, endpoint, decision, elapsed)
+        return decision
+
+    def _failed_open(self, uid: str, where: str, message: str) -> Decision:
+        self.metrics.errors.labels(where).inc()
+        return Decision(uid, verdict="error", warnings=(PREFIX + message,), error=message)
+
+    def _log(
+        self, request: AdmissionRequest, endpoint: Endpoint, d: Decision, elapsed: float
+    ) -> None:
+        plan = d.plan
+        record: dict[str, Any] = {
+            "uid": d.uid,
+            "endpoint": endpoint,
+            "pod": f"{request.get('namespace', '')}/{request.get('name', '')}",
+            "verdict": d.verdict,
+            "allowed": d.allowed,
+            "dryRun": bool(request.get("dryRun")),
+            "mode": self.config.mode,
+            "latencyMs": round(elapsed * 1000, 3),
+        }
+        if plan is not None:
+            figures = plan.figures or {}
+            record |= {
+                "node": plan.node,
+                "reason": plan.code,
+                "requested": {n: format_amount(n, f.requested) for n, f in figures.items()},
+                "headroom": {
+                    n: format_amount(n, f.allocatable - f.in_use + f.freeing)
+                    for n, f in figures.items()
+                },
+                "victims": list(plan.victim_keys),
+                "reserved": d.reserved,
+            }
+        if d.error:
+            record["error"] = d.error
+        decision_log.info(orjson.dumps(record).decode())
+
+    # -- reading the request ----------------------------------------------------------
+
+    def _scene(self, request: AdmissionRequest) -> _Scene | Decision:
+        uid = request["uid"]
+        new_obj, old_obj = request.get("object"), request.get("oldObject")
+        if not isinstance(new_obj, Mapping) or not isinstance(old_obj, Mapping):
+            raise InputError("the request lacks object or oldObject")
+        resolver = self.cluster.priority_resolver()
+        old, new = parse_pod(old_obj, resolver), parse_pod(new_obj, resolver)
+        node_name = new.node or old.node
+        node = self.cluster.node(node_name) if node_name else None
+        if node is None:
+            if not node_name:
+                return Decision(uid, verdict="not-eligible")
+            self.metrics.errors.labels("unknown-node").inc()
+            return Decision(
+                uid,
+                verdict="error",
+                warnings=(PREFIX + f"node {node_name} is not known yet; resize not planned",),
+                error=f"node {node_name} not in cache",
+            )
+        pods = tuple(self.cluster.pods_on(node.name))
+        budgets = tuple(self.cluster.budgets({p.namespace for p in pods}))
+        return _Scene(old, new, node, pods, budgets)
+
+    def _plan(self, s: _Scene, entries: tuple[LedgerEntry, ...], now: float) -> Plan:
+        return plan_resize(
+            s.old,
+            s.new,
+            s.node,
+            s.pods,
+            now=now,
+            budgets=s.budgets,
+            reservations=[e.reservation() for e in entries],
+            policy=self.policy,
+        )
+
+    # -- validating -------------------------------------------------------------------
+
+    def _validate(self, request: AdmissionRequest) -> Decision:
+        scene = self._scene(request)
+        if isinstance(scene, Decision):
+            return scene
+        uid, now = request["uid"], self.clock()
+        acting = self.config.mode != "warn" and not request.get("dryRun")
+        if not acting:
+            plan = self._plan(scene, self.ledger.entries(scene.node.name), now)
+            return self._verdict(uid, plan, reserved=False, acting=False)
+
+        def change(
+            entries: tuple[LedgerEntry, ...],
+        ) -> tuple[tuple[LedgerEntry, ...] | None, tuple[Plan, LedgerEntry | None]]:
+            # 1. The API server may send the same review again: answer it the same way.
+            for e in entries:
+                if e.review_uid == uid:
+                    return None, (self._plan(scene, entries, now), e)
+            # 2. Plan against every other live reservation on the node.
+            live = tuple(e for e in entries if e.pod.uid != scene.new.uid and e.expires_at > now)
+            plan = self._plan(scene, live, now)
+            if plan.verdict not in ("fits", "preempt"):
+                # A newer resize supersedes an earlier admitted one of the same pod.
+                return (live if live != entries else None), (plan, None)
+            entry = LedgerEntry(
+                pod=scene.new.ref,
+                node=scene.node.name,
+                review_uid=uid,
+                resources=plan.requested,
+                desired=desired_requests(scene.new),
+                victims=tuple(v.pod for v in plan.victims),
+                admitted_at=now,
+                expires_at=now + self.config.reservation_ttl,
+            )
+            return (*live, entry), (plan, entry)
+
+        plan, entry = self.ledger.update(scene.node.name, change)
+        if entry is not None:
+            self.metrics.victims_planned.inc(len(entry.victims))
+            if entry.victims:
+                self.metrics.victims_per_plan.observe(len(entry.victims))
+            if self.on_admitted is not None:
+                self.on_admitted(entry)
+        return self._verdict(uid, plan, reserved=entry is not None, acting=True)
+
+    def _verdict(self, uid: str, plan: Plan, *, reserved: bool, acting: bool) -> Decision:
+        warnings = warnings_for(plan, enforcing=acting)
+        denied = acting and self.config.mode == "deny-infeasible" and plan.verdict == "infeasible"
+        return Decision(
+            uid,
+            allowed=not denied,
+            verdict=plan.verdict,
+            plan=plan,
+            warnings=tuple(warnings),
+            audit=_audit(plan),
+            code=403 if denied else None,
+            message=f"{PREFIX}{plan.reason}" if denied else "",
+            reserved=reserved,
+        )
+
+    # -- mutating ---------------------------------------------------------------------
+
+    def _mutate(self, request: AdmissionRequest) -> Decision:
+        uid = request["uid"]
+        new_obj = request.get("object")
+        annotations = ((new_obj or {}).get("metadata") or {}).get("annotations") or {}
+        if str(annotations.get(FIT_TO_NODE_ANNOTATION, "")).lower() != "true":
+            return Decision(uid)
+        scene = self._scene(request)
+        if isinstance(scene, Decision):
+            return scene
+        now = self.clock()
+        entries = tuple(e for e in self.ledger.entries(scene.node.name) if e.expires_at > now)
+        fitted = largest_fit(
+            scene.old,
+            scene.new,
+            scene.node,
+            scene.pods,
+            now=now,
+            budgets=scene.budgets,
+            reservations=[e.reservation() for e in entries],
+            policy=self.policy,
+        )
+        if fitted is None:
+            return Decision(uid, verdict="unchanged")
+        reduced, plan = fitted
+        assert new_obj is not None
+        patch, changes = _resources_patch(new_obj, scene.new, reduced)
+        message = f"resize reduced to fit {scene.node.name}: " + ", ".join(changes)
+        return Decision(
+            uid, verdict="reduced", plan=plan, warnings=(PREFIX + message,), patch=patch
+        )
+
+
+def _resources_patch(
+    obj: Mapping[str, Any], before: Pod, after: Pod
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """A JSONPatch turning ``obj``'s container resources into ``after``'s, and a summary."""
+    target = copy.deepcopy(dict(obj))
+    changes: list[str] = []
+    containers = target.get("spec", {}).get("containers", [])
+    by_name = {c.get("name"): c for c in containers if isinstance(c, dict)}
+    for old_c, new_c in zip(before.containers, after.containers, strict=True):
+        if old_c == new_c:
+            continue
+        raw = by_name[new_c.name].setdefault("resources", {})
+        for kind, amounts in (("requests", new_c.requests), ("limits", new_c.limits)):
+            section = raw.setdefault(kind, {})
+            for name in RESOURCE_NAMES:
+                if name not in section:
+                    continue
+                value = amounts.get(name)
+                section[name] = format_cpu(value) if name == "cpu" else format_memory(value)
+        for name in RESOURCE_NAMES:
+            if old_c.requests.get(name) != new_c.requests.get(name):
+                changes.append(
+                    f"{new_c.name} {name} {format_amount(name, old_c.requests.get(name))} -> "
+                    f"{format_amount(name, new_c.requests.get(name))}"
+                )
+    return jsonpatch.make_patch(dict(obj), target).patch, changes
