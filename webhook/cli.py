@@ -102,6 +102,42 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def cmd_certs(args: argparse.Namespace) -> int:
+    from webhook import certs
+
+    made = certs.make_webhook_certs(
+        service=args.service,
+        namespace=args.namespace,
+        dns_names=args.dns or (),
+        ip_addresses=args.ip or (),
+        days=args.days,
+        cluster_domain=args.cluster_domain,
+    )
+    # Rendered before anything is written, so a bad --secret-name leaves no files behind.
+    secret = (
+        certs.secret_manifest(made, name=args.secret_name, namespace=args.namespace)
+        if args.secret_yaml
+        else None
+    )
+    written = list(certs.write_certs(made, args.out).values())
+    if args.kustomize_patch:
+        written.append(certs.write_ca_bundle_patch(made, args.out))
+    print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
+    if args.patch_webhooks:
+        from webhook.kube.webhookconfig import DEFAULT_NAME, patch_webhook_ca_bundles
+
+        outcomes = patch_webhook_ca_bundles(
+            made.ca_bundle,
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            names=args.webhook_config or [DEFAULT_NAME],
+        )
+        for outcome in outcomes:
+            print(outcome.describe(), file=sys.stderr)
+    sys.stdout.write(secret if secret is not None else made.ca_bundle + "\n")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m webhook",
@@ -133,6 +169,52 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--protected-namespace", action="append", metavar="NAMESPACE")
     plan.add_argument("--now", metavar="RFC3339", help="evaluate as of this time")
     plan.set_defaults(func=cmd_plan)
+
+    certs = sub.add_parser(
+        "certs",
+        help="make a CA and the webhook's serving certificate (without cert-manager)",
+        description=(
+            "Make a private CA and a serving certificate for the webhook's Service, write "
+            "ca.crt, tls.crt and tls.key (0600) into --out and print the base64 caBundle "
+            "(or, with --secret-yaml, a kubernetes.io/tls Secret manifest)."
+        ),
+    )
+    certs.add_argument("--out", required=True, metavar="DIR", help="directory for the files")
+    certs.add_argument("--service", default="resize-preemption-webhook", metavar="NAME")
+    certs.add_argument("--namespace", default="resize-preemption-system", metavar="NAMESPACE")
+    certs.add_argument("--cluster-domain", default="cluster.local", metavar="DOMAIN")
+    certs.add_argument(
+        "--dns", action="append", metavar="NAME", help="extra DNS subjectAltName (repeatable)"
+    )
+    certs.add_argument(
+        "--ip", action="append", metavar="ADDRESS", help="IP subjectAltName (repeatable)"
+    )
+    certs.add_argument("--days", type=int, default=365, help="validity of both certificates")
+    certs.add_argument(
+        "--secret-yaml",
+        action="store_true",
+        help="print a kubernetes.io/tls Secret manifest instead of the caBundle",
+    )
+    certs.add_argument("--secret-name", default="resize-preemption-webhook-tls", metavar="NAME")
+    certs.add_argument(
+        "--kustomize-patch",
+        action="store_true",
+        help="also write ca-bundle.yaml, the caBundle patch deploy/overlays/self-signed reads",
+    )
+    certs.add_argument(
+        "--patch-webhooks",
+        action="store_true",
+        help="set the caBundle on the live webhook configurations",
+    )
+    certs.add_argument(
+        "--webhook-config",
+        action="append",
+        metavar="NAME",
+        help="webhook configuration(s) to patch (default resize-preemption-webhook)",
+    )
+    certs.add_argument("--kubeconfig", metavar="FILE", help="default $KUBECONFIG, in-cluster")
+    certs.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    certs.set_defaults(func=cmd_certs)
     return parser
 
 

@@ -29,7 +29,9 @@ _SUFFIXES: dict[str, Fraction] = {
     "Pi": Fraction(2**50),
     "Ei": Fraction(2**60),
 }
-_PATTERN = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$")
+_PATTERN = re.compile(
+    r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$"
+)
 
 
 def parse(text: str | int | float) -> Fraction:

@@ -86,14 +86,88 @@ def _pod_level(pod: Pod, role: Role) -> Pod:
     return pod.with_pod_resources(keep, pod.pod_limits)
 
 
+def _observed_pair(
+    spec: Resources, status: ContainerStatus | None, resizing: bool
+) -> tuple[int, int]:
+    """:func:`_effective` on plain integers (the hot path of :func:`pod_requests`)."""
+    if status is None:
+        return spec.cpu, spec.memory
+    allocated, actual = status.allocated, status.actual
+    if allocated is None:
+        if actual is None:
+            return spec.cpu, spec.memory
+        cpu, memory = actual.cpu, actual.memory
+    elif actual is None:
+        cpu, memory = allocated.cpu, allocated.memory
+    else:
+        cpu = allocated.cpu if allocated.cpu > actual.cpu else actual.cpu
+        memory = allocated.memory if allocated.memory > actual.memory else actual.memory
+    if resizing:
+        if spec.cpu > cpu:
+            cpu = spec.cpu
+        if spec.memory > memory:
+            memory = spec.memory
+    return cpu, memory
+
+
 def pod_requests(pod: Pod, role: Role = "other") -> Resources:
     """What ``pod`` holds on its node (role ``other``) or needs there (role ``resizing``).
 
     For a resizing pod whose resize the kubelet marked Infeasible, call with role
     ``other``: the kubelet ignores an infeasible desired size.
+
+    Same result as ``aggregate(_pod_level(pod, role), {name: container_requests(...)})``,
+    computed on plain integers: it runs for every pod on the node in every decision, so
+    the ``other`` amount is also memoized on the (immutable) pod.
     """
-    per_container = {c.name: container_requests(pod, c, role) for c in pod.all_containers()}
-    return aggregate(_pod_level(pod, role), per_container)
+    if role == "resizing":
+        return _requests(pod, True)
+    held = pod._held
+    if held is None:
+        held = _requests(pod, False)
+        object.__setattr__(pod, "_held", held)
+    return held
+
+
+def _requests(pod: Pod, resizing: bool) -> Resources:
+    statuses = pod.statuses
+    cpu = memory = 0
+    for c in pod.containers:
+        c_cpu, c_memory = _observed_pair(c.requests, statuses.get(c.name), resizing)
+        cpu += c_cpu
+        memory += c_memory
+    if pod.init_containers:
+        side_cpu = side_memory = peak_cpu = peak_memory = 0
+        for c in pod.init_containers:
+            if c.sidecar:
+                c_cpu, c_memory = _observed_pair(c.requests, statuses.get(c.name), resizing)
+                cpu += c_cpu
+                memory += c_memory
+                side_cpu += c_cpu
+                side_memory += c_memory
+                c_cpu, c_memory = side_cpu, side_memory
+            else:
+                c_cpu = c.requests.cpu + side_cpu
+                c_memory = c.requests.memory + side_memory
+            if c_cpu > peak_cpu:
+                peak_cpu = c_cpu
+            if c_memory > peak_memory:
+                peak_memory = c_memory
+        if peak_cpu > cpu:
+            cpu = peak_cpu
+        if peak_memory > memory:
+            memory = peak_memory
+    level = pod.pod_requests
+    if level.cpu or level.memory:
+        status = ContainerStatus("", pod.pod_allocated, pod.pod_actual)
+        level_cpu, level_memory = _observed_pair(level, status, resizing)
+        # Only the resources the pod sets at pod level replace the container aggregate.
+        if level.cpu and level_cpu:
+            cpu = level_cpu
+        if level.memory and level_memory:
+            memory = level_memory
+    overhead = pod.overhead
+    return Resources(cpu + overhead.cpu, memory + overhead.memory)
 
 
 def declared_requests(pod: Pod) -> Resources:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from webhook.core.model import DisruptionBudget, PdbMode, Pod
+from webhook.core.model import DisruptionBudget, LabelSelector, PdbMode, Pod
 
 
 def budget_matches(budget: DisruptionBudget, pod: Pod, mode: PdbMode) -> bool:
@@ -31,12 +31,29 @@ def split_by_violation(
     drives any budget below zero would violate it. Both lists keep the input order.
     """
     allowed = [b.disruptions_allowed for b in budgets]
+    # Only budgets of a pod's own namespace can cover it: index them once, so the walk
+    # costs pods x (budgets in their namespace), not pods x all budgets. The entries
+    # hold what :func:`budget_matches` reads.
+    by_namespace: dict[str, list[tuple[int, LabelSelector | None, frozenset[str]]]] = {}
+    for i, budget in enumerate(budgets):
+        selector = budget.selector
+        if selector is None or (selector.empty and mode != "respect"):
+            continue  # matches no pod
+        entry = (i, None if selector.empty else selector, budget.disrupted_pods)
+        by_namespace.setdefault(budget.namespace, []).append(entry)
     violating: list[Pod] = []
     other: list[Pod] = []
     for pod in candidates:
+        covering = by_namespace.get(pod.namespace)
+        if covering is None:
+            other.append(pod)
+            continue
         violated = False
-        for i, budget in enumerate(budgets):
-            if not budget_matches(budget, pod, mode) or pod.name in budget.disrupted_pods:
+        for i, selector, disrupted in covering:
+            # ``None``: an empty selector, which covers the whole namespace here.
+            if selector is not None and not selector.matches(pod.labels):
+                continue
+            if pod.name in disrupted:
                 continue
             allowed[i] -= 1
             if allowed[i] < 0:

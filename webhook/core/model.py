@@ -106,6 +106,10 @@ class Pod:
     resize_preemption_disabled: bool = False
     qos_class: str = ""
     generation: int = 0
+    #: What the pod holds on its node by the kubelet's model, memoized by
+    #: :func:`webhook.core.accounting.pod_requests`: a pod is an immutable value read by
+    #: every decision on its node. Not an init argument, so ``replace`` starts it afresh.
+    _held: Resources | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def ref(self) -> PodRef:
@@ -192,9 +196,11 @@ class LabelSelector:
         return not self.match_labels and not self.match_expressions
 
     def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(k) == v for k, v in self.match_labels) and all(
-            r.matches(labels) for r in self.match_expressions
-        )
+        for key, value in self.match_labels:
+            if labels.get(key) != value:
+                return False
+        expressions = self.match_expressions
+        return not expressions or all(r.matches(labels) for r in expressions)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ fields take the API's defaults.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from webhook.core.errors import ObjectError
@@ -85,14 +85,21 @@ def _labels(value: object, where: str) -> dict[str, str]:
 
 
 def parse_time(value: object, where: str) -> float | None:
-    """RFC 3339 timestamp -> epoch seconds (``None`` when absent)."""
+    """RFC 3339 timestamp -> epoch seconds (``None`` when absent).
+
+    A time without an offset is taken as UTC (what the API server writes), never as the
+    local time of the machine, which would make the result depend on the environment.
+    """
     if value is None:
         return None
     text = _str(value, where)
     try:
-        return datetime.fromisoformat(text).timestamp()
+        parsed = datetime.fromisoformat(text)
     except ValueError:
         raise ObjectError(f"{where}: {text!r} is not an RFC 3339 time") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
 
 
 def parse_resources(value: object, where: str) -> Resources:
@@ -245,8 +252,10 @@ def parse_pod(obj: Obj, priorities: PriorityResolver = _NO_CLASSES) -> Pod:
         containers=containers,
         init_containers=init_containers,
         overhead=parse_resources(spec.get("overhead"), f"{where}.spec.overhead"),
-        pod_requests=parse_resources(pod_resources.get("requests"), f"{where}.spec.resources"),
-        pod_limits=parse_resources(pod_resources.get("limits"), f"{where}.spec.resources"),
+        pod_requests=parse_resources(
+            pod_resources.get("requests"), f"{where}.spec.resources.requests"
+        ),
+        pod_limits=parse_resources(pod_resources.get("limits"), f"{where}.spec.resources.limits"),
         statuses=statuses,
         pod_allocated=_optional_resources(
             status.get("allocatedResources"), f"{where}.status.allocatedResources"

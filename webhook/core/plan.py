@@ -15,7 +15,7 @@ from typing import Literal
 from webhook.core.accounting import pod_requests
 from webhook.core.disruption import split_by_violation
 from webhook.core.headroom import NodeUsage, node_usage
-from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
+from webhook.core.model import TERMINAL_PHASES, DisruptionBudget, Node, Pod, PodRef
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import RESOURCE_NAMES, ZERO, ResourceName, Resources, format_amount
@@ -106,7 +106,10 @@ def shortfall(demand: Resources, used: Resources, allocatable: Resources) -> Res
 
 
 def _fits(demand: Resources, used: Resources, allocatable: Resources) -> bool:
-    return shortfall(demand, used, allocatable).is_zero()
+    """``shortfall(demand, used, allocatable).is_zero()``, without building amounts."""
+    return (not demand.cpu or demand.cpu + used.cpu <= allocatable.cpu) and (
+        not demand.memory or demand.memory + used.memory <= allocatable.memory
+    )
 
 
 def _amounts(r: Resources, names: Iterable[ResourceName]) -> str:
@@ -248,25 +251,31 @@ def plan_resize(
         return ctx.plan("not-eligible", "node-opted-out", f"{name} opted out of resize preemption")
 
     # Step 4: candidates - strictly lower priority, removable, not already leaving.
+    # (Steps 4 to 8 run once per pod on the node: they use locals and plain integers.)
     claimed = {uid for r in reserved.values() for uid in r.victims}
+    priority, uid, may_preempt = new.priority, new.uid, policy.may_preempt
     candidates = [
         p
         for p in pods
-        if p.node == name
-        and p.uid != new.uid
-        and not p.terminal
+        if p.priority < priority
+        and p.node == name
+        and p.uid != uid
+        and p.phase not in TERMINAL_PHASES
         and not p.terminating
         and not p.mirror
         and p.uid not in claimed
-        and p.priority < new.priority
-        and policy.may_preempt(p, new)
+        and may_preempt(p, new)
     ]
-    frees = {p.uid: usage.held.get(p.uid, ZERO) for p in candidates}
 
     # Step 5: remove them all; if the resize still does not fit, preempt nobody.
-    used = projected
+    held = usage.held
+    frees: dict[str, Resources] = {}
+    used_cpu, used_memory = projected.cpu, projected.memory
     for p in candidates:
-        used = used - frees[p.uid]
+        frees[p.uid] = amount = held.get(p.uid, ZERO)
+        used_cpu -= amount.cpu
+        used_memory -= amount.memory
+    used = Resources(used_cpu, used_memory)
     if not _fits(demand, used, node.allocatable):
         unmet = shortfall(demand, used, node.allocatable)
         return ctx.plan(
@@ -278,21 +287,39 @@ def plan_resize(
         )
 
     # Step 6: most important first, then split by PodDisruptionBudget violation.
-    candidates.sort(key=lambda p: policy.importance(p, now))
+    importance = policy.importance
+    candidates.sort(key=lambda p: importance(p, now))
     violating, safe = split_by_violation(candidates, budgets, policy.pdb_mode)
 
     # Step 7: reprieve - add back violating pods first, then the rest, each in importance
-    # order; a pod that no longer lets the resize fit becomes a victim.
-    victims: list[Victim] = []
-    for group, violates in ((violating, True), (safe, False)):
+    # order; a pod that no longer lets the resize fit becomes a victim. Only resources the
+    # pod requests are checked (see :func:`shortfall`): room left is allocatable - used.
+    room_cpu = node.allocatable.cpu - demand.cpu if demand.cpu else None
+    room_memory = node.allocatable.memory - demand.memory if demand.memory else None
+    chosen: set[str] = set()
+    for group in (violating, safe):
         for p in group:
-            with_pod = used + frees[p.uid]
-            if _fits(demand, with_pod, node.allocatable):
-                used = with_pod
+            amount = frees[p.uid]
+            with_cpu = used_cpu + amount.cpu
+            with_memory = used_memory + amount.memory
+            if (room_cpu is None or with_cpu <= room_cpu) and (
+                room_memory is None or with_memory <= room_memory
+            ):
+                used_cpu, used_memory = with_cpu, with_memory
             else:
-                victims.append(Victim(p.ref, p.priority, frees[p.uid], violates))
+                chosen.add(p.uid)
 
-    # Step 8: limits the policy sets.
+    # Step 8: evict the least important first. Which victims overspend a budget is
+    # decided on the victims themselves, in that order, as the Eviction API will meet
+    # them: the split above counted every candidate, including more important pods of
+    # the same budget that the reprieve kept and that so spend no disruption.
+    leaving = [p for p in reversed(candidates) if p.uid in chosen]
+    over: set[str] = set()
+    if leaving and budgets:
+        over = {p.uid for p in split_by_violation(leaving, budgets, policy.pdb_mode)[0]}
+    victims = [Victim(p.ref, p.priority, frees[p.uid], p.uid in over) for p in leaving]
+
+    # Step 9: limits the policy sets.
     blocked = [v for v in victims if v.violates_pdb]
     if blocked and policy.pdb_mode == "respect":
         return ctx.plan(
@@ -311,9 +338,6 @@ def plan_resize(
             unmet=short,
         )
 
-    # Step 9: evict the least important first.
-    order = {p.uid: i for i, p in enumerate(candidates)}
-    victims.sort(key=lambda v: -order[v.pod.uid])
     count = len(victims)
     return ctx.plan(
         "preempt",

@@ -63,7 +63,9 @@ class DefaultPolicy:
         return victim.namespace not in self.protected_namespaces
 
     def importance(self, pod: Pod, now: float) -> ImportanceKey:
-        return importance_key(pod, now)
+        # importance_key, inlined: called for every candidate of every decision.
+        start = pod.start_time
+        return (-pod.priority, now if start is None else start, pod.namespace, pod.name)
 
     def with_pdb_mode(self, mode: PdbMode) -> DefaultPolicy:
         return replace(self, pdb_mode=mode)

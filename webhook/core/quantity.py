@@ -16,6 +16,7 @@ rounded *up* to integer millicores or bytes, as ``Quantity.MilliValue()`` and
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import ROUND_CEILING, Context, Decimal
 from typing import Final
@@ -57,6 +58,10 @@ def parse_quantity(text: object, *, where: str = "quantity") -> Decimal:
         raise QuantityError(f"{where}: {text!r} is not a quantity")
     if isinstance(text, int):
         return Decimal(text)
+    if isinstance(text, float) and math.isfinite(text):
+        # ``cpu: 0.5`` in YAML (a JSON number), which the API server accepts too. The
+        # shortest repr is the literal as written, so the value stays exact.
+        text = repr(text)
     if not isinstance(text, str):
         raise QuantityError(f"{where}: {text!r} is not a quantity (expected a string)")
     s = text.strip()

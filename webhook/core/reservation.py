@@ -39,9 +39,25 @@ class Reservation:
 def active_on(
     reservations: Iterable[Reservation], node: str, now: float, *, exclude_pod: str = ""
 ) -> dict[str, Reservation]:
-    """Active reservations on ``node`` by pod uid, leaving out ``exclude_pod``'s own."""
-    return {
-        r.pod_uid: r
-        for r in reservations
-        if r.node == node and r.pod_uid != exclude_pod and r.active(now)
-    }
+    """Active reservations on ``node`` by pod uid, leaving out ``exclude_pod``'s own.
+
+    Several active reservations of one pod (a later resize admitted before the earlier
+    one's entry went) merge into one holding the most room and every claimed victim, so
+    the result does not depend on the order they come in.
+    """
+    by_pod: dict[str, Reservation] = {}
+    for r in reservations:
+        if r.node != node or r.pod_uid == exclude_pod or not r.active(now):
+            continue
+        seen = by_pod.get(r.pod_uid)
+        if seen is not None:
+            r = Reservation(
+                pod_uid=r.pod_uid,
+                pod=min(seen.pod, r.pod),
+                node=node,
+                resources=seen.resources.max(r.resources),
+                victims=seen.victims | r.victims,
+                expires_at=max(seen.expires_at, r.expires_at),
+            )
+        by_pod[r.pod_uid] = r
+    return by_pod

@@ -35,6 +35,16 @@ def _merge_resources(target: dict[str, Any], patch: object, where: str) -> None:
         target[kind] = merged
 
 
+def _resources_of(target: dict[str, Any], where: str) -> dict[str, Any]:
+    """``target["resources"]``, created when absent or null (``resources:`` left empty)."""
+    resources = target.get("resources")
+    if resources is None:
+        resources = target["resources"] = {}
+    if not isinstance(resources, dict):
+        raise ResizeError(f"{where} of the pod is not an object")
+    return resources
+
+
 def _patch_containers(pod_spec: dict[str, Any], field: str, patches: object) -> None:
     if not isinstance(patches, list):
         raise ResizeError(f"spec.{field} must be a list")
@@ -55,7 +65,7 @@ def _patch_containers(pod_spec: dict[str, Any], field: str, patches: object) -> 
         if extra:
             raise ResizeError(f"{where}: cannot resize {', '.join(sorted(extra))}")
         if "resources" in patch:
-            resources = target.setdefault("resources", {})
+            resources = _resources_of(target, f"{where}.resources")
             _merge_resources(resources, patch["resources"], f"{where}.resources")
         if "resizePolicy" in patch:
             target["resizePolicy"] = copy.deepcopy(patch["resizePolicy"])
@@ -87,6 +97,6 @@ def apply_resize(pod: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, 
             _patch_containers(spec, field, spec_patch[field])
     if "resources" in spec_patch:
         _merge_resources(
-            spec.setdefault("resources", {}), spec_patch["resources"], "spec.resources"
+            _resources_of(spec, "spec.resources"), spec_patch["resources"], "spec.resources"
         )
     return result

@@ -302,8 +302,13 @@ class AdmissionEngine:
     def _mutate(self, request: AdmissionRequest) -> Decision:
         uid = request["uid"]
         new_obj = request.get("object")
-        annotations = ((new_obj or {}).get("metadata") or {}).get("annotations") or {}
-        if str(annotations.get(FIT_TO_NODE_ANNOTATION, "")).lower() != "true":
+        # Hostile input reaches here unparsed: read the opt-in without assuming shapes.
+        meta = new_obj.get("metadata") if isinstance(new_obj, Mapping) else None
+        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+        if (
+            not isinstance(annotations, Mapping)
+            or str(annotations.get(FIT_TO_NODE_ANNOTATION, "")).lower() != "true"
+        ):
             return Decision(uid)
         scene = self._scene(request)
         if isinstance(scene, Decision):

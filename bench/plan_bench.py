@@ -1,0 +1,378 @@
+"""How long one resize decision takes: ``plan_resize`` on a busy node.
+
+Two node sizes: 110 pods (the kubelet's default ``maxPods``) and 1,000 pods. Each node has
+pods of mixed priorities in several namespaces (some above the resizing pod), sidecars,
+PodDisruptionBudgets (two per namespace, various ``disruptionsAllowed``), terminating
+pods, a mirror pod and a few reservations (one expired, one for a pod not seen yet, one
+claiming victims). The resize grows enough that the plan preempts several pods, so every
+step of victim selection runs.
+
+Run ``python -m bench plan``. Figures are per call, in milliseconds, from
+``time.perf_counter_ns`` after a warm-up; the machine is shared, so quote the median.
+
+Two ways of calling it. *Warm* (the headline): the same ``Pod`` objects on every call, as
+the service's cluster cache hands them out, so what each pod holds is already memoized
+on it. *Cold*: before every call each pod forgets what it holds, as on the first decision
+after the cache parsed it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from webhook.core.headroom import node_usage
+from webhook.core.model import DisruptionBudget, Node, Pod
+from webhook.core.objects import parse_node, parse_pdb, parse_pod
+from webhook.core.plan import Plan, plan_resize
+from webhook.core.policy import DefaultPolicy
+from webhook.core.reservation import Reservation, active_on
+from webhook.core.resize import apply_resize
+from webhook.core.resources import Resources
+
+RESULTS = Path(__file__).resolve().parent / "results" / "plan.json"
+#: Median per call the decision core must stay under on a 110-pod node.
+TARGET_MS_110 = 0.3
+
+T0 = 1_700_000_000.0
+NOW = T0 + 86_400.0
+NODE = "bench-node"
+PREEMPTOR_PRIORITY = 1_000_000
+#: Priority tiers of the other pods, with weights; the last is above the resizing pod.
+TIERS = ((0, 3), (1000, 4), (5000, 3), (100_000, 2), (2_000_000, 1))
+
+
+def _time(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _pod_object(
+    rng: random.Random, i: int, namespace: str, app: str, priority: int
+) -> dict[str, Any]:
+    cpu = rng.choice((50, 100, 150, 200, 250))
+    memory = rng.choice((64, 128, 256, 512))
+    containers = [
+        {"name": "app", "resources": {"requests": {"cpu": f"{cpu}m", "memory": f"{memory}Mi"}}}
+    ]
+    init: list[dict[str, Any]] = []
+    if rng.random() < 0.2:
+        init.append(
+            {
+                "name": "proxy",
+                "restartPolicy": "Always",
+                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+            }
+        )
+    statuses = [
+        {
+            "name": c["name"],
+            "allocatedResources": c["resources"]["requests"],
+            "resources": {"requests": c["resources"]["requests"]},
+        }
+        for c in containers + init
+    ]
+    meta: dict[str, Any] = {
+        "name": f"pod-{i}",
+        "namespace": namespace,
+        "uid": f"uid-{i}",
+        "labels": {"app": app, "tier": str(priority)},
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {
+            "nodeName": NODE,
+            "priority": priority,
+            "containers": containers,
+            "initContainers": init,
+        },
+        "status": {
+            "phase": "Running",
+            "startTime": _time(T0 + rng.randrange(0, 80_000)),
+            "containerStatuses": statuses[: len(containers)],
+            "initContainerStatuses": statuses[len(containers) :],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Scenario:
+    pods_on_node: int
+    old: Pod
+    new: Pod
+    node: Node
+    pods: tuple[Pod, ...]
+    budgets: tuple[DisruptionBudget, ...]
+    reservations: tuple[Reservation, ...]
+
+    def run(self) -> Plan:
+        return plan_resize(
+            self.old,
+            self.new,
+            self.node,
+            self.pods,
+            now=NOW,
+            budgets=self.budgets,
+            reservations=self.reservations,
+            policy=POLICY,
+        )
+
+
+POLICY = DefaultPolicy(pdb_mode="best-effort")
+
+
+def build_scenario(pods_on_node: int, seed: int = 5836) -> Scenario:
+    """A node with ``pods_on_node`` pods, the resizing one among them."""
+    rng = random.Random(seed)
+    namespaces = [f"team-{k}" for k in range(max(1, pods_on_node // 11))]
+    values = [v for v, _ in TIERS]
+    weights = [w for _, w in TIERS]
+    objects = []
+    for i in range(pods_on_node - 1):
+        ns = rng.choice(namespaces)
+        app = f"app-{rng.randrange(3)}"
+        objects.append(_pod_object(rng, i, ns, app, rng.choices(values, weights)[0]))
+    objects[0]["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "x"}
+    for obj in objects[1:3]:
+        obj["metadata"]["deletionTimestamp"] = _time(NOW - 5)
+    pods = [parse_pod(o) for o in objects]
+
+    resizing = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "resizing", "namespace": namespaces[0], "uid": "uid-resizing"},
+        "spec": {
+            "nodeName": NODE,
+            "priority": PREEMPTOR_PRIORITY,
+            "containers": [
+                {"name": "app", "resources": {"requests": {"cpu": "2", "memory": "2Gi"}}}
+            ],
+        },
+        "status": {
+            "phase": "Running",
+            "startTime": _time(T0),
+            "containerStatuses": [
+                {
+                    "name": "app",
+                    "allocatedResources": {"cpu": "2", "memory": "2Gi"},
+                    "resources": {"requests": {"cpu": "2", "memory": "2Gi"}},
+                }
+            ],
+        },
+    }
+    old = parse_pod(resizing)
+    # Grow by about 5% of the node's pods' worth of CPU, so several must go.
+    growth = pods_on_node * 8
+    patch = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "app",
+                    "resources": {"requests": {"cpu": f"{2000 + growth}m", "memory": "2Gi"}},
+                }
+            ]
+        }
+    }
+    new = parse_pod(apply_resize(resizing, patch))
+
+    budgets = []
+    for ns in namespaces:
+        for app in ("app-0", "app-1"):
+            budgets.append(
+                parse_pdb(
+                    {
+                        "kind": "PodDisruptionBudget",
+                        "metadata": {"name": f"{app}-pdb", "namespace": ns},
+                        "spec": {"selector": {"matchLabels": {"app": app}}},
+                        "status": {"disruptionsAllowed": rng.randrange(3)},
+                    }
+                )
+            )
+
+    high = [p for p in pods if p.priority > PREEMPTOR_PRIORITY] * 2
+    low = [p for p in pods[3:] if p.priority < PREEMPTOR_PRIORITY]
+    reservations = (
+        Reservation(
+            high[0].uid, high[0].key, NODE, Resources(300, 256 * 2**20), expires_at=NOW + 30
+        ),
+        Reservation(
+            "uid-unseen", "team-0/unseen", NODE, Resources(100, 2**27), expires_at=NOW + 30
+        ),
+        Reservation(
+            high[1].uid,
+            high[1].key,
+            NODE,
+            Resources(400, 2**28),
+            victims=frozenset(p.uid for p in low[:2]),
+            expires_at=NOW + 30,
+        ),
+        Reservation("uid-gone", "team-0/gone", NODE, Resources(4000, 2**32), expires_at=NOW - 1),
+    )
+
+    everything = (*pods, old)
+    # Size the node so that it is full: what stays (counting what is already leaving as
+    # gone) plus the resizing pod's current size plus a little slack.
+    roomy = Node(NODE, Resources(10**9, 2**60))
+    usage = node_usage(
+        roomy,
+        everything,
+        active_on(reservations, NODE, NOW, exclude_pod=old.uid),
+        exclude_uid=old.uid,
+    )
+    projected = usage.in_use - usage.freeing
+    node = parse_node(
+        {
+            "kind": "Node",
+            "metadata": {"name": NODE},
+            "status": {
+                "allocatable": {
+                    "cpu": f"{projected.cpu + 2000 + 100}m",
+                    "memory": str(projected.memory + 2 * 2**30 + 2**27),
+                    "pods": str(max(110, pods_on_node)),
+                }
+            },
+        }
+    )
+    return Scenario(pods_on_node, old, new, node, everything, tuple(budgets), reservations)
+
+
+def measure(call: Callable[[], object], reps: int, warmup: int) -> list[int]:
+    """Nanoseconds of ``reps`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        call()
+    samples = []
+    clock = time.perf_counter_ns
+    for _ in range(reps):
+        start = clock()
+        call()
+        samples.append(clock() - start)
+    return samples
+
+
+def measure_cold(scenario: Scenario, reps: int) -> list[int]:
+    """Like :func:`measure`, but before every call the pods forget what they hold (as on
+    the first decision after the cache parsed them), so nothing memoized on a pod helps."""
+    samples = []
+    clock = time.perf_counter_ns
+    forget = object.__setattr__
+    for _ in range(reps):
+        for pod in scenario.pods:
+            forget(pod, "_held", None)  # the memo pod_requests keeps on each Pod
+        start = clock()
+        scenario.run()
+        samples.append(clock() - start)
+    return samples
+
+
+def _ms(ns: float) -> float:
+    return round(ns / 1e6, 4)
+
+
+def _figures(samples: list[int]) -> dict[str, float]:
+    return {
+        "median_ms": _ms(statistics.median(samples)),
+        "p90_ms": _ms(statistics.quantiles(samples, n=10)[8]),
+        "min_ms": _ms(min(samples)),
+    }
+
+
+def run(sizes: Sequence[tuple[int, int]], warmup: int) -> dict[str, Any]:
+    rows = []
+    for pods_on_node, reps in sizes:
+        scenario = build_scenario(pods_on_node)
+        plan = scenario.run()
+        if plan.verdict != "preempt":
+            raise SystemExit(f"benchmark scenario does not preempt: {plan.verdict} {plan.reason}")
+        warm = _figures(measure(scenario.run, reps, warmup))
+        cold = _figures(measure_cold(scenario, max(reps // 4, 10)))
+        rows.append(
+            {
+                "pods": pods_on_node,
+                "reps": reps,
+                "victims": len(plan.victims),
+                "budgets": len(scenario.budgets),
+                "reservations": len(scenario.reservations),
+                **warm,
+                "cold": cold,
+            }
+        )
+    by_size = {r["pods"]: r for r in rows}
+    result: dict[str, Any] = {
+        "benchmark": "plan_resize",
+        "command": "python -m bench plan",
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "target_median_ms_at_110": TARGET_MS_110,
+        "results": rows,
+    }
+    if 110 in by_size and 1000 in by_size:
+        result["ratio_1000_over_110"] = round(
+            by_size[1000]["median_ms"] / by_size[110]["median_ms"], 2
+        )
+        result["cold_ratio_1000_over_110"] = round(
+            by_size[1000]["cold"]["median_ms"] / by_size[110]["cold"]["median_ms"], 2
+        )
+    return result
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [
+        f"plan_resize, ms per call (python {result['python']}, {result['machine']}, "
+        f"{result['cpus']} cpus)",
+        f"{'pods':>5} {'victims':>7} {'budgets':>7} {'reps':>5} "
+        f"{'median':>8} {'p90':>8} {'min':>8}   {'cold median':>11} {'cold p90':>8}",
+    ]
+    for r in result["results"]:
+        lines.append(
+            f"{r['pods']:>5} {r['victims']:>7} {r['budgets']:>7} {r['reps']:>5} "
+            f"{r['median_ms']:>8.4f} {r['p90_ms']:>8.4f} {r['min_ms']:>8.4f}   "
+            f"{r['cold']['median_ms']:>11.4f} {r['cold']['p90_ms']:>8.4f}"
+        )
+    if "ratio_1000_over_110" in result:
+        lines.append(
+            f"median ratio 1000/110 pods: {result['ratio_1000_over_110']:.2f} "
+            f"(cold {result['cold_ratio_1000_over_110']:.2f}; linear would be 9.09)"
+        )
+    at_110 = next((r for r in result["results"] if r["pods"] == 110), None)
+    if at_110 is not None:
+        verdict = "met" if at_110["median_ms"] <= TARGET_MS_110 else "MISSED"
+        lines.append(f"target median <= {TARGET_MS_110} ms at 110 pods: {verdict}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench plan", description="Time plan_resize on 110- and 1000-pod nodes."
+    )
+    parser.add_argument("--quick", action="store_true", help="few repetitions, no results file")
+    parser.add_argument("--reps-110", type=int, default=2000)
+    parser.add_argument("--reps-1000", type=int, default=300)
+    args = parser.parse_args(argv)
+    if args.quick:
+        sizes, warmup = [(110, 60), (1000, 12)], 5
+    else:
+        sizes, warmup = [(110, args.reps_110), (1000, args.reps_1000)], 50
+    result = run(sizes, warmup)
+    print(table(result))
+    if not args.quick:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

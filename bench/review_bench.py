@@ -1,0 +1,746 @@
+"""Review round trip over HTTPS keep-alive: the webhook as the API server meets it.
+
+Three processes, as in production: the server (gunicorn, ``gthread``, one worker, TLS
+from :mod:`webhook.web.tls`) answering from a warm :class:`StaticClusterView` of a node
+with 110 pods; a client process with a few threads, each holding one persistent HTTPS
+connection (``http.client``), posting a realistic ``pods/resize`` AdmissionReview (full
+Pod objects with managed fields, the size the API server sends); and this orchestrator.
+
+Each round drives ``POST /validate-resize`` and then ``POST /noop`` (same server, same
+body: an allow-all webhook that reads and parses the review and allows it, so only the
+engine's decision is left out) for a fixed time after a warm-up, first from 4 client
+threads, then from one connection. Every request carries a fresh uid, so each is a new
+admission: the review preempts one pod and writes the in-memory ledger, and the JSON
+decision-log line is written (to ``/dev/null``) - every step of the admission path runs.
+
+Run ``python -m bench review`` (or ``python -m bench.review_bench``). Figures are the
+median over rounds of each round's p50, p99 and reviews/s, plus the server worker's and
+the client's CPU time per request (steadier than wall-clock figures when other work
+shares the machine; the load average is recorded). Results go to
+``bench/results/review.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import http.client
+import json
+import logging
+import os
+import platform
+import random
+import signal
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results" / "review.json"
+REPO = Path(__file__).resolve().parents[1]
+
+TARGET_P99_MS = 10.0
+TARGET_RPS = 1000.0
+TARGET_RATIO = 1.5
+
+NODE = "bench-node"
+PODS_ON_NODE = 110
+T0 = 1_700_000_000.0
+PREEMPTOR = "resizing-app-7d9c6b5f4-x2x9q"
+#: The review's uid in the body; the client puts a fresh one in every request, so each
+#: is a new admission (a ledger write), not the API server retrying one review.
+REVIEW_UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
+
+
+# -- the cluster and the review --------------------------------------------------------------
+
+
+def _time(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _container(name: str, cpu: str, memory: str, *, limits: bool) -> dict[str, Any]:
+    resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
+    if limits:
+        resources["limits"] = {"cpu": cpu, "memory": memory}
+    return {
+        "name": name,
+        "image": f"registry.example.com/{name}:1.27.3",
+        "imagePullPolicy": "IfNotPresent",
+        "ports": [{"containerPort": 8080, "name": "http", "protocol": "TCP"}],
+        "env": [{"name": f"SETTING_{k}", "value": f"value-{k}"} for k in range(8)]
+        + [
+            {
+                "name": "POD_NAME",
+                "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}},
+            }
+        ],
+        "resources": resources,
+        "resizePolicy": [
+            {"resourceName": "cpu", "restartPolicy": "NotRequired"},
+            {"resourceName": "memory", "restartPolicy": "NotRequired"},
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz", "port": 8080, "scheme": "HTTP"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 1,
+            "successThreshold": 1,
+            "failureThreshold": 3,
+        },
+        "volumeMounts": [
+            {"name": "config", "mountPath": "/etc/app"},
+            {
+                "name": "kube-api-access",
+                "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                "readOnly": True,
+            },
+        ],
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
+    }
+
+
+def pod_object(
+    name: str,
+    namespace: str,
+    priority: int,
+    cpu: str,
+    memory: str,
+    *,
+    started: float,
+    sidecar: bool = False,
+) -> dict[str, Any]:
+    """A Pod as the API server stores it: managed fields, probes, env, volumes, status."""
+    app = name.rsplit("-", 2)[0]
+    containers = [_container("app", cpu, memory, limits=True)]
+    if sidecar:
+        containers.append(_container("proxy", "100m", "128Mi", limits=True))
+    statuses = [
+        {
+            "name": c["name"],
+            "ready": True,
+            "started": True,
+            "restartCount": 0,
+            "image": c["image"],
+            "imageID": f"{c['image']}@sha256:{'ab' * 32}",
+            "containerID": f"containerd://{'cd' * 32}",
+            "state": {"running": {"startedAt": _time(started)}},
+            "allocatedResources": c["resources"]["requests"],
+            "resources": c["resources"],
+        }
+        for c in containers
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            # Deterministic: the server and this process build the same objects.
+            "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{namespace}.{name}")),
+            "resourceVersion": "4817263",
+            "generation": 3,
+            "creationTimestamp": _time(started - 5),
+            "generateName": name.rsplit("-", 1)[0] + "-",
+            "labels": {
+                "app.kubernetes.io/name": app,
+                "app.kubernetes.io/part-of": namespace,
+                "pod-template-hash": "7d9c6b5f4",
+            },
+            "annotations": {"kubectl.kubernetes.io/restartedAt": _time(started - 60)},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": name.rsplit("-", 1)[0],
+                    "uid": "3f1c0000-0000-4000-8000-000000000001",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+            "managedFields": [
+                {
+                    "manager": "kube-controller-manager",
+                    "operation": "Update",
+                    "apiVersion": "v1",
+                    "time": _time(started - 5),
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": {
+                        "f:metadata": {"f:generateName": {}, "f:labels": {".": {}}},
+                        "f:spec": {"f:containers": {'k:{"name":"app"}': {".": {}}}},
+                    },
+                },
+                {
+                    "manager": "kubelet",
+                    "operation": "Update",
+                    "apiVersion": "v1",
+                    "time": _time(started),
+                    "fieldsType": "FieldsV1",
+                    "subresource": "status",
+                    "fieldsV1": {"f:status": {"f:conditions": {}, "f:containerStatuses": {}}},
+                },
+            ],
+        },
+        "spec": {
+            "nodeName": NODE,
+            "priority": priority,
+            "priorityClassName": f"tier-{priority}",
+            "preemptionPolicy": "PreemptLowerPriority",
+            "schedulerName": "default-scheduler",
+            "serviceAccountName": "default",
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst",
+            "enableServiceLinks": True,
+            "containers": containers,
+            "volumes": [
+                {"name": "config", "configMap": {"name": f"{app}-config", "defaultMode": 420}},
+                {
+                    "name": "kube-api-access",
+                    "projected": {
+                        "defaultMode": 420,
+                        "sources": [
+                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                            {"configMap": {"name": "kube-root-ca.crt"}},
+                        ],
+                    },
+                },
+            ],
+            "tolerations": [
+                {
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                }
+            ],
+        },
+        "status": {
+            "phase": "Running",
+            "qosClass": "Guaranteed",
+            "hostIP": "10.0.0.17",
+            "podIP": "10.244.3.41",
+            "startTime": _time(started),
+            "conditions": [
+                {"type": t, "status": "True", "lastTransitionTime": _time(started)}
+                for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
+            ],
+            "containerStatuses": statuses,
+        },
+    }
+
+
+def cluster_objects(seed: int = 5836) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A full node: 109 pods of mixed priorities in 10 namespaces plus the resizing one.
+
+    Returns (objects for the view, the resizing pod). The node's allocatable is what the
+    pods hold plus 500m CPU, so growing the resizing pod by 1 CPU preempts one 500m pod.
+    """
+    rng = random.Random(seed)
+    namespaces = [f"team-{k}" for k in range(10)]
+    tiers = (0, 1000, 5000, 2_000_000_000)  # the last outranks the resizing pod
+    objects: list[dict[str, Any]] = []
+    held = 0
+    for i in range(PODS_ON_NODE - 1):
+        tier = rng.choices(tiers, (3, 4, 3, 1))[0]
+        cpu = 500 if tier == 0 else rng.choice((250, 500, 750))
+        held += cpu + (100 if i % 5 == 0 else 0)
+        objects.append(
+            pod_object(
+                f"svc-{i % 17}-7d9c6b5f4-{i:05d}",
+                rng.choice(namespaces),
+                tier,
+                f"{cpu}m",
+                f"{rng.choice((256, 512, 1024))}Mi",
+                started=T0 + rng.randrange(0, 80_000),
+                sidecar=i % 5 == 0,
+            )
+        )
+    resizing = pod_object(PREEMPTOR, "team-0", 1_000_000, "2", "4Gi", started=T0)
+    held += 2000
+    budgets = [
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": f"svc-{k}-pdb", "namespace": ns},
+            "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": f"svc-{k}"}}},
+            "status": {"disruptionsAllowed": rng.randrange(3)},
+        }
+        for k, ns in enumerate(namespaces)
+    ]
+    classes = [
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": f"tier-{v}"},
+            "value": v,
+        }
+        for v in (*tiers, 1_000_000)
+    ]
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE, "labels": {"kubernetes.io/os": "linux"}},
+        "status": {
+            "allocatable": {"cpu": f"{held + 500}m", "memory": "512Gi", "pods": "110"},
+        },
+    }
+    return [node, *classes, *budgets, *objects, resizing], resizing
+
+
+def review_body(resizing: dict[str, Any]) -> bytes:
+    """``kubectl patch --subresource resize`` growing the pod from 2 to 3 CPU."""
+    new = copy.deepcopy(resizing)
+    for section in ("requests", "limits"):
+        new["spec"]["containers"][0]["resources"][section]["cpu"] = "3"
+    new["metadata"]["generation"] = 4
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": REVIEW_UID,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "resize",
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestSubResource": "resize",
+            "name": PREEMPTOR,
+            "namespace": "team-0",
+            "operation": "UPDATE",
+            "userInfo": {
+                "username": "system:serviceaccount:team-0:autoscaler",
+                "uid": "c1f2e3d4-0000-4000-8000-000000000002",
+                "groups": [
+                    "system:serviceaccounts",
+                    "system:serviceaccounts:team-0",
+                    "system:authenticated",
+                ],
+            },
+            "object": new,
+            "oldObject": resizing,
+            "dryRun": False,
+            "options": {"kind": "UpdateOptions", "apiVersion": "meta.k8s.io/v1"},
+        },
+    }
+    return json.dumps(review, separators=(",", ":")).encode()
+
+
+# -- the server process ----------------------------------------------------------------------
+
+
+def serve_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="review_bench serve")
+    parser.add_argument("--cert", required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--threads", type=int, default=8)
+    args = parser.parse_args(argv)
+
+    from webhook.engine.config import Config
+    from webhook.engine.ledger import InMemoryLedger
+    from webhook.engine.static_view import StaticClusterView
+    from webhook.web.app import create_app
+    from webhook.web.server import WorkerApp, serve
+    from webhook.web.tls import CertificateReloader
+
+    # The decision log is on in production: pay for formatting and writing one line.
+    decisions = logging.getLogger("webhook.decisions")
+    decisions.setLevel(logging.INFO)
+    decisions.addHandler(logging.FileHandler(os.devnull))
+    decisions.propagate = False
+
+    def factory(tls: CertificateReloader) -> WorkerApp:
+        objects, _ = cluster_objects()
+        view = StaticClusterView.from_objects(objects)  # warm: parsed once, before serving
+        ledger = InMemoryLedger()
+        app = create_app(
+            Config(),
+            cluster=view,
+            ledger=ledger,
+            readiness=lambda: {"tls": tls.loaded(), "cache": view.synced()},
+            noop_endpoint=True,
+        )
+        return WorkerApp(app)
+
+    serve(
+        factory,
+        cert_file=args.cert,
+        key_file=args.key,
+        host="127.0.0.1",
+        port=args.port,
+        threads=args.threads,
+        metrics_port=None,
+        log_level="warning",
+    )
+
+
+# -- the client process ----------------------------------------------------------------------
+
+
+def drive_main(argv: Sequence[str]) -> int:
+    """Post ``--body`` to ``--path`` from ``--threads`` persistent connections; print
+    JSON: latencies (ms) after the warm-up, wall time, errors."""
+    parser = argparse.ArgumentParser(prog="review_bench drive")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--ca", required=True)
+    parser.add_argument("--body", required=True)
+    parser.add_argument("--path", required=True)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    args = parser.parse_args(argv)
+
+    body = Path(args.body).read_bytes()
+    context = ssl.create_default_context(cafile=args.ca)
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    barrier = threading.Barrier(args.threads + 1)
+    start_measuring = 0.0
+    stop_at = 0.0
+    results: list[list[float]] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    placeholder = REVIEW_UID.encode()
+    total = [0]
+
+    def worker() -> None:
+        conn = http.client.HTTPSConnection("127.0.0.1", args.port, context=context, timeout=10)
+        samples: list[float] = []
+        clock = time.perf_counter
+        sent = 0
+        barrier.wait()
+        try:
+            while True:
+                request_body = body.replace(placeholder, str(uuid.uuid4()).encode(), 1)
+                t0 = clock()
+                if t0 >= stop_at:
+                    break
+                conn.request("POST", args.path, request_body, headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                t1 = clock()
+                sent += 1
+                if resp.status != 200:
+                    errors.append(f"{resp.status} {data[:200]!r}")
+                    break
+                if t0 >= start_measuring:
+                    samples.append((t1 - t0) * 1000)
+        except Exception as e:  # a bench reports failures, it does not hide them
+            errors.append(repr(e))
+        finally:
+            conn.close()
+            with lock:
+                results.append(samples)
+                total[0] += sent
+
+    cpu_start = time.process_time()
+    threads = [threading.Thread(target=worker) for _ in range(args.threads)]
+    for t in threads:
+        t.start()
+    now = time.perf_counter()
+    start_measuring = now + args.warmup
+    stop_at = start_measuring + args.seconds
+    barrier.wait()
+    for t in threads:
+        t.join()
+    latencies = [x for samples in results for x in samples]
+    out = {
+        "latencies_ms": latencies,
+        "seconds": args.seconds,
+        "errors": errors,
+        "requests_with_warmup": total[0],
+        "client_cpu_s": time.process_time() - cpu_start,
+    }
+    json.dump(out, sys.stdout)
+    return 0
+
+
+# -- orchestration ---------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_ready(port: int, ca: str, server: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    context = ssl.create_default_context(cafile=ca)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"server exited with {server.returncode}")
+        try:
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=2)
+            conn.request("GET", "/readyz")
+            if conn.getresponse().status == 200:
+                conn.close()
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit("server did not become ready")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _worker_pid(master: int) -> int:
+    """The gunicorn worker: the master's only child."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rpartition(")")[2].split()[1]) == master:
+                        return int(entry)
+            except OSError:
+                continue
+    raise SystemExit("no gunicorn worker process found")
+
+
+def _stats(run: dict[str, Any], server_cpu_s: float) -> dict[str, float]:
+    latencies = run["latencies_ms"]
+    if run["errors"] or len(latencies) < 100:
+        raise SystemExit(f"client errors: {run['errors'][:3]} ({len(latencies)} samples)")
+    centiles = statistics.quantiles(latencies, n=100)
+    requests = run["requests_with_warmup"]
+    return {
+        "requests": len(latencies),
+        "p50_ms": round(statistics.median(latencies), 3),
+        "p99_ms": round(centiles[98], 3),
+        "reviews_per_s": round(len(latencies) / run["seconds"], 1),
+        # CPU per request is steadier than wall-clock figures on a shared machine.
+        "server_cpu_ms": round(server_cpu_s / requests * 1000, 3),
+        "client_cpu_ms": round(run["client_cpu_s"] / requests * 1000, 3),
+    }
+
+
+def _drive(
+    port: int, ca: str, body: str, path: str, threads: int, seconds: float
+) -> dict[str, Any]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.review_bench",
+            "drive",
+            "--port",
+            str(port),
+            "--ca",
+            ca,
+            "--body",
+            body,
+            "--path",
+            path,
+            "--threads",
+            str(threads),
+            "--seconds",
+            str(seconds),
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def _median(rounds: list[dict[str, float]], key: str) -> float:
+    return round(statistics.median(r[key] for r in rounds), 3)
+
+
+def run(rounds: int, seconds: float, threads: int, server_threads: int) -> dict[str, Any]:
+    from webhook import pki
+
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="review-bench-") as tmp:
+        ca = pki.make_ca("review bench CA")
+        pair = pki.make_serving_cert(ca, ip_addresses=["127.0.0.1"])
+        files = {name: Path(tmp, name) for name in ("ca.crt", "tls.crt", "tls.key", "review")}
+        files["ca.crt"].write_bytes(ca.cert_pem)
+        files["tls.crt"].write_bytes(pair.cert_pem)
+        files["tls.key"].write_bytes(pair.key_pem)
+        _, resizing = cluster_objects()
+        body = review_body(resizing)
+        files["review"].write_bytes(body)
+
+        port = _free_port()
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.review_bench",
+                "serve",
+                "--cert",
+                str(files["tls.crt"]),
+                "--key",
+                str(files["tls.key"]),
+                "--port",
+                str(port),
+                "--threads",
+                str(server_threads),
+            ],
+            cwd=REPO,
+            start_new_session=True,
+        )
+        try:
+            _wait_ready(port, str(files["ca.crt"]), server)
+            check = _check_answer(port, str(files["ca.crt"]), body)
+            worker = _worker_pid(server.pid)
+
+            def measured(path: str, threads: int, seconds: float) -> dict[str, float]:
+                before = _cpu_seconds(worker)
+                run = _drive(
+                    port, str(files["ca.crt"]), str(files["review"]), path, threads, seconds
+                )
+                return _stats(run, _cpu_seconds(worker) - before)
+
+            by_path: dict[str, list[dict[str, float]]] = {"/validate-resize": [], "/noop": []}
+            single: dict[str, list[dict[str, float]]] = {"/validate-resize": [], "/noop": []}
+            for _ in range(rounds):
+                for path in by_path:  # interleaved, so drift hits both alike
+                    by_path[path].append(measured(path, threads, seconds))
+                    single[path].append(measured(path, 1, seconds / 2))
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(30)
+
+    def summary(rs: list[dict[str, float]]) -> dict[str, Any]:
+        return {
+            "p50_ms": _median(rs, "p50_ms"),
+            "p99_ms": _median(rs, "p99_ms"),
+            "reviews_per_s": _median(rs, "reviews_per_s"),
+            "server_cpu_ms": _median(rs, "server_cpu_ms"),
+            "client_cpu_ms": _median(rs, "client_cpu_ms"),
+            "rounds": rs,
+        }
+
+    validate, noop = summary(by_path["/validate-resize"]), summary(by_path["/noop"])
+    ratio = {
+        "p50": round(validate["p50_ms"] / noop["p50_ms"], 2),
+        "p99": round(validate["p99_ms"] / noop["p99_ms"], 2),
+        "throughput": round(noop["reviews_per_s"] / validate["reviews_per_s"], 2),
+        "server_cpu": round(validate["server_cpu_ms"] / noop["server_cpu_ms"], 2),
+    }
+    return {
+        "benchmark": "review_round_trip",
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        # Other work on the machine skews every figure: note how busy it was.
+        "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0]},
+        "server": f"gunicorn gthread, 1 worker, {server_threads} threads, TLS (webhook.web)",
+        "client": f"{threads} threads, one persistent HTTPS connection each (http.client)",
+        "pods_on_node": PODS_ON_NODE,
+        "review_bytes": len(body),
+        "answer": check,
+        "rounds": rounds,
+        "seconds_per_round": seconds,
+        "validate": validate,
+        "noop": noop,
+        "ratio_validate_over_noop": ratio,
+        "single_connection": {
+            "validate": summary(single["/validate-resize"]),
+            "noop": summary(single["/noop"]),
+        },
+        "targets": {
+            "p99_ms": TARGET_P99_MS,
+            "reviews_per_s": TARGET_RPS,
+            "ratio": TARGET_RATIO,
+            "met": {
+                "p99": validate["p99_ms"] <= TARGET_P99_MS,
+                "throughput": validate["reviews_per_s"] >= TARGET_RPS,
+                "ratio": max(ratio["p50"], ratio["throughput"]) <= TARGET_RATIO,
+            },
+        },
+    }
+
+
+def _check_answer(port: int, ca: str, body: bytes) -> dict[str, Any]:
+    """The benchmarked review must take the full path: a preempting, admitted plan."""
+    conn = http.client.HTTPSConnection(
+        "127.0.0.1", port, context=ssl.create_default_context(cafile=ca)
+    )
+    conn.request("POST", "/validate-resize", body, {"Content-Type": "application/json"})
+    answer = json.loads(conn.getresponse().read())["response"]
+    conn.close()
+    if answer.get("auditAnnotations", {}).get("verdict") != "preempt":
+        raise SystemExit(f"the benchmark review does not preempt: {answer}")
+    return {"verdict": "preempt", "warnings": answer.get("warnings", [])}
+
+
+def table(result: dict[str, Any]) -> str:
+    v, n, r = result["validate"], result["noop"], result["ratio_validate_over_noop"]
+    s = result["single_connection"]
+    met = result["targets"]["met"]
+    lines = [
+        f"review round trip over HTTPS keep-alive (python {result['python']}, "
+        f"{result['cpus']} cpus, {result['pods_on_node']} pods on the node, "
+        f"{result['review_bytes']} byte review)",
+        f"{result['client']}; medians of {result['rounds']} rounds of "
+        f"{result['seconds_per_round']} s",
+        f"{'endpoint':<18} {'p50 ms':>8} {'p99 ms':>8} {'reviews/s':>10}   "
+        f"{'1-conn p50':>10} {'1-conn p99':>10}   {'server CPU ms':>13} {'client CPU ms':>13}",
+    ]
+    for name, row, one in (
+        ("/validate-resize", v, s["validate"]),
+        ("/noop", n, s["noop"]),
+    ):
+        lines.append(
+            f"{name:<18} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} "
+            f"{row['reviews_per_s']:>10.1f}   {one['p50_ms']:>10.3f} {one['p99_ms']:>10.3f}"
+            f"   {row['server_cpu_ms']:>13.3f} {row['client_cpu_ms']:>13.3f}"
+        )
+    lines.append(
+        f"validate/noop: p50 x{r['p50']}, p99 x{r['p99']}, throughput x{r['throughput']}, "
+        f"server CPU x{r['server_cpu']}"
+    )
+    load = result["load_average_1m"]
+    lines.append(f"load average (1 min): {load['before']:.2f} before, {load['after']:.2f} after")
+    lines.append(
+        f"targets: p99 <= {TARGET_P99_MS} ms {'met' if met['p99'] else 'MISSED'}; "
+        f">= {TARGET_RPS:.0f} reviews/s {'met' if met['throughput'] else 'MISSED'}; "
+        f"within {TARGET_RATIO}x of no-op {'met' if met['ratio'] else 'MISSED'}"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "serve":
+        return serve_main(argv[1:])
+    if argv and argv[0] == "drive":
+        return drive_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m bench review")
+    parser.add_argument("--quick", action="store_true", help="one short round, no results file")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured time per round")
+    parser.add_argument("--threads", type=int, default=4, help="client threads")
+    parser.add_argument("--server-threads", type=int, default=8)
+    args = parser.parse_args(argv)
+    rounds, seconds = (1, 2.0) if args.quick else (args.rounds, args.seconds)
+    result = run(rounds, seconds, args.threads, args.server_threads)
+    print(table(result))
+    if not args.quick:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

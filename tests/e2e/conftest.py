@@ -1,0 +1,191 @@
+"""Fixtures for end-to-end tests against a real local control plane.
+
+* ``cluster`` (session): etcd, kube-apiserver, kube-controller-manager (disruption
+  controller), kube-scheduler and the node emulator with ``node-1`` (8 CPU, 16Gi, 110 pods);
+  terminating pods are removed after at most 1 s. Logs stay under pytest's basetemp.
+* ``namespace``: a fresh namespace per test; its pods are removed (and forgotten by the
+  emulated kubelet) before the next test starts, so every test finds node-1 empty.
+* ``kubectl``: runs the real kubectl against the cluster, in the test's namespace.
+* ``api_client`` / ``core_v1`` / ``policy_v1``: the official client on its own
+  Configuration (never the process-global one).
+* ``webhook``: the webhook service started and registered (for tests of the service; the
+  harness's own tests do not use it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from tests.harness.binaries import Binaries, ensure_binaries
+from tests.harness.emulator import EmulatorOptions, NodeEmulator, default_nodes
+from tests.harness.kubeapi import ApiError, KubeClient
+from tests.harness.launcher import ControlPlane, ControlPlaneConfig
+from tests.harness.processes import install_signal_handlers
+from tests.harness.webhook_process import WebhookProcess, start_webhook
+
+NODE = "node-1"
+GRACE_CAP = 1.0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The running local cluster of a test session."""
+
+    control_plane: ControlPlane
+    emulator: NodeEmulator
+    binaries: Binaries
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.control_plane.kubeconfig
+
+    @property
+    def client(self) -> KubeClient:
+        """The harness's raw JSON client (admin)."""
+        return self.control_plane.client
+
+
+@dataclass(frozen=True)
+class Kubectl:
+    """The real kubectl bound to the cluster's kubeconfig (and optionally a namespace)."""
+
+    binary: Path
+    kubeconfig: Path
+    namespace: str | None = None
+
+    def __call__(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``kubectl args...``; raises CalledProcessError on failure when ``check``."""
+        argv = [
+            str(self.binary),
+            *(["--namespace", self.namespace] if self.namespace else []),
+            *args,
+        ]
+        result = subprocess.run(
+            argv,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(
+                result.returncode, argv, output=result.stdout, stderr=result.stderr
+            )
+        return result
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    install_signal_handlers()
+    binaries = ensure_binaries()
+    config = ControlPlaneConfig(state_dir=tmp_path_factory.mktemp("cluster"))
+    with ControlPlane(binaries, config) as control_plane:
+        options = EmulatorOptions(deletion_grace_cap=GRACE_CAP)
+        with NodeEmulator(control_plane.client, default_nodes(1), options) as emulator:
+            yield Cluster(control_plane, emulator, binaries)
+            assert not emulator.errors, f"node emulator failed: {emulator.errors!r}"
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{slug}-{secrets.token_hex(3)}"
+    cluster.client.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    yield name
+    _remove_namespace(cluster, name)
+
+
+def _remove_namespace(cluster: Cluster, name: str) -> None:
+    """Remove pods at once, then the namespace (no namespace controller runs to do it)."""
+    api = cluster.client
+    api.request("DELETE", f"/api/v1/namespaces/{name}/pods", body={"gracePeriodSeconds": 0})
+    deadline = time.monotonic() + 15
+    while any(ns == name for ns, _ in cluster.emulator.known_pods()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pods of namespace {name} were not removed from the node")
+        time.sleep(0.05)
+    try:
+        api.delete(f"/api/v1/namespaces/{name}")
+        namespace = api.get(f"/api/v1/namespaces/{name}")
+        namespace["spec"]["finalizers"] = []
+        api.replace(f"/api/v1/namespaces/{name}/finalize", namespace)
+    except ApiError as e:
+        if e.status != 404:
+            raise
+
+
+@pytest.fixture
+def kubectl(cluster: Cluster, namespace: str) -> Kubectl:
+    return Kubectl(cluster.binaries.kubectl, cluster.kubeconfig, namespace)
+
+
+@pytest.fixture(scope="session")
+def api_client(cluster: Cluster) -> Iterator[k8s.ApiClient]:
+    # new_client_from_config fills a fresh Configuration instead of the global default.
+    api = k8s_config.new_client_from_config(
+        config_file=str(cluster.kubeconfig), persist_config=False
+    )
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def core_v1(api_client: k8s.ApiClient) -> k8s.CoreV1Api:
+    return k8s.CoreV1Api(api_client)
+
+
+@pytest.fixture
+def policy_v1(api_client: k8s.ApiClient) -> k8s.PolicyV1Api:
+    return k8s.PolicyV1Api(api_client)
+
+
+@pytest.fixture(scope="session")
+def webhook(cluster: Cluster) -> Iterator[WebhookProcess]:
+    process = start_webhook(cluster.client, cluster.kubeconfig, cluster.control_plane.state_dir)
+    yield process
+    process.stop()
+
+
+Waiter = Callable[..., Any]
+
+
+@pytest.fixture
+def wait_until() -> Waiter:
+    """``wait_until(condition, timeout=10, what="...")``: poll until ``condition()`` is truthy.
+
+    Returns that value, or fails the test after ``timeout`` seconds.
+    """
+
+    def wait(
+        condition: Callable[[], Any],
+        *,
+        timeout: float = 10.0,
+        interval: float = 0.05,
+        what: str = "",
+    ) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            result = condition()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout} s waiting for {what or condition}")
+            time.sleep(interval)
+
+    return wait

@@ -1,0 +1,373 @@
+"""Command line of the local cluster: ``python -m tests.harness up|down|status|demo``.
+
+``up`` starts a supervisor process in the background that owns the control plane, the node
+emulator and the webhook, waits until everything is ready, and prints shell ``export`` lines
+(``eval "$(python -m tests.harness up)"``). ``down`` stops the supervisor, which stops the
+rest. State (kubeconfig, logs, pids) lives in ``.cluster/`` at the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.harness import processes
+from tests.harness.binaries import REPO_ROOT, Binaries, BinariesUnavailable, ensure_binaries
+from tests.harness.emulator import EmulatorOptions, NodeEmulator, default_nodes
+from tests.harness.kubeapi import ApiError, KubeClient
+from tests.harness.launcher import ControlPlane, ControlPlaneConfig, ControlPlaneError
+from tests.harness.webhook_process import (
+    CONFIGURATION_PATH,
+    WebhookProcess,
+    WebhookUnavailable,
+    start_webhook,
+)
+
+STATE_DIR = Path(os.environ.get("RPW_CLUSTER_DIR", REPO_ROOT / ".cluster"))
+PID_FILE = "supervisor.pid"
+READY_FILE = "ready.json"
+UP_TIMEOUT = 180.0
+
+
+def _say(message: str) -> None:
+    """Human-readable progress: stderr, so stdout stays eval-able."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def parse_feature_gates(text: str) -> dict[str, bool]:
+    """``A=true,B=false`` -> {"A": True, "B": False}."""
+    gates: dict[str, bool] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or value.lower() not in ("true", "false"):
+            raise argparse.ArgumentTypeError(f"bad feature gate {item!r}: expected Name=true|false")
+        gates[name] = value.lower() == "true"
+    return gates
+
+
+def _grace_cap(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad grace cap {text!r}: seconds or 'none'") from None
+
+
+def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=int, default=1, help="emulated nodes node-1..N (1)")
+    parser.add_argument("--cpu", default="8", help="allocatable CPU per node (8)")
+    parser.add_argument("--memory", default="16Gi", help="allocatable memory per node (16Gi)")
+    parser.add_argument("--pods", type=int, default=110, help="allocatable pods per node (110)")
+    parser.add_argument("--no-webhook", action="store_true", help="do not start the webhook")
+    parser.add_argument(
+        "--feature-gates",
+        type=parse_feature_gates,
+        default={},
+        metavar="A=true,B=false",
+        help="for kube-apiserver, kube-controller-manager and kube-scheduler",
+    )
+    parser.add_argument(
+        "--grace-cap",
+        type=_grace_cap,
+        default=1.0,
+        metavar="SECONDS|none",
+        help="remove terminating pods after at most this long (1); 'none' honours the grace period",
+    )
+    parser.add_argument(
+        "--report-preemption-disabled",
+        action="store_true",
+        help="add PodResizePreemptionDisabled=True to deferred pods on opted-out nodes "
+        "(not a v1.37.2 kubelet behaviour)",
+    )
+
+
+def _exports(ready: dict[str, Any]) -> str:
+    return f"export KUBECONFIG={ready['kubeconfig']}\nexport PATH={ready['bin']}:$PATH"
+
+
+def _read_ready() -> dict[str, Any] | None:
+    try:
+        ready: dict[str, Any] = json.loads((STATE_DIR / READY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return ready
+
+
+def _supervisor_pid() -> int | None:
+    """The pid of a live supervisor, or None."""
+    try:
+        pid = int((STATE_DIR / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return pid
+
+
+# --- up / serve --------------------------------------------------------------------------
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    if _supervisor_pid() is not None and (ready := _read_ready()) is not None:
+        _say(f"cluster already running (state in {STATE_DIR}); `make cluster-down` stops it")
+        print(_exports(ready))
+        return 0
+    try:
+        binaries = ensure_binaries()
+    except BinariesUnavailable as e:
+        _say(f"error: {e}")
+        return 1
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+    (STATE_DIR / "logs").mkdir(parents=True)
+    began = time.monotonic()
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.harness",
+        "_serve",
+        "--bin",
+        str(binaries.directory),
+        "--nodes",
+        str(args.nodes),
+        "--cpu",
+        args.cpu,
+        "--memory",
+        args.memory,
+        "--pods",
+        str(args.pods),
+        "--grace-cap",
+        "none" if args.grace_cap is None else str(args.grace_cap),
+    ]
+    if args.feature_gates:
+        argv += [
+            "--feature-gates",
+            ",".join(f"{k}={str(v).lower()}" for k, v in args.feature_gates.items()),
+        ]
+    if args.no_webhook:
+        argv.append("--no-webhook")
+    if args.report_preemption_disabled:
+        argv.append("--report-preemption-disabled")
+    log = STATE_DIR / "logs" / "supervisor.log"
+    with log.open("ab") as out:
+        # Its own session and no parent-death signal: it must outlive this command.
+        supervisor = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=REPO_ROOT,
+        )
+    deadline = time.monotonic() + UP_TIMEOUT
+    while (ready := _read_ready()) is None:
+        if supervisor.poll() is not None:
+            _say(f"error: the cluster did not start; {log}:")
+            _say(_tail(log, 25))
+            return 1
+        if time.monotonic() > deadline:
+            _say(f"error: the cluster was not ready after {UP_TIMEOUT:.0f} s; see {log}")
+            _stop_supervisor(supervisor.pid)
+            return 1
+        time.sleep(0.1)
+    nodes = ", ".join(f"node-{i}" for i in range(1, args.nodes + 1))
+    _say(
+        f"control plane {ready['version']} up in {time.monotonic() - began:.1f} s: etcd, "
+        f"kube-apiserver, kube-controller-manager (disruption), kube-scheduler; "
+        f"nodes: {nodes} ({args.cpu} CPU, {args.memory}, {args.pods} pods)"
+    )
+    if ready.get("webhook"):
+        _say(f"webhook: {ready['webhook']['url']} registered (logs: {STATE_DIR}/logs/webhook.log)")
+    elif ready.get("webhook_error"):
+        _say(f"webhook NOT running, continuing without it: {ready['webhook_error']}")
+    else:
+        _say("webhook: not started (--no-webhook)")
+    _say(f"state and logs: {STATE_DIR}; stop with `make cluster-down`")
+    print(_exports(ready))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The supervisor: runs until SIGTERM/SIGINT, then stops everything it started."""
+    processes.install_signal_handlers()
+    (STATE_DIR / PID_FILE).write_text(str(os.getpid()))
+    binaries = Binaries(Path(args.bin))
+    config = ControlPlaneConfig(state_dir=STATE_DIR, feature_gates=args.feature_gates)
+    options = EmulatorOptions(
+        deletion_grace_cap=args.grace_cap,
+        report_preemption_disabled=args.report_preemption_disabled,
+    )
+    try:
+        with (
+            ControlPlane(binaries, config) as cp,
+            NodeEmulator(
+                cp.client, default_nodes(args.nodes, args.cpu, args.memory, args.pods), options
+            ) as emulator,
+        ):
+            webhook: WebhookProcess | None = None
+            webhook_error = None
+            if not args.no_webhook:
+                try:
+                    webhook = start_webhook(cp.client, cp.kubeconfig, STATE_DIR)
+                except WebhookUnavailable as e:
+                    webhook_error = str(e).splitlines()[0]
+                    print(f"webhook unavailable: {e}", flush=True)
+            try:
+                ready = {
+                    "pid": os.getpid(),
+                    "kubeconfig": str(cp.kubeconfig),
+                    "bin": str(binaries.directory),
+                    "server": cp.server,
+                    "version": binaries.version,
+                    "webhook": {"url": webhook.url, "pid": webhook.process.pid}
+                    if webhook
+                    else None,
+                    "webhook_error": webhook_error,
+                }
+                (STATE_DIR / READY_FILE).write_text(json.dumps(ready, indent=2))
+                print("ready", flush=True)
+                while True:
+                    time.sleep(1)
+                    cp.check_alive()
+                    if emulator.errors:
+                        raise RuntimeError(f"node emulator failed: {emulator.errors[0]!r}")
+            finally:
+                if webhook is not None:
+                    webhook.stop()
+    except ControlPlaneError as e:
+        print(f"control plane failed: {e}", flush=True)
+        return 1
+    finally:
+        for name in (READY_FILE, PID_FILE):
+            (STATE_DIR / name).unlink(missing_ok=True)
+        print("stopped", flush=True)
+
+
+# --- down / status -----------------------------------------------------------------------
+
+
+def _stop_supervisor(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    if not processes.wait_for_exit(pid, 30):
+        # Its children die with it (parent-death signal).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        processes.wait_for_exit(pid, 5)
+
+
+def _kill_leftovers() -> None:
+    """Components recorded in the state dir that still run (supervisor killed -9 early)."""
+    try:
+        state = json.loads((STATE_DIR / "control-plane.json").read_text())
+    except (OSError, ValueError):
+        return
+    for pid in state.get("pids", {}).values():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if state["binaries"].encode() in cmdline:  # never a recycled pid of something else
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def cmd_down(_args: argparse.Namespace) -> int:
+    pid = _supervisor_pid()
+    if pid is None:
+        _say("no cluster running")
+    else:
+        _stop_supervisor(pid)
+        _say("cluster stopped")
+    _kill_leftovers()
+    for name in (READY_FILE, PID_FILE):
+        (STATE_DIR / name).unlink(missing_ok=True)
+    return 0
+
+
+def cmd_status(_args: argparse.Namespace) -> int:
+    pid = _supervisor_pid()
+    ready = _read_ready()
+    if pid is None or ready is None:
+        _say("no cluster running")
+        return 1
+    print(f"supervisor pid {pid}; {ready['version']} at {ready['server']}")
+    print(_exports(ready))
+    client = KubeClient.from_kubeconfig(ready["kubeconfig"])
+    try:
+        for node in client.get("/api/v1/nodes")["items"]:
+            alloc = node["status"]["allocatable"]
+            pods = client.get(
+                "/api/v1/pods", fieldSelector=f"spec.nodeName={node['metadata']['name']}"
+            )
+            print(
+                f"node {node['metadata']['name']}: {alloc['cpu']} CPU, {alloc['memory']}, "
+                f"{alloc['pods']} pods allocatable; {len(pods['items'])} pods bound"
+            )
+        try:
+            config = client.get(f"{CONFIGURATION_PATH}/resize-preemption-webhook")
+            url = config["webhooks"][0]["clientConfig"]["url"]
+            print(f"webhook registered: {url}")
+        except ApiError:
+            print(
+                "webhook not registered"
+                + (f" ({ready['webhook_error']})" if ready.get("webhook_error") else "")
+            )
+    finally:
+        client.close()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from tests.harness import demo
+
+    return demo.run(with_webhook=not args.no_webhook)
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.harness", description=__doc__.splitlines()[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{up,down,status,demo}")
+    up = sub.add_parser("up", help="start the local cluster in the background")
+    _add_cluster_options(up)
+    up.set_defaults(func=cmd_up)
+    serve = sub.add_parser("_serve")  # internal: the supervisor started by `up`
+    _add_cluster_options(serve)
+    serve.add_argument("--bin", required=True)
+    serve.set_defaults(func=cmd_serve)
+    sub.add_parser("down", help="stop it").set_defaults(func=cmd_down)
+    sub.add_parser("status", help="show what runs").set_defaults(func=cmd_status)
+    demo = sub.add_parser("demo", help="replay the resize walkthrough on a fresh cluster")
+    demo.add_argument("--no-webhook", action="store_true")
+    demo.set_defaults(func=cmd_demo)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

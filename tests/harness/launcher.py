@@ -1,0 +1,384 @@
+"""Starts a local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler.
+
+* etcd runs with ``--unsafe-no-fsync`` on a data dir in the state directory;
+* kube-apiserver serves on 127.0.0.1 with RBAC, an admin client certificate
+  (O=system:masters) made with :mod:`webhook.pki`, service-account signing keys, configurable
+  feature gates, ``PodResizeValidator`` enabled when the version has it and the
+  ``ServiceAccount`` admission plugin disabled (no token controller runs, so it would reject
+  every pod for lack of a ``default`` service account);
+* kube-controller-manager runs ONLY the disruption controller (PDB status): the default set
+  includes node-lifecycle, which would taint the emulated nodes and evict every pod;
+* kube-scheduler runs without leader election.
+
+Every port is picked free; every process is stopped by :meth:`ControlPlane.stop`, by the
+context manager, at interpreter exit and on SIGTERM (see :mod:`tests.harness.processes`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import socket
+import ssl
+import tempfile
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.harness.binaries import Binaries
+from tests.harness.kubeapi import Credentials, KubeClient
+from tests.harness.processes import ManagedProcess, spawn
+from webhook import pki
+
+SERVICE_CIDR = "10.0.0.0/24"
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+CONTEXT = "rpw-local"
+# Only the admission/eviction paths matter to the webhook's tests; everything else stays
+# out of the audit log so it costs nothing on the hot path.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {
+            "level": "Metadata",
+            "resources": [{"group": "", "resources": ["pods/resize", "pods/eviction"]}],
+        },
+        {"level": "None"},
+    ],
+}
+
+
+class ControlPlaneError(RuntimeError):
+    """A component did not start; the message carries the tail of its log."""
+
+
+@dataclass(frozen=True)
+class ControlPlaneConfig:
+    """How to start the control plane.
+
+    ``state_dir``: where certificates, kubeconfig, logs and etcd data go; None means a
+    temporary directory removed by :meth:`ControlPlane.stop`.
+    ``feature_gates``: passed to kube-apiserver, kube-controller-manager and kube-scheduler.
+    """
+
+    state_dir: Path | None = None
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    scheduler: bool = True
+    controller_manager: bool = True
+    audit: bool = True
+    apiserver_args: Sequence[str] = ()
+    start_timeout: float = 60.0
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ControlPlane:
+    """A running control plane; use ``with ControlPlane(...) as cp:`` or start()/stop()."""
+
+    def __init__(self, binaries: Binaries, config: ControlPlaneConfig | None = None) -> None:
+        self.binaries = binaries
+        self.config = config or ControlPlaneConfig()
+        self._owns_state = self.config.state_dir is None
+        self.state_dir = self.config.state_dir or Path(tempfile.mkdtemp(prefix="rpw-cluster-"))
+        self.pki_dir = self.state_dir / "pki"
+        self.log_dir = self.state_dir / "logs"
+        self.kubeconfig = self.state_dir / "kubeconfig"
+        self.processes: dict[str, ManagedProcess] = {}
+        self.ports: dict[str, int] = {}
+        self.started_in: float | None = None
+        self._client: KubeClient | None = None
+
+    # --- public API -----------------------------------------------------------------------
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    @property
+    def credentials(self) -> Credentials:
+        return Credentials(
+            self.server,
+            self.pki_dir / "ca.crt",
+            self.pki_dir / "admin.crt",
+            self.pki_dir / "admin.key",
+        )
+
+    @property
+    def client(self) -> KubeClient:
+        """A shared admin client (the harness's own; tests build the official one)."""
+        if self._client is None:
+            self._client = KubeClient(self.credentials)
+        return self._client
+
+    def __enter__(self) -> ControlPlane:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> ControlPlane:
+        """Start everything and wait until kube-apiserver is ready; stops it all on failure."""
+        began = time.monotonic()
+        try:
+            self._prepare()
+            self._start_etcd()
+            self._start_apiserver()
+            self._wait_apiserver_ready()
+            if self.config.controller_manager:
+                self._start_controller_manager()
+            if self.config.scheduler:
+                self._start_scheduler()
+            self._write_state()
+        except BaseException:
+            self.stop()
+            raise
+        self.started_in = time.monotonic() - began
+        return self
+
+    def stop(self) -> None:
+        """Stop all components (scheduler and controllers first, etcd last); idempotent."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+            process = self.processes.pop(name, None)
+            if process is not None:
+                process.stop()
+        if self._owns_state:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def check_alive(self) -> None:
+        """Raise if a component died (its log tail is in the message)."""
+        for name, process in self.processes.items():
+            if not process.running():
+                raise ControlPlaneError(
+                    f"{name} exited with {process.popen.returncode}:\n{process.log_tail()}"
+                )
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        for d in (self.state_dir, self.pki_dir, self.log_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.ports = {
+            name: free_port()
+            for name in ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler")
+        }
+        ca = pki.make_ca("rpw-local-ca")
+        serving = pki.make_serving_cert(
+            ca,
+            dns_names=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
+            ip_addresses=["127.0.0.1", "10.0.0.1"],
+        )
+        admin = pki.make_client_cert(ca, "rpw-admin", groups=["system:masters"])
+        sa_key = pki.generate_private_key_pem()
+        files = {
+            "ca.crt": ca.cert_pem,
+            "ca.key": ca.key_pem,
+            "apiserver.crt": serving.cert_pem,
+            "apiserver.key": serving.key_pem,
+            "admin.crt": admin.cert_pem,
+            "admin.key": admin.key_pem,
+            "sa.key": sa_key,
+            "sa.pub": pki.public_key_pem(sa_key),
+        }
+        for name, data in files.items():
+            path = self.pki_dir / name
+            path.write_bytes(data)
+            path.chmod(0o600)
+        self._write_kubeconfig(ca.cert_pem, admin)
+        if self.config.audit:
+            (self.state_dir / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+
+    def _write_kubeconfig(self, ca_pem: bytes, admin: pki.KeyPair) -> None:
+        def b64(data: bytes) -> str:
+            return base64.b64encode(data).decode()
+
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": CONTEXT,
+                    "cluster": {"server": self.server, "certificate-authority-data": b64(ca_pem)},
+                }
+            ],
+            "users": [
+                {
+                    "name": "rpw-admin",
+                    "user": {
+                        "client-certificate-data": b64(admin.cert_pem),
+                        "client-key-data": b64(admin.key_pem),
+                    },
+                }
+            ],
+            "contexts": [
+                {
+                    "name": CONTEXT,
+                    "context": {"cluster": CONTEXT, "user": "rpw-admin", "namespace": "default"},
+                }
+            ],
+            "current-context": CONTEXT,
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.kubeconfig.chmod(0o600)
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> None:
+        self.processes[name] = spawn(name, argv, self.log_dir / f"{name}.log")
+
+    def _start_etcd(self) -> None:
+        client = f"http://127.0.0.1:{self.ports['etcd-client']}"
+        peer = f"http://127.0.0.1:{self.ports['etcd-peer']}"
+        self._spawn(
+            "etcd",
+            [
+                str(self.binaries.etcd),
+                "--name=rpw",
+                f"--data-dir={self.state_dir / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=rpw={peer}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
+
+    def _feature_gates_arg(self) -> list[str]:
+        gates = self.config.feature_gates
+        if not gates:
+            return []
+        return ["--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in gates.items())]
+
+    def _start_apiserver(self) -> None:
+        pki_dir = self.pki_dir
+        enable = (
+            ["PodResizeValidator"]
+            if "PodResizeValidator" in self.binaries.admission_plugins
+            else []
+        )
+        argv = [
+            str(self.binaries.kube_apiserver),
+            f"--etcd-servers=http://127.0.0.1:{self.ports['etcd-client']}",
+            f"--secure-port={self.ports['apiserver']}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--tls-cert-file={pki_dir / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki_dir / 'apiserver.key'}",
+            f"--client-ca-file={pki_dir / 'ca.crt'}",
+            "--authorization-mode=RBAC",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",
+            f"--service-account-issuer={ISSUER}",
+            f"--service-account-key-file={pki_dir / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki_dir / 'sa.key'}",
+            "--disable-admission-plugins=ServiceAccount",
+            # No kubelets: nothing to reconcile the kubernetes Service endpoints against.
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+            *(["--enable-admission-plugins=" + ",".join(enable)] if enable else []),
+            *self._feature_gates_arg(),
+        ]
+        if self.config.audit:
+            argv += [
+                f"--audit-policy-file={self.state_dir / 'audit-policy.yaml'}",
+                f"--audit-log-path={self.log_dir / 'audit.log'}",
+                "--audit-log-mode=blocking",
+            ]
+        argv += list(self.config.apiserver_args)
+        self._spawn("kube-apiserver", argv)
+
+    def _wait_apiserver_ready(self) -> None:
+        deadline = time.monotonic() + self.config.start_timeout
+        client = self.client
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if client.ready(timeout=1.0):
+                return
+            time.sleep(0.1)
+        raise ControlPlaneError(
+            "kube-apiserver not ready after "
+            f"{self.config.start_timeout:.0f} s:\n{self.processes['kube-apiserver'].log_tail()}"
+        )
+
+    def _component_args(self, port_name: str) -> list[str]:
+        return [
+            f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.ports[port_name]}",
+            *self._feature_gates_arg(),
+        ]
+
+    def _start_controller_manager(self) -> None:
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.binaries.kube_controller_manager),
+                *self._component_args("controller-manager"),
+                "--controllers=disruption-controller",
+                "--use-service-account-credentials=false",
+            ],
+        )
+
+    def _start_scheduler(self) -> None:
+        self._spawn(
+            "kube-scheduler",
+            [str(self.binaries.kube_scheduler), *self._component_args("scheduler")],
+        )
+
+    def _write_state(self) -> None:
+        state: dict[str, Any] = {
+            "server": self.server,
+            "kubeconfig": str(self.kubeconfig),
+            "binaries": str(self.binaries.directory),
+            "ports": self.ports,
+            "pids": {name: p.pid for name, p in self.processes.items()},
+            "feature_gates": dict(self.config.feature_gates),
+        }
+        (self.state_dir / "control-plane.json").write_text(json.dumps(state, indent=2))
+
+    def wait_components_healthy(self, timeout: float = 30.0) -> None:
+        """Wait for /healthz of kube-controller-manager and kube-scheduler."""
+        deadline = time.monotonic() + timeout
+        for name, port_name in (
+            ("kube-controller-manager", "controller-manager"),
+            ("kube-scheduler", "scheduler"),
+        ):
+            if name not in self.processes:
+                continue
+            url = f"https://127.0.0.1:{self.ports[port_name]}/healthz"
+            while not _healthy(url):
+                self.check_alive()
+                if time.monotonic() > deadline:
+                    raise ControlPlaneError(
+                        f"{name} not healthy:\n{self.processes[name].log_tail()}"
+                    )
+                time.sleep(0.1)
+
+
+def _healthy(url: str) -> bool:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # components serve self-signed in-memory certificates
+    try:
+        with urllib.request.urlopen(url, context=context, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False

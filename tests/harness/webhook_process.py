@@ -1,0 +1,225 @@
+"""Runs the webhook service next to the local control plane and registers it.
+
+The service's command-line contract::
+
+    python -m webhook serve --kubeconfig FILE --tls-cert FILE --tls-key FILE \
+        --port N --metrics-port M --namespace rpw-system
+
+serving HTTPS ``/validate-resize`` and ``/readyz``. :func:`start_webhook` makes a CA and a
+serving certificate for 127.0.0.1, starts that process, waits for ``/readyz`` (verifying the
+certificate against the CA, as kube-apiserver will) and registers a
+ValidatingWebhookConfiguration for ``pods/resize`` whose caBundle is that CA.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import shlex
+import ssl
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.harness.binaries import REPO_ROOT
+from tests.harness.kubeapi import ApiError, KubeClient
+from tests.harness.launcher import free_port
+from tests.harness.processes import ManagedProcess, spawn
+from webhook import pki
+
+CONFIGURATION_NAME = "resize-preemption-webhook"
+# Webhook names must be fully qualified (three or more DNS labels); the API server prefixes
+# the webhook's audit annotations with it.
+WEBHOOK_NAME = "validate-resize.resize-preemption.io"
+NAMESPACE = "rpw-system"
+CONFIGURATION_PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+
+
+class WebhookUnavailable(RuntimeError):
+    """The service did not start or did not become ready; the message says why."""
+
+
+@dataclass
+class WebhookProcess:
+    """A running, registered webhook service."""
+
+    process: ManagedProcess
+    port: int
+    metrics_port: int
+    ca_pem: bytes
+    client: KubeClient
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        """Unregister (so the API server stops calling it), then stop the process."""
+        unregister(self.client)
+        self.process.stop()
+
+
+def webhook_configuration(port: int, ca_pem: bytes, namespace: str = NAMESPACE) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration for a service on 127.0.0.1:``port``.
+
+    ``failurePolicy: Ignore``: when the service is down, resizes behave as without it.
+    ``sideEffects: NoneOnDryRun``: the service evicts, but never for dry-run requests.
+    The service's own namespace is excluded so it can never block itself.
+    """
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": CONFIGURATION_NAME},
+        "webhooks": [
+            {
+                "name": WEBHOOK_NAME,
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{port}/validate-resize",
+                    "caBundle": base64.b64encode(ca_pem).decode(),
+                },
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["UPDATE"],
+                        "resources": ["pods/resize"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "failurePolicy": "Ignore",
+                "matchPolicy": "Equivalent",
+                "sideEffects": "NoneOnDryRun",
+                "timeoutSeconds": 5,
+                "namespaceSelector": {
+                    "matchExpressions": [
+                        {
+                            "key": "kubernetes.io/metadata.name",
+                            "operator": "NotIn",
+                            "values": [namespace],
+                        }
+                    ]
+                },
+            }
+        ],
+    }
+
+
+def register(client: KubeClient, configuration: dict[str, Any]) -> None:
+    """Create or replace the ValidatingWebhookConfiguration."""
+    name = configuration["metadata"]["name"]
+    try:
+        client.create(CONFIGURATION_PATH, configuration)
+    except ApiError as e:
+        if e.status != 409:
+            raise
+        current = client.get(f"{CONFIGURATION_PATH}/{name}")
+        configuration = {
+            **configuration,
+            "metadata": {
+                **configuration["metadata"],
+                "resourceVersion": current["metadata"]["resourceVersion"],
+            },
+        }
+        client.replace(f"{CONFIGURATION_PATH}/{name}", configuration)
+
+
+def unregister(client: KubeClient, name: str = CONFIGURATION_NAME) -> None:
+    """Delete the ValidatingWebhookConfiguration if it exists."""
+    with contextlib.suppress(ApiError, OSError):
+        client.delete(f"{CONFIGURATION_PATH}/{name}")
+
+
+def start_webhook(
+    client: KubeClient,
+    kubeconfig: Path,
+    state_dir: Path,
+    *,
+    port: int | None = None,
+    metrics_port: int | None = None,
+    namespace: str = NAMESPACE,
+    command: Sequence[str] = (sys.executable, "-m", "webhook", "serve"),
+    extra_args: Sequence[str] = (),
+    ready_timeout: float = 30.0,
+    settle: float = 0.5,
+) -> WebhookProcess:
+    """Start the service, wait for ``/readyz``, register it; raises WebhookUnavailable.
+
+    ``command`` is what runs before the contract's flags (tests pass a stand-in server).
+    ``settle``: seconds to let kube-apiserver's webhook informer load the new configuration
+    before returning, so the very next resize goes through the webhook.
+    """
+    port = port or free_port()
+    metrics_port = metrics_port or free_port()
+    cert_dir = state_dir / "webhook"
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    ca = pki.make_ca("rpw-webhook-ca")
+    serving = pki.make_serving_cert(ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+    for name, data in (
+        ("ca.crt", ca.cert_pem),
+        ("tls.crt", serving.cert_pem),
+        ("tls.key", serving.key_pem),
+    ):
+        (cert_dir / name).write_bytes(data)
+        (cert_dir / name).chmod(0o600)
+    _ensure_namespace(client, namespace)
+
+    flags = {
+        "--kubeconfig": str(kubeconfig),
+        "--tls-cert": str(cert_dir / "tls.crt"),
+        "--tls-key": str(cert_dir / "tls.key"),
+        "--port": str(port),
+        "--metrics-port": str(metrics_port),
+        "--namespace": namespace,
+    }
+    argv = [*command, *(part for item in flags.items() for part in item), *extra_args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = spawn("webhook", argv, state_dir / "logs" / "webhook.log", env=env, cwd=REPO_ROOT)
+    try:
+        shown = shlex.join([Path(command[0]).name, *command[1:]])
+        _wait_ready(process, shown, port, ca.cert_pem, ready_timeout)
+        register(client, webhook_configuration(port, ca.cert_pem, namespace))
+    except BaseException:
+        process.stop()
+        raise
+    time.sleep(settle)
+    return WebhookProcess(process, port, metrics_port, ca.cert_pem, client)
+
+
+def _ensure_namespace(client: KubeClient, name: str) -> None:
+    try:
+        client.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    except ApiError as e:
+        if e.status != 409:
+            raise
+
+
+def _wait_ready(
+    process: ManagedProcess, shown: str, port: int, ca_pem: bytes, timeout: float
+) -> None:
+    context = ssl.create_default_context(cadata=ca_pem.decode())
+    url = f"https://127.0.0.1:{port}/readyz"
+    deadline = time.monotonic() + timeout
+    last_error = ""
+    while time.monotonic() < deadline:
+        if not process.running():
+            tail = process.log_tail(15)
+            last = next((line for line in reversed(tail.splitlines()) if line.strip()), "")
+            raise WebhookUnavailable(
+                f"`{shown}` exited with {process.popen.returncode}: {last}\n{tail}"
+            )
+        try:
+            with urllib.request.urlopen(url, context=context, timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError as e:  # not listening yet, or answering 503 while warming up
+            last_error = str(e)
+        time.sleep(0.1)
+    raise WebhookUnavailable(
+        f"webhook not ready at {url} after {timeout:.0f} s ({last_error}):\n{process.log_tail(15)}"
+    )

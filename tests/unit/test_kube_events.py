@@ -1,0 +1,82 @@
+"""Event shapes and limits (no API server needed)."""
+
+from __future__ import annotations
+
+from webhook.core.model import PodRef
+from webhook.kube.events import (
+    NOTE_LIMIT,
+    EventRecorder,
+    micro_time,
+    resize_note,
+    truncate_note,
+)
+
+
+def test_micro_time_always_has_six_fractional_digits() -> None:
+    assert micro_time(1_700_000_000.0) == "2023-11-14T22:13:20.000000Z"
+    assert micro_time(1_700_000_000.25) == "2023-11-14T22:13:20.250000Z"
+
+
+def test_truncation_counts_bytes_and_never_splits_a_character() -> None:
+    note = "é" * 1000  # 2000 bytes
+    cut = truncate_note(note)
+    assert len(cut.encode()) <= NOTE_LIMIT
+    assert cut.endswith(" ...")
+    assert cut[:-4] == "é" * len(cut[:-4])
+    assert truncate_note("short") == "short"
+
+
+def test_resize_note_names_the_victims() -> None:
+    victims = [PodRef("default", "low-priority-pod", "u1")]
+    assert resize_note(victims, "node-1") == (
+        "Preempting 1 lower-priority pod on node-1 for this resize: default/low-priority-pod"
+    )
+    two = [*victims, PodRef("batch", "job-1", "u2")]
+    assert resize_note(two, "node-1").startswith("Preempting 2 lower-priority pods on node-1")
+
+
+def test_the_preempted_event_matches_upstream() -> None:
+    recorder = EventRecorder(
+        None, controller="resize-preemption-webhook", instance="replica-1", clock=lambda: 5.5
+    )
+    victim = PodRef("default", "low", "uid-low")
+    preemptor = PodRef("default", "high", "uid-high")
+    body = recorder.event_body(
+        victim,
+        related=preemptor,
+        type_="Normal",
+        reason="Preempted",
+        action="Preempting",
+        note="Preempted by pod uid-high on node node-1",
+    )
+    assert body == {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": f"low.{int(5.5e9):x}", "namespace": "default"},
+        "eventTime": "1970-01-01T00:00:05.500000Z",
+        "reportingController": "resize-preemption-webhook",
+        "reportingInstance": "replica-1",
+        "action": "Preempting",
+        "reason": "Preempted",
+        "regarding": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": "default",
+            "name": "low",
+            "uid": "uid-low",
+        },
+        "related": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": "default",
+            "name": "high",
+            "uid": "uid-high",
+        },
+        "note": "Preempted by pod uid-high on node node-1",
+        "type": "Normal",
+    }
+    # Two events in the same nanosecond still get distinct names.
+    again = recorder.event_body(
+        victim, related=None, type_="Normal", reason="r", action="a", note="n"
+    )
+    assert again["metadata"]["name"] != body["metadata"]["name"]

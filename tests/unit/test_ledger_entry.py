@@ -1,0 +1,255 @@
+"""Ledger entries survive their JSON form, and the in-memory ledger behaves like a store."""
+
+# House style puts the expected value on the left of ==.
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.unit.builders import NOW
+from webhook.core.errors import ObjectError
+from webhook.core.model import PodRef
+from webhook.core.reservation import Reservation
+from webhook.core.resources import Resources
+from webhook.engine.ledger import (
+    ENTRY_VERSION,
+    InMemoryLedger,
+    LedgerEntry,
+    decode_entries,
+    encode_entries,
+)
+
+Gi = 2**30
+
+
+def entry(
+    name: str = "web", review: str = "review-1", node: str = "node-1", **changes: Any
+) -> LedgerEntry:
+    base = LedgerEntry(
+        pod=PodRef("shop", name, f"uid-{name}"),
+        node=node,
+        review_uid=review,
+        resources=Resources(6000, 2 * Gi),
+        desired=(("app", Resources(5500, Gi)), ("proxy", Resources(500, Gi))),
+        victims=(PodRef("batch", "job-2", "uid-job-2"), PodRef("batch", "job-1", "uid-job-1")),
+        admitted_at=NOW,
+        expires_at=NOW + 60.5,
+    )
+    return replace(base, **changes)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(entry(), id="fresh"),
+        pytest.param(entry().with_handled("uid-job-2"), id="one-victim-handled"),
+        pytest.param(entry().with_persisted(), id="persisted"),
+        pytest.param(entry(victims=(), desired=()), id="no-victims"),
+        pytest.param(entry(resources=Resources(10**15, 2**62)), id="huge-amounts"),
+        pytest.param(entry(name="ü-名前"), id="non-ascii-name"),
+    ],
+)
+def test_json_round_trip(value: LedgerEntry) -> None:
+    wire = orjson.loads(orjson.dumps(value.to_json()))
+
+    assert value == LedgerEntry.from_json(wire)
+
+
+def test_wire_form() -> None:
+    expected = {
+        "v": ENTRY_VERSION,
+        "pod": {"namespace": "shop", "name": "web", "uid": "uid-web"},
+        "node": "node-1",
+        "review": "review-1",
+        "resources": {"cpu": 6000, "memory": 2 * Gi},
+        "desired": {"app": [5500, Gi], "proxy": [500, Gi]},
+        "victims": [
+            {"namespace": "batch", "name": "job-2", "uid": "uid-job-2"},
+            {"namespace": "batch", "name": "job-1", "uid": "uid-job-1"},
+        ],
+        "admitted": NOW,
+        "expires": NOW + 60.5,
+        "handled": ["uid-job-1"],
+        "persisted": True,
+    }
+
+    assert expected == entry().with_handled("uid-job-1").with_persisted().to_json()
+
+
+def test_victims_keep_their_eviction_order() -> None:
+    decoded = LedgerEntry.from_json(entry().to_json())
+
+    assert ("job-2", "job-1") == tuple(v.name for v in decoded.victims)
+
+
+def test_older_entries_without_optional_fields() -> None:
+    data = entry().to_json()
+    del data["handled"], data["persisted"]
+
+    decoded = LedgerEntry.from_json(data)
+
+    assert (frozenset(), False) == (decoded.handled, decoded.persisted)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        pytest.param(lambda d: d.update(v=ENTRY_VERSION + 1), "is not supported", id="version"),
+        pytest.param(lambda d: d.pop("v"), "is not supported", id="no-version"),
+        pytest.param(lambda d: d.pop("pod"), "malformed ledger entry", id="no-pod"),
+        pytest.param(
+            lambda d: d["resources"].update(cpu="lots"), "malformed ledger entry", id="bad-cpu"
+        ),
+        pytest.param(
+            lambda d: d.update(desired=[["app", 1]]), "malformed ledger entry", id="bad-desired"
+        ),
+        pytest.param(
+            lambda d: d.update(victims=[{"name": "x"}]),
+            "malformed ledger entry",
+            id="victim-without-namespace",
+        ),
+        pytest.param(lambda d: d.update(expires=None), "malformed ledger entry", id="no-expiry"),
+    ],
+)
+def test_malformed_entries_are_refused(mutate: Any, fragment: str) -> None:
+    data = entry().to_json()
+    mutate(data)
+
+    with pytest.raises(ObjectError, match=fragment):
+        LedgerEntry.from_json(data)
+
+
+def test_reservation_claims_only_pending_victims() -> None:
+    value = entry().with_handled("uid-job-2")
+
+    assert (
+        Reservation(
+            pod_uid="uid-web",
+            pod="shop/web",
+            node="node-1",
+            resources=Resources(6000, 2 * Gi),
+            victims=frozenset({"uid-job-1"}),
+            expires_at=NOW + 60.5,
+        )
+        == value.reservation()
+    )
+    assert (PodRef("batch", "job-1", "uid-job-1"),) == value.pending_victims
+
+
+def test_entry_helpers_return_new_entries() -> None:
+    value = entry()
+
+    assert NOW + 1 == value.with_expiry(NOW + 1).expires_at
+    assert () == value.with_victims(()).victims
+    assert frozenset() == value.handled
+    assert not value.persisted
+
+
+def test_encode_decode_round_trip() -> None:
+    entries = (entry("b", "r2"), entry("a", "r1"), entry("a", "r0"))
+
+    decoded = decode_entries(encode_entries(entries))
+
+    assert set(entries) == set(decoded)
+    assert [("uid-a", "r0"), ("uid-a", "r1"), ("uid-b", "r2")] == [
+        (e.pod.uid, e.review_uid) for e in decoded
+    ]
+
+
+def test_encoding_is_canonical() -> None:
+    a, b = entry("a", "r1"), entry("b", "r2")
+
+    assert encode_entries([a, b]) == encode_entries([b, a])
+
+
+def test_desired_comes_back_sorted_by_container_name() -> None:
+    value = entry(desired=(("zeta", Resources(1, 1)), ("alpha", Resources(2, 2))))
+
+    (decoded,) = decode_entries(encode_entries([value]))
+
+    assert dict(value.desired) == dict(decoded.desired)
+    assert ("alpha", "zeta") == tuple(n for n, _ in decoded.desired)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(None, id="none"),
+        pytest.param("", id="empty"),
+        pytest.param("{not json", id="not-json"),
+        pytest.param('{"v": 1}', id="not-a-list"),
+        pytest.param("[]", id="empty-list"),
+    ],
+)
+def test_unreadable_ledgers_decode_to_nothing(text: str | None) -> None:
+    assert () == decode_entries(text)
+
+
+def test_broken_entries_are_dropped_and_the_rest_kept() -> None:
+    good = entry()
+    raw = orjson.loads(encode_entries([good]))
+    raw += [{"v": 99}, {"v": ENTRY_VERSION}, "junk"]
+
+    assert (good,) == decode_entries(orjson.dumps(raw).decode())
+
+
+# -- the in-memory ledger ------------------------------------------------------------------
+
+
+def test_in_memory_ledger_updates_one_node() -> None:
+    ledger = InMemoryLedger()
+    first = entry()
+
+    result = ledger.update("node-1", lambda current: ((*current, first), len(current)))
+
+    assert 0 == result
+    assert (first,) == ledger.entries("node-1")
+    assert () == ledger.entries("node-2")
+    assert (first,) == ledger.all_entries()
+    assert 1 == ledger.writes
+    assert ledger.reachable()
+
+
+def test_leaving_entries_as_they_are_writes_nothing() -> None:
+    ledger = InMemoryLedger()
+    ledger.update("node-1", lambda current: ((entry(),), None))
+
+    answer = ledger.update("node-1", lambda current: (None, len(current)))
+
+    assert 1 == answer
+    assert 1 == ledger.writes
+
+
+def test_nodes_are_kept_apart() -> None:
+    ledger = InMemoryLedger()
+    a, b = entry("a", node="node-1"), entry("b", node="node-2")
+    ledger.update("node-1", lambda current: ((a,), None))
+    ledger.update("node-2", lambda current: ((b,), None))
+    ledger.update("node-1", lambda current: ((), None))
+
+    assert () == ledger.entries("node-1")
+    assert (b,) == ledger.entries("node-2")
+    assert (b,) == ledger.all_entries()
+
+
+def test_concurrent_updates_are_atomic() -> None:
+    ledger = InMemoryLedger()
+
+    def add(i: int) -> None:
+        for k in range(50):
+            value = entry(f"p{i}-{k}", f"r{i}-{k}")
+            ledger.update("node-1", lambda current, v=value: ((*current, v), None))
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert 200 == len(ledger.entries("node-1"))
+    assert 200 == ledger.writes

@@ -1,0 +1,348 @@
+"""The preemption worker's loop over a fake cluster, an in-memory ledger and a fake evictor."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from tests.unit.test_worker_logic import (
+    ADMITTED,
+    HIGH_BEFORE,
+    HIGH_RESIZED,
+    LOW,
+    LOW_A,
+    LOW_B,
+    MID,
+    NODE,
+    entry,
+    pod,
+)
+from webhook.core.model import Pod, PodRef
+from webhook.engine.config import Config
+from webhook.engine.ledger import InMemoryLedger, LedgerEntry
+from webhook.engine.metrics import Metrics
+from webhook.engine.static_view import StaticClusterView
+from webhook.kube.cache import BUDGETS
+from webhook.kube.evictor import EvictionResult
+from webhook.kube.worker import PreemptionWorker, remove_entry, update_entry
+
+CONFIG = Config(persist_timeout=10.0, reservation_ttl=120.0)
+
+
+class Clock:
+    def __init__(self, now: float = ADMITTED + 1.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeEvictor:
+    """Records calls; answers from ``results`` (victim name -> result), default evicted.
+
+    ``on_evict`` runs before answering (to change the world mid-pass)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str]] = []
+        self.results: dict[str, EvictionResult] = {}
+        self.on_evict: Callable[[PodRef], None] | None = None
+        self.called = threading.Event()
+
+    def evict(self, victim: PodRef, preemptor: PodRef, node: str) -> EvictionResult:
+        self.calls.append((victim.name, preemptor.name, node))
+        self.called.set()
+        if self.on_evict is not None:
+            self.on_evict(victim)
+        return self.results.get(victim.name, EvictionResult.EVICTED)
+
+
+class FakeRecorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, tuple[str, ...], str]] = []
+
+    def preempting(self, preemptor: PodRef, victims: list[PodRef], node: str) -> bool:
+        self.events.append((preemptor.name, tuple(v.name for v in victims), node))
+        return True
+
+
+class Cluster:
+    """A ClusterView whose contents a test can replace."""
+
+    def __init__(self, *pods: Pod, synced: bool = True) -> None:
+        self.set(*pods, synced=synced)
+
+    def set(self, *pods: Pod, synced: bool = True) -> None:
+        self.view = StaticClusterView([NODE], pods, synced=synced)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.view, name)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def evictor() -> FakeEvictor:
+    return FakeEvictor()
+
+
+@pytest.fixture
+def recorder() -> FakeRecorder:
+    return FakeRecorder()
+
+
+@pytest.fixture
+def ledger() -> InMemoryLedger:
+    return InMemoryLedger()
+
+
+def make_worker(
+    cluster: Cluster,
+    ledger: InMemoryLedger,
+    evictor: FakeEvictor,
+    clock: Clock,
+    recorder: FakeRecorder | None = None,
+    metrics: Metrics | None = None,
+) -> PreemptionWorker:
+    return PreemptionWorker(
+        cluster,  # type: ignore[arg-type]
+        ledger,
+        evictor,
+        CONFIG,
+        metrics or Metrics(),
+        clock,
+        recorder=recorder,  # type: ignore[arg-type]
+        interval=0.01,
+        rng=lambda: 1.0,
+    )
+
+
+def add(ledger: InMemoryLedger, *entries: LedgerEntry) -> None:
+    for e in entries:
+        ledger.update(e.node, lambda es, e=e: ((*es, e), None))
+
+
+def only(ledger: InMemoryLedger) -> LedgerEntry:
+    [e] = ledger.all_entries()
+    return e
+
+
+def test_evicts_the_victim_once_marks_it_and_tells_the_resizing_pod(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock, recorder: FakeRecorder
+) -> None:
+    add(ledger, entry("low"))
+    worker = make_worker(Cluster(HIGH_RESIZED, LOW, MID), ledger, evictor, clock, recorder)
+
+    worker.run_once()
+    worker.run_once()  # the cache still shows "low" running: never evicted again
+
+    assert evictor.calls == [("low", "high", "node-1")]
+    assert only(ledger).handled == {"uid-low"}
+    assert only(ledger).persisted
+    assert recorder.events == [("high", ("low",), "node-1")]
+
+
+def test_actuated_resize_releases_the_entry(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    add(ledger, entry("low", handled=("low",), persisted=True))
+    worker = make_worker(Cluster(pod("high", cpu="6", priority=1000), MID), ledger, evictor, clock)
+
+    worker.run_once()
+
+    assert ledger.all_entries() == ()
+    assert evictor.calls == []
+
+
+def test_not_persisted_waits_then_releases_evicting_nobody(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    add(ledger, entry("low"))
+    worker = make_worker(Cluster(HIGH_BEFORE, LOW, MID), ledger, evictor, clock)
+
+    worker.run_once()
+    assert len(ledger.all_entries()) == 1
+
+    clock.now = ADMITTED + CONFIG.persist_timeout
+    worker.run_once()
+
+    assert ledger.all_entries() == ()
+    assert evictor.calls == []
+
+
+def test_blocked_by_pdb_keeps_the_victim_pending_and_backs_off(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    add(ledger, entry("low-a", "low-b", persisted=True))
+    evictor.results["low-a"] = EvictionResult.BLOCKED_BY_PDB
+    worker = make_worker(Cluster(HIGH_RESIZED, LOW_A, LOW_B, MID), ledger, evictor, clock)
+
+    worker.run_once()
+    assert evictor.calls == [("low-a", "high", "node-1")]  # stops at the blocked one
+    assert only(ledger).pending_victims == (LOW_A.ref, LOW_B.ref)
+
+    worker.run_once()  # backing off: no call
+    assert len(evictor.calls) == 1
+
+    clock.now += worker.backoff_base
+    evictor.results.clear()
+    worker.run_once()
+    assert [c[0] for c in evictor.calls] == ["low-a", "low-a", "low-b"]
+    assert only(ledger).pending_victims == ()
+
+
+def test_a_budget_change_ends_the_backoff(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    add(ledger, entry("low", persisted=True))
+    evictor.results["low"] = EvictionResult.BLOCKED_BY_PDB
+    worker = make_worker(Cluster(HIGH_RESIZED, LOW, MID), ledger, evictor, clock)
+    worker.run_once()
+    worker.wake("pods", "MODIFIED", None, None)
+    worker.run_once()
+    assert len(evictor.calls) == 1  # still backing off
+
+    evictor.results.clear()
+    worker.wake(BUDGETS, "MODIFIED", None, None)  # e.g. disruptionsAllowed went up
+    worker.run_once()
+
+    assert len(evictor.calls) == 2
+    assert only(ledger).handled == {"uid-low"}
+
+
+def test_a_superseded_entry_stops_between_victims(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    first = entry("low-a", "low-b", persisted=True)
+    add(ledger, first)
+    worker = make_worker(Cluster(HIGH_RESIZED, LOW_A, LOW_B, MID), ledger, evictor, clock)
+
+    def newer_resize(_: PodRef) -> None:
+        # A newer admission of the same pod replaced the entry meanwhile.
+        ledger.update("node-1", remove_entry(first.review_uid))
+
+    evictor.on_evict = newer_resize
+    worker.run_once()
+
+    assert evictor.calls == [("low-a", "high", "node-1")]
+
+
+def test_victims_found_leaving_in_the_cache_are_settled_without_a_call(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    add(ledger, entry("low", persisted=True))
+    metrics = Metrics()
+    cluster = Cluster(HIGH_RESIZED, replace(LOW, terminating=True), MID)
+    worker = make_worker(cluster, ledger, evictor, clock, metrics=metrics)
+
+    worker.run_once()
+
+    assert evictor.calls == []
+    assert only(ledger).handled == {"uid-low"}
+    sample = metrics.registry.get_sample_value
+    assert sample("rpw_preemptions_total", {"result": "skipped-terminating"}) == 1
+
+
+def test_nothing_happens_before_the_cache_synced(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    add(ledger, entry("low"))
+    worker = make_worker(Cluster(synced=False), ledger, evictor, clock)
+
+    worker.run_once()
+
+    assert len(ledger.all_entries()) == 1  # an empty cache does not mean the pod is gone
+
+
+def test_errors_are_counted_and_the_entry_retried(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    add(ledger, entry("low"))
+    metrics = Metrics()
+    worker = make_worker(Cluster(HIGH_RESIZED, LOW, MID), ledger, evictor, clock, metrics=metrics)
+
+    def boom(_: PodRef) -> None:
+        raise RuntimeError("boom")
+
+    evictor.on_evict = boom
+    worker.run_once()
+    assert metrics.registry.get_sample_value("rpw_errors_total", {"where": "worker"}) == 1
+
+    evictor.on_evict = None
+    clock.now += worker.backoff_cap
+    worker.run_once()
+    assert only(ledger).handled == {"uid-low"}
+
+
+def test_entries_run_in_admitted_order_and_claims_prevent_extra_evictions(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 8 CPUs: filler 2 + low-a 2 + low-b 2 + g1 1 + g2 1. Each of g1, g2 grows by 1 and
+    # was admitted with one victim; one eviction makes room for both.
+    g1 = pod("g1", cpu="2", allocated="1", priority=1000)
+    g2 = pod("g2", cpu="2", allocated="1", priority=1000)
+    filler = pod("filler", cpu="2", priority=2000)
+    first = replace(
+        entry("low-a", pod_name="g1", review="r1", desired_cpu=2000, persisted=True),
+        admitted_at=ADMITTED,
+    )
+    second = replace(
+        entry("low-b", pod_name="g2", review="r2", desired_cpu=2000, persisted=True),
+        admitted_at=ADMITTED + 0.5,
+    )
+    add(ledger, second, first)
+    worker = make_worker(Cluster(g1, g2, filler, LOW_A, LOW_B), ledger, evictor, clock)
+    order: list[str] = []
+    process = worker.process
+
+    def spy(e: LedgerEntry, stop: threading.Event | None = None) -> object:
+        order.append(e.review_uid)
+        return process(e, stop)
+
+    monkeypatch.setattr(worker, "process", spy)
+    worker.run_once()
+
+    assert order == ["r1", "r2"]
+    # g1 goes first and sees g2's claim on low-b freeing the room it needs too: it lets
+    # low-a go from its claim; g2 then still needs its own victim. One eviction in all.
+    assert [c[0] for c in evictor.calls] == ["low-b"]
+    by_review = {e.review_uid: e for e in ledger.all_entries()}
+    assert by_review["r1"].victims == ()
+    assert by_review["r2"].handled == {"uid-low-b"}
+
+
+def test_the_thread_wakes_works_and_stops(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    worker = make_worker(Cluster(HIGH_RESIZED, LOW, MID), ledger, evictor, clock)
+    worker.start()
+    try:
+        add(ledger, entry("low"))
+        worker.wake("pods", "MODIFIED", None, None)  # the cache subscriber signature
+        assert evictor.called.wait(5)
+    finally:
+        worker.stop(timeout=5)
+    assert not worker.running
+    deadline = time.monotonic() + 1
+    while time.monotonic() < deadline and not only(ledger).handled:
+        time.sleep(0.01)
+    assert only(ledger).handled == {"uid-low"}
+
+
+def test_ledger_changes_are_pure_and_report_presence() -> None:
+    e = entry("low-a", "low-b")
+    change = update_entry(e.review_uid, handled=("uid-low-a",), drop=("uid-low-b",))
+    first = change((e,))
+    assert first == change((e,))
+    new, found = first
+    assert found and new is not None
+    assert new[0].handled == {"uid-low-a"} and new[0].victims == (LOW_A.ref,)
+    assert update_entry("other", persisted=True)((e,)) == (None, False)
+    assert remove_entry(e.review_uid)((e,)) == ((), True)
+    assert remove_entry("other")((e,)) == (None, False)

@@ -1,0 +1,97 @@
+"""A :class:`~webhook.engine.ports.ClusterView` over a fixed set of objects.
+
+For unit tests, benchmarks and offline use (planning against a snapshot): every answer
+comes from dictionaries built once in the constructor, so reads are as cheap as the live
+cache's and the view is safe to share between threads (nothing changes after
+construction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from webhook.core.model import DisruptionBudget, Node, Pod, PriorityClass
+from webhook.core.objects import PriorityResolver
+from webhook.core.snapshot import Snapshot, load_snapshot
+
+
+class StaticClusterView:
+    """An immutable cluster: nodes, pods, PodDisruptionBudgets and PriorityClasses.
+
+    ``synced`` and ``age`` are fixed too (a static view is as fresh as it will get);
+    tests pass ``synced=False`` to see readiness fail.
+    """
+
+    def __init__(
+        self,
+        nodes: Iterable[Node] = (),
+        pods: Iterable[Pod] = (),
+        budgets: Iterable[DisruptionBudget] = (),
+        priority_classes: Iterable[PriorityClass] = (),
+        *,
+        synced: bool = True,
+        age: float = 0.0,
+    ) -> None:
+        self._nodes = {n.name: n for n in nodes}
+        self._pods = {p.key: p for p in pods}
+        by_node: dict[str, list[Pod]] = {}
+        for p in self._pods.values():
+            if p.node:
+                by_node.setdefault(p.node, []).append(p)
+        # Tuples: callers get the same immutable sequence every time, no copy per read.
+        self._by_node = {name: tuple(group) for name, group in by_node.items()}
+        by_namespace: dict[str, list[DisruptionBudget]] = {}
+        for b in budgets:
+            by_namespace.setdefault(b.namespace, []).append(b)
+        self._budgets = {ns: tuple(group) for ns, group in by_namespace.items()}
+        self._resolver = PriorityResolver(priority_classes)
+        self._synced = synced
+        self._age = age
+
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot, *, synced: bool = True) -> StaticClusterView:
+        return cls(
+            snapshot.nodes.values(),
+            snapshot.pods,
+            snapshot.budgets,
+            snapshot.priority_classes,
+            synced=synced,
+        )
+
+    @classmethod
+    def from_objects(
+        cls, documents: Iterable[Mapping[str, Any] | None], *, synced: bool = True
+    ) -> StaticClusterView:
+        """From raw Kubernetes objects or Lists (as ``kubectl get -o json`` prints them).
+
+        Raises :class:`~webhook.core.errors.ObjectError` on a malformed object.
+        """
+        return cls.from_snapshot(load_snapshot(documents), synced=synced)
+
+    # -- ClusterView ------------------------------------------------------------------
+
+    def node(self, name: str) -> Node | None:
+        return self._nodes.get(name)
+
+    def pods_on(self, node: str) -> Sequence[Pod]:
+        return self._by_node.get(node, ())
+
+    def pod(self, namespace: str, name: str) -> Pod | None:
+        return self._pods.get(f"{namespace}/{name}")
+
+    def budgets(self, namespaces: Iterable[str]) -> Sequence[DisruptionBudget]:
+        out: list[DisruptionBudget] = []
+        # Sorted: the same answer whatever order the caller's namespaces come in.
+        for ns in sorted(set(namespaces)):
+            out.extend(self._budgets.get(ns, ()))
+        return out
+
+    def priority_resolver(self) -> PriorityResolver:
+        return self._resolver
+
+    def synced(self) -> bool:
+        return self._synced
+
+    def age(self) -> float:
+        return self._age

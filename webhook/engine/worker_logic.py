@@ -1,0 +1,270 @@
+"""What the preemption worker does next with one admitted resize: pure decisions.
+
+:func:`next_action` looks at a ledger entry, the resizing pod and its node as the cache
+shows them, and the time, and answers with one of three actions:
+
+* :class:`Release` - remove the entry (and its reservation); evict nobody more;
+* :class:`Wait` - nothing to do now; look again on the next change or at ``recheck_at``;
+* :class:`Act` - bookkeeping for the ledger and, maybe, victims to evict in order.
+
+No I/O and no clock reads happen here, so every branch is testable with plain objects.
+The worker (``webhook.kube.worker``) carries the actions out.
+
+The rules, in the order they are checked (numbered like the comments below):
+
+1. an expired entry is released;
+2. a pod that is gone (not cached, another uid, terminating, terminal) is released;
+3. a resize not yet in the pod's spec is waited for, at most ``persist_timeout`` after
+   admission; later the entry is released (a later webhook or the API server refused it);
+   an entry once persisted whose spec changed again was superseded and is released;
+4. an actuated resize (allocated >= desired for every container) is released, and so is
+   one the kubelet marked Infeasible;
+5. otherwise the resize is planned again on fresh state with
+   :func:`webhook.core.plan.plan_resize`, restricted to the victims the admitted plan named
+   and still pending, so the worker never evicts a pod the admission did not name, and
+   evicts fewer when room appeared. ``fits``: no more evictions, pending victims are
+   released from the claim; ``preempt``: evict the listed victims the plan still needs, in
+   the entry's order; ``infeasible``: wait (a PodDisruptionBudget may allow it later);
+   no growth left (the kubelet is catching up): wait; not eligible any more (node opted
+   out, preemptionPolicy Never): release.
+
+Victims already handled, terminating, terminal or gone are never evicted again: they are
+settled (marked handled without an API call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from webhook.core.model import DisruptionBudget, Node, PdbMode, Pod, PodRef
+from webhook.core.plan import Plan, plan_resize
+from webhook.core.policy import ImportanceKey, PreemptionPolicy
+from webhook.core.resources import Resources
+from webhook.engine.config import Config
+from webhook.engine.ledger import LedgerEntry
+
+ReleaseReason = Literal[
+    "expired",
+    "pod-gone",
+    "not-persisted",
+    "superseded",
+    "actuated",
+    "infeasible-resize",
+    "not-eligible",
+]
+WaitReason = Literal["not-persisted-yet", "node-unknown", "cannot-fit", "actuating"]
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Remove the entry from the ledger; evict nobody (more)."""
+
+    reason: ReleaseReason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Nothing to evict now. ``settle``/``mark_persisted`` are ledger bookkeeping to do
+    anyway; ``recheck_at`` (epoch seconds) is when the answer changes by itself, if known."""
+
+    reason: WaitReason
+    detail: str
+    recheck_at: float | None = None
+    mark_persisted: bool = False
+    settle: tuple[PodRef, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Act:
+    """Carry out the plan.
+
+    ``settle``: pending victims already terminating, terminal or gone - mark them handled,
+    no API call. ``drop``: pending victims the fresh plan no longer needs - take them off
+    the entry so its reservation stops claiming them. ``evict``: victims to act on, in the
+    entry's order; mark each handled right after it is done. ``evict`` may be empty (the
+    resize fits now; the entry stays until the kubelet actuates it or it expires).
+    """
+
+    plan: Plan
+    evict: tuple[PodRef, ...] = ()
+    settle: tuple[PodRef, ...] = ()
+    drop: tuple[PodRef, ...] = ()
+    mark_persisted: bool = False
+
+    @property
+    def bookkeeping(self) -> bool:
+        """True when the ledger entry must be written before any eviction."""
+        return bool(self.settle or self.drop or self.mark_persisted)
+
+
+Action = Release | Wait | Act
+
+
+@dataclass(frozen=True, slots=True)
+class ListedOnly:
+    """A :class:`PreemptionPolicy` that only lets the given pod uids be victims.
+
+    Wraps the configured policy, so protected namespaces and ranking still apply.
+    """
+
+    base: PreemptionPolicy
+    allowed: frozenset[str]
+
+    @property
+    def pdb_mode(self) -> PdbMode:
+        return self.base.pdb_mode
+
+    @property
+    def max_victims(self) -> int | None:
+        return self.base.max_victims
+
+    def may_preempt(self, victim: Pod, preemptor: Pod) -> bool:
+        return victim.uid in self.allowed and self.base.may_preempt(victim, preemptor)
+
+    def importance(self, pod: Pod, now: float) -> ImportanceKey:
+        return self.base.importance(pod, now)
+
+
+def spec_requests(pod: Pod) -> dict[str, Resources]:
+    """The pod's declared container requests by container name (what a resize sets)."""
+    return {c.name: c.requests for c in pod.all_containers()}
+
+
+def is_persisted(entry: LedgerEntry, pod: Pod) -> bool:
+    """True when the pod's spec carries exactly the container requests the entry admitted."""
+    return spec_requests(pod) == dict(entry.desired)
+
+
+def is_actuated(entry: LedgerEntry, pod: Pod) -> bool:
+    """True when the kubelet allocated at least the admitted requests to every container.
+
+    ``allocatedResources`` is read, or ``resources`` (what the runtime applied) where the
+    kubelet does not report allocations. Init containers that are not sidecars ran to
+    completion and are not resized; they are skipped.
+    """
+    for name, wanted in entry.desired:
+        container = pod.container(name)
+        if container is None:
+            return False
+        if container in pod.init_containers and not container.sidecar:
+            continue
+        status = pod.statuses.get(name)
+        if status is None:
+            return False
+        granted = status.allocated if status.allocated is not None else status.actual
+        if granted is None or not wanted.fits_in(granted):
+            return False
+    return True
+
+
+def _victim_state(victim: PodRef, by_uid: Mapping[str, Pod]) -> Literal["live", "leaving"]:
+    pod = by_uid.get(victim.uid)
+    if pod is None or pod.terminal or pod.terminating:
+        return "leaving"
+    return "live"
+
+
+def next_action(
+    entry: LedgerEntry,
+    pod: Pod | None,
+    node: Node | None,
+    pods: Sequence[Pod],
+    *,
+    now: float,
+    config: Config,
+    budgets: Sequence[DisruptionBudget] = (),
+    others: Iterable[LedgerEntry] = (),
+) -> Action:
+    """Decide what to do with ``entry``.
+
+    ``pod`` is the resizing pod as cached (looked up by namespace/name; ``None`` when not
+    cached); ``node`` its node; ``pods`` the pods bound to ``entry.node``; ``others`` the
+    node's other ledger entries (their reservations and claims count, this entry's own
+    does not). Pure: same arguments, same action.
+    """
+    # 1. An expired reservation protects nothing any more.
+    if entry.expires_at <= now:
+        return Release("expired", f"reservation expired {now - entry.expires_at:.1f}s ago")
+
+    # 2. The pod the room was reserved for is gone, replaced or leaving.
+    if pod is None:
+        return Release("pod-gone", f"pod {entry.pod.key} no longer exists")
+    if pod.uid != entry.pod.uid:
+        return Release("pod-gone", f"pod {entry.pod.key} was replaced (uid {pod.uid})")
+    if pod.terminating or pod.terminal:
+        return Release("pod-gone", f"pod {entry.pod.key} is terminating or finished")
+
+    # 3. Wait until the resize is in the pod's spec.
+    persisted = is_persisted(entry, pod)
+    if not persisted:
+        if entry.persisted:
+            return Release("superseded", "the pod's spec changed again after the resize")
+        deadline = entry.admitted_at + config.persist_timeout
+        if now >= deadline:
+            return Release(
+                "not-persisted",
+                f"resize not in the pod's spec {config.persist_timeout:g}s after admission",
+            )
+        return Wait("not-persisted-yet", "waiting for the resize to persist", deadline)
+    mark = not entry.persisted
+
+    # 4. Done, or the kubelet will never do it.
+    if is_actuated(entry, pod):
+        return Release("actuated", "the kubelet allocated the new requests")
+    if pod.resize == "infeasible":
+        return Release("infeasible-resize", "the kubelet marked the resize Infeasible")
+    if node is None:
+        return Wait("node-unknown", f"node {entry.node} not in the cache", mark_persisted=mark)
+
+    # 5. Plan again on fresh state. Victims any entry already handled are on their way out
+    #    even if the cache has not seen their deletion yet.
+    others = tuple(o for o in others if o.review_uid != entry.review_uid)
+    handled = set(entry.handled).union(*(o.handled for o in others))
+    view = tuple(
+        replace(p, terminating=True) if p.uid in handled and not p.terminating else p for p in pods
+    )
+    by_uid = {p.uid: p for p in view if p.node == entry.node}
+    pending = entry.pending_victims
+    settle = tuple(v for v in pending if _victim_state(v, by_uid) == "leaving")
+    live = tuple(v for v in pending if v not in settle)
+    policy = ListedOnly(config.policy(), frozenset(v.uid for v in live))
+    plan = plan_resize(
+        pod,
+        pod,
+        node,
+        view,
+        now=now,
+        budgets=budgets,
+        reservations=[o.reservation() for o in others],
+        policy=policy,
+    )
+    if plan.verdict == "fits":
+        return Act(plan, settle=settle, drop=live, mark_persisted=mark)
+    if plan.verdict == "preempt":
+        needed = {v.pod.uid for v in plan.victims}
+        evict = tuple(v for v in live if v.uid in needed)
+        drop = tuple(v for v in live if v.uid not in needed)
+        return Act(plan, evict=evict, settle=settle, drop=drop, mark_persisted=mark)
+    if plan.verdict == "infeasible":
+        return Wait("cannot-fit", plan.reason, mark_persisted=mark, settle=settle)
+    if plan.code == "no-growth":
+        return Wait("actuating", plan.reason, mark_persisted=mark, settle=settle)
+    return Release("not-eligible", plan.reason)
+
+
+__all__ = [
+    "Act",
+    "Action",
+    "ListedOnly",
+    "Release",
+    "ReleaseReason",
+    "Wait",
+    "WaitReason",
+    "is_actuated",
+    "is_persisted",
+    "next_action",
+    "spec_requests",
+]

@@ -1,0 +1,568 @@
+"""The cluster cache: pods, nodes, PodDisruptionBudgets and PriorityClasses, list+watched.
+
+:class:`ClusterCache` implements :class:`webhook.engine.ports.ClusterView`. The admission
+path reads it on every review, so reads take no lock and copy nothing: each index maps a
+key to an immutable value (a view, or a tuple of views) that writers replace, never
+mutate (copy-on-write per bucket). A reader may see one index a moment ahead of another;
+it never sees a half-built bucket.
+
+One :class:`~webhook.kube.reflector.Reflector` thread per kind keeps it current. Pods are
+stored compacted (:class:`PodCompactor`): identical label sets, container specs, statuses
+and quantities are shared between pods, and annotations are trimmed to this project's own
+prefix, which is what keeps 150,000 pods within a few hundred megabytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Final, Generic, TypeVar
+
+from kubernetes.client import CoreV1Api, PolicyV1Api, SchedulingV1Api
+
+from webhook.core.model import (
+    Container,
+    ContainerStatus,
+    DisruptionBudget,
+    Node,
+    Pod,
+    PriorityClass,
+)
+from webhook.core.objects import (
+    PriorityResolver,
+    parse_node,
+    parse_pdb,
+    parse_pod,
+    parse_priority_class,
+)
+from webhook.engine.config import Config
+from webhook.engine.metrics import Metrics
+from webhook.kube.errors import ClusterError
+from webhook.kube.reflector import (
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_READ_TIMEOUT,
+    Change,
+    Raw,
+    Reflector,
+    Resource,
+    diff,
+)
+
+log = logging.getLogger(__name__)
+
+V = TypeVar("V")
+H = TypeVar("H", bound=Hashable)
+
+PODS: Final = "pods"
+NODES: Final = "nodes"
+BUDGETS: Final = "poddisruptionbudgets"
+PRIORITY_CLASSES: Final = "priorityclasses"
+KINDS: Final = (PODS, NODES, BUDGETS, PRIORITY_CLASSES)
+
+#: Pods per LIST page. A decoded page of pods is ~20x its JSON size in Python objects and
+#: the allocator keeps the high-water mark: pages of 100 instead of client-go's 500 cut the
+#: cache's resident memory by about 40% at the same sync time (bench/cache_bench.py).
+POD_PAGE_SIZE: Final = 100
+
+#: ``callback(kind, event_type, old_view, new_view)``; ``event_type`` is ADDED, MODIFIED or
+#: DELETED; ``old_view`` is None for ADDED, ``new_view`` None for DELETED.
+Subscriber = Callable[[str, str, Any, Any], None]
+
+#: Annotations a cached pod keeps (the planner reads none; this project's own are kept for
+#: the worker). Others, e.g. ``kubectl.kubernetes.io/last-applied-configuration``, can be
+#: kilobytes per pod.
+KEPT_ANNOTATION_PREFIXES: Final = ("resize-preemption.io/",)
+
+_EMPTY_MAP: Final[Mapping[str, Any]] = {}
+
+
+# -- an indexed, copy-on-write store -----------------------------------------------------
+
+
+class IndexedStore(Generic[V]):
+    """A :class:`~webhook.kube.reflector.Sink` with secondary indexes.
+
+    ``groups``: name -> function giving an item's group key (``None``: in no group); each
+    group is a tuple, rebuilt when a member changes (so keep groups small: pods per node).
+    ``unique``: name -> function giving an item's unique key (e.g. a pod's uid).
+
+    Writers serialize on a lock; readers take none (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        *,
+        groups: Mapping[str, Callable[[V], str | None]] | None = None,
+        unique: Mapping[str, Callable[[V], str]] | None = None,
+    ) -> None:
+        self._group_fns = dict(groups or {})
+        self._unique_fns = dict(unique or {})
+        self._lock = threading.Lock()
+        self._items: dict[str, V] = {}
+        self._groups: dict[str, dict[str, tuple[V, ...]]] = {n: {} for n in self._group_fns}
+        self._unique: dict[str, dict[str, V]] = {n: {} for n in self._unique_fns}
+
+    # reads ------------------------------------------------------------------------------
+
+    def get(self, key: str) -> V | None:
+        return self._items.get(key)
+
+    def group(self, index: str, key: str) -> tuple[V, ...]:
+        return self._groups[index].get(key, ())
+
+    def group_keys(self, index: str) -> tuple[str, ...]:
+        return tuple(self._groups[index])
+
+    def by(self, index: str, key: str) -> V | None:
+        return self._unique[index].get(key)
+
+    def values(self) -> tuple[V, ...]:
+        return tuple(self._items.values())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    # writes (the Sink protocol) ----------------------------------------------------------
+
+    def replace(self, items: Mapping[str, V]) -> list[Change[V]]:
+        new_items = dict(items)
+        groups: dict[str, dict[str, list[V]]] = {n: {} for n in self._group_fns}
+        unique: dict[str, dict[str, V]] = {n: {} for n in self._unique_fns}
+        for view in new_items.values():
+            for name, fn in self._group_fns.items():
+                g = fn(view)
+                if g is not None:
+                    groups[name].setdefault(g, []).append(view)
+            for name, ufn in self._unique_fns.items():
+                unique[name][ufn(view)] = view
+        with self._lock:
+            changes = diff(self._items, new_items)
+            # Whole-dict swaps: a reader holds either the old dict or the new one.
+            self._items = new_items
+            self._groups = {n: {k: tuple(v) for k, v in g.items()} for n, g in groups.items()}
+            self._unique = unique
+        return changes
+
+    def upsert(self, key: str, view: V) -> Change[V] | None:
+        with self._lock:
+            old = self._items.get(key)
+            if old is view:
+                return None
+            self._items[key] = view
+            self._reindex(old, view)
+        return Change("ADDED" if old is None else "MODIFIED", key, old, view)
+
+    def remove(self, key: str) -> Change[V] | None:
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is None:
+                return None
+            self._reindex(old, None)
+        return Change("DELETED", key, old, None)
+
+    def _reindex(self, old: V | None, new: V | None) -> None:
+        for name, fn in self._group_fns.items():
+            index = self._groups[name]
+            g_old = fn(old) if old is not None else None
+            g_new = fn(new) if new is not None else None
+            if g_old is not None:
+                bucket = index.get(g_old, ())
+                if g_old == g_new and new is not None:
+                    # Same group: swap in place, keeping the bucket's order.
+                    index[g_old] = tuple(new if v is old else v for v in bucket)
+                    continue
+                kept = tuple(v for v in bucket if v is not old)
+                if kept:
+                    index[g_old] = kept
+                else:
+                    index.pop(g_old, None)
+            if g_new is not None and new is not None:
+                index[g_new] = (*index.get(g_new, ()), new)
+        for name, ufn in self._unique_fns.items():
+            uindex = self._unique[name]
+            if old is not None:
+                u_old = ufn(old)
+                if uindex.get(u_old) is old:
+                    del uindex[u_old]
+            if new is not None:
+                uindex[ufn(new)] = new
+
+
+# -- compact pods ------------------------------------------------------------------------
+
+
+class _Interner(Generic[H]):
+    """Shares equal hashable values. Bounded: the table is dropped when it gets large
+    (values already shared stay shared; only future sharing restarts)."""
+
+    __slots__ = ("_limit", "_table")
+
+    def __init__(self, limit: int) -> None:
+        self._table: dict[H, H] = {}
+        self._limit = limit
+
+    def __call__(self, value: H) -> H:
+        got = self._table.get(value)
+        if got is not None:
+            return got
+        if len(self._table) >= self._limit:
+            self._table.clear()
+        self._table[value] = value
+        return value
+
+
+class _MappingInterner(Generic[V]):
+    """Shares equal mappings, keyed by their content's hash only (a colliding mapping is
+    simply not shared), so a unique label set costs one int, not a copy of itself."""
+
+    __slots__ = ("_limit", "_table")
+
+    def __init__(self, limit: int) -> None:
+        self._table: dict[int, Mapping[str, V]] = {}
+        self._limit = limit
+
+    def __call__(self, value: Mapping[str, V]) -> Mapping[str, V]:
+        if not value:
+            return _EMPTY_MAP
+        h = hash(frozenset(value.items()))
+        got = self._table.get(h)
+        if got is not None and got == value:
+            return got
+        if len(self._table) >= self._limit:
+            self._table.clear()
+        self._table[h] = value
+        return value
+
+
+class PodCompactor:
+    """Rewrites a freshly parsed :class:`Pod` so it shares what it has in common with others.
+
+    Pods of one ReplicaSet have the same labels, containers and (mostly) statuses; the
+    same few quantities recur across a whole cluster. Strings that repeat (namespace,
+    node, label keys and values, container names) are interned, and annotations are
+    trimmed to :data:`KEPT_ANNOTATION_PREFIXES`. Not thread-safe: one per reflector.
+    """
+
+    def __init__(self, *, limit: int = 1 << 17) -> None:
+        self._values: _Interner[Any] = _Interner(limit)
+        self._labels: _MappingInterner[str] = _MappingInterner(limit)
+        self._statuses: _MappingInterner[ContainerStatus] = _MappingInterner(limit)
+
+    def compact(self, pod: Pod) -> Pod:
+        """``pod``, compacted in place and returned. It must come straight from
+        ``parse_pod``: nothing else may hold it yet (its frozen fields are rewritten,
+        which is cheaper than building a second Pod for each of 150,000 pods)."""
+        share = self._values
+        intern = sys.intern
+        put = object.__setattr__
+        put(pod, "namespace", intern(pod.namespace))
+        put(pod, "node", intern(pod.node))
+        put(pod, "phase", intern(pod.phase))
+        put(pod, "qos_class", intern(pod.qos_class))
+        labels = pod.labels
+        put(
+            pod,
+            "labels",
+            self._labels({intern(k): intern(v) for k, v in labels.items()})
+            if labels
+            else _EMPTY_MAP,
+        )
+        annotations = pod.annotations
+        if annotations:
+            kept = {
+                intern(k): v
+                for k, v in annotations.items()
+                if k.startswith(KEPT_ANNOTATION_PREFIXES)
+            }
+            put(pod, "annotations", kept or _EMPTY_MAP)
+        else:
+            put(pod, "annotations", _EMPTY_MAP)
+        put(pod, "containers", self._containers(pod.containers))
+        put(pod, "init_containers", self._containers(pod.init_containers))
+        put(pod, "overhead", share(pod.overhead))
+        put(pod, "pod_requests", share(pod.pod_requests))
+        put(pod, "pod_limits", share(pod.pod_limits))
+        if pod.pod_allocated is not None:
+            put(pod, "pod_allocated", share(pod.pod_allocated))
+        if pod.pod_actual is not None:
+            put(pod, "pod_actual", share(pod.pod_actual))
+        statuses = pod.statuses
+        if statuses:
+            for s in statuses.values():
+                put(s, "name", intern(s.name))
+                if s.allocated is not None:
+                    put(s, "allocated", share(s.allocated))
+                if s.actual is not None:
+                    put(s, "actual", share(s.actual))
+            put(pod, "statuses", self._statuses({s.name: share(s) for s in statuses.values()}))
+        else:
+            put(pod, "statuses", _EMPTY_MAP)
+        return pod
+
+    def _containers(self, containers: tuple[Container, ...]) -> tuple[Container, ...]:
+        if not containers:
+            return ()
+        share = self._values
+        put = object.__setattr__
+        for c in containers:
+            put(c, "name", sys.intern(c.name))
+            put(c, "requests", share(c.requests))
+            put(c, "limits", share(c.limits))
+        shared: tuple[Container, ...] = share(tuple(share(c) for c in containers))
+        return shared
+
+
+def _no_api(**_: Any) -> Any:
+    raise ClusterError("this cache has no API client (offline use)")
+
+
+# -- the cache ---------------------------------------------------------------------------
+
+
+class ClusterCache:
+    """An in-memory, watch-fed :class:`~webhook.engine.ports.ClusterView`.
+
+    ``start()`` launches one daemon reflector thread per kind; ``wait_synced(timeout)``
+    blocks until every kind has been listed once; ``stop()`` ends the threads and closes
+    the client's connection pools (``close_client=False`` keeps them, for a client shared
+    with the ledger). ``api=None`` builds an offline cache, fed through
+    :meth:`reflector` (``load_pages``) - for benchmarks and tests.
+
+    ``freeze_gc`` (default on) calls ``gc.freeze()`` while pods are listed: the cached
+    views are acyclic and long-lived, and without it every full cyclic collection walks
+    all of them, a pause of seconds at 150,000 pods. The price: cyclic garbage that exists
+    at that moment elsewhere in the process is never collected (views are freed by
+    reference counting as usual).
+
+    Subscribers (:meth:`subscribe`) are called after each change, in the reflector's
+    thread, outside every lock; keep them quick (hand work to a queue). A full relist
+    reports the differences it found as ADDED/MODIFIED/DELETED.
+    """
+
+    def __init__(
+        self,
+        api: Any | None,
+        config: Config | None = None,
+        *,
+        metrics: Metrics | None = None,
+        close_client: bool = True,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        pod_page_size: int = POD_PAGE_SIZE,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        compact: bool = True,
+        freeze_gc: bool = True,
+    ) -> None:
+        self.config = config or Config()
+        self._api = api
+        self._close_client = close_client
+        self._subscribers: list[Subscriber] = []
+        self._sub_lock = threading.Lock()
+        self._resolver = PriorityResolver()
+        self._compactor = PodCompactor() if compact else None
+
+        self.pods: IndexedStore[Pod] = IndexedStore(
+            groups={
+                "node": lambda p: p.node or None,
+                # Pods whose resize the kubelet deferred or found infeasible: the
+                # reconciler's work list, kept small by construction.
+                "pending": lambda p: "" if p.resize != "none" else None,
+            },
+            unique={"uid": lambda p: p.uid},
+        )
+        self.nodes: IndexedStore[Node] = IndexedStore()
+        self.budgets_store: IndexedStore[DisruptionBudget] = IndexedStore(
+            groups={"namespace": lambda b: b.namespace}
+        )
+        self.classes: IndexedStore[PriorityClass] = IndexedStore()
+
+        core = CoreV1Api(api) if api is not None else None
+        policy = PolicyV1Api(api) if api is not None else None
+        scheduling = SchedulingV1Api(api) if api is not None else None
+        resources: list[tuple[Resource[Any], IndexedStore[Any]]] = [
+            (
+                Resource(
+                    PRIORITY_CLASSES,
+                    scheduling.list_priority_class if scheduling else _no_api,
+                    parse_priority_class,
+                ),
+                self.classes,
+            ),
+            (
+                Resource(NODES, core.list_node if core else _no_api, parse_node),
+                self.nodes,
+            ),
+            (
+                Resource(
+                    BUDGETS,
+                    policy.list_pod_disruption_budget_for_all_namespaces if policy else _no_api,
+                    parse_pdb,
+                ),
+                self.budgets_store,
+            ),
+            (
+                Resource(
+                    PODS,
+                    core.list_pod_for_all_namespaces if core else _no_api,
+                    self._convert_pod,
+                ),
+                self.pods,
+            ),
+        ]
+        self._reflectors: dict[str, Reflector[Any]] = {
+            res.name: Reflector(
+                res,
+                store,
+                notify=self._on_changes,
+                resync_period=self.config.resync_period,
+                page_size=pod_page_size if res.name == PODS else page_size,
+                read_timeout=read_timeout,
+                freeze_gc=freeze_gc and res.name == PODS,
+            )
+            for res, store in resources
+        }
+        if metrics is not None:
+            metrics.cache_age.set_function(self.age)
+
+    # -- conversion ----------------------------------------------------------------------
+
+    def _convert_pod(self, obj: Raw) -> Pod:
+        pod = parse_pod(obj, self._resolver)
+        return self._compactor.compact(pod) if self._compactor is not None else pod
+
+    def _on_changes(self, kind: str, changes: Sequence[Change[Any]]) -> None:
+        if kind == PRIORITY_CLASSES:
+            self._resolver = PriorityResolver(self.classes.values())
+        with self._sub_lock:
+            subscribers = tuple(self._subscribers)
+        for callback in subscribers:
+            for change in changes:
+                try:
+                    callback(kind, change.type, change.old, change.new)
+                except Exception:
+                    log.exception("cache subscriber %r failed on %s", callback, kind)
+
+    # -- ClusterView ---------------------------------------------------------------------
+
+    def node(self, name: str) -> Node | None:
+        return self.nodes.get(name)
+
+    def pods_on(self, node: str) -> Sequence[Pod]:
+        """Pods bound to ``node`` (terminal ones included): an immutable tuple, no copy."""
+        return self.pods.group("node", node)
+
+    def pod(self, namespace: str, name: str) -> Pod | None:
+        return self.pods.get(f"{namespace}/{name}")
+
+    def budgets(self, namespaces: Iterable[str]) -> Sequence[DisruptionBudget]:
+        out: list[DisruptionBudget] = []
+        for ns in namespaces:
+            out.extend(self.budgets_store.group("namespace", ns))
+        return out
+
+    def priority_resolver(self) -> PriorityResolver:
+        return self._resolver
+
+    def synced(self) -> bool:
+        return all(r.synced() for r in self._reflectors.values())
+
+    def age(self) -> float:
+        """Seconds since the stalest kind last heard from the API server (inf before the
+        first list): the cache is only as fresh as its oldest part. The API server sends
+        an idle watch a bookmark about once a minute, so a healthy cache stays under ~60 s;
+        past the watch read timeout (130 s) the connection is being replaced."""
+        return max(r.age() for r in self._reflectors.values())
+
+    # -- more reads for the worker and reconciler ----------------------------------------
+
+    def pod_by_uid(self, uid: str) -> Pod | None:
+        return self.pods.by("uid", uid)
+
+    def all_pods(self) -> tuple[Pod, ...]:
+        """Every cached pod (a snapshot tuple; O(n) - not for the admission path)."""
+        return self.pods.values()
+
+    def all_nodes(self) -> tuple[Node, ...]:
+        return self.nodes.values()
+
+    def pending_resizes(self) -> tuple[Pod, ...]:
+        """Pods whose ``PodResizePending`` is Deferred or Infeasible."""
+        return self.pods.group("pending", "")
+
+    def reflector(self, kind: str) -> Reflector[Any]:
+        """The reflector of ``kind`` (one of :data:`KINDS`)."""
+        return self._reflectors[kind]
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Calls ``callback(kind, event_type, old, new)`` after every change; returns a
+        function that unsubscribes it."""
+        with self._sub_lock:
+            self._subscribers.append(callback)
+        return functools.partial(self._unsubscribe, callback)
+
+    def _unsubscribe(self, callback: Subscriber) -> None:
+        with self._sub_lock:
+            if callback in self._subscribers:
+                self._subscribers.remove(callback)
+
+    def start(self) -> None:
+        """Starts the reflector threads (PriorityClasses first, so pods list after them
+        when possible). Returns at once; see :meth:`wait_synced`."""
+        if self._api is None:
+            raise ClusterError("an offline ClusterCache cannot start")
+        for reflector in self._reflectors.values():
+            reflector.start()
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        """True once every kind is listed; False if ``timeout`` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reflector in self._reflectors.values():
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not reflector.wait_synced(remaining):
+                return False
+        return True
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stops every reflector (all signalled first, then joined) and closes the pools."""
+        for reflector in self._reflectors.values():
+            reflector.request_stop()
+        for reflector in self._reflectors.values():
+            reflector.stop(timeout)
+        if self._close_client and self._api is not None:
+            self._api.close()
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Counts and freshness per kind, for logs and debugging endpoints."""
+        out: dict[str, dict[str, Any]] = {}
+        for kind, r in self._reflectors.items():
+            sink = r.sink
+            out[kind] = {
+                "objects": len(sink) if isinstance(sink, IndexedStore) else None,
+                "synced": r.synced(),
+                "age": round(r.age(), 3),
+                "resourceVersion": r.resource_version,
+                "lists": r.lists,
+                "watches": r.watches,
+                "relistsAfterExpiry": r.relists_after_expiry,
+                "lastError": r.last_error,
+            }
+        return out
+
+
+__all__ = [
+    "BUDGETS",
+    "KINDS",
+    "NODES",
+    "PODS",
+    "POD_PAGE_SIZE",
+    "PRIORITY_CLASSES",
+    "ClusterCache",
+    "IndexedStore",
+    "PodCompactor",
+    "Subscriber",
+]

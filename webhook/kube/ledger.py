@@ -1,0 +1,424 @@
+"""The reservation ledger in the Kubernetes API: one ``coordination.k8s.io/v1`` Lease per node.
+
+Every replica and process of the webhook shares it, so a resize admitted by one sees the
+room reserved by another. Layout of one node's Lease::
+
+    metadata:
+      name: rpw-ledger-<node>          (hash-suffixed when longer than a name may be)
+      namespace: <config.namespace>
+      labels:
+        app.kubernetes.io/managed-by: resize-preemption-webhook
+        resize-preemption.io/role: ledger
+      annotations:
+        resize-preemption.io/node: <node>
+        resize-preemption.io/ledger: <encode_entries(...)>   (a JSON list, "[]" when empty)
+    spec:
+      holderIdentity: <identity of the last writer>         (for people reading it)
+      renewTime: <time of the last write>
+
+Reads (:meth:`LeaseLedger.entries`) come from a watch-fed cache of these Leases: no API
+call. Writes (:meth:`LeaseLedger.update`) are optimistic: compute from the cached entries,
+PUT with the cached resourceVersion (or POST when there is no Lease yet); on 409 re-GET,
+recompute, retry. The writer's cache takes the write's response at once, so a process
+always reads its own writes. Leases are kept when they empty, for reuse.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from kubernetes.client import CoordinationV1Api
+
+from webhook.core.errors import ObjectError
+from webhook.engine.config import Config
+from webhook.engine.ledger import Change, LedgerEntry, R, decode_entries, encode_entries
+from webhook.engine.metrics import Metrics
+from webhook.kube import reflector as rf
+from webhook.kube.errors import ClusterError, Conflict, NotFound
+from webhook.kube.jsonapi import request_json
+
+log = logging.getLogger(__name__)
+
+LEDGER_ANNOTATION: Final = "resize-preemption.io/ledger"
+NODE_ANNOTATION: Final = "resize-preemption.io/node"
+LABELS: Final[Mapping[str, str]] = {
+    "app.kubernetes.io/managed-by": "resize-preemption-webhook",
+    "resize-preemption.io/role": "ledger",
+}
+LABEL_SELECTOR: Final = ",".join(f"{k}={v}" for k, v in LABELS.items())
+NAME_PREFIX: Final = "rpw-ledger-"
+#: Lease names are DNS subdomains.
+MAX_NAME: Final = 253
+MAX_ATTEMPTS: Final = 8
+#: (connect, read) seconds for one ledger request: the admission path waits for it, and
+#: the API server gives the webhook a few seconds in all.
+WRITE_TIMEOUT: Final = (2.0, 3.0)
+
+#: ``callback(node, entries)`` after a node's entries changed (watch or own write).
+LedgerSubscriber = Callable[[str, tuple[LedgerEntry, ...]], None]
+
+
+def lease_name(node: str) -> str:
+    """``rpw-ledger-<node>``; a name too long keeps a prefix and gains a hash of the node."""
+    name = NAME_PREFIX + node
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(node.encode()).hexdigest()[:12]
+    # The cut may end on '.' or '-', which may not precede '-' in a DNS subdomain.
+    head = name[: MAX_NAME - len(digest) - 1].rstrip(".-")
+    return f"{head}-{digest}"
+
+
+def _micro_time(epoch: float) -> str:
+    # metav1.MicroTime: RFC 3339 with exactly six fractional digits.
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _rv_newer(candidate: str, current: str) -> bool:
+    """Whether ``candidate`` is a later resourceVersion than ``current``.
+
+    resourceVersions are opaque by contract but etcd revisions in practice; comparing them
+    as integers keeps a late watch event from overwriting the response of our own newer
+    write. Non-numeric versions are taken as newer (the watch is authoritative then).
+    """
+    if not current:
+        return True
+    try:
+        return int(candidate) > int(current)
+    except ValueError:
+        return candidate != current
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """One node's ledger Lease as last seen."""
+
+    name: str
+    node: str
+    resource_version: str
+    entries: tuple[LedgerEntry, ...]
+
+
+def parse_lease(obj: Mapping[str, Any]) -> LeaseState:
+    """A ledger Lease -> :class:`LeaseState`. Entries that do not decode are dropped (see
+    :func:`decode_entries`); a Lease without name or node raises :class:`ObjectError`."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        raise ObjectError("lease: metadata missing")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise ObjectError("lease: metadata.name missing")
+    annotations = meta.get("annotations")
+    if not isinstance(annotations, Mapping):
+        annotations = {}
+    raw = annotations.get(LEDGER_ANNOTATION)
+    entries = decode_entries(raw if isinstance(raw, str) else None)
+    node = annotations.get(NODE_ANNOTATION)
+    if not isinstance(node, str) or not node:
+        if entries:
+            node = entries[0].node
+        elif name.startswith(NAME_PREFIX):
+            node = name[len(NAME_PREFIX) :]
+        else:
+            raise ObjectError(f"lease {name}: cannot tell which node it is for")
+    rv = meta.get("resourceVersion")
+    return LeaseState(name, node, rv if isinstance(rv, str) else "", entries)
+
+
+class _LeaseStore:
+    """Leases by object key and by node; thread-safe (the watch thread and writers both
+    update it); an update older than what is stored is ignored."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_key: dict[str, LeaseState] = {}
+        self._by_node: dict[str, LeaseState] = {}
+
+    def get(self, key: str) -> LeaseState | None:
+        return self._by_key.get(key)
+
+    def node(self, node: str) -> LeaseState | None:
+        return self._by_node.get(node)
+
+    def states(self) -> tuple[LeaseState, ...]:
+        return tuple(self._by_node.values())
+
+    def replace(self, items: Mapping[str, LeaseState]) -> list[rf.Change[LeaseState]]:
+        with self._lock:
+            merged: dict[str, LeaseState] = {}
+            for key, state in items.items():
+                old = self._by_key.get(key)
+                keep_old = old is not None and not _rv_newer(
+                    state.resource_version, old.resource_version
+                )
+                merged[key] = old if keep_old and old is not None else state
+            changes = rf.diff(self._by_key, merged)
+            self._by_key = merged
+            self._by_node = {s.node: s for s in merged.values()}
+        return changes
+
+    def upsert(self, key: str, view: LeaseState) -> rf.Change[LeaseState] | None:
+        with self._lock:
+            old = self._by_key.get(key)
+            if old is not None and not _rv_newer(view.resource_version, old.resource_version):
+                return None
+            self._by_key[key] = view
+            self._by_node[view.node] = view
+        return rf.Change("ADDED" if old is None else "MODIFIED", key, old, view)
+
+    def remove(self, key: str) -> rf.Change[LeaseState] | None:
+        with self._lock:
+            old = self._by_key.pop(key, None)
+            if old is None:
+                return None
+            if self._by_node.get(old.node) is old:
+                del self._by_node[old.node]
+        return rf.Change("DELETED", key, old, None)
+
+
+class LeaseLedger:
+    """A :class:`webhook.engine.ledger.Ledger` kept in Leases (see the module docstring).
+
+    ``start()`` begins watching the Leases; ``wait_synced(timeout)`` waits for the first
+    list. ``stop()`` ends the watch; it closes ``api`` only with ``close_client=True``
+    (the client is usually shared with the cluster cache).
+
+    Thread-safe: admission threads, the worker and the watch thread use it concurrently.
+    """
+
+    def __init__(
+        self,
+        api: Any,
+        config: Config | None = None,
+        *,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+        close_client: bool = False,
+        max_attempts: int = MAX_ATTEMPTS,
+        timeout: tuple[float, float] = WRITE_TIMEOUT,
+    ) -> None:
+        self.config = config or Config()
+        self.namespace = self.config.namespace
+        self._api = api
+        self._metrics = metrics
+        self._clock = clock
+        self._close_client = close_client
+        self._max_attempts = max_attempts
+        self._timeout = timeout
+        self._store = _LeaseStore()
+        self._last_ok: bool | None = None
+        self._subscribers: list[LedgerSubscriber] = []
+        self._sub_lock = threading.Lock()
+        self.writes = 0
+        self.conflicts = 0
+        coordination = CoordinationV1Api(api)
+        self.reflector: rf.Reflector[LeaseState] = rf.Reflector(
+            rf.Resource(
+                "leases",
+                functools.partial(coordination.list_namespaced_lease, self.namespace),
+                parse_lease,
+                {"label_selector": LABEL_SELECTOR},
+            ),
+            self._store,
+            notify=self._on_changes,
+            resync_period=self.config.resync_period,
+        )
+
+    # -- reads (the Ledger protocol) -----------------------------------------------------
+
+    def entries(self, node: str) -> tuple[LedgerEntry, ...]:
+        """``node``'s entries as last seen, expired ones included (callers filter)."""
+        state = self._store.node(node)
+        return state.entries if state is not None else ()
+
+    def all_entries(self) -> tuple[LedgerEntry, ...]:
+        return tuple(e for s in self._store.states() for e in s.entries)
+
+    def reachable(self) -> bool:
+        """The last request to the API server succeeded, or the Lease watch is healthy."""
+        return bool(self._last_ok) or self.reflector.healthy()
+
+    # -- writes --------------------------------------------------------------------------
+
+    def update(self, node: str, change: Change[R]) -> R:
+        """Apply ``change`` to ``node``'s entries with optimistic concurrency.
+
+        ``change`` sees the cached entries first; after a conflict it sees the Lease as
+        just read from the API server. Entries whose expiry has passed are dropped from
+        what is written. A Lease deleted behind the cache's back is created again.
+        Raises :class:`Conflict` after ``max_attempts`` conflicts and another
+        :class:`ClusterError` when the API server fails.
+        """
+        state = self._store.node(node)
+        for attempt in range(self._max_attempts):
+            new, result = change(state.entries if state is not None else ())
+            if new is None:
+                return result
+            now = self._clock()
+            kept = tuple(e for e in new if e.expires_at > now)
+            try:
+                written = self._write(node, state, kept, now)
+            except NotFound:
+                if state is None:
+                    raise  # the create itself failed: the namespace is missing
+                # The cached Lease was deleted behind our back: stale, like a conflict.
+                self._count_conflict()
+                state = self._read(node)
+                continue
+            except Conflict as e:
+                self._count_conflict()
+                log.debug("ledger %s: %s (attempt %d)", node, e.message, attempt + 1)
+                # Jittered, growing pause: writers that collided should not collide again.
+                time.sleep(random.uniform(0, min(0.2, 0.005 * 2**attempt)))
+                state = self._read(node)
+                continue
+            self._apply_own(written)
+            return result
+        raise Conflict(
+            f"ledger for node {node}: gave up after {self._max_attempts} conflicting writes",
+            status=409,
+            reason="Conflict",
+        )
+
+    def _count_conflict(self) -> None:
+        self.conflicts += 1
+        if self._metrics is not None:
+            self._metrics.ledger_conflicts.inc()
+
+    def _request(
+        self, method: Any, path: str, body: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        try:
+            out = request_json(self._api, method, path, body=body, timeout=self._timeout)
+        except (Conflict, NotFound):
+            # The API server answered: it is reachable.
+            self._last_ok = True
+            raise
+        except ClusterError:
+            self._last_ok = False
+            raise
+        self._last_ok = True
+        return out
+
+    def _collection(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
+
+    def _read(self, node: str) -> LeaseState | None:
+        try:
+            obj = self._request("GET", f"{self._collection()}/{lease_name(node)}")
+        except NotFound:
+            return None
+        state = parse_lease(obj)
+        self._apply_own(state)
+        return state
+
+    def _write(
+        self,
+        node: str,
+        state: LeaseState | None,
+        entries: tuple[LedgerEntry, ...],
+        now: float,
+    ) -> LeaseState:
+        name = state.name if state is not None else lease_name(node)
+        metadata: dict[str, Any] = {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": dict(LABELS),
+            "annotations": {NODE_ANNOTATION: node, LEDGER_ANNOTATION: encode_entries(entries)},
+        }
+        spec: dict[str, Any] = {"renewTime": _micro_time(now)}
+        if self.config.identity:
+            spec["holderIdentity"] = self.config.identity
+        body: dict[str, Any] = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": spec,
+        }
+        if state is None:
+            # AlreadyExists (409) is a Conflict: someone created it first; re-read.
+            obj = self._request("POST", self._collection(), body)
+        else:
+            # resourceVersion makes the PUT conditional: 409 if anyone wrote since.
+            metadata["resourceVersion"] = state.resource_version
+            obj = self._request("PUT", f"{self._collection()}/{name}", body)
+        self.writes += 1
+        return parse_lease(obj)
+
+    def _apply_own(self, state: LeaseState) -> None:
+        change = self._store.upsert(f"{self.namespace}/{state.name}", state)
+        if change is not None:
+            self._on_changes("leases", (change,))
+
+    # -- change notifications ------------------------------------------------------------
+
+    def subscribe(self, callback: LedgerSubscriber) -> Callable[[], None]:
+        """Calls ``callback(node, entries)`` after a node's entries change (from the watch
+        or this process's own writes), outside every lock; returns an unsubscribe
+        function. Keep callbacks quick."""
+        with self._sub_lock:
+            self._subscribers.append(callback)
+        return functools.partial(self._unsubscribe, callback)
+
+    def _unsubscribe(self, callback: LedgerSubscriber) -> None:
+        with self._sub_lock:
+            if callback in self._subscribers:
+                self._subscribers.remove(callback)
+
+    def _on_changes(self, _kind: str, changes: Any) -> None:
+        with self._sub_lock:
+            subscribers = tuple(self._subscribers)
+        if not subscribers:
+            return
+        for change in changes:
+            state = change.new if change.new is not None else change.old
+            entries = change.new.entries if change.new is not None else ()
+            if (
+                change.old is not None
+                and change.new is not None
+                and change.old.entries == change.new.entries
+            ):
+                continue
+            for callback in subscribers:
+                try:
+                    callback(state.node, entries)
+                except Exception:
+                    log.exception("ledger subscriber %r failed", callback)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.reflector.start()
+
+    def synced(self) -> bool:
+        return self.reflector.synced()
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return self.reflector.wait_synced(timeout)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.reflector.stop(timeout)
+        if self._close_client:
+            self._api.close()
+
+
+__all__ = [
+    "LABELS",
+    "LABEL_SELECTOR",
+    "LEDGER_ANNOTATION",
+    "NODE_ANNOTATION",
+    "LeaseLedger",
+    "LeaseState",
+    "LedgerSubscriber",
+    "lease_name",
+    "parse_lease",
+]

@@ -1,0 +1,358 @@
+"""The preemption worker: carries out admitted plans from the ledger. Leader only.
+
+The admission path writes a ledger entry per admitted resize (its reservation and its
+plan) and answers at once; this worker does the slow part. It wakes on :meth:`wake` (the
+cache's change notifications and the admission path poke it) or every ``interval``
+seconds, and walks every entry, node by node, oldest admission first. For each it asks
+:func:`webhook.engine.worker_logic.next_action` what to do and does it:
+
+1. ``Release`` - remove the entry (its room is no longer held); evict nobody;
+2. ``Wait`` - write pending bookkeeping (persisted flag, victims found gone), nothing more;
+3. ``Act`` - write the bookkeeping first (persisted, settled victims, victims no longer
+   needed), then evict the listed victims in order; each is marked handled in the ledger
+   right after it is done. ``blocked-by-pdb`` or ``failed`` stops the entry's turn and it
+   is retried later with exponential backoff, or at once when a PodDisruptionBudget
+   changes (it may allow the eviction now).
+
+Guarantees:
+
+* never evicts a victim twice: victims handled, terminating or gone are skipped (and the
+  evictor itself reads the victim before acting, by uid);
+* never evicts a pod the admitted plan did not name (``next_action`` re-plans restricted
+  to the entry's own pending victims, and evicts fewer when room appeared);
+* before each eviction the entry must still be in the ledger with the victim pending: a
+  newer resize of the same pod, or a release, stops the old plan;
+* a crash at any point loses nothing: the ledger is the state; on restart the leader
+  resumes from it, and a victim evicted just before the crash is found terminating;
+* errors are logged, counted (``rpw_errors{where="worker"}``) and retried; they never end
+  the thread.
+
+Only the leader must run it: see :class:`webhook.kube.leader.LeaderElector`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from webhook.core.model import PodRef
+from webhook.engine.config import Config
+from webhook.engine.ledger import Ledger, LedgerEntry
+from webhook.engine.metrics import Metrics
+from webhook.engine.ports import ClusterView
+from webhook.engine.worker_logic import Act, Action, Release, Wait, next_action
+from webhook.kube.cache import BUDGETS
+from webhook.kube.events import EventRecorder
+from webhook.kube.evictor import EvictionResult
+
+log = logging.getLogger(__name__)
+
+EntryChange = tuple[tuple[LedgerEntry, ...] | None, bool]
+
+
+class VictimEvictor(Protocol):
+    """What the worker needs from :class:`webhook.kube.evictor.Evictor`."""
+
+    def evict(self, victim: PodRef, preemptor: PodRef, node: str) -> EvictionResult: ...
+
+
+@dataclass(slots=True)
+class _Backoff:
+    attempts: int = 0
+    not_before: float = 0.0
+
+
+# -- pure ledger changes (a store may call them again after a conflict) ----------------------
+
+
+def remove_entry(review_uid: str) -> Callable[[tuple[LedgerEntry, ...]], EntryChange]:
+    """Change: drop the entry admitted by ``review_uid``; result: whether it was there."""
+
+    def change(entries: tuple[LedgerEntry, ...]) -> EntryChange:
+        kept = tuple(e for e in entries if e.review_uid != review_uid)
+        return (kept, True) if len(kept) != len(entries) else (None, False)
+
+    return change
+
+
+def update_entry(
+    review_uid: str,
+    *,
+    handled: tuple[str, ...] = (),
+    drop: tuple[str, ...] = (),
+    persisted: bool = False,
+) -> Callable[[tuple[LedgerEntry, ...]], EntryChange]:
+    """Change: mark victims handled, take victims off, and/or mark the resize persisted in
+    the entry admitted by ``review_uid``; result: whether the entry was there."""
+
+    def change(entries: tuple[LedgerEntry, ...]) -> EntryChange:
+        found = False
+        out = []
+        for e in entries:
+            if e.review_uid == review_uid:
+                found = True
+                new = e
+                for uid in handled:
+                    new = new.with_handled(uid)
+                if drop:
+                    new = new.with_victims([v for v in new.victims if v.uid not in drop])
+                if persisted and not new.persisted:
+                    new = new.with_persisted()
+                e = new
+            out.append(e)
+        if not found:
+            return None, False
+        result = tuple(out)
+        return (result if result != entries else None), True
+
+    return change
+
+
+class PreemptionWorker:
+    """Runs admitted plans; ``start``/``stop`` it when this replica gains/loses leadership."""
+
+    def __init__(
+        self,
+        cluster: ClusterView,
+        ledger: Ledger,
+        evictor: VictimEvictor,
+        config: Config,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+        *,
+        recorder: EventRecorder | None = None,
+        interval: float = 1.0,
+        backoff_base: float = 1.0,
+        backoff_cap: float = 30.0,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.cluster = cluster
+        self.ledger = ledger
+        self.evictor = evictor
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.recorder = recorder
+        self.interval = interval
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self._rng = rng
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._backoff: dict[str, _Backoff] = {}
+        self._announced: set[str] = set()  # review uids whose pod got its event
+        self._budgets_changed = False
+        #: Passes completed; tests and probes read it.
+        self.passes = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the worker thread (idempotent)."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            # A fresh stop flag per thread: a thread that outlived stop()'s join (in a
+            # long eviction call) still sees its own flag set and ends.
+            self._stop = threading.Event()
+            self._wake.set()  # first pass at once: resume whatever the ledger holds
+            self._thread = threading.Thread(
+                target=self._run, args=(self._stop,), name="preemption-worker", daemon=True
+            )
+            self._thread.start()
+        log.info("preemption worker started")
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Stop after the victim in progress (never mid-call); waits up to ``timeout``."""
+        self._stop.set()
+        self._wake.set()
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        log.info("preemption worker stopped")
+
+    @property
+    def running(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive() and not self._stop.is_set()
+
+    def wake(self, kind: object = None, *_: Any, **__: Any) -> None:
+        """Ask for a pass soon; cheap, thread-safe, usable directly as a cache subscriber
+        (``kind, event_type, old, new``). A PodDisruptionBudget change also ends every
+        backoff: an eviction it refused may be allowed now."""
+        if kind == BUDGETS:
+            self._budgets_changed = True
+        self._wake.set()
+
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if stop.is_set():
+                break
+            try:
+                self.run_once(stop)
+            except Exception:
+                self.metrics.errors.labels("worker").inc()
+                log.exception("preemption worker pass failed; retrying")
+                stop.wait(self.interval)
+
+    # -- one pass --------------------------------------------------------------------------------
+
+    def run_once(self, stop: threading.Event | None = None) -> None:
+        """One pass over every ledger entry (what the thread runs on each wake-up); ends
+        early, between two victims at the latest, once ``stop`` is set."""
+        stop = stop or self._stop
+        if not self.cluster.synced():
+            return  # an empty cache would make every pod look gone
+        if self._budgets_changed:
+            self._budgets_changed = False
+            self._backoff.clear()
+        groups: dict[str, list[LedgerEntry]] = defaultdict(list)
+        for entry in self.ledger.all_entries():
+            groups[entry.node].append(entry)
+        self.metrics.ledger_entries.set(sum(len(g) for g in groups.values()))
+        live = set()
+        for node in sorted(groups, key=lambda n: min(e.admitted_at for e in groups[n])):
+            for entry in sorted(groups[node], key=lambda e: (e.admitted_at, e.review_uid)):
+                if stop.is_set():
+                    return
+                live.add(entry.review_uid)
+                try:
+                    self.process(entry, stop)
+                except Exception:
+                    self.metrics.errors.labels("worker").inc()
+                    log.exception("processing the resize of %s failed", entry.pod.key)
+                    self._defer(entry.review_uid)
+        # Forget state of entries no longer in the ledger.
+        for uid in set(self._backoff) - live:
+            del self._backoff[uid]
+        self._announced &= live
+        self.passes += 1
+
+    def decide(self, entry: LedgerEntry) -> Action:
+        """``next_action`` for ``entry`` on the cache's current state."""
+        pod = self.cluster.pod(entry.pod.namespace, entry.pod.name)
+        node = self.cluster.node(entry.node)
+        pods = tuple(self.cluster.pods_on(entry.node))
+        budgets = tuple(self.cluster.budgets({p.namespace for p in pods}))
+        others = tuple(
+            e for e in self.ledger.entries(entry.node) if e.review_uid != entry.review_uid
+        )
+        return next_action(
+            entry,
+            pod,
+            node,
+            pods,
+            now=self.clock(),
+            config=self.config,
+            budgets=budgets,
+            others=others,
+        )
+
+    def process(self, entry: LedgerEntry, stop: threading.Event | None = None) -> Action | None:
+        """Decide and carry out one step for ``entry``; ``None`` when backing off."""
+        backoff = self._backoff.get(entry.review_uid)
+        if backoff is not None and self.clock() < backoff.not_before:
+            return None
+        action = self.decide(entry)
+        if isinstance(action, Release):
+            # 1. Nothing more to do for this resize: its room is released.
+            self.ledger.update(entry.node, remove_entry(entry.review_uid))
+            self._backoff.pop(entry.review_uid, None)
+            log.info("released %s on %s: %s", entry.pod.key, entry.node, action.detail)
+        elif isinstance(action, Wait):
+            # 2. Bookkeeping only.
+            if action.mark_persisted or action.settle:
+                self._settle(entry, action.settle, persisted=action.mark_persisted)
+        else:
+            self._act(entry, action, stop or self._stop)
+        return action
+
+    def _settle(
+        self,
+        entry: LedgerEntry,
+        settle: tuple[PodRef, ...],
+        *,
+        persisted: bool,
+        drop: tuple[PodRef, ...] = (),
+    ) -> bool:
+        for victim in settle:
+            # Found leaving or gone in the cache: done without an API call.
+            cached = self.cluster.pod(victim.namespace, victim.name)
+            leaving = cached is not None and cached.uid == victim.uid
+            result = EvictionResult.SKIPPED_TERMINATING if leaving else EvictionResult.GONE
+            self.metrics.preemptions.labels(result.value).inc()
+            log.info("victim %s of %s: %s", victim.key, entry.pod.key, result.value)
+        for victim in drop:
+            log.info("victim %s no longer needed by %s", victim.key, entry.pod.key)
+        present: bool = self.ledger.update(
+            entry.node,
+            update_entry(
+                entry.review_uid,
+                handled=tuple(v.uid for v in settle),
+                drop=tuple(v.uid for v in drop),
+                persisted=persisted,
+            ),
+        )
+        return present
+
+    def _still_pending(self, entry: LedgerEntry, victim: PodRef) -> bool:
+        for e in self.ledger.entries(entry.node):
+            if e.review_uid == entry.review_uid:
+                return victim in e.pending_victims
+        return False
+
+    def _act(self, entry: LedgerEntry, action: Act, stop: threading.Event) -> None:
+        # 3a. Bookkeeping first, so the reservation stops claiming victims not needed.
+        if action.bookkeeping and not self._settle(
+            entry, action.settle, persisted=action.mark_persisted, drop=action.drop
+        ):
+            return  # the entry went away meanwhile
+        # 3b. Victims in order; each marked handled right after it is done.
+        acted: list[PodRef] = []
+        for victim in action.evict:
+            if stop.is_set() or not self._still_pending(entry, victim):
+                break
+            result = self.evictor.evict(victim, entry.pod, entry.node)
+            if not result.done:
+                log.info(
+                    "preempting %s for %s: %s; retrying later",
+                    victim.key,
+                    entry.pod.key,
+                    result.value,
+                )
+                self._defer(entry.review_uid)
+                break
+            self.ledger.update(entry.node, update_entry(entry.review_uid, handled=(victim.uid,)))
+            if result in (EvictionResult.EVICTED, EvictionResult.DELETED):
+                acted.append(victim)
+        if acted:
+            self._backoff.pop(entry.review_uid, None)
+            self._announce(entry, acted)
+
+    def _announce(self, entry: LedgerEntry, victims: list[PodRef]) -> None:
+        """One event on the resizing pod, when its first victims are acted on."""
+        if entry.review_uid in self._announced:
+            return
+        self._announced.add(entry.review_uid)
+        if self.recorder is not None:
+            self.recorder.preempting(entry.pod, victims, entry.node)
+
+    def _defer(self, review_uid: str) -> None:
+        state = self._backoff.setdefault(review_uid, _Backoff())
+        delay = min(self.backoff_cap, self.backoff_base * (2.0**state.attempts))
+        state.attempts += 1
+        state.not_before = self.clock() + delay * (0.5 + 0.5 * self._rng())
+
+
+__all__ = ["PreemptionWorker", "VictimEvictor", "remove_entry", "update_entry"]

@@ -1,0 +1,240 @@
+"""Running the webhook under gunicorn, configured in code (no config file, no CLI parsing).
+
+Process model, by default: one gunicorn master and **one worker process with N threads**
+(``gthread``). Why:
+
+* more processes would be *safe*: reservations live in the shared ledger (the API
+  server), not in process memory, so two processes never over-commit a node;
+* but each process keeps its own cluster cache - one full list and one watch per kind
+  against the API server, and the memory of every pod - so one process per replica is
+  the economical unit, and replicas (not processes) are how the service scales;
+* threads suffice because the review path is short and in memory (a few ms of CPU under
+  the GIL); threads cover the I/O waits (the ledger write, slow clients, TLS) and let
+  several API server connections be served at once.
+
+The app is built **inside the worker process** (gunicorn calls
+:meth:`WebhookServer.load` after the fork): the cache's watch threads and the preemption
+worker must start in the process that serves, since threads do not survive a fork.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, NoReturn
+
+from gunicorn.app.base import BaseApplication
+from prometheus_client import CollectorRegistry
+
+from webhook.web.metrics_server import MetricsServer, start_metrics_server
+from webhook.web.tls import DEFAULT_CHECK_INTERVAL, CertificateReloader
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIApplication
+
+log = logging.getLogger(__name__)
+
+DEFAULT_THREADS: Final = 8
+#: The API server's webhook client keeps idle connections for Go's default 90 s
+#: (k8s.io/apimachinery util/net ``SetOldTransportDefaults``). Holding ours longer means
+#: the client, not us, closes an idle connection, so it never sends a review down a
+#: connection we are closing; and reviews rarely pay for a new TLS handshake.
+DEFAULT_KEEPALIVE: Final = 120
+#: Seconds a stopping worker lets in-flight reviews finish (well under the pod's
+#: terminationGracePeriodSeconds, 30 s by default).
+DEFAULT_GRACEFUL_TIMEOUT: Final = 15
+
+#: Stops what a :data:`StartServices` started; called once, in the worker, at exit.
+StopServices = Callable[[], None]
+#: Starts background services (cache watches, preemption worker, leader election) in
+#: the worker process once the app is loaded; returns how to stop them.
+StartServices = Callable[[], StopServices]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerApp:
+    """What an :class:`AppFactory` builds in each worker process.
+
+    ``app``: the WSGI app (normally :func:`webhook.web.app.create_app`'s Flask app).
+    ``start``: background services, started after the app loaded, stopped at exit.
+    ``registry``: served on the metrics port by this worker (the registry lives in the
+    worker, where the metrics are counted).
+    """
+
+    app: WSGIApplication
+    start: StartServices | None = None
+    registry: CollectorRegistry | None = None
+
+
+#: Builds the app in the worker process. Its argument is the serving certificate, whose
+#: :meth:`~CertificateReloader.loaded` belongs in the readiness checks.
+AppFactory = Callable[[CertificateReloader], WorkerApp]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """How to serve; every field has the production default except the TLS files."""
+
+    cert_file: str
+    key_file: str
+    host: str = "0.0.0.0"
+    port: int = 8443
+    workers: int = 1
+    threads: int = DEFAULT_THREADS
+    #: Seconds (gunicorn takes whole seconds).
+    keepalive: int = DEFAULT_KEEPALIVE
+    graceful_timeout: int = DEFAULT_GRACEFUL_TIMEOUT
+    #: None: no metrics server. Port 0 picks a free one (tests).
+    metrics_port: int | None = 9090
+    metrics_host: str = "0.0.0.0"
+    tls_check_interval: float = DEFAULT_CHECK_INTERVAL
+    log_level: str = "info"
+
+    def validate(self) -> None:
+        """Raises ``ValueError`` on a combination that cannot work."""
+        if self.workers < 1 or self.threads < 1:
+            raise ValueError("workers and threads must be at least 1")
+        if self.workers > 1 and self.metrics_port is not None:
+            # Each worker has its own registry; one port cannot serve several of them
+            # truthfully. Scale with replicas, or run without the metrics port.
+            raise ValueError("a metrics port needs workers=1 (one registry per process)")
+
+
+def _worker_tmp_dir() -> str | None:
+    # gunicorn's worker heartbeat file; the container's root filesystem is read-only,
+    # /dev/shm is writable memory there (and keeps the heartbeat off a slow disk).
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyped
+    """gunicorn, configured from :class:`ServerOptions`, serving what ``app_factory``
+    builds in the worker. State set in the worker (services, metrics server) lives in
+    that process's copy of this object."""
+
+    def __init__(
+        self, app_factory: AppFactory, options: ServerOptions, tls: CertificateReloader
+    ) -> None:
+        options.validate()
+        self.options = options
+        self.tls = tls
+        self._factory = app_factory
+        self._worker_app: WorkerApp | None = None
+        self._stops: list[Callable[[], None]] = []
+        super().__init__()
+
+    def settings(self) -> dict[str, Any]:
+        """The gunicorn settings, by name (also what tests inspect)."""
+        o = self.options
+        tls = self.tls
+        return {
+            "bind": [f"[{o.host}]:{o.port}" if ":" in o.host else f"{o.host}:{o.port}"],
+            # Threads with keep-alive; the default sync worker closes every connection.
+            "worker_class": "gthread",
+            "workers": o.workers,
+            "threads": o.threads,
+            "keepalive": o.keepalive,
+            "timeout": 30,
+            "graceful_timeout": o.graceful_timeout,
+            # Never load in the master: see the module docstring.
+            "preload_app": False,
+            # gunicorn needs the file names to switch TLS on (and checks they exist);
+            # the context itself comes from the reloader, per connection.
+            "certfile": o.cert_file,
+            "keyfile": o.key_file,
+            "ssl_context": lambda _conf, _default_factory: tls.context(),
+            # The API server sends a short request line and a handful of headers; the
+            # body limit is the app's (Config.max_body_bytes).
+            "limit_request_line": 2048,
+            "limit_request_fields": 32,
+            "limit_request_field_size": 8190,
+            "worker_tmp_dir": _worker_tmp_dir(),
+            # No control socket: it would be a file in $HOME (read-only in the container)
+            # and nobody manages this server by hand.
+            "control_socket_disable": True,
+            # One JSON decision-log line per review replaces the access log.
+            "accesslog": None,
+            "errorlog": "-",
+            "loglevel": o.log_level,
+            "proc_name": "resize-preemption-webhook",
+            "post_worker_init": self._post_worker_init,
+            "worker_exit": self._worker_exit,
+        }
+
+    # -- gunicorn's BaseApplication ---------------------------------------------------
+
+    def load_config(self) -> None:
+        for name, value in self.settings().items():
+            if value is not None:
+                self.cfg.set(name, value)
+
+    def load(self) -> WSGIApplication:
+        """Called in the worker process, after the fork."""
+        self._worker_app = self._factory(self.tls)
+        return self._worker_app.app
+
+    # -- hooks (run in the worker) ----------------------------------------------------
+
+    def _post_worker_init(self, worker: Any) -> None:
+        served = self._worker_app
+        if served is None:
+            return
+        if served.start is not None:
+            self._stops.append(served.start())
+        if served.registry is not None and self.options.metrics_port is not None:
+            metrics: MetricsServer = start_metrics_server(
+                served.registry, host=self.options.metrics_host, port=self.options.metrics_port
+            )
+            self._stops.append(metrics.stop)
+
+    def _worker_exit(self, server: Any, worker: Any) -> None:
+        # Also called in the master for a worker that vanished: nothing started there.
+        while self._stops:
+            stop = self._stops.pop()
+            try:
+                stop()
+            except Exception:
+                log.exception("error stopping a background service")
+
+
+def serve(
+    app_factory: AppFactory,
+    *,
+    cert_file: str,
+    key_file: str,
+    host: str = "0.0.0.0",
+    port: int = 8443,
+    workers: int = 1,
+    threads: int = DEFAULT_THREADS,
+    keepalive: int = DEFAULT_KEEPALIVE,
+    graceful_timeout: int = DEFAULT_GRACEFUL_TIMEOUT,
+    metrics_port: int | None = 9090,
+    metrics_host: str = "0.0.0.0",
+    tls_check_interval: float = DEFAULT_CHECK_INTERVAL,
+    log_level: str = "info",
+) -> NoReturn:
+    """Serve HTTPS on ``host:port`` until SIGTERM/SIGINT; exits the process (gunicorn's
+    master calls ``sys.exit``).
+
+    Raises :class:`~webhook.web.tls.TLSConfigError` before forking when the certificate
+    and key cannot be served, ``ValueError`` on bad options.
+    """
+    options = ServerOptions(
+        cert_file=cert_file,
+        key_file=key_file,
+        host=host,
+        port=port,
+        workers=workers,
+        threads=threads,
+        keepalive=keepalive,
+        graceful_timeout=graceful_timeout,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        tls_check_interval=tls_check_interval,
+        log_level=log_level,
+    )
+    options.validate()
+    tls = CertificateReloader(cert_file, key_file, check_interval=tls_check_interval)
+    WebhookServer(app_factory, options, tls).run()
+    raise SystemExit(0)  # run() exits itself; this keeps the NoReturn contract explicit

@@ -1,0 +1,196 @@
+"""The HTTPS server's TLS context, following certificate rotation without a restart.
+
+cert-manager and Secret volumes replace the certificate and key files in place (a Secret
+volume swaps a ``..data`` symlink, so both files change at once; other tools may write
+one file, then the other). :class:`CertificateReloader` notices a change by the files'
+identity (device, inode, size, mtime of the symlink targets) and loads the new pair into
+a fresh :class:`ssl.SSLContext`; connections already open keep the context they started
+with, every new handshake gets the newest one.
+
+How a new handshake gets it, whatever the server does with contexts:
+
+* servers that ask for a context per connection (gunicorn calls its ``ssl_context`` hook
+  for every accepted socket) call :meth:`CertificateReloader.context`;
+* servers that wrap every socket with one context they keep: each context we build has
+  an ``sni_callback`` that moves the handshake to the newest context
+  (``ssl_sock.context = ...``). OpenSSL calls it for every ClientHello, with
+  ``server_name=None`` when the client sends no SNI - which is what the API server does
+  when it calls a webhook by IP address.
+
+File checks are rate-limited (``check_interval``) so a handshake costs at most two
+``stat`` calls a second. A pair that does not load (half-written, key and certificate not
+matching, unreadable) keeps the previous pair in service and is logged once per change.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from cryptography import x509
+
+log = logging.getLogger(__name__)
+
+#: The API server speaks TLS 1.2 and 1.3; nothing older is accepted.
+MINIMUM_VERSION: Final = ssl.TLSVersion.TLSv1_2
+DEFAULT_CHECK_INTERVAL: Final = 1.0
+
+#: (st_dev, st_ino, st_size, st_mtime_ns) of the certificate and the key file.
+_Signature = tuple[tuple[int, int, int, int], tuple[int, int, int, int]]
+
+
+class TLSConfigError(Exception):
+    """The certificate and key cannot be served (raised only for the first pair)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedPair:
+    """One certificate/key pair in service."""
+
+    context: ssl.SSLContext
+    serial: int
+    not_after: dt.datetime
+    signature: _Signature
+
+
+def _stat(path: str) -> tuple[int, int, int, int]:
+    # os.stat follows symlinks: a Secret volume's ..data swap changes the target's inode.
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class CertificateReloader:
+    """A server-side TLS context for ``cert_file``/``key_file`` that follows rotation.
+
+    TLS 1.2 minimum, no client certificate asked for, ALPN ``http/1.1``. Thread-safe:
+    handshakes on many threads may call :meth:`context` at once; one of them reloads.
+
+    Raises :class:`TLSConfigError` when the first pair cannot be loaded: a server must
+    not start without a certificate. Later failures keep the pair in service.
+    """
+
+    def __init__(
+        self,
+        cert_file: str,
+        key_file: str,
+        *,
+        check_interval: float = DEFAULT_CHECK_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self.check_interval = check_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._next_check = 0.0
+        #: The signature of the last pair that failed to load, not to retry it per check.
+        self._failed: _Signature | None = None
+        try:
+            self._pair = self._load(self._signature())
+        except (OSError, ValueError) as e:
+            raise TLSConfigError(
+                f"cannot serve TLS with certificate {cert_file} and key {key_file}: {e}"
+            ) from None
+        self._next_check = clock() + check_interval
+        log.info("TLS certificate loaded (serial %x)", self._pair.serial)
+
+    # -- public -------------------------------------------------------------------------
+
+    def context(self) -> ssl.SSLContext:
+        """The context for a new connection, reloading first if the files changed
+        (checked at most every ``check_interval`` seconds)."""
+        if self._clock() >= self._next_check:
+            self._check()
+        return self._pair.context
+
+    def loaded(self) -> bool:
+        """For readiness: a pair is in service and its certificate has not expired."""
+        return dt.datetime.now(dt.UTC) < self._pair.not_after
+
+    @property
+    def serial(self) -> int:
+        """Serial number of the certificate in service."""
+        return self._pair.serial
+
+    def reload(self) -> bool:
+        """Check the files now (ignoring the rate limit); True if a new pair is in use."""
+        with self._lock:
+            return self._reload_locked()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _check(self) -> None:
+        # Non-blocking: a handshake never waits for another thread's reload; it serves
+        # the current pair and the reloading thread swaps it for the next ones.
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self._clock() >= self._next_check:
+                self._reload_locked()
+        finally:
+            self._lock.release()
+
+    def _reload_locked(self) -> bool:
+        self._next_check = self._clock() + self.check_interval
+        try:
+            signature = self._signature()
+        except OSError as e:
+            # Mid-rotation a file may briefly be missing: keep serving, look again later.
+            log.debug("TLS files not readable now (%s); keeping the current pair", e)
+            return False
+        if signature == self._pair.signature or signature == self._failed:
+            return False
+        try:
+            pair = self._load(signature)
+        except (OSError, ValueError) as e:
+            self._failed = signature
+            log.warning(
+                "TLS certificate %s / key %s changed but do not load (%s); "
+                "keeping the pair in service (serial %x)",
+                self.cert_file,
+                self.key_file,
+                e,
+                self._pair.serial,
+            )
+            return False
+        # Nothing depends on the swap being atomic with the check: a handshake reading
+        # the old pair a moment longer is served correctly with it.
+        self._pair = pair
+        self._failed = None
+        log.info("TLS certificate reloaded (serial %x)", pair.serial)
+        return True
+
+    def _signature(self) -> _Signature:
+        return (_stat(self.cert_file), _stat(self.key_file))
+
+    def _load(self, signature: _Signature) -> LoadedPair:
+        """A new context for the files; ``ssl.SSLError`` (an ``OSError``) when the key
+        does not match the certificate or either does not parse."""
+        with open(self.cert_file, "rb") as f:
+            cert_pem = f.read()
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = MINIMUM_VERSION
+        context.verify_mode = ssl.CERT_NONE  # the API server presents no client cert
+        context.set_alpn_protocols(["http/1.1"])
+        # load_cert_chain checks that the key matches the certificate.
+        context.load_cert_chain(self.cert_file, self.key_file)
+        context.sni_callback = self._on_client_hello
+        # The leaf is the first certificate of the chain file.
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        # If a file changed between the stat and the reads, the next check loads again.
+        return LoadedPair(context, cert.serial_number, cert.not_valid_after_utc, signature)
+
+    def _on_client_hello(
+        self, sock: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, _: ssl.SSLContext
+    ) -> None:
+        # Called by OpenSSL for every handshake, SNI or not; None means "continue".
+        current = self.context()
+        if sock.context is not current:
+            sock.context = current
