@@ -138,6 +138,29 @@ def cmd_certs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+    import os
+
+    from webhook.engine.settings import SETTINGS, load_config
+    from webhook.service import build
+    from webhook.web.server import serve
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
+    flags = {name: getattr(args, name.replace("-", "_"), None) for name in SETTINGS}
+    config = load_config(file=args.config, env=os.environ, flags=flags)
+    serve(
+        build(config, args.kubeconfig),
+        cert_file=args.tls_cert,
+        key_file=args.tls_key,
+        host=args.host,
+        port=args.port,
+        threads=args.threads,
+        metrics_port=args.metrics_port or None,
+        log_level=args.log_level,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m webhook",
@@ -169,6 +192,26 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--protected-namespace", action="append", metavar="NAMESPACE")
     plan.add_argument("--now", metavar="RFC3339", help="evaluate as of this time")
     plan.set_defaults(func=cmd_plan)
+
+    srv = sub.add_parser(
+        "serve",
+        help="run the admission webhook (HTTPS) and, when leading, the preemption worker",
+        description="Run the webhook. Settings: flags > RPW_* environment > --config file.",
+    )
+    srv.add_argument("--tls-cert", required=True, metavar="FILE")
+    srv.add_argument("--tls-key", required=True, metavar="FILE")
+    srv.add_argument("--host", default="0.0.0.0")
+    srv.add_argument("--port", type=int, default=8443)
+    srv.add_argument("--metrics-port", type=int, default=9090, help="0 disables /metrics")
+    srv.add_argument("--threads", type=int, default=8)
+    srv.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
+    srv.add_argument("--config", metavar="FILE", help="YAML file of settings")
+    srv.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    from webhook.engine.settings import SETTINGS
+
+    for name in SETTINGS:
+        srv.add_argument(f"--{name}", dest=name.replace("-", "_"), default=None)
+    srv.set_defaults(func=cmd_serve)
 
     certs = sub.add_parser(
         "certs",
