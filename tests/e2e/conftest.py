@@ -189,3 +189,18 @@ def wait_until() -> Waiter:
             time.sleep(interval)
 
     return wait
+
+
+@pytest.fixture
+def priority_classes(cluster: Cluster) -> Iterator[dict[str, str]]:
+    """Two PriorityClasses with unique names: {"high": ..., "low": ...}."""
+    suffix = secrets.token_hex(3)
+    names = {"high": f"high-{suffix}", "low": f"low-{suffix}"}
+    for key, value in (("high", 1_000_000), ("low", 1_000)):
+        cluster.client.create(
+            "/apis/scheduling.k8s.io/v1/priorityclasses",
+            {"metadata": {"name": names[key]}, "value": value},
+        )
+    yield names
+    for name in names.values():
+        cluster.client.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")

@@ -7,10 +7,8 @@ node-1 has 8 CPU and 16Gi and is empty at the start of each test.
 from __future__ import annotations
 
 import json
-import secrets
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -136,21 +134,6 @@ def events(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
         f"/api/v1/namespaces/{namespace}/events", fieldSelector=f"involvedObject.name={name}"
     )["items"]
     return items
-
-
-@pytest.fixture
-def priority_classes(cluster: Cluster) -> Iterator[dict[str, str]]:
-    """Two PriorityClasses with unique names: {"high": ..., "low": ...}."""
-    suffix = secrets.token_hex(3)
-    names = {"high": f"high-{suffix}", "low": f"low-{suffix}"}
-    for key, value in (("high", 1_000_000), ("low", 1_000)):
-        cluster.client.create(
-            "/apis/scheduling.k8s.io/v1/priorityclasses",
-            {"metadata": {"name": names[key]}, "value": value},
-        )
-    yield names
-    for name in names.values():
-        cluster.client.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
 
 
 def test_a_resize_that_fits_is_actuated(

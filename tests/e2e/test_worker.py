@@ -45,20 +45,6 @@ class Service:
     metrics: Metrics
 
 
-@pytest.fixture
-def classes(cluster: Cluster) -> Iterator[dict[str, str]]:
-    suffix = secrets.token_hex(3)
-    names = {"high": f"high-{suffix}", "low": f"low-{suffix}"}
-    for key, value in (("high", 1_000_000), ("low", 1_000)):
-        cluster.client.create(
-            "/apis/scheduling.k8s.io/v1/priorityclasses",
-            {"metadata": {"name": names[key]}, "value": value},
-        )
-    yield names
-    for name in names.values():
-        cluster.client.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
-
-
 def make_service(api_client: k8s.ApiClient, config: Config) -> Service:
     metrics = Metrics()
     cache = ClusterCache(api_client, config, metrics=metrics, close_client=False)
@@ -162,13 +148,13 @@ def events(kubectl: Kubectl, name: str) -> list[dict[str, Any]]:
 
 
 def walkthrough(
-    cluster: Cluster, namespace: str, kubectl: Kubectl, classes: dict[str, str]
+    cluster: Cluster, namespace: str, kubectl: Kubectl, priority_classes: dict[str, str]
 ) -> None:
     """8 CPUs: low-priority-pod 4, high-priority-pod 2, steady 1 (as important as high)."""
     items = [
-        pod("low-priority-pod", "4", classes["low"]),
-        pod("high-priority-pod", "2", classes["high"]),
-        pod("steady", "1", classes["high"]),
+        pod("low-priority-pod", "4", priority_classes["low"]),
+        pod("high-priority-pod", "2", priority_classes["high"]),
+        pod("steady", "1", priority_classes["high"]),
     ]
     kubectl(
         "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
@@ -180,11 +166,11 @@ def test_the_worker_preempts_for_an_admitted_resize_and_releases_it_once_actuate
     cluster: Cluster,
     namespace: str,
     kubectl: Kubectl,
-    classes: dict[str, str],
+    priority_classes: dict[str, str],
     service: Service,
     wait_until: Waiter,
 ) -> None:
-    walkthrough(cluster, namespace, kubectl, classes)
+    walkthrough(cluster, namespace, kubectl, priority_classes)
     wait_until(
         lambda: service.cache.pod(namespace, "steady") is not None, what="the cache to see pods"
     )
@@ -229,11 +215,11 @@ def test_a_resize_never_persisted_is_released_and_evicts_nobody(
     cluster: Cluster,
     namespace: str,
     kubectl: Kubectl,
-    classes: dict[str, str],
+    priority_classes: dict[str, str],
     service: Service,
     wait_until: Waiter,
 ) -> None:
-    walkthrough(cluster, namespace, kubectl, classes)
+    walkthrough(cluster, namespace, kubectl, priority_classes)
     wait_until(
         lambda: service.cache.pod(namespace, "steady") is not None, what="the cache to see pods"
     )
