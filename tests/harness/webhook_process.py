@@ -135,6 +135,57 @@ def unregister(client: KubeClient, name: str = CONFIGURATION_NAME) -> None:
         client.delete(f"{CONFIGURATION_PATH}/{name}")
 
 
+def write_serving_files(cert_dir: Path) -> bytes:
+    """A fresh CA and a serving certificate for 127.0.0.1 in ``cert_dir``; returns the CA."""
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    ca = pki.make_ca("rpw-webhook-ca")
+    serving = pki.make_serving_cert(ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+    for name, data in (
+        ("ca.crt", ca.cert_pem),
+        ("tls.crt", serving.cert_pem),
+        ("tls.key", serving.key_pem),
+    ):
+        (cert_dir / name).write_bytes(data)
+        (cert_dir / name).chmod(0o600)
+    return ca.cert_pem
+
+
+def launch(
+    kubeconfig: Path,
+    cert_dir: Path,
+    log_path: Path,
+    *,
+    port: int,
+    metrics_port: int,
+    ca_pem: bytes,
+    namespace: str = NAMESPACE,
+    command: Sequence[str] = (sys.executable, "-m", "webhook", "serve"),
+    extra_args: Sequence[str] = (),
+    ready_timeout: float = 30.0,
+    name: str = "webhook",
+) -> ManagedProcess:
+    """Start one service process with the certificates of ``cert_dir`` and wait for
+    ``/readyz``; raises WebhookUnavailable. Registers nothing."""
+    flags = {
+        "--kubeconfig": str(kubeconfig),
+        "--tls-cert": str(cert_dir / "tls.crt"),
+        "--tls-key": str(cert_dir / "tls.key"),
+        "--port": str(port),
+        "--metrics-port": str(metrics_port),
+        "--namespace": namespace,
+    }
+    argv = [*command, *(part for item in flags.items() for part in item), *extra_args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = spawn(name, argv, log_path, env=env, cwd=REPO_ROOT)
+    try:
+        shown = shlex.join([Path(command[0]).name, *command[1:]])
+        _wait_ready(process, shown, port, ca_pem, ready_timeout)
+    except BaseException:
+        process.stop()
+        raise
+    return process
+
+
 def start_webhook(
     client: KubeClient,
     kubeconfig: Path,
@@ -157,41 +208,30 @@ def start_webhook(
     port = port or free_port()
     metrics_port = metrics_port or free_port()
     cert_dir = state_dir / "webhook"
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    ca = pki.make_ca("rpw-webhook-ca")
-    serving = pki.make_serving_cert(ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
-    for name, data in (
-        ("ca.crt", ca.cert_pem),
-        ("tls.crt", serving.cert_pem),
-        ("tls.key", serving.key_pem),
-    ):
-        (cert_dir / name).write_bytes(data)
-        (cert_dir / name).chmod(0o600)
-    _ensure_namespace(client, namespace)
-
-    flags = {
-        "--kubeconfig": str(kubeconfig),
-        "--tls-cert": str(cert_dir / "tls.crt"),
-        "--tls-key": str(cert_dir / "tls.key"),
-        "--port": str(port),
-        "--metrics-port": str(metrics_port),
-        "--namespace": namespace,
-    }
-    argv = [*command, *(part for item in flags.items() for part in item), *extra_args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = spawn("webhook", argv, state_dir / "logs" / "webhook.log", env=env, cwd=REPO_ROOT)
+    ca_pem = write_serving_files(cert_dir)
+    ensure_namespace(client, namespace)
+    process = launch(
+        kubeconfig,
+        cert_dir,
+        state_dir / "logs" / "webhook.log",
+        port=port,
+        metrics_port=metrics_port,
+        ca_pem=ca_pem,
+        namespace=namespace,
+        command=command,
+        extra_args=extra_args,
+        ready_timeout=ready_timeout,
+    )
     try:
-        shown = shlex.join([Path(command[0]).name, *command[1:]])
-        _wait_ready(process, shown, port, ca.cert_pem, ready_timeout)
-        register(client, webhook_configuration(port, ca.cert_pem, namespace))
+        register(client, webhook_configuration(port, ca_pem, namespace))
     except BaseException:
         process.stop()
         raise
     time.sleep(settle)
-    return WebhookProcess(process, port, metrics_port, ca.cert_pem, client)
+    return WebhookProcess(process, port, metrics_port, ca_pem, client)
 
 
-def _ensure_namespace(client: KubeClient, name: str) -> None:
+def ensure_namespace(client: KubeClient, name: str) -> None:
     try:
         client.create("/api/v1/namespaces", {"metadata": {"name": name}})
     except ApiError as e:
