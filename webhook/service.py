@@ -5,19 +5,24 @@ start after the fork)."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from webhook.core.model import Pod, PodRef
+from webhook.core.plan import Plan
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
+from webhook.engine.ledger import Change, Ledger, LedgerEntry, R
 from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler
 from webhook.kube.cache import ClusterCache
 from webhook.kube.client import make_api_client
 from webhook.kube.events import EventRecorder
-from webhook.kube.evictor import Evictor
+from webhook.kube.evictor import EvictionResult, Evictor
 from webhook.kube.leader import LeaderElector
 from webhook.kube.ledger import LeaseLedger
 from webhook.kube.worker import PreemptionWorker
@@ -28,6 +33,84 @@ log = logging.getLogger(__name__)
 
 #: Seconds between reconciler passes when nothing wakes it earlier.
 RECONCILE_PERIOD = 5.0
+#: Changes arrive in bursts (a deletion is several watch events): one pass per burst.
+RECONCILE_DEBOUNCE = 0.05
+#: Reason of the event the reconciler leaves on a pod whose deferred resize it judged.
+DEFERRED_REASON = "DeferredResizePreemption"
+
+#: Fault injection for restart-safety tests, off unless set: ``RPW_FAULT=<point>:<n>``
+#: makes the process SIGKILL itself the n-th time it reaches ``point``. Points:
+#: ``admitted`` (an entry was just recorded, before the answer or the worker's turn),
+#: ``evicted`` (an eviction call returned, before the victim is marked handled),
+#: ``ledger-write`` (a ledger write returned, before its caller goes on).
+FAULT_ENV = "RPW_FAULT"
+
+
+class _Fault:
+    """Counts arrivals at named points; kills the process at the configured one."""
+
+    def __init__(self, spec: str) -> None:
+        point, _, count = spec.partition(":")
+        self.point = point.strip()
+        self.remaining = int(count or "1")
+        self._lock = threading.Lock()
+
+    def reached(self, point: str) -> None:
+        if point != self.point:
+            return
+        with self._lock:
+            self.remaining -= 1
+            if self.remaining > 0:
+                return
+        log.warning("fault injection: killing the process at %s", point)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _FaultLedger:
+    """A ledger whose writes are fault points (``ledger-write``)."""
+
+    def __init__(self, ledger: Ledger, fault: _Fault) -> None:
+        self._ledger = ledger
+        self._fault = fault
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+    def entries(self, node: str) -> tuple[LedgerEntry, ...]:
+        return self._ledger.entries(node)
+
+    def all_entries(self) -> tuple[LedgerEntry, ...]:
+        return self._ledger.all_entries()
+
+    def reachable(self) -> bool:
+        return self._ledger.reachable()
+
+    def update(self, node: str, change: Change[R]) -> R:
+        wrote = False
+
+        def counted(entries: tuple[LedgerEntry, ...]) -> Any:
+            nonlocal wrote
+            new, result = change(entries)
+            wrote = new is not None
+            return new, result
+
+        result: R = self._ledger.update(node, counted)
+        if wrote:
+            self._fault.reached("ledger-write")
+        return result
+
+
+class _FaultEvictor:
+    """An evictor whose calls are fault points (``evicted``)."""
+
+    def __init__(self, evictor: Evictor, fault: _Fault) -> None:
+        self._evictor = evictor
+        self._fault = fault
+
+    def evict(self, victim: PodRef, preemptor: PodRef, node: str) -> EvictionResult:
+        result = self._evictor.evict(victim, preemptor, node)
+        self._fault.reached("evicted")
+        return result
 
 
 class _Reconcile:
@@ -43,24 +126,55 @@ class _Reconcile:
         self._wake.set()
 
     def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
+        if self._thread is not None and self._thread.is_alive():
+            return
+        # A fresh flag per thread, as the worker does: a thread that outlived stop()'s
+        # join still sees its own flag set and ends.
+        self._stop = threading.Event()
+        self._wake.set()  # cold start: every deferred resize at once
+        self._thread = threading.Thread(
+            target=self._run, args=(self._stop,), name="reconciler", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(10)
+        self._thread = None
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._wake.wait(RECONCILE_PERIOD)
+            stop.wait(RECONCILE_DEBOUNCE)
+            self._wake.clear()
+            if stop.is_set():
+                return
             try:
                 self.reconciler.reconcile()
             except Exception:
+                self.reconciler.metrics.errors.labels("reconciler").inc()
                 log.exception("reconciler pass failed")
-            self._wake.wait(RECONCILE_PERIOD)
-            self._wake.clear()
+
+
+def _decision_event(recorder: EventRecorder) -> Callable[[Pod, Plan, bool], None]:
+    """Events for the reconciler's decisions: what a kubectl warning is for an admission."""
+
+    def record(pod: Pod, plan: Plan, admitted: bool) -> None:
+        if admitted:
+            note = f"Deferred resize: {plan.reason}: {', '.join(plan.victim_keys)}"
+        else:
+            note = f"Deferred resize not preempted for: {plan.reason}"
+        recorder.record(
+            pod.ref,
+            type_="Normal" if plan.verdict in ("preempt", "fits") else "Warning",
+            reason=DEFERRED_REASON,
+            action="Preempting" if admitted else "Planning",
+            note=note,
+        )
+
+    return record
 
 
 def build(config: Config, kubeconfig: str | None) -> Callable[[Any], WorkerApp]:
@@ -71,20 +185,50 @@ def build(config: Config, kubeconfig: str | None) -> Callable[[Any], WorkerApp]:
         identity = config.identity or f"rpw-{threading.get_native_id()}-{int(time.time())}"
         cache = ClusterCache(make_api_client(kubeconfig), config, metrics=metrics)
         ledger_api = make_api_client(kubeconfig)
-        ledger = LeaseLedger(ledger_api, config, metrics=metrics)
+        lease_ledger = LeaseLedger(ledger_api, config, metrics=metrics)
         act_api = make_api_client(kubeconfig)
         recorder = EventRecorder(act_api, controller=config.scheduler_name, instance=identity)
-        evictor = Evictor(
+        evictor: Any = Evictor(
             act_api,
             recorder,
             metrics,
             method=config.eviction_method,
             grace_period_cap=config.grace_period_cap,
             scheduler_name=config.scheduler_name,
+            pdb_retries=0,
         )
-        worker = PreemptionWorker(cache, ledger, evictor, config, metrics, recorder=recorder)
+        ledger: Any = lease_ledger
+        fault_spec = os.environ.get(FAULT_ENV, "")
+        fault = _Fault(fault_spec) if fault_spec else None
+        if fault is not None:
+            log.warning("fault injection armed: %s", fault_spec)
+            ledger = _FaultLedger(lease_ledger, fault)
+            evictor = _FaultEvictor(evictor, fault)
+
+        def admitted(entry: LedgerEntry) -> None:
+            if fault is not None:
+                fault.reached("admitted")
+            worker.wake()
+
+        leading: list[LeaderElector] = []
+        worker = PreemptionWorker(
+            cache,
+            ledger,
+            evictor,
+            config,
+            metrics,
+            recorder=recorder,
+            may_act=lambda: bool(leading) and leading[0].is_leader(),
+        )
         reconcile = _Reconcile(
-            Reconciler(config, cache, ledger, metrics=metrics, on_admitted=worker.wake)
+            Reconciler(
+                config,
+                cache,
+                ledger,
+                metrics=metrics,
+                on_admitted=admitted,
+                on_decision=_decision_event(recorder),
+            )
         )
         acting = config.mode != "warn"
 
@@ -109,7 +253,8 @@ def build(config: Config, kubeconfig: str | None) -> Callable[[Any], WorkerApp]:
             on_stopped_leading=stopped,
             metrics=metrics,
         )
-        engine = AdmissionEngine(config, cache, ledger, metrics=metrics, on_admitted=worker.wake)
+        leading.append(elector)
+        engine = AdmissionEngine(config, cache, ledger, metrics=metrics, on_admitted=admitted)
         app = create_app(
             config,
             cluster=cache,
@@ -119,22 +264,28 @@ def build(config: Config, kubeconfig: str | None) -> Callable[[Any], WorkerApp]:
             readiness=lambda: {
                 "tls": bool(tls.loaded()),
                 "cache": cache.synced(),
-                "ledger": ledger.reachable(),
+                "ledger": lease_ledger.reachable(),
             },
         )
 
         def start() -> Callable[[], None]:
+            # Every change wakes both: a PodDisruptionBudget's status also ends the
+            # worker's backoff (an eviction it refused may be allowed now) and lets the
+            # reconciler re-plan a resize the budget made infeasible.
             cache.subscribe(worker.wake)
             cache.subscribe(reconcile.wake)
-            ledger.subscribe(worker.wake)
+            lease_ledger.subscribe(worker.wake)
+            # A released entry (expired, or victims no longer enough) hands its pod back
+            # to the reconciler.
+            lease_ledger.subscribe(reconcile.wake)
             cache.start()
-            ledger.start()
+            lease_ledger.start()
             elector.start()
 
             def stop() -> None:
                 elector.stop(10)
                 stopped()
-                ledger.stop()
+                lease_ledger.stop()
                 cache.stop()
 
             return stop

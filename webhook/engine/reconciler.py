@@ -10,6 +10,13 @@ carries out.
 It skips: pods whose resize already has a live ledger entry (the worker owns those),
 ``Infeasible`` resizes (never preempt for them), pods with ``PodResizePreemptionDisabled``,
 nodes that opted out and ``preemptionPolicy: Never`` (the plan says ``not-eligible``).
+Room already on its way out (terminating pods, victims other entries claimed) counts as
+free, so a pass never adds victims for it (the plan says ``fits-once-terminated``).
+
+Nothing here is lost in a crash: a pass holds no state a restart needs. The ledger entry
+is written atomically with the check that no other live entry exists for the pod, so a
+replayed pass, a second replica or a racing admission never produce two plans for one
+resize.
 """
 
 from __future__ import annotations
@@ -20,9 +27,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import orjson
+
 from webhook.core.errors import WebhookError
 from webhook.core.model import Pod
 from webhook.core.plan import Plan, plan_resize
+from webhook.core.resources import RESOURCE_NAMES, format_amount
 from webhook.engine.admission import desired_requests
 from webhook.engine.config import Config
 from webhook.engine.ledger import Ledger, LedgerEntry
@@ -30,6 +40,7 @@ from webhook.engine.metrics import Metrics
 from webhook.engine.ports import ClusterView
 
 log = logging.getLogger(__name__)
+decision_log = logging.getLogger("webhook.decisions")
 
 
 class DeferredView(ClusterView, Protocol):
@@ -40,16 +51,41 @@ class DeferredView(ClusterView, Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
+    """What one pass decided for one pod. ``verdict`` is the plan's, or ``skipped``."""
+
     pod: str
     verdict: str
     admitted: bool
     plan: Plan | None = None
+    code: str = ""
+
+
+#: ``on_decision(pod, plan, admitted)``: called when a pod's decision changes (not on
+#: every pass), for events. Must not raise; keep it quick.
+DecisionHook = Callable[[Pod, Plan, bool], None]
 
 
 def review_uid_for(pod: Pod) -> str:
     """A stable id for "this pod's deferred resize at this spec generation", so a replayed
     pass records the same entry once."""
     return f"deferred/{pod.uid}/{pod.generation}"
+
+
+def skip_reason(pod: Pod) -> str:
+    """Why the reconciler leaves ``pod`` alone before planning; ``""`` when it plans.
+
+    Node opt-out and ``preemptionPolicy: Never`` are the plan's to judge (a resize that
+    fits needs no preemption, whatever they say).
+    """
+    if pod.resize != "deferred":
+        return "infeasible" if pod.resize == "infeasible" else "not-pending"
+    if not pod.node:
+        return "not-bound"
+    if pod.terminating or pod.terminal:
+        return "leaving"
+    if pod.resize_preemption_disabled:
+        return "preemption-disabled"
+    return ""
 
 
 class Reconciler:
@@ -68,6 +104,7 @@ class Reconciler:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
         on_admitted: Callable[[LedgerEntry], None] | None = None,
+        on_decision: DecisionHook | None = None,
     ) -> None:
         self.config = config
         self.cluster = cluster
@@ -75,14 +112,25 @@ class Reconciler:
         self.metrics = metrics or Metrics()
         self.clock = clock
         self.on_admitted = on_admitted
+        self.on_decision = on_decision
         self.policy = config.policy()
+        # (pod uid, generation) -> last (verdict, code): a pod left pending is looked at on
+        # every pass; its metric, log line and event follow changes only.
+        self._last: dict[tuple[str, int], tuple[str, str]] = {}
+        #: Passes completed; tests and probes read it.
+        self.passes = 0
 
     def reconcile(self) -> list[Outcome]:
         """Plan for every deferred resize; returns what was decided, pod by pod."""
+        if not self.cluster.synced():
+            # A half-listed cache misses pods and budgets: never plan victims on it.
+            return []
         outcomes = []
+        seen: set[tuple[str, int]] = set()
         for pod in sorted(self.cluster.pending_resizes(), key=_kubelet_order):
-            if pod.resize != "deferred" or pod.terminating or pod.terminal or not pod.node:
+            if skip_reason(pod):
                 continue
+            seen.add((pod.uid, pod.generation))
             try:
                 outcome = self._reconcile_pod(pod)
             except WebhookError as e:
@@ -90,15 +138,39 @@ class Reconciler:
                 self.metrics.errors.labels("reconciler").inc()
                 continue
             if outcome is not None:
-                self.metrics.reconciler_actions.labels(outcome.verdict).inc()
                 outcomes.append(outcome)
+                self._report(pod, outcome)
+        for key in set(self._last) - seen:
+            del self._last[key]
+        self.passes += 1
         return outcomes
+
+    def _report(self, pod: Pod, outcome: Outcome) -> None:
+        key = (pod.uid, pod.generation)
+        now = (outcome.verdict, outcome.code)
+        if not outcome.admitted and self._last.get(key) == now:
+            return
+        self._last[key] = now
+        self.metrics.reconciler_actions.labels(outcome.verdict).inc()
+        plan = outcome.plan
+        if plan is None:
+            return
+        if outcome.admitted and plan.victims:
+            self.metrics.victims_planned.inc(len(plan.victims))
+            self.metrics.victims_per_plan.observe(len(plan.victims))
+        _log_decision(pod, plan, outcome.admitted)
+        if self.on_decision is not None:
+            try:
+                self.on_decision(pod, plan, outcome.admitted)
+            except Exception:
+                log.exception("reconciler decision hook failed for %s", pod.key)
 
     def _reconcile_pod(self, pod: Pod) -> Outcome | None:
         now = self.clock()
         node = self.cluster.node(pod.node)
         if node is None:
             return None
+        # Cheap pre-check on the cached ledger; the update below decides atomically.
         if any(e.pod.uid == pod.uid and e.expires_at > now for e in self.ledger.entries(node.name)):
             return None
         pods = tuple(self.cluster.pods_on(node.name))
@@ -122,6 +194,8 @@ class Reconciler:
                 policy=self.policy,
             )
             if plan.verdict != "preempt":
+                # Nothing to reserve: room that appears lets the kubelet actuate by itself,
+                # and a reservation without victims would only hold room others may use.
                 return None, (plan, None)
             entry = LedgerEntry(
                 pod=pod.ref,
@@ -145,7 +219,28 @@ class Reconciler:
             )
             if self.on_admitted is not None:
                 self.on_admitted(entry)
-        return Outcome(pod.key, plan.verdict, entry is not None, plan)
+        return Outcome(pod.key, plan.verdict, entry is not None, plan, plan.code)
+
+
+def _log_decision(pod: Pod, plan: Plan, admitted: bool) -> None:
+    """One JSON line in the admission path's decision log format, endpoint ``reconcile``."""
+    figures = plan.figures or {}
+    record = {
+        "endpoint": "reconcile",
+        "pod": pod.key,
+        "verdict": plan.verdict,
+        "node": plan.node,
+        "reason": plan.code,
+        "requested": {n: format_amount(n, f.requested) for n, f in figures.items()},
+        "headroom": {
+            n: format_amount(n, f.allocatable - f.in_use + f.freeing)
+            for n, f in figures.items()
+            if n in RESOURCE_NAMES
+        },
+        "victims": list(plan.victim_keys),
+        "reserved": admitted,
+    }
+    decision_log.info(orjson.dumps(record).decode())
 
 
 def _kubelet_order(pod: Pod) -> tuple[int, float, str]:

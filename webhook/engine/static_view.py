@@ -41,6 +41,7 @@ class StaticClusterView:
                 by_node.setdefault(p.node, []).append(p)
         # Tuples: callers get the same immutable sequence every time, no copy per read.
         self._by_node = {name: tuple(group) for name, group in by_node.items()}
+        self._pending = tuple(p for p in self._pods.values() if p.resize != "none")
         by_namespace: dict[str, list[DisruptionBudget]] = {}
         for b in budgets:
             by_namespace.setdefault(b.namespace, []).append(b)
@@ -95,3 +96,9 @@ class StaticClusterView:
 
     def age(self) -> float:
         return self._age
+
+    # -- the reconciler's extra read ----------------------------------------------------
+
+    def pending_resizes(self) -> Sequence[Pod]:
+        """Pods whose ``PodResizePending`` is Deferred or Infeasible (as the live cache)."""
+        return self._pending

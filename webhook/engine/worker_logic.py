@@ -24,7 +24,10 @@ The rules, in the order they are checked (numbered like the comments below):
    and still pending, so the worker never evicts a pod the admission did not name, and
    evicts fewer when room appeared. ``fits``: no more evictions, pending victims are
    released from the claim; ``preempt``: evict the listed victims the plan still needs, in
-   the entry's order; ``infeasible``: wait (a PodDisruptionBudget may allow it later);
+   the entry's order; ``infeasible``: wait (a PodDisruptionBudget may allow it later),
+   unless the kubelet already deferred the resize: then the entry is released so the
+   reconciler plans again with every candidate (room disappeared, or a budget now forbids
+   a listed victim; victims already handled are on their way out and count as freeing);
    no growth left (the kubelet is catching up): wait; not eligible any more (node opted
    out, preemptionPolicy Never): release.
 
@@ -53,6 +56,7 @@ ReleaseReason = Literal[
     "actuated",
     "infeasible-resize",
     "not-eligible",
+    "replan",
 ]
 WaitReason = Literal["not-persisted-yet", "node-unknown", "cannot-fit", "actuating"]
 
@@ -249,6 +253,11 @@ def next_action(
         drop = tuple(v for v in live if v.uid not in needed)
         return Act(plan, evict=evict, settle=settle, drop=drop, mark_persisted=mark)
     if plan.verdict == "infeasible":
+        if pod.resize == "deferred":
+            # The listed victims are not enough any more and the kubelet has given up for
+            # now; holding the room until expiry would only delay the resize. The
+            # reconciler re-plans it from scratch (same core, same ledger).
+            return Release("replan", f"the admitted victims no longer suffice: {plan.reason}")
         return Wait("cannot-fit", plan.reason, mark_persisted=mark, settle=settle)
     if plan.code == "no-growth":
         return Wait("actuating", plan.reason, mark_persisted=mark, settle=settle)

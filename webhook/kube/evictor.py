@@ -5,7 +5,8 @@ Two methods:
 * ``evict`` (default): ``POST pods/<victim>/eviction`` (policy/v1). The API server checks
   PodDisruptionBudgets and answers 429 when the eviction would violate one; it adds the
   ``DisruptionTarget`` condition (reason ``EvictionByEvictionAPI``) itself. 429 is retried
-  with exponential backoff and jitter a bounded number of times, then reported as
+  with exponential backoff and jitter a bounded number of times (``pdb_retries`` for a
+  refusal naming a budget, ``max_retries`` otherwise), then reported as
   ``blocked-by-pdb`` (the answer named a disruption budget) or ``failed`` (throttled by
   API priority and fairness), so the caller retries later.
 * ``delete``: what kube-scheduler's preemption executor does (``PreemptPod`` in
@@ -108,6 +109,7 @@ class Evictor:
         grace_period_cap: int | None = None,
         scheduler_name: str = "resize-preemption-webhook",
         max_retries: int = 5,
+        pdb_retries: int | None = None,
         backoff_base: float = 0.5,
         backoff_cap: float = 8.0,
         request_timeout: float = 10.0,
@@ -124,6 +126,10 @@ class Evictor:
         self.grace_period_cap = grace_period_cap
         self.scheduler_name = scheduler_name
         self.max_retries = max_retries
+        #: Retries of a 429 that names a disruption budget (default: ``max_retries``). The
+        #: preemption worker sets 0: it retries with its own backoff, and at once when a
+        #: budget changes, which sleeping in here would delay.
+        self.pdb_retries = max_retries if pdb_retries is None else pdb_retries
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self._timeout = request_timeout
@@ -208,7 +214,8 @@ class Evictor:
                 # the API server gave up retrying; only a re-read tells them apart.
                 return self._conflict(victim)
             except TooManyRequests as e:
-                if attempt == self.max_retries:
+                limit = self.pdb_retries if e.blocked_by_budget else self.max_retries
+                if attempt >= limit:
                     log.info("eviction of %s refused %d times: %s", victim.key, attempt + 1, e)
                     # A PodDisruptionBudget, or API priority and fairness throttling us.
                     if e.blocked_by_budget:

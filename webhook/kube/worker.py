@@ -20,8 +20,12 @@ Guarantees:
   evictor itself reads the victim before acting, by uid);
 * never evicts a pod the admitted plan did not name (``next_action`` re-plans restricted
   to the entry's own pending victims, and evicts fewer when room appeared);
-* before each eviction the entry must still be in the ledger with the victim pending: a
-  newer resize of the same pod, or a release, stops the old plan;
+* before each eviction the entry must still be in the ledger with the victim pending, and
+  (from the second victim on) a fresh decision on the current cache must still name it:
+  a newer resize of the same pod, a release, or room that appeared stops the old plan;
+* before each eviction the replica must still lead (``may_act``): a leader that lost its
+  Lease stops acting before another can have taken over (renew deadline < lease
+  duration);
 * a crash at any point loses nothing: the ledger is the state; on restart the leader
   resumes from it, and a victim evicted just before the crash is found terminating;
 * errors are logged, counted (``rpw_errors{where="worker"}``) and retried; they never end
@@ -131,8 +135,12 @@ class PreemptionWorker:
         backoff_base: float = 1.0,
         backoff_cap: float = 30.0,
         rng: Callable[[], float] = random.random,
+        may_act: Callable[[], bool] | None = None,
     ) -> None:
         self.cluster = cluster
+        #: Checked before every eviction: a replica that lost its leadership (and whose
+        #: worker has not stopped yet) must not act beside the new leader.
+        self.may_act = may_act
         self.ledger = ledger
         self.evictor = evictor
         self.config = config
@@ -306,11 +314,21 @@ class PreemptionWorker:
         )
         return present
 
-    def _still_pending(self, entry: LedgerEntry, victim: PodRef) -> bool:
-        for e in self.ledger.entries(entry.node):
-            if e.review_uid == entry.review_uid:
-                return victim in e.pending_victims
-        return False
+    def _still_needed(self, entry: LedgerEntry, victim: PodRef, first: bool) -> bool:
+        """Whether ``victim`` must still go for ``entry``, judged on the ledger and cache
+        as they are now: the entry may have been released or superseded, the victim
+        handled, or room may have appeared since the action was decided (the victims
+        before it are marked handled, so they count as leaving)."""
+        current = next(
+            (e for e in self.ledger.entries(entry.node) if e.review_uid == entry.review_uid),
+            None,
+        )
+        if current is None or victim not in current.pending_victims:
+            return False
+        if first:
+            return True  # decided a moment ago on this very state
+        action = self.decide(current)
+        return isinstance(action, Act) and victim in action.evict
 
     def _act(self, entry: LedgerEntry, action: Act, stop: threading.Event) -> None:
         # 3a. Bookkeeping first, so the reservation stops claiming victims not needed.
@@ -320,8 +338,10 @@ class PreemptionWorker:
             return  # the entry went away meanwhile
         # 3b. Victims in order; each marked handled right after it is done.
         acted: list[PodRef] = []
-        for victim in action.evict:
-            if stop.is_set() or not self._still_pending(entry, victim):
+        for i, victim in enumerate(action.evict):
+            if stop.is_set() or not self._may_act():
+                break
+            if not self._still_needed(entry, victim, first=i == 0):
                 break
             result = self.evictor.evict(victim, entry.pod, entry.node)
             if not result.done:
@@ -333,6 +353,8 @@ class PreemptionWorker:
                 )
                 self._defer(entry.review_uid)
                 break
+            # A crash right here loses only this mark: the victim is terminating or gone,
+            # and the next leader settles it from the cache without another API call.
             self.ledger.update(entry.node, update_entry(entry.review_uid, handled=(victim.uid,)))
             if result in (EvictionResult.EVICTED, EvictionResult.DELETED):
                 acted.append(victim)
@@ -347,6 +369,12 @@ class PreemptionWorker:
         self._announced.add(entry.review_uid)
         if self.recorder is not None:
             self.recorder.preempting(entry.pod, victims, entry.node)
+
+    def _may_act(self) -> bool:
+        if self.may_act is None or self.may_act():
+            return True
+        log.info("not leading any more: no eviction until leadership is back")
+        return False
 
     def _defer(self, review_uid: str) -> None:
         state = self._backoff.setdefault(review_uid, _Backoff())
