@@ -4,10 +4,15 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from webhook.core import quantity
 from webhook.core.errors import InputError, QuantityError
 from webhook.core.quantity import (
     cpu_millis,
@@ -178,3 +183,27 @@ def test_resources_arithmetic() -> None:
     assert "cpu 1, memory 2Gi" == a.describe()
     assert Resources(7, 2 * Gi) == a.replace("cpu", 7)
     assert Resources().is_zero()
+
+
+@pytest.mark.parametrize(
+    ("parse", "text"),
+    [
+        pytest.param(cpu_millis, "2x", id="cpu-unknown-suffix"),
+        pytest.param(cpu_millis, "-1", id="cpu-negative"),
+        pytest.param(memory_bytes, "lots", id="memory-no-digits"),
+        pytest.param(memory_bytes, "-1Gi", id="memory-negative"),
+    ],
+)
+def test_a_remembered_invalid_text_still_names_the_field_each_time(
+    parse: Callable[..., int], text: str
+) -> None:
+    for where in ("pod a/b.requests.cpu", "node n allocatable"):
+        with pytest.raises(QuantityError, match=re.escape(where)):
+            parse(text, where=where)
+
+
+@given(st.integers(min_value=0, max_value=10**12), st.sampled_from(["", "m", "Ki", "Mi", "k"]))
+def test_remembered_results_equal_a_fresh_parse(number: int, suffix: str) -> None:
+    text = f"{number}{suffix}"
+    assert quantity._cpu_millis(text, "cpu") == cpu_millis(text) == cpu_millis(text)
+    assert quantity._memory_bytes(text, "memory") == memory_bytes(text) == memory_bytes(text)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 from decimal import ROUND_CEILING, Context, Decimal
+from functools import lru_cache
 from typing import Final
 
 from webhook.core.errors import QuantityError
@@ -97,15 +98,52 @@ def _non_negative(value: Decimal, text: object, where: str) -> Decimal:
     return value
 
 
-def cpu_millis(text: object, *, where: str = "cpu") -> int:
-    """CPU quantity in millicores, rounded up (``"100m"`` -> 100, ``"0.0001"`` -> 1)."""
+#: Distinct quantity strings remembered. A cluster uses few ("100m", "256Mi", ...) and
+#: every pod list and review repeats them; the bound keeps hostile input from growing it.
+MEMO_SIZE: Final = 4096
+
+
+def _cpu_millis(text: object, where: str) -> int:
     value = _non_negative(parse_quantity(text, where=where), text, where)
     return _ceil(_EXACT.multiply(value, Decimal(1000)))
 
 
+def _memory_bytes(text: object, where: str) -> int:
+    return _ceil(_non_negative(parse_quantity(text, where=where), text, where))
+
+
+# Parsing through Decimal costs microseconds per value and the cache parses every pod's
+# quantities, the admission path two pods' per review: remember results by text.
+# lru_cache keeps no exception, so an invalid text is parsed again below and its error
+# names the field.
+@lru_cache(maxsize=MEMO_SIZE)
+def _cpu_millis_memo(text: str) -> int:
+    return _cpu_millis(text, "cpu")
+
+
+@lru_cache(maxsize=MEMO_SIZE)
+def _memory_bytes_memo(text: str) -> int:
+    return _memory_bytes(text, "memory")
+
+
+def cpu_millis(text: object, *, where: str = "cpu") -> int:
+    """CPU quantity in millicores, rounded up (``"100m"`` -> 100, ``"0.0001"`` -> 1)."""
+    if type(text) is str:
+        try:
+            return _cpu_millis_memo(text)
+        except QuantityError:
+            pass  # parsed again for an error message naming ``where``
+    return _cpu_millis(text, where)
+
+
 def memory_bytes(text: object, *, where: str = "memory") -> int:
     """Memory quantity in bytes, rounded up (``"1Ki"`` -> 1024, ``"100m"`` -> 1)."""
-    return _ceil(_non_negative(parse_quantity(text, where=where), text, where))
+    if type(text) is str:
+        try:
+            return _memory_bytes_memo(text)
+        except QuantityError:
+            pass
+    return _memory_bytes(text, where)
 
 
 def format_cpu(millis: int) -> str:
