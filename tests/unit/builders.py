@@ -311,6 +311,23 @@ class PodBuilder:
         resolver = resolver or PriorityResolver()
         return parse_pod(stored, resolver), parse_pod(apply_resize(stored, patch), resolver)
 
+    # -- deferred resizes (appended for the reconciler's tests) -------------------------
+    def holding(
+        self, cpu: object = None, memory: object = None, *, container: str = "app"
+    ) -> PodBuilder:
+        """The kubelet allocated (and applied) only ``cpu``/``memory`` to ``container``:
+        with larger requests in the spec, a resize not actuated yet."""
+        granted = resource_list(cpu, memory)
+        return self.status(container, allocated=granted, actual=granted)
+
+    def generation(self, value: int) -> PodBuilder:
+        self._obj["metadata"]["generation"] = value
+        return self
+
+    def deferred(self, since: float = 500.0) -> PodBuilder:
+        """``PodResizePending`` reason ``Deferred`` (the kubelet found no room)."""
+        return self.resize_pending("Deferred", since)
+
 
 def resize_patch(
     container: str = "app", *, cpu: object = None, memory: object = None, init: bool = False

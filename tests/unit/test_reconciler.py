@@ -1,0 +1,432 @@
+"""The reconciler: deferred resizes planned like admissions, against a static cluster and
+the in-memory ledger."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.unit.builders import (
+    HIGH,
+    LOW,
+    MID,
+    NODE,
+    NOW,
+    OTHER_NODE,
+    PodBuilder,
+    make_node,
+    make_pdb,
+    make_pod,
+    uid,
+)
+from webhook.core.model import NODE_OPT_OUT_ANNOTATION, DisruptionBudget, Node, Pod, PodRef
+from webhook.core.plan import Plan
+from webhook.core.resources import Resources
+from webhook.engine.config import Config
+from webhook.engine.ledger import InMemoryLedger, LedgerEntry
+from webhook.engine.metrics import Metrics
+from webhook.engine.reconciler import Reconciler, review_uid_for, skip_reason
+from webhook.engine.static_view import StaticClusterView
+
+CONFIG = Config(reservation_ttl=120.0)
+GI = 2**30
+
+
+def high() -> PodBuilder:
+    """Holds 4 CPUs, asks for 6, and the kubelet deferred it."""
+    return (
+        make_pod("high")
+        .priority(HIGH)
+        .requests(cpu="6", memory="1Gi")
+        .holding(cpu="4", memory="1Gi")
+        .started(50)
+        .generation(2)
+        .deferred()
+    )
+
+
+def low(name: str, cpu: str = "1", started: float = 100.0, priority: int = LOW) -> PodBuilder:
+    return (
+        make_pod(name)
+        .priority(priority)
+        .requests(cpu=cpu, memory="256Mi")
+        .labels(app=name)
+        .started(started)
+        .admitted()
+    )
+
+
+def peer(name: str = "peer", cpu: str = "1") -> PodBuilder:
+    """As important as ``high``: never a victim."""
+    return low(name, cpu, priority=HIGH)
+
+
+# The base scene on an 8-CPU node: high 4 (wants 6), low-a 2, low-b 1, peer 1 = 8 used.
+# Removing both low pods leaves 4 + 1 + 2 (growth) = 7; low-a (more important, started
+# first) does not fit back in, low-b does: the minimal plan is [low-a].
+BASE = (low("low-a", "2", started=100), low("low-b", "1", started=200), peer())
+
+
+def entry_for(
+    pod: str,
+    *victims: str,
+    cpu: int = 6000,
+    expires_at: float = NOW + 60,
+    review: str = "review-1",
+    node: str = NODE,
+    handled: tuple[str, ...] = (),
+) -> LedgerEntry:
+    return LedgerEntry(
+        pod=PodRef("default", pod, uid(pod)),
+        node=node,
+        review_uid=review,
+        resources=Resources(cpu, GI),
+        desired=(("app", Resources(cpu, GI)),),
+        victims=tuple(PodRef("default", v, uid(v)) for v in victims),
+        admitted_at=NOW - 1,
+        expires_at=expires_at,
+        handled=frozenset(uid(h) for h in handled),
+        persisted=True,
+    )
+
+
+@dataclass
+class Scene:
+    pods: tuple[PodBuilder | Pod, ...]
+    nodes: tuple[Node, ...] = (make_node(NODE).allocatable(cpu="8", memory="16Gi").build(),)
+    budgets: tuple[DisruptionBudget, ...] = ()
+    entries: tuple[LedgerEntry, ...] = ()
+    config: Config = CONFIG
+    synced: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def run(scene: Scene) -> tuple[list[Any], InMemoryLedger, Reconciler]:
+    pods = [p.build() if isinstance(p, PodBuilder) else p for p in scene.pods]
+    view = StaticClusterView(scene.nodes, pods, scene.budgets, synced=scene.synced)
+    ledger = InMemoryLedger()
+    for e in scene.entries:
+        ledger.update(e.node, lambda es, e=e: ((*es, e), None))
+    admitted: list[LedgerEntry] = []
+    reconciler = Reconciler(
+        scene.config,
+        view,
+        ledger,
+        metrics=Metrics(),
+        clock=lambda: NOW,
+        on_admitted=admitted.append,
+    )
+    outcomes = reconciler.reconcile()
+    summary = [
+        (
+            o.pod.split("/")[1],
+            o.verdict,
+            o.code,
+            o.admitted,
+            tuple(v.pod.name for v in (o.plan.victims if o.plan else ())),
+        )
+        for o in outcomes
+    ]
+    assert len(admitted) == sum(1 for o in outcomes if o.admitted)
+    return summary, ledger, reconciler
+
+
+CASES = [
+    # -- planning for a deferred resize ---------------------------------------------------
+    pytest.param(
+        Scene((high(), *BASE)),
+        [("high", "preempt", "preempt", True, ("low-a",))],
+        id="cold-start-deferred-resize-preempts-the-minimal-set",
+    ),
+    pytest.param(
+        Scene((high(), low("low-a", "1"), peer("peer", "1"))),
+        [("high", "fits", "fits", False, ())],
+        id="room-appeared-fits-no-entry",
+    ),
+    pytest.param(
+        Scene((high(), low("low-a", "2"), peer("peer", "2"))),
+        [("high", "preempt", "preempt", True, ("low-a",))],
+        id="only-the-lower-priority-pod-can-go",
+    ),
+    pytest.param(
+        Scene((high(), peer("peer-a", "2"), peer("peer-b", "2"))),
+        [("high", "infeasible", "insufficient-after-preemption", False, ())],
+        id="equal-priority-is-never-a-victim",
+    ),
+    # -- skips -------------------------------------------------------------------------------
+    pytest.param(
+        Scene((high().resize_pending("Infeasible"), *BASE)),
+        [],
+        id="infeasible-resize-skipped",
+    ),
+    pytest.param(
+        Scene((high().resize_preemption_disabled(), *BASE)),
+        [],
+        id="pod-condition-preemption-disabled-skipped",
+    ),
+    pytest.param(
+        Scene(
+            (high(), *BASE),
+            nodes=(
+                make_node(NODE)
+                .allocatable(cpu="8", memory="16Gi")
+                .annotate(NODE_OPT_OUT_ANNOTATION, "true")
+                .build(),
+            ),
+        ),
+        [("high", "not-eligible", "node-opted-out", False, ())],
+        id="node-opted-out-by-annotation",
+    ),
+    pytest.param(
+        Scene(
+            (high(), *BASE),
+            nodes=(make_node(NODE).allocatable(cpu="8", memory="16Gi").opted_out().build(),),
+        ),
+        [("high", "not-eligible", "node-opted-out", False, ())],
+        id="node-opted-out-by-field",
+    ),
+    pytest.param(
+        Scene((high().never_preempts(), *BASE)),
+        [("high", "not-eligible", "preemption-policy-never", False, ())],
+        id="preemption-policy-never",
+    ),
+    pytest.param(
+        Scene(
+            (
+                make_pod("high")
+                .priority(HIGH)
+                .requests(cpu="6", memory="1Gi")
+                .holding(cpu="4", memory="1Gi"),
+                *BASE,
+            )
+        ),
+        [],
+        id="no-pending-condition-not-looked-at",
+    ),
+    pytest.param(
+        Scene((high().terminating(), *BASE)),
+        [],
+        id="terminating-resizing-pod-skipped",
+    ),
+    pytest.param(
+        Scene((high().on(OTHER_NODE), *BASE)),
+        [],
+        id="node-not-in-cache-skipped",
+    ),
+    pytest.param(
+        Scene((high(), *BASE), synced=False),
+        [],
+        id="unsynced-cache-plans-nothing",
+    ),
+    # -- the ledger ------------------------------------------------------------------------
+    pytest.param(
+        Scene((high(), *BASE), entries=(entry_for("high", "low-a"),)),
+        [],
+        id="live-entry-owned-by-the-worker",
+    ),
+    pytest.param(
+        Scene((high(), *BASE), entries=(entry_for("high", "low-a", expires_at=NOW),)),
+        [("high", "preempt", "preempt", True, ("low-a",))],
+        id="expired-entry-planned-again",
+    ),
+    pytest.param(
+        # Another pod's admitted resize claimed low-a and holds 1 CPU more for itself.
+        Scene(
+            (high(), *BASE, low("low-c", "1", started=300)),
+            nodes=(make_node(NODE).allocatable(cpu="9", memory="16Gi").build(),),
+            entries=(entry_for("peer", "low-a", cpu=2000, review="other"),),
+        ),
+        [("high", "preempt", "preempt", True, ("low-c",))],
+        id="victims-claimed-by-another-entry-are-not-chosen-again",
+    ),
+    # -- capacity already on its way out ---------------------------------------------------
+    pytest.param(
+        Scene((high(), low("low-a", "2").terminating(), low("low-b", "1"), peer())),
+        [("high", "fits", "fits-once-terminated", False, ())],
+        id="terminating-pod-frees-all-the-room-no-victims",
+    ),
+    pytest.param(
+        Scene(
+            (
+                high(),
+                low("leaving", "1").terminating(),
+                low("low-a", "1", started=100),
+                low("low-b", "1", started=200),
+                peer("peer", "1"),
+            )
+        ),
+        [("high", "preempt", "preempt", True, ("low-b",))],
+        id="terminating-pod-frees-part-only-the-rest-preempted",
+    ),
+    pytest.param(
+        Scene(
+            (high(), low("low-a", "2"), low("low-b", "1"), peer()),
+            entries=(entry_for("other", "low-a", cpu=0, review="other", handled=()),),
+        ),
+        [("high", "fits", "fits-once-terminated", False, ())],
+        id="victim-claimed-by-another-entry-counts-as-freeing",
+    ),
+    # -- disruption budgets -----------------------------------------------------------------
+    pytest.param(
+        Scene((high(), *BASE), budgets=(make_pdb("low-a").allowing(0).build(),)),
+        [("high", "infeasible", "pdb-violation", False, ())],
+        id="budget-forbids-the-only-useful-victim",
+    ),
+    pytest.param(
+        Scene((high(), *BASE), budgets=(make_pdb("low-a").allowing(1).build(),)),
+        [("high", "preempt", "preempt", True, ("low-a",))],
+        id="budget-allows-it",
+    ),
+    pytest.param(
+        Scene(
+            (high(), *BASE),
+            budgets=(make_pdb("low-a").allowing(0).build(),),
+            config=Config(pdb_mode="best-effort"),
+        ),
+        [("high", "preempt", "preempt", True, ("low-a",))],
+        id="best-effort-takes-a-protected-victim-the-eviction-api-may-refuse",
+    ),
+    # -- several deferred pods: the kubelet's order ----------------------------------------
+    pytest.param(
+        Scene(
+            (
+                high(),
+                make_pod("mid")
+                .priority(MID)
+                .requests(cpu="2", memory="256Mi")
+                .holding(cpu="1", memory="256Mi")
+                .started(60)
+                .deferred(since=100),
+                low("low-a", "1", started=100),
+                low("low-b", "1", started=200),
+                peer("peer", "1"),
+            )
+        ),
+        [
+            ("high", "preempt", "preempt", True, ("low-b", "low-a")),
+            ("mid", "infeasible", "insufficient-after-preemption", False, ()),
+        ],
+        id="higher-priority-first-the-next-plans-against-its-reservation",
+    ),
+]
+
+
+@pytest.mark.parametrize(("scene", "expected"), CASES)
+def test_reconcile(scene: Scene, expected: list[tuple[Any, ...]]) -> None:
+    summary, ledger, _ = run(scene)
+
+    assert summary == expected
+    admitted = {s[0]: s[4] for s in summary if s[3]}
+    mine = [e for e in ledger.all_entries() if e.review_uid.startswith("deferred/")]
+    assert {e.pod.name: tuple(v.name for v in e.victims) for e in mine} == admitted
+    for e in mine:
+        assert e.persisted
+        assert e.expires_at == NOW + scene.config.reservation_ttl
+        assert e.admitted_at == NOW
+    # Entries of other pods are kept; expired ones may be dropped with the write.
+    others = {e.review_uid for e in scene.entries if e.expires_at > NOW}
+    assert others <= {e.review_uid for e in ledger.all_entries()}
+
+
+def test_the_entry_is_the_admission_paths_shape() -> None:
+    _, ledger, _ = run(Scene((high(), *BASE)))
+    [e] = ledger.all_entries()
+    pod = high().build()
+    assert e.review_uid == review_uid_for(pod) == f"deferred/{pod.uid}/2"
+    assert e.pod == pod.ref and e.node == NODE
+    assert e.resources == Resources(6000, GI)
+    assert e.desired == (("app", Resources(6000, GI)),)
+
+
+def test_a_second_pass_adds_nothing_and_counts_once() -> None:
+    pods = [p.build() for p in (high(), *BASE)]
+    view = StaticClusterView([make_node(NODE).build()], pods)
+    ledger = InMemoryLedger()
+    metrics = Metrics()
+    reconciler = Reconciler(CONFIG, view, ledger, metrics=metrics, clock=lambda: NOW)
+
+    first = reconciler.reconcile()
+    writes = ledger.writes
+    second = reconciler.reconcile()
+
+    assert [o.admitted for o in first] == [True] and second == []
+    assert ledger.writes == writes
+    sample = metrics.registry.get_sample_value
+    assert sample("rpw_reconciler_actions_total", {"verdict": "preempt"}) == 1
+    assert sample("rpw_victims_planned_total") == 1
+
+
+def test_a_pod_left_pending_is_reported_on_changes_only() -> None:
+    pods = [p.build() for p in (high(), *BASE)]
+    node = make_node(NODE).build()
+    decisions: list[tuple[str, str, bool]] = []
+    metrics = Metrics()
+    reconciler = Reconciler(
+        CONFIG,
+        StaticClusterView([node], pods, [make_pdb("low-a").allowing(0).build()]),
+        InMemoryLedger(),
+        metrics=metrics,
+        clock=lambda: NOW,
+        on_decision=lambda p, plan, ok: decisions.append((p.name, plan.code, ok)),
+    )
+    for _ in range(3):
+        reconciler.reconcile()
+    assert decisions == [("high", "pdb-violation", False)]
+
+    # The budget's status changed (the cache wakes the reconciler): planned on that pass.
+    reconciler.cluster = StaticClusterView([node], pods, [make_pdb("low-a").allowing(1).build()])
+    reconciler.reconcile()
+
+    assert decisions[-1] == ("high", "preempt", True)
+    sample = metrics.registry.get_sample_value
+    assert sample("rpw_reconciler_actions_total", {"verdict": "infeasible"}) == 1
+    assert sample("rpw_reconciler_actions_total", {"verdict": "preempt"}) == 1
+
+
+def test_a_racing_admission_wins_and_the_pass_records_nothing() -> None:
+    """The pre-check saw no entry, but one appeared before the atomic update."""
+    pods = [p.build() for p in (high(), *BASE)]
+    view = StaticClusterView([make_node(NODE).build()], pods)
+
+    class Racing(InMemoryLedger):
+        def update(self, node: str, change: Any) -> Any:
+            if not self.entries(node):
+                super().update(node, lambda es: ((*es, entry_for("high", "low-b")), None))
+            return super().update(node, change)
+
+    ledger = Racing()
+    outcomes = Reconciler(CONFIG, view, ledger, clock=lambda: NOW).reconcile()
+
+    assert outcomes == []
+    assert [e.review_uid for e in ledger.all_entries()] == ["review-1"]
+
+
+def test_a_failing_hook_does_not_stop_the_pass() -> None:
+    pods = [p.build() for p in (high(), *BASE)]
+    view = StaticClusterView([make_node(NODE).build()], pods)
+
+    def boom(pod: Pod, plan: Plan, admitted: bool) -> None:
+        raise RuntimeError("event sink down")
+
+    ledger = InMemoryLedger()
+    outcomes = Reconciler(CONFIG, view, ledger, clock=lambda: NOW, on_decision=boom).reconcile()
+    assert [o.admitted for o in outcomes] == [True]
+    assert len(ledger.all_entries()) == 1
+
+
+@pytest.mark.parametrize(
+    ("builder", "reason"),
+    [
+        pytest.param(high(), "", id="deferred"),
+        pytest.param(high().resize_pending("Infeasible"), "infeasible", id="infeasible"),
+        pytest.param(high().resize_preemption_disabled(), "preemption-disabled", id="disabled"),
+        pytest.param(high().terminating(), "leaving", id="terminating"),
+        pytest.param(high().phase("Failed"), "leaving", id="terminal"),
+        pytest.param(high().unbound(), "not-bound", id="unbound"),
+        pytest.param(make_pod("x").requests(cpu="1"), "not-pending", id="nothing-pending"),
+    ],
+)
+def test_skip_reason(builder: PodBuilder, reason: str) -> None:
+    assert skip_reason(builder.build()) == reason
