@@ -1,0 +1,93 @@
+"""The operator-facing tables in docs/service.md match the code they describe."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import pytest
+from prometheus_client.metrics_core import Metric
+
+from tests.unit.web_fixtures import walkthrough_review, walkthrough_view
+from webhook.engine.admission import AdmissionEngine
+from webhook.engine.config import Config
+from webhook.engine.ledger import InMemoryLedger
+from webhook.engine.metrics import Metrics
+from webhook.engine.settings import SETTINGS, env_name
+
+SERVICE_DOC = Path(__file__).resolve().parents[2] / "docs" / "service.md"
+
+
+def _table_rows(heading: str) -> dict[str, list[str]]:
+    """First-column cell (without backticks) -> the row's cells, for the first table
+    under ``## heading``."""
+    text = SERVICE_DOC.read_text(encoding="utf-8")
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, list[str]] = {}
+    for line in section.splitlines():
+        if not line.startswith("|") or set(line) <= set("|-: "):
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells
+    return rows
+
+
+def _exported_names(family: Metric) -> str:
+    # prometheus_client reports counters without their ``_total`` suffix.
+    return f"{family.name}_total" if family.type == "counter" else family.name
+
+
+def test_every_setting_is_documented_with_its_environment_variable() -> None:
+    rows = _table_rows("Settings")
+    missing = sorted(set(SETTINGS) - set(rows))
+    assert [] == missing
+    for name in SETTINGS:
+        assert f"`{env_name(name)}`" == rows[name][1], name
+
+
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        pytest.param(name, field, id=name)
+        for name, (field, _) in SETTINGS.items()
+        if isinstance(getattr(Config(), field), (int, float, str))
+        and not isinstance(getattr(Config(), field), bool)
+        and getattr(Config(), field) != ""
+    ],
+)
+def test_documented_defaults_are_the_real_ones(setting: str, field: str) -> None:
+    default = _table_rows("Settings")[setting][2]
+    assert f"`{getattr(Config(), field)}`" == default
+
+
+def test_no_documented_setting_is_unknown() -> None:
+    rows = _table_rows("Settings")
+    assert [] == sorted(set(rows) - set(SETTINGS) - {"Setting"})
+
+
+def test_every_metric_is_documented_and_nothing_else() -> None:
+    exported = {_exported_names(f) for f in Metrics().registry.collect()}
+    documented = set(_table_rows("Metrics")) - {"Metric"}
+    assert (sorted(exported - documented), sorted(documented - exported)) == ([], [])
+
+
+def test_documented_metric_types_are_the_real_ones() -> None:
+    rows = _table_rows("Metrics")
+    for family in Metrics().registry.collect():
+        assert family.type == rows[_exported_names(family)][1], family.name
+
+
+def test_the_documented_decision_log_line_has_the_fields_the_engine_logs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    text = SERVICE_DOC.read_text(encoding="utf-8")
+    block = re.search(r"```json\n(\{.*\})\n```", text)
+    assert block is not None
+    documented = json.loads(block.group(1).replace("…", ""))
+    engine = AdmissionEngine(Config(), walkthrough_view(), InMemoryLedger())
+    with caplog.at_level(logging.INFO, logger="webhook.decisions"):
+        engine.validate(walkthrough_review()["request"])
+    logged = json.loads(caplog.records[-1].getMessage())
+    assert ("preempt", sorted(logged)) == (documented["verdict"], sorted(documented))
