@@ -66,6 +66,8 @@ class ControlPlaneConfig:
     ``state_dir``: where certificates, kubeconfig, logs and etcd data go; None means a
     temporary directory removed by :meth:`ControlPlane.stop`.
     ``feature_gates``: passed to kube-apiserver, kube-controller-manager and kube-scheduler.
+    ``audit_policy``: replaces :data:`AUDIT_POLICY` (e.g. to log every request when
+    counting a component's API calls); None keeps the default.
     """
 
     state_dir: Path | None = None
@@ -73,6 +75,7 @@ class ControlPlaneConfig:
     scheduler: bool = True
     controller_manager: bool = True
     audit: bool = True
+    audit_policy: Mapping[str, Any] | None = None
     apiserver_args: Sequence[str] = ()
     start_timeout: float = 60.0
 
@@ -201,7 +204,8 @@ class ControlPlane:
             path.chmod(0o600)
         self._write_kubeconfig(ca.cert_pem, admin)
         if self.config.audit:
-            (self.state_dir / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+            policy = self.config.audit_policy or AUDIT_POLICY
+            (self.state_dir / "audit-policy.yaml").write_text(yaml.safe_dump(dict(policy)))
 
     def _write_kubeconfig(self, ca_pem: bytes, admin: pki.KeyPair) -> None:
         def b64(data: bytes) -> str:

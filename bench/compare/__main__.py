@@ -1,0 +1,5 @@
+import sys
+
+from bench.compare.runner import main
+
+sys.exit(main())

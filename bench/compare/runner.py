@@ -1,0 +1,488 @@
+"""Runs every scenario on both sides and reports victims, timings and API requests.
+
+For each side (sequentially: ``ours`` on a control plane with the alpha gate off and the
+webhook registered, then ``upstream`` with the gate on and no webhook), and for each
+scenario:
+
+1. fresh node(s) for the scenario, PriorityClasses, PodDisruptionBudgets (waited until the
+   disruption controller has counted them), pods (one second apart where their start
+   times order them; each waited Running), then the ``pending`` resizes, each waited
+   ``PodResizePending``/``Deferred``;
+2. a watch on the scenario's namespace and an audit-log cursor start; then the real
+   ``kubectl patch pod X --subresource resize`` for every measured resize (concurrently
+   when there are several), each timed from the moment its kubectl process returns;
+3. wait until every resize is actuated (60 s at most) - or, for scenarios where nothing
+   should be actuated, watch for 12 s - then 2 s more for late victims;
+4. victims = pods of the namespace that got a ``deletionTimestamp`` or vanished;
+   ``first_eviction_ms`` = first such moment - kubectl's return (per resize on its own
+   node; the median over resizes when there are several); ``actuated_ms`` likewise for the
+   kubelet (emulator) reporting the new size; ``api_requests`` = requests of the
+   preempting component (by user agent) that the API server received in the window.
+
+Before the measured scenarios each side runs the walkthrough once unrecorded (warm-up:
+first-use costs of both components).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.compare import scenarios as sc
+from bench.compare.measure import AuditCursor, Observations, PodWatcher, count_requests
+from bench.compare.sides import SIDES, Side, make_side
+from tests.harness import quantity
+from tests.harness.kubeapi import ApiError
+from tests.harness.kubelet_objects import NodeSpec
+from tests.harness.processes import install_signal_handlers
+from webhook.core.model import NODE_OPT_OUT_ANNOTATION
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results" / "compare.json"
+ACTUATION_TIMEOUT = 60.0
+OBSERVE_WINDOW = 12.0
+SETTLE = 2.0
+OPT_OUT_OWNER = "bench.resize-preemption.io/compare"
+
+Log = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Measured:
+    victims: list[str]
+    first_eviction_ms: float | None
+    actuated_ms: float | None
+    api_requests: int
+    breakdown: dict[str, int]
+    kubectl_errors: list[str]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "victims": self.victims,
+            "first_eviction_ms": self.first_eviction_ms,
+            "actuated_ms": self.actuated_ms,
+            "api_requests": self.api_requests,
+        }
+
+
+def _resize_patch(cpu: str) -> str:
+    return json.dumps(
+        {"spec": {"containers": [{"name": "app", "resources": {"requests": {"cpu": cpu}}}]}}
+    )
+
+
+class ScenarioRun:
+    """One scenario on one side."""
+
+    def __init__(self, side: Side, scenario: sc.Scenario, tag: str, log: Log = _stderr) -> None:
+        self.side = side
+        self.scenario = scenario
+        self.namespace = f"{scenario.name}-{tag}"[:63].rstrip("-")
+        self.nodes = [f"{self.namespace[:50]}-n{i}" for i in range(scenario.nodes)]
+        self.log = log
+
+    # --- setup ----------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        api = self.side.client
+        s = self.scenario
+        api.create("/api/v1/namespaces", {"metadata": {"name": self.namespace}})
+        assert self.side.emulator is not None
+        annotations = {NODE_OPT_OUT_ANNOTATION: "compare"} if s.opt_out else {}
+        for name in self.nodes:
+            self.side.emulator.add_node(NodeSpec(name, cpu=s.node_cpu, annotations=annotations))
+            if s.opt_out:
+                # The 1.37 field (kept only when the API server has the alpha gate on).
+                api.patch(
+                    f"/api/v1/nodes/{name}",
+                    {"spec": {"podPreemptionPolicy": {"disableResizePreemption": [OPT_OUT_OWNER]}}},
+                )
+        for budget in s.budgets:
+            api.create(
+                f"/apis/policy/v1/namespaces/{self.namespace}/poddisruptionbudgets",
+                {
+                    "metadata": {"name": budget.name},
+                    "spec": {
+                        "minAvailable": budget.min_available,
+                        "selector": {"matchLabels": {"app": budget.app}},
+                    },
+                },
+            )
+        pods = [self._pod_object(p) for p in s.pods]
+        if s.distinct_start_times:
+            for pod in pods:
+                self._create(pod)
+                self._wait_running([pod["metadata"]["name"]])
+                time.sleep(1.05)  # startTime has second precision
+        else:
+            for pod in pods:
+                self._create(pod)
+            self._wait_running([p["metadata"]["name"] for p in pods], timeout=600)
+        for budget in s.budgets:
+            self._wait_budget(budget)
+        for resize in s.pending:
+            self._kubectl_patch(resize)
+            self._wait(
+                lambda r=resize: self._deferred(r.pod),
+                60,
+                f"{resize.pod}'s resize to be Deferred",
+            )
+        time.sleep(1.0)  # let every watcher (webhook cache, scheduler) catch up
+
+    def _pod_object(self, p: sc.PodSpec) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": p.name, "namespace": self.namespace, "labels": dict(p.labels)},
+            "spec": {
+                "nodeName": self.nodes[p.node],
+                "priorityClassName": self.side.ensure_priority_class(p.priority, p.never),
+                "containers": [
+                    {
+                        "name": "app",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"requests": {"cpu": p.cpu, "memory": p.memory}},
+                    }
+                ],
+            },
+        }
+
+    def _create(self, pod: dict[str, Any]) -> None:
+        self.side.client.create(f"/api/v1/namespaces/{self.namespace}/pods", pod)
+
+    def _pods(self) -> list[dict[str, Any]]:
+        return list(self.side.client.get(f"/api/v1/namespaces/{self.namespace}/pods")["items"])
+
+    def _wait(self, condition: Callable[[], Any], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.side.name}/{self.scenario.name}: waited for {what}")
+            time.sleep(0.1)
+
+    def _wait_running(self, names: Sequence[str], timeout: float = 60) -> None:
+        wanted = set(names)
+
+        def running() -> bool:
+            phases = {p["metadata"]["name"]: p.get("status", {}).get("phase") for p in self._pods()}
+            return all(phases.get(n) == "Running" for n in wanted)
+
+        self._wait(running, timeout, f"{len(wanted)} pod(s) Running")
+
+    def _wait_budget(self, budget: sc.Budget) -> None:
+        covered = sum(1 for p in self.scenario.pods if p.labels.get("app") == budget.app)
+        path = f"/apis/policy/v1/namespaces/{self.namespace}/poddisruptionbudgets/{budget.name}"
+
+        def counted() -> bool:
+            status = self.side.client.get(path).get("status", {})
+            return bool(status.get("observedGeneration") and status.get("expectedPods") == covered)
+
+        self._wait(counted, 60, f"PDB {budget.name} counted by the disruption controller")
+
+    def _deferred(self, name: str) -> bool:
+        pod = self.side.client.get(f"/api/v1/namespaces/{self.namespace}/pods/{name}")
+        return any(
+            c.get("type") == "PodResizePending" and c.get("reason") == "Deferred"
+            for c in pod.get("status", {}).get("conditions") or []
+        )
+
+    def _kubectl_patch(self, resize: sc.Resize) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                str(self.side.binaries.kubectl),
+                f"--kubeconfig={self.side.kubeconfig}",
+                f"--namespace={self.namespace}",
+                "patch",
+                "pod",
+                resize.pod,
+                "--subresource",
+                "resize",
+                "--patch",
+                _resize_patch(resize.cpu),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    # --- measurement ----------------------------------------------------------------------
+
+    def measure(self) -> Measured:
+        s = self.scenario
+        targets = {r.pod: quantity.milli_value(r.cpu) for r in s.resizes}
+        watcher = PodWatcher(self.side.client, self.namespace, targets).start()
+        cursor = AuditCursor.at_end(self.side.audit_log)
+        wall_start = time.time()
+        returned: dict[str, float] = {}
+        errors: list[str] = []
+
+        def patch(resize: sc.Resize) -> None:
+            result = self._kubectl_patch(resize)
+            returned[resize.pod] = time.monotonic()
+            if result.returncode != 0:
+                errors.append(f"{resize.pod}: {result.stderr.strip()}")
+
+        threads = [threading.Thread(target=patch, args=(r,)) for r in s.resizes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        deadline = time.monotonic() + (ACTUATION_TIMEOUT if s.actuates else OBSERVE_WINDOW)
+        while time.monotonic() < deadline:
+            if len(watcher.snapshot().actuated) == len(targets):
+                break
+            time.sleep(0.05)
+        time.sleep(SETTLE)
+        seen = watcher.stop()
+        wall_end = time.time()
+        requests, breakdown = count_requests(
+            cursor, self.side.user_agent_prefix, wall_start, wall_end
+        )
+        return Measured(
+            victims=sorted(f"{self.namespace}/{name}" for name in seen.deleted),
+            first_eviction_ms=self._per_resize(seen, returned, first_deletion=True),
+            actuated_ms=self._per_resize(seen, returned, first_deletion=False),
+            api_requests=requests,
+            breakdown=breakdown,
+            kubectl_errors=errors,
+        )
+
+    def _per_resize(
+        self, seen: Observations, returned: dict[str, float], *, first_deletion: bool
+    ) -> float | None:
+        """Per resize: ms from kubectl's return to the first deletion on the resizing pod's
+        node (or to its actuation); the median when there are several; None if never."""
+        node_of = {p.name: p.node for p in self.scenario.pods}
+        values: list[float] = []
+        for resize in self.scenario.resizes:
+            if resize.pod not in returned:
+                continue
+            if first_deletion:
+                node = node_of[resize.pod]
+                times = [t for n, t in seen.deleted.items() if node_of.get(n) == node]
+                moment = min(times) if times else None
+            else:
+                moment = seen.actuated.get(resize.pod)
+            if moment is not None:
+                values.append((moment - returned[resize.pod]) * 1000.0)
+        return round(statistics.median(values), 1) if values else None
+
+    def cleanup(self) -> None:
+        try:
+            self.side.client.request(
+                "DELETE",
+                f"/api/v1/namespaces/{self.namespace}/pods",
+                body={"gracePeriodSeconds": 0},
+            )
+        except ApiError as e:
+            self.log(f"  cleanup of {self.namespace} failed: {e}")
+
+    def run(self) -> Measured:
+        self.setup()
+        try:
+            return self.measure()
+        finally:
+            self.cleanup()
+
+
+def _victim_names(measured: Measured, namespace_prefix: str = "") -> list[str]:
+    return [v.split("/", 1)[1] for v in measured.victims]
+
+
+def _combine(runs: list[Measured]) -> Measured:
+    """Victims of the first run (later ones are checked to agree); medians of the rest."""
+
+    def median(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return round(statistics.median(present), 1) if present else None
+
+    first = runs[0]
+    return Measured(
+        victims=first.victims,
+        first_eviction_ms=median([r.first_eviction_ms for r in runs]),
+        actuated_ms=median([r.actuated_ms for r in runs]),
+        api_requests=int(statistics.median([r.api_requests for r in runs])),
+        breakdown=first.breakdown,
+        kubectl_errors=[e for r in runs for e in r.kubectl_errors],
+    )
+
+
+def run_side(
+    side: Side, scenarios: Sequence[sc.Scenario], repeat: int, log: Log = _stderr
+) -> dict[str, Measured]:
+    """Every scenario on a started side (after one unrecorded walkthrough)."""
+    log(f"[{side.name}] warm-up")
+    ScenarioRun(side, sc.walkthrough(), "warmup", log).run()
+    results: dict[str, Measured] = {}
+    for scenario in scenarios:
+        runs: list[Measured] = []
+        times = 1 if not scenario.victim_relevant else repeat
+        for i in range(times):
+            began = time.monotonic()
+            measured = ScenarioRun(side, scenario, f"r{i}", log).run()
+            runs.append(measured)
+            log(
+                f"[{side.name}] {scenario.name} #{i}: victims={_victim_names(measured)} "
+                f"first_eviction={measured.first_eviction_ms} ms "
+                f"actuated={measured.actuated_ms} ms api={measured.api_requests} "
+                f"({time.monotonic() - began:.0f} s)"
+                + (f" kubectl errors: {measured.kubectl_errors}" if measured.kubectl_errors else "")
+            )
+            differing = {tuple(_victim_names(r)) for r in runs}
+            if len(differing) > 1:
+                log(f"[{side.name}] {scenario.name}: victims differ between runs: {differing}")
+        results[scenario.name] = _combine(runs)
+    return results
+
+
+def compare(
+    scenarios: Sequence[sc.Scenario],
+    *,
+    repeat: int = 1,
+    sides: Sequence[str] = SIDES,
+    state_root: Path | None = None,
+    log: Log = _stderr,
+) -> dict[str, dict[str, Measured]]:
+    """side -> scenario -> result, each side on its own control plane, one after the other."""
+    install_signal_handlers()
+    out: dict[str, dict[str, Measured]] = {}
+    for name in sides:
+        state_dir = state_root / name if state_root is not None else None
+        if state_dir is not None:
+            state_dir.mkdir(parents=True, exist_ok=True)
+        began = time.monotonic()
+        log(f"[{name}] starting control plane")
+        with make_side(name, state_dir) as side:
+            out[name] = run_side(side, scenarios, repeat, log)
+        log(f"[{name}] done in {time.monotonic() - began:.0f} s")
+    return out
+
+
+# --- report -------------------------------------------------------------------------------
+
+
+def rows(
+    scenarios: Sequence[sc.Scenario], results: dict[str, dict[str, Measured]]
+) -> list[dict[str, Any]]:
+    return [
+        {"scenario": s.name, **{side: results[side][s.name].as_json() for side in results}}
+        for s in scenarios
+        if all(s.name in results[side] for side in results)
+    ]
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _victims_text(victims: list[str], limit: int = 3) -> str:
+    names = [v.split("/", 1)[1] for v in victims]
+    if len(names) > limit:
+        return f"{len(names)} pods"
+    return ", ".join(names) or "none"
+
+
+def table(data: list[dict[str, Any]]) -> str:
+    header = (
+        "| scenario | victims: ours | victims: upstream | first eviction ms: ours / upstream "
+        "| actuated ms: ours / upstream | API requests: ours / upstream |"
+    )
+    lines = [header, "|---|---|---|---|---|---|"]
+    for row in data:
+        o, u = row["ours"], row["upstream"]
+        lines.append(
+            f"| {row['scenario']} | {_victims_text(o['victims'])} | "
+            f"{_victims_text(u['victims'])} | "
+            f"{_ms(o['first_eviction_ms'])} / {_ms(u['first_eviction_ms'])} | "
+            f"{_ms(o['actuated_ms'])} / {_ms(u['actuated_ms'])} | "
+            f"{o['api_requests']} / {u['api_requests']} |"
+        )
+    return "\n".join(lines)
+
+
+def summary(data: list[dict[str, Any]]) -> str:
+    lines = []
+    for key, label in (("first_eviction_ms", "first eviction"), ("actuated_ms", "actuated")):
+        both = [r for r in data if r["ours"][key] is not None and r["upstream"][key] is not None]
+        if both:
+            ours = statistics.median(r["ours"][key] for r in both)
+            upstream = statistics.median(r["upstream"][key] for r in both)
+            lines.append(
+                f"median time to {label} over the {len(both)} scenarios where both sides "
+                f"have one: ours {ours:.0f} ms, upstream {upstream:.0f} ms"
+            )
+    same = [r["scenario"] for r in data if r["ours"]["victims"] == r["upstream"]["victims"]]
+    differ = [r["scenario"] for r in data if r["ours"]["victims"] != r["upstream"]["victims"]]
+    lines.append(f"same victims: {', '.join(same) or 'none'}")
+    lines.append(f"different victims: {', '.join(differ) or 'none'}")
+    return "\n".join(lines)
+
+
+def breakdowns(scenarios: Sequence[sc.Scenario], results: dict[str, dict[str, Measured]]) -> str:
+    lines = []
+    for s in scenarios:
+        for side in results:
+            if s.name in results[side]:
+                parts = ", ".join(f"{k}: {v}" for k, v in results[side][s.name].breakdown.items())
+                lines.append(f"{s.name} [{side}]: {parts or 'no requests'}")
+    return "\n".join(lines)
+
+
+def _parse_scale(text: str) -> tuple[int, int, int]:
+    try:
+        nodes, pods, concurrent = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected NODESxPODSxCONCURRENT, e.g. 50x30x20") from None
+    return nodes, pods, concurrent
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.compare",
+        description="Resize preemption: this webhook vs kube-scheduler v1.37.2 (KEP-5836).",
+    )
+    parser.add_argument(
+        "--scale",
+        type=_parse_scale,
+        default=(50, 30, 20),
+        metavar="NxPxC",
+        help="nodes x pods per node x concurrent resizes of the big scenario (default 50x30x20)",
+    )
+    parser.add_argument("--no-scale", action="store_true", help="skip the big scenario")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each small scenario")
+    parser.add_argument("--only", nargs="*", default=None, help="scenario names to run")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
+    parser.add_argument("--state-dir", type=Path, default=None, help="keep logs here")
+    args = parser.parse_args(argv)
+    nodes, pods, concurrent = args.scale
+    chosen = sc.all_scenarios(
+        nodes=nodes, pods_per_node=pods, concurrent=concurrent, with_scale=not args.no_scale
+    )
+    if args.only:
+        chosen = [s for s in chosen if s.name in args.only]
+    results = compare(chosen, repeat=args.repeat, state_root=args.state_dir)
+    data = rows(chosen, results)
+    print(table(data))
+    print()
+    print(summary(data))
+    print()
+    print("API requests of the preempting component, by verb and resource (first run):")
+    print(breakdowns(chosen, results))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
