@@ -232,6 +232,10 @@ class LeaseLedger:
             notify=self._on_changes,
             resync_period=self.config.resync_period,
         )
+        if metrics is not None:
+            # Read at every scrape: always the entries as last seen, expired ones left out
+            # even when nobody has written the Lease since they expired.
+            metrics.ledger_entries.set_function(self.live_entry_count)
 
     # -- reads (the Ledger protocol) -----------------------------------------------------
 
@@ -242,6 +246,11 @@ class LeaseLedger:
 
     def all_entries(self) -> tuple[LedgerEntry, ...]:
         return tuple(e for s in self._store.states() for e in s.entries)
+
+    def live_entry_count(self) -> int:
+        """Entries holding a reservation now: seen in the Leases and not yet expired."""
+        now = self._clock()
+        return sum(1 for e in self.all_entries() if e.expires_at > now)
 
     def reachable(self) -> bool:
         """The last request to the API server succeeded, or the Lease watch is healthy."""
