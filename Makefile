@@ -14,6 +14,7 @@ help:
 	@echo "make cluster       start the local control plane and leave it running"
 	@echo "make cluster-down  stop it"
 	@echo "make bench         benchmarks under bench/"
+	@echo "make compare       this webhook vs kube-scheduler v1.37.2 resize preemption (docs/comparison.md)"
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +53,9 @@ demo: venv binaries
 
 bench: venv
 	$(PY) -m bench
+
+compare: venv binaries
+	$(PY) -m bench.compare --repeat 3
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

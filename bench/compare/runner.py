@@ -378,6 +378,7 @@ def compare(
 def rows(
     scenarios: Sequence[sc.Scenario], results: dict[str, dict[str, Measured]]
 ) -> list[dict[str, Any]]:
+    """The JSON rows: ``{"scenario": name, "ours": {...}, "upstream": {...}}``."""
     return [
         {"scenario": s.name, **{side: results[side][s.name].as_json() for side in results}}
         for s in scenarios
@@ -465,6 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-scale", action="store_true", help="skip the big scenario")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each small scenario")
     parser.add_argument("--only", nargs="*", default=None, help="scenario names to run")
+    parser.add_argument("--sides", nargs="*", default=list(SIDES), choices=SIDES)
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     parser.add_argument("--state-dir", type=Path, default=None, help="keep logs here")
     args = parser.parse_args(argv)
@@ -474,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.only:
         chosen = [s for s in chosen if s.name in args.only]
-    results = compare(chosen, repeat=args.repeat, state_root=args.state_dir)
+    results = compare(chosen, repeat=args.repeat, sides=args.sides, state_root=args.state_dir)
     data = rows(chosen, results)
     print(table(data))
     print()
