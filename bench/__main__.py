@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "plan": "bench.plan_bench",
     "cache": "bench.cache_bench",
     "review": "bench.review_bench",
+    "faults": "bench.faults",
 }
 
 

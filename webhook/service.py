@@ -4,6 +4,7 @@ start after the fork)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -38,32 +39,53 @@ RECONCILE_DEBOUNCE = 0.05
 #: Reason of the event the reconciler leaves on a pod whose deferred resize it judged.
 DEFERRED_REASON = "DeferredResizePreemption"
 
-#: Fault injection for restart-safety tests, off unless set: ``RPW_FAULT=<point>:<n>``
-#: makes the process SIGKILL itself the n-th time it reaches ``point``. Points:
-#: ``admitted`` (an entry was just recorded, before the answer or the worker's turn),
-#: ``evicted`` (an eviction call returned, before the victim is marked handled),
+#: Fault injection for restart-safety tests, off unless set. ``RPW_FAULT=<point>:<n>``
+#: makes the process SIGKILL itself the n-th time it reaches ``point``;
+#: ``RPW_FAULT_FILE=<path>`` (``{identity}`` is replaced) reads the same ``<point>:<n>``
+#: from a file whenever a point is reached, so a test can arm a running process (the file
+#: is removed before the kill). Points: ``admitted`` (an entry was just recorded, before
+#: the answer or the worker's turn), ``evicted`` (an eviction call returned, before the
+#: victim is marked handled), ``ledger-before`` (a ledger write is about to be sent) and
 #: ``ledger-write`` (a ledger write returned, before its caller goes on).
 FAULT_ENV = "RPW_FAULT"
+FAULT_FILE_ENV = "RPW_FAULT_FILE"
 
 
 class _Fault:
-    """Counts arrivals at named points; kills the process at the configured one."""
+    """Counts arrivals at named points; kills the process at the armed one."""
 
-    def __init__(self, spec: str) -> None:
-        point, _, count = spec.partition(":")
-        self.point = point.strip()
-        self.remaining = int(count or "1")
+    def __init__(self, spec: str = "", path: str = "") -> None:
+        self.spec = spec
+        self.path = path
+        self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
 
+    def _armed(self) -> str:
+        if self.spec:
+            return self.spec
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
     def reached(self, point: str) -> None:
-        if point != self.point:
+        armed = self._armed()
+        target, _, count = armed.partition(":")
+        if target.strip() != point:
             return
         with self._lock:
-            self.remaining -= 1
-            if self.remaining > 0:
+            # Counted per arming: a new file content starts again from zero.
+            self._counts[armed] = seen = self._counts.get(armed, 0) + 1
+            if seen < int(count or "1"):
                 return
-        log.warning("fault injection: killing the process at %s", point)
-        os.kill(os.getpid(), signal.SIGKILL)
+            if self.path:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
+        log.warning("fault injection: killing the process group at %s", point)
+        # The whole group, gunicorn's master included: a dead pod, not a worker the
+        # master would fork again.
+        os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 class _FaultLedger:
@@ -94,7 +116,13 @@ class _FaultLedger:
             wrote = new is not None
             return new, result
 
-        result: R = self._ledger.update(node, counted)
+        def before(entries: tuple[LedgerEntry, ...]) -> Any:
+            new, result = counted(entries)
+            if new is not None:
+                self._fault.reached("ledger-before")
+            return new, result
+
+        result: R = self._ledger.update(node, before)
         if wrote:
             self._fault.reached("ledger-write")
         return result
@@ -199,9 +227,10 @@ def build(config: Config, kubeconfig: str | None) -> Callable[[Any], WorkerApp]:
         )
         ledger: Any = lease_ledger
         fault_spec = os.environ.get(FAULT_ENV, "")
-        fault = _Fault(fault_spec) if fault_spec else None
+        fault_file = os.environ.get(FAULT_FILE_ENV, "").replace("{identity}", identity)
+        fault = _Fault(fault_spec, fault_file) if fault_spec or fault_file else None
         if fault is not None:
-            log.warning("fault injection armed: %s", fault_spec)
+            log.warning("fault injection on: %s", fault_spec or fault_file)
             ledger = _FaultLedger(lease_ledger, fault)
             evictor = _FaultEvictor(evictor, fault)
 
