@@ -187,8 +187,9 @@ def clear_ledger(cluster: Cluster, node: str = NODE) -> None:
 # -- what the processes wrote --------------------------------------------------------------
 
 
-def decision_lines(log: Path, namespace: str) -> list[dict[str, Any]]:
-    """The service's JSON decision-log lines about pods of ``namespace``."""
+def decision_lines(log: Path, namespace: str, endpoint: str = "validate") -> list[dict[str, Any]]:
+    """The service's JSON decision-log lines of ``endpoint`` (``validate``, ``mutate``,
+    ``reconcile``) about pods of ``namespace``."""
     found = []
     for line in log.read_text(errors="replace").splitlines():
         if not line.startswith("{"):
@@ -197,7 +198,11 @@ def decision_lines(log: Path, namespace: str) -> list[dict[str, Any]]:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and str(record.get("pod", "")).startswith(f"{namespace}/"):
+        if (
+            isinstance(record, dict)
+            and record.get("endpoint") == endpoint
+            and str(record.get("pod", "")).startswith(f"{namespace}/")
+        ):
             found.append(record)
     return found
 
