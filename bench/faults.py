@@ -471,7 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         RESULTS.write_text(
             json.dumps(
                 {
-                    "command": f"python -m bench faults --runs {runs} --seed {seed}",
+                    "command": f"python -m bench.faults --runs {runs} --seed {seed}",
                     "summary": summary,
                     "runs": [asdict(r) for r in results],
                 },
