@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import urllib3
+
 from bench.compare import scenarios as sc
 from bench.compare.measure import AuditCursor, Observations, PodWatcher, count_requests
 from bench.compare.sides import SIDES, Side, make_side
@@ -287,8 +289,9 @@ class ScenarioRun:
                 "DELETE",
                 f"/api/v1/namespaces/{self.namespace}/pods",
                 body={"gracePeriodSeconds": 0},
+                timeout=300,  # a collection of 1500 pods takes a while on two cores
             )
-        except ApiError as e:
+        except (ApiError, OSError, urllib3.exceptions.HTTPError) as e:
             self.log(f"  cleanup of {self.namespace} failed: {e}")
 
     def run(self) -> Measured:

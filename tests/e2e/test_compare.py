@@ -1,0 +1,93 @@
+"""This webhook vs kube-scheduler v1.37.2 (KEP-5836): the victims of every small scenario.
+
+Runs ``bench.compare``'s victim scenarios once on each side - ``ours`` (webhook registered,
+alpha gate off) and ``upstream`` (``InPlacePodVerticalScalingSchedulerPreemption=true`` on
+every component, no webhook) - each on its own local control plane, then asserts:
+
+* where upstream does not over-preempt, both sides pick exactly the same victims;
+* where it does (a neighbour's pending, unallocated resize counted at its desired size),
+  we pick strictly fewer, and enough: our resize is actuated too;
+* the one deliberate policy difference: a candidate whose eviction a PodDisruptionBudget
+  forbids is deleted by the scheduler (plain DELETE) and left alone by us (Eviction API,
+  ``pdb-mode: respect``).
+
+Both sides are started once for the module (about two minutes in all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from bench.compare import scenarios as sc
+from bench.compare.runner import Measured, compare
+
+pytestmark = pytest.mark.e2e
+
+SCENARIOS = {s.name: s for s in sc.victim_scenarios() if s.victim_relevant}
+#: Where upstream over-preempts (KEP-5836 "Risk of Additional Preemption").
+OVER_PREEMPTED = {"pending-neighbour"}
+#: Where our default PDB handling differs on purpose.
+PDB_BLOCKED = {"pdb-only-candidate"}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Measured]]]:
+    root = tmp_path_factory.mktemp("compare")
+    yield compare(list(SCENARIOS.values()), repeat=1, state_root=root)
+
+
+def names(measured: Measured) -> set[str]:
+    return {v.split("/", 1)[1] for v in measured.victims}
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_victims_as_expected_on_both_sides(
+    results: dict[str, dict[str, Measured]], scenario: str
+) -> None:
+    expected = SCENARIOS[scenario].expected
+    assert expected is not None
+    for side in ("ours", "upstream"):
+        measured = results[side][scenario]
+        assert not measured.kubectl_errors, measured.kubectl_errors
+        assert names(measured) == set(expected[side]), f"{side} {scenario}"
+
+
+@pytest.mark.parametrize("scenario", sorted(set(SCENARIOS) - OVER_PREEMPTED - PDB_BLOCKED))
+def test_same_victims_where_upstream_does_not_over_preempt(
+    results: dict[str, dict[str, Measured]], scenario: str
+) -> None:
+    assert names(results["ours"][scenario]) == names(results["upstream"][scenario])
+
+
+@pytest.mark.parametrize("scenario", sorted(OVER_PREEMPTED))
+def test_strictly_fewer_victims_where_upstream_over_preempts(
+    results: dict[str, dict[str, Measured]], scenario: str
+) -> None:
+    ours, upstream = results["ours"][scenario], results["upstream"][scenario]
+    assert names(ours) < names(upstream)
+    # Fewer, and still enough: both resizes were actuated.
+    assert ours.actuated_ms is not None
+    assert upstream.actuated_ms is not None
+
+
+@pytest.mark.parametrize("scenario", sorted(PDB_BLOCKED))
+def test_pdb_protected_only_candidate(
+    results: dict[str, dict[str, Measured]], scenario: str
+) -> None:
+    ours, upstream = results["ours"][scenario], results["upstream"][scenario]
+    assert names(ours) == set()
+    assert ours.actuated_ms is None  # stays Deferred: no victim may go
+    assert names(upstream) == {"guarded"}  # deleted although its PDB allows no disruption
+    assert upstream.actuated_ms is not None
+
+
+def test_each_side_did_the_preempting_itself(results: dict[str, dict[str, Measured]]) -> None:
+    """Victims went the way each component removes pods: we evict (``pods/eviction``);
+    kube-scheduler patches the DisruptionTarget condition and DELETEs."""
+    for scenario in SCENARIOS:
+        ours, upstream = results["ours"][scenario], results["upstream"][scenario]
+        assert ours.breakdown.get("create pods/eviction", 0) == len(ours.victims), scenario
+        assert upstream.breakdown.get("delete pods", 0) == len(upstream.victims), scenario
+        assert upstream.breakdown.get("patch pods/status", 0) == len(upstream.victims), scenario
