@@ -216,17 +216,25 @@ def test_an_infeasible_resize_evicts_nobody_and_says_why(
     assert [] == events(kubectl, "low-priority-pod", "Preempted")
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        pytest.param((), id="patch"),
+        pytest.param(("--dry-run=server",), id="server-dry-run"),
+    ],
+)
 def test_deny_infeasible_mode_refuses_the_resize_with_the_reason(
     cluster: Cluster,
     namespace: str,
     kubectl: Kubectl,
     priority_classes: dict[str, str],
     start_service: StartService,
+    flags: tuple[str, ...],
 ) -> None:
     start_service("--mode", "deny-infeasible")
     crowded(kubectl, priority_classes)
 
-    result = resize(kubectl, "high-priority-pod", "5")
+    result = resize(kubectl, "high-priority-pod", "5", *flags)
 
     assert 0 != result.returncode
     assert f"resize-preemption: {INFEASIBLE}" in result.stderr

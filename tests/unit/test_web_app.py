@@ -213,8 +213,15 @@ DECISIONS = {
         0,
         status={"code": 403, "reason": "Forbidden"},
     ),
-    "deny-infeasible-dry-run-allows": Case(
-        "deny-infeasible", "7", True, True, INFEASIBLE_WARNING, 0, crowded=True
+    "deny-infeasible-dry-run-denies-like-the-real-request": Case(
+        "deny-infeasible",
+        "7",
+        True,
+        False,
+        INFEASIBLE_WARNING,
+        0,
+        status={"code": 403, "reason": "Forbidden"},
+        crowded=True,
     ),
     "deny-infeasible-feasible-allows": Case(
         "deny-infeasible", "6", False, True, WALKTHROUGH_WARNING, 1

@@ -284,7 +284,9 @@ class AdmissionEngine:
 
     def _verdict(self, uid: str, plan: Plan, *, reserved: bool, acting: bool) -> Decision:
         warnings = warnings_for(plan, enforcing=acting)
-        denied = acting and self.config.mode == "deny-infeasible" and plan.verdict == "infeasible"
+        # A dry run only skips the side effects: it gets the answer the real request would
+        # get, denial included (``kubectl patch --dry-run=server`` is how people ask).
+        denied = self.config.mode == "deny-infeasible" and plan.verdict == "infeasible"
         return Decision(
             uid,
             allowed=not denied,
