@@ -275,17 +275,27 @@ def test_deny_infeasible_mode_still_preempts_for_a_resize_that_can_fit(
 # -- 3. dry run --------------------------------------------------------------------------------
 
 
-def test_a_server_side_dry_run_evicts_nobody_and_reserves_nothing(
+@pytest.mark.parametrize(
+    ("serve_flags", "patch_flags", "stored_cpu"),
+    [
+        pytest.param((), ("--dry-run=server",), "4", id="server-dry-run"),
+        pytest.param(("--mode", "warn"), (), "6", id="warn-mode"),
+    ],
+)
+def test_a_resize_only_told_about_preemption_evicts_nobody_and_reserves_nothing(
     cluster: Cluster,
     namespace: str,
     kubectl: Kubectl,
     priority_classes: dict[str, str],
     start_service: StartService,
+    serve_flags: tuple[str, ...],
+    patch_flags: tuple[str, ...],
+    stored_cpu: str,
 ) -> None:
-    start_service()
+    start_service(*serve_flags)
     walkthrough(kubectl, priority_classes)
 
-    result = resize(kubectl, "high-priority-pod", "6", "--dry-run=server")
+    result = resize(kubectl, "high-priority-pod", "6", *patch_flags)
 
     assert 0 == result.returncode, result.stderr
     assert [
@@ -296,13 +306,13 @@ def test_a_server_side_dry_run_evicts_nobody_and_reserves_nothing(
     # The ledger write is part of answering the review: had there been one, it is stored.
     assert [] == entries_of(ledger_entries(cluster), namespace)
     [decision] = decision_lines(service_log(cluster), namespace)
-    assert (True, False, "preempt") == (
+    assert (bool(patch_flags), False, "preempt") == (
         decision["dryRun"],
         decision["reserved"],
         decision["verdict"],
     )
     high = read_pod(cluster, namespace, "high-priority-pod")
-    assert high is not None and "4" == spec_cpu(high)
+    assert high is not None and stored_cpu == spec_cpu(high)
     low = read_pod(cluster, namespace, "low-priority-pod")
     assert low is not None and not terminating(low)
     assert [] == events(kubectl, "low-priority-pod", "Preempted")
