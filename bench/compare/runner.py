@@ -26,6 +26,7 @@ first-use costs of both components).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -138,7 +139,7 @@ class ScenarioRun:
         for resize in s.pending:
             self._kubectl_patch(resize)
             self._wait(
-                lambda r=resize: self._deferred(r.pod),
+                functools.partial(self._deferred, resize.pod),
                 60,
                 f"{resize.pod}'s resize to be Deferred",
             )
