@@ -147,3 +147,21 @@ def test_validating_endpoint_never_patches_an_annotated_pod() -> None:
 
     assert "patch" not in answer and "patchType" not in answer
     assert answer["warnings"][0].startswith("cannot fit on node-1")
+
+
+def test_warn_mode_tells_what_the_reduction_would_be_and_patches_nothing() -> None:
+    objects = fit_to_node_objects(annotated=True)
+    app = create_app(
+        Config().with_mode("warn"),
+        cluster=StaticClusterView.from_objects(objects),
+        ledger=InMemoryLedger(),
+    )
+    high = objects[-1]
+
+    answer = post(app, "/mutate-resize", review(high, resized(high, "7"), uid="m-warn"))
+
+    assert answer["allowed"] is True
+    assert "patch" not in answer
+    assert answer["warnings"] == [
+        "resize-preemption: resize would be reduced to fit node-1: app cpu 7 -> 6"
+    ]

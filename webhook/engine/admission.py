@@ -332,6 +332,10 @@ class AdmissionEngine:
         reduced, plan = fitted
         assert new_obj is not None
         patch, changes = _resources_patch(new_obj, scene.new, reduced)
+        if self.config.mode == "warn":
+            # Trial rollouts tell and never change anything, not even the request.
+            message = f"resize would be reduced to fit {scene.node.name}: " + ", ".join(changes)
+            return Decision(uid, verdict="unchanged", plan=plan, warnings=(PREFIX + message,))
         message = f"resize reduced to fit {scene.node.name}: " + ", ".join(changes)
         return Decision(
             uid, verdict="reduced", plan=plan, warnings=(PREFIX + message,), patch=patch
