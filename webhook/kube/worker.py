@@ -184,7 +184,9 @@ class PreemptionWorker:
         self._wake.set()
         with self._lock:
             thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
+        if thread is None:
+            return  # not running (stopping is idempotent: leadership loss, then exit)
+        if thread is not threading.current_thread():
             thread.join(timeout)
         log.info("preemption worker stopped")
 
