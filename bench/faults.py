@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.harness.audit import eviction_codes
 from tests.harness.kubeapi import ApiError, KubeClient
 from tests.harness.replicas import Replica, ReplicaSet, start_replicas
 
@@ -190,12 +191,9 @@ class FaultRig:
         return str((lease.get("spec") or {}).get("holderIdentity") or "")
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            obj: dict[str, Any] = self.client.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
-        except ApiError as e:
-            if e.status == 404:
-                return None
-            raise
+        obj: dict[str, Any] | None = self.client.get_or_none(
+            f"/api/v1/namespaces/{namespace}/pods/{name}"
+        )
         return obj
 
     def ledger_holds(self, pod_uid: str) -> bool:
@@ -209,20 +207,8 @@ class FaultRig:
         return False
 
     def eviction_calls(self, namespace: str) -> Counter[str]:
-        calls: Counter[str] = Counter()
-        for line in self.audit_log.read_text().splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            ref = event.get("objectRef") or {}
-            if (
-                ref.get("subresource") == "eviction"
-                and ref.get("namespace") == namespace
-                and event.get("stage") == "ResponseComplete"
-            ):
-                calls[str(ref.get("name"))] += 1
-        return calls
+        codes = eviction_codes(self.audit_log, namespace)
+        return Counter({name: len(answers) for name, answers in codes.items()})
 
     def preempted_events(self, namespace: str) -> Counter[str]:
         items = self.client.get(f"/api/v1/namespaces/{namespace}/events")["items"]

@@ -103,12 +103,9 @@ def as_warning(text: str) -> str:
 
 
 def read_pod(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        pod: dict[str, Any] = cluster.client.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
-    except ApiError as e:
-        if e.status == 404:
-            return None
-        raise
+    pod: dict[str, Any] | None = cluster.client.get_or_none(
+        f"/api/v1/namespaces/{namespace}/pods/{name}"
+    )
     return pod
 
 

@@ -12,7 +12,6 @@ import secrets
 import signal
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +25,7 @@ from tests.e2e.service_support import (
     resize_pending,
     run_pods,
 )
+from tests.harness.audit import eviction_codes
 from tests.harness.kubeapi import ApiError
 from tests.harness.replicas import ReplicaSet, start_replicas
 from tests.harness.webhook_process import unregister
@@ -87,22 +87,7 @@ def events(kubectl: Kubectl, name: str, reason: str) -> list[dict[str, Any]]:
 
 def evictions(cluster: Cluster, namespace: str) -> dict[str, list[int]]:
     """Eviction requests per pod name from the API server's audit log: response codes."""
-    out: dict[str, list[int]] = {}
-    path: Path = cluster.control_plane.log_dir / "audit.log"
-    for line in path.read_text().splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        ref = event.get("objectRef") or {}
-        if (
-            ref.get("subresource") == "eviction"
-            and ref.get("namespace") == namespace
-            and event.get("stage") == "ResponseComplete"
-        ):
-            code = (event.get("responseStatus") or {}).get("code", 0)
-            out.setdefault(ref.get("name", ""), []).append(int(code))
-    return out
+    return eviction_codes(cluster.control_plane.log_dir / "audit.log", namespace)
 
 
 def resized_once_low_is_gone(

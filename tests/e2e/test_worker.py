@@ -18,7 +18,6 @@ import pytest
 from kubernetes import client as k8s
 
 from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
-from tests.harness.kubeapi import ApiError
 from webhook.core.resize import apply_resize
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
@@ -109,13 +108,10 @@ def resize_patch(cpu: str) -> dict[str, Any]:
 
 
 def get(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        result: dict[str, Any] = cluster.client.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
-    except ApiError as e:
-        if e.status == 404:
-            return None
-        raise
-    return result
+    pod: dict[str, Any] | None = cluster.client.get_or_none(
+        f"/api/v1/namespaces/{namespace}/pods/{name}"
+    )
+    return pod
 
 
 def actual_cpu(p: dict[str, Any] | None) -> str | None:

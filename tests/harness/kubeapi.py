@@ -150,6 +150,15 @@ class KubeClient:
     def get(self, path: str, **query: Any) -> Any:
         return self.request("GET", path, query=query or None)
 
+    def get_or_none(self, path: str) -> Any:
+        """Like :meth:`get`, but None when the object does not exist (404)."""
+        try:
+            return self.get(path)
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
     def create(self, path: str, body: Any) -> Any:
         return self.request("POST", path, body=body)
 

@@ -20,7 +20,6 @@ import os
 import selectors
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -123,7 +122,11 @@ class Replica:
     port: int
     metrics_port: int
     log_path: Path
-    launch_args: dict[str, object]
+    kubeconfig: Path
+    cert_dir: Path
+    ca_pem: bytes
+    namespace: str
+    extra_args: Sequence[str] = ()
     process: ManagedProcess | None = None
 
     @property
@@ -137,11 +140,16 @@ class Replica:
         """Start the process (again) on the same ports; waits for ``/readyz``."""
         if self.running():
             return
-        self.process = launch(  # type: ignore[arg-type]
+        self.process = launch(
+            self.kubeconfig,
+            self.cert_dir,
+            self.log_path,
             port=self.port,
             metrics_port=self.metrics_port,
+            ca_pem=self.ca_pem,
+            namespace=self.namespace,
+            extra_args=[*self.extra_args, "--identity", self.identity],
             name=self.identity,
-            **self.launch_args,
         )
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
@@ -203,15 +211,11 @@ def start_replicas(
             port=free_port(),
             metrics_port=free_port(),
             log_path=state_dir / "logs" / f"replica-{index}.log",
-            launch_args={
-                "kubeconfig": kubeconfig,
-                "cert_dir": cert_dir,
-                "log_path": state_dir / "logs" / f"replica-{index}.log",
-                "ca_pem": ca_pem,
-                "namespace": namespace,
-                "command": (sys.executable, "-m", "webhook", "serve"),
-                "extra_args": [*extra_args, "--identity", f"replica-{index}"],
-            },
+            kubeconfig=kubeconfig,
+            cert_dir=cert_dir,
+            ca_pem=ca_pem,
+            namespace=namespace,
+            extra_args=tuple(extra_args),
         )
         replicas.append(replica)
     front = RoundRobinFront([r.port for r in replicas]).start()
