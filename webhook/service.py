@@ -135,8 +135,10 @@ class _FaultEvictor:
         self._evictor = evictor
         self._fault = fault
 
-    def evict(self, victim: PodRef, preemptor: PodRef, node: str) -> EvictionResult:
-        result = self._evictor.evict(victim, preemptor, node)
+    def evict(
+        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
+    ) -> EvictionResult:
+        result = self._evictor.evict(victim, preemptor, node, seen_live=seen_live)
         self._fault.reached("evicted")
         return result
 

@@ -167,6 +167,27 @@ def test_evict_removes_the_victim_and_records_a_preempted_event(
     assert recorder.failures == 0
 
 
+def test_a_victim_the_caller_saw_live_is_evicted_on_the_uid_precondition_alone(
+    cluster: Cluster,
+    namespace: str,
+    api_client: k8s.ApiClient,
+    recorder: EventRecorder,
+    metrics: Metrics,
+    wait_until: Waiter,
+) -> None:
+    victim = create_pod(cluster, namespace, pod_body("low-priority-pod"))
+    preemptor = create_pod(cluster, namespace, pod_body("high-priority-pod"))
+    wait_until(lambda: running(cluster, victim), what="the victim to run")
+
+    result = make_evictor(api_client, recorder, metrics).evict(
+        victim, preemptor, NODE, seen_live=True
+    )
+
+    assert EvictionResult.EVICTED is result
+    wait_until(lambda: read_pod(cluster, victim) is None, what="the victim to be removed")
+    assert 1 == count(metrics, "evicted")
+
+
 def test_the_resizing_pod_gets_one_event_naming_its_victims(
     cluster: Cluster,
     namespace: str,
@@ -312,7 +333,8 @@ def test_a_new_pod_with_the_victims_name_is_never_touched(
     # And in the race the GET cannot see (the pod replaced between the read and the
     # write): the uid precondition of the write itself refuses.
     if method == "evict":
-        raced = evictor._evict_api(old, {"preconditions": {"uid": old.uid}})
+        # The worker's way: the victim was seen live in a (stale) cache, no read first.
+        raced = evictor.evict(old, preemptor, NODE, seen_live=True)
     else:
         stale = {"metadata": {"uid": old.uid}, "status": {}}
         raced = evictor._delete(old, stale, {"preconditions": {"uid": old.uid}})

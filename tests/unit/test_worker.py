@@ -11,6 +11,7 @@ import pytest
 
 from tests.unit.test_worker_logic import (
     ADMITTED,
+    HIGH_5,
     HIGH_BEFORE,
     HIGH_RESIZED,
     LOW,
@@ -20,8 +21,9 @@ from tests.unit.test_worker_logic import (
     NODE,
     entry,
     pod,
+    ref,
 )
-from webhook.core.model import Pod, PodRef
+from webhook.core.model import Node, Pod, PodRef
 from webhook.engine.config import Config
 from webhook.engine.ledger import InMemoryLedger, LedgerEntry
 from webhook.engine.metrics import Metrics
@@ -48,12 +50,16 @@ class FakeEvictor:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, str]] = []
+        self.seen_live: list[bool] = []
         self.results: dict[str, EvictionResult] = {}
         self.on_evict: Callable[[PodRef], None] | None = None
         self.called = threading.Event()
 
-    def evict(self, victim: PodRef, preemptor: PodRef, node: str) -> EvictionResult:
+    def evict(
+        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
+    ) -> EvictionResult:
         self.calls.append((victim.name, preemptor.name, node))
+        self.seen_live.append(seen_live)
         self.called.set()
         if self.on_evict is not None:
             self.on_evict(victim)
@@ -333,6 +339,95 @@ def test_the_thread_wakes_works_and_stops(
     while time.monotonic() < deadline and not only(ledger).handled:
         time.sleep(0.01)
     assert only(ledger).handled == {"uid-low"}
+
+
+def test_the_first_eviction_waits_for_no_ledger_write_and_its_mark_carries_the_rest(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    add(ledger, entry("low"))  # admitted, not yet marked persisted
+    written_before = ledger.writes
+    at_eviction: list[tuple[int, bool]] = []
+    evictor.on_evict = lambda _: at_eviction.append(
+        (ledger.writes - written_before, only(ledger).persisted)
+    )
+    worker = make_worker(Cluster(HIGH_RESIZED, LOW, MID), ledger, evictor, clock)
+
+    worker.run_once()
+
+    assert [(0, False)] == at_eviction
+    assert 1 == ledger.writes - written_before
+    assert only(ledger).persisted
+    assert {"uid-low"} == only(ledger).handled
+    # The worker had just seen the victim live in its cache, and says so.
+    assert [True] == evictor.seen_live
+
+
+def test_bookkeeping_is_written_even_when_the_eviction_is_refused(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    add(ledger, entry("low"))
+    evictor.results["low"] = EvictionResult.BLOCKED_BY_PDB
+    worker = make_worker(Cluster(HIGH_RESIZED, LOW, MID), ledger, evictor, clock)
+
+    worker.run_once()
+
+    assert only(ledger).persisted
+    assert frozenset() == only(ledger).handled
+
+
+def test_victims_no_longer_needed_leave_the_claim_before_anyone_is_evicted(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    # "high" grows by 3 and was admitted with two 2-CPU victims, but 1 CPU is free now:
+    # low-b alone makes room, and low-a must stop counting as freeing before it goes.
+    add(ledger, entry("low-b", "low-a", desired_cpu=5000, persisted=True))
+    claimed_at_eviction: list[tuple[str, ...]] = []
+    evictor.on_evict = lambda _: claimed_at_eviction.append(
+        tuple(v.name for v in only(ledger).victims)
+    )
+    worker = make_worker(Cluster(HIGH_5, LOW_A, LOW_B, MID), ledger, evictor, clock)
+
+    worker.run_once()
+
+    assert [("low-b",)] == claimed_at_eviction
+    assert [("low-b", "high", "node-1")] == evictor.calls
+
+
+NODE_2 = Node(name="node-2", allocatable=NODE.allocatable)
+
+
+def test_nodes_are_worked_on_side_by_side(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    # Two walkthroughs on two nodes: each eviction waits until the other one started,
+    # which only works when the two nodes are worked on at the same time.
+    on_two = (
+        pod("high-2", cpu="6", allocated="2", priority=1000, node="node-2"),
+        pod("low-2", cpu="4", node="node-2"),
+        pod("mid-2", cpu="1", priority=2000, node="node-2"),
+    )
+    view = StaticClusterView([NODE, NODE_2], (HIGH_RESIZED, LOW, MID, *on_two))
+    second = replace(
+        entry("low-2", pod_name="high-2", review="review-2"),
+        node="node-2",
+        victims=(ref("low-2"),),
+    )
+    add(ledger, entry("low"), second)
+    together = threading.Barrier(2, timeout=5)
+    evictor.on_evict = lambda _: together.wait()
+    metrics = Metrics()
+    worker = make_worker(Cluster(), ledger, evictor, clock, metrics=metrics)
+    worker.cluster = view
+
+    worker.run_once()
+
+    assert {("low", "high", "node-1"), ("low-2", "high-2", "node-2")} == set(evictor.calls)
+    assert not together.broken
+    assert None is metrics.registry.get_sample_value("rpw_errors_total", {"where": "worker"})
+    assert {"node-1": {"uid-low"}, "node-2": {"uid-low-2"}} == {
+        e.node: set(e.handled) for e in ledger.all_entries()
+    }
+    worker.stop()
 
 
 def test_ledger_changes_are_pure_and_report_presence() -> None:

@@ -23,7 +23,14 @@ grace period applies.
 Contract - idempotent, safe to call again after a crash or by another replica:
 
 * the victim is read first; NotFound or another uid -> ``gone``; ``deletionTimestamp``
-  set -> ``skipped-terminating`` (upstream skips those too). No API write in either case;
+  set -> ``skipped-terminating`` (upstream skips those too). No API write in either case.
+  A caller that has just seen the victim live with this uid in its watch-fed cache may
+  say so (``seen_live``): for the ``evict`` method without a grace-period cap nothing
+  else is needed from the pod, so the read is skipped and the uid precondition alone
+  guards the eviction (upstream's executor likewise acts on its cached pod). The cache
+  is a watch delay behind; the preemption worker never evicts a victim it marked
+  handled, and a new leader starts only after the old one's lease ran out, seconds after
+  its last eviction reached the watch;
 * NotFound (or a uid precondition conflict) at any later step -> ``gone``;
 * ``evicted``/``deleted`` are followed by the upstream ``Preempted`` event on the victim;
 * every outcome is counted in ``rpw_preemptions{result=...}``; nothing is raised: API
@@ -139,11 +146,13 @@ class Evictor:
 
     # -- the one public call ----------------------------------------------------------------
 
-    def evict(self, victim: PodRef, preemptor: PodRef, node: str) -> EvictionResult:
+    def evict(
+        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
+    ) -> EvictionResult:
         """Remove ``victim`` to make room for ``preemptor`` on ``node``; see the module
-        docstring for the contract. Never raises."""
+        docstring for the contract (and for ``seen_live``). Never raises."""
         try:
-            result = self._evict(victim, preemptor)
+            result = self._evict(victim, preemptor, seen_live=seen_live)
         except ClusterError as e:
             log.warning("could not preempt %s for %s: %s", victim.key, preemptor.key, e)
             result = EvictionResult.FAILED
@@ -161,7 +170,10 @@ class Evictor:
 
     # -- steps ------------------------------------------------------------------------------
 
-    def _evict(self, victim: PodRef, preemptor: PodRef) -> EvictionResult:
+    def _evict(self, victim: PodRef, preemptor: PodRef, *, seen_live: bool) -> EvictionResult:
+        if seen_live and victim.uid and self.method == "evict" and self.grace_period_cap is None:
+            # 1'. The caller's cache vouches for the victim; the API server checks the uid.
+            return self._evict_api(victim, {"preconditions": {"uid": victim.uid}})
         # 1. Read the victim: gone, replaced or already leaving means nothing to do.
         try:
             pod = request_json(self._api_client, "GET", _pod_path(victim), timeout=self._timeout)

@@ -3,14 +3,15 @@
 The admission path writes a ledger entry per admitted resize (its reservation and its
 plan) and answers at once; this worker does the slow part. It wakes on :meth:`wake` (the
 cache's change notifications and the admission path poke it) or every ``interval``
-seconds, and walks every entry, node by node, oldest admission first. For each it asks
+seconds, and walks every entry: up to ``NODE_PARALLELISM`` nodes side by side, each
+node's entries one after another, oldest admission first. For each it asks
 :func:`webhook.engine.worker_logic.next_action` what to do and does it:
 
 1. ``Release`` - remove the entry (its room is no longer held); evict nobody;
 2. ``Wait`` - write pending bookkeeping (persisted flag, victims found gone), nothing more;
-3. ``Act`` - write the bookkeeping first (persisted, settled victims, victims no longer
-   needed), then evict the listed victims in order; each is marked handled in the ledger
-   right after it is done. ``blocked-by-pdb`` or ``failed`` stops the entry's turn and it
+3. ``Act`` - take victims no longer needed off the claim first, then evict the listed
+   victims in order; each is marked handled in the ledger right after it is done (the
+   first mark also carries the rest of the bookkeeping: persisted, victims found gone). ``blocked-by-pdb`` or ``failed`` stops the entry's turn and it
    is retried later with exponential backoff, or at once when a PodDisruptionBudget
    changes (it may allow the eviction now).
 
@@ -42,6 +43,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -57,13 +59,20 @@ from webhook.kube.evictor import EvictionResult
 
 log = logging.getLogger(__name__)
 
+#: Nodes whose admitted resizes one pass works on side by side. Each is a chain of API
+#: calls (eviction, ledger write) that mostly waits on the API server; a burst of resizes
+#: across many nodes then takes about as long as its busiest node, not the sum of all.
+NODE_PARALLELISM = 8
+
 EntryChange = tuple[tuple[LedgerEntry, ...] | None, bool]
 
 
 class VictimEvictor(Protocol):
     """What the worker needs from :class:`webhook.kube.evictor.Evictor`."""
 
-    def evict(self, victim: PodRef, preemptor: PodRef, node: str) -> EvictionResult: ...
+    def evict(
+        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
+    ) -> EvictionResult: ...
 
 
 @dataclass(slots=True)
@@ -136,8 +145,12 @@ class PreemptionWorker:
         backoff_cap: float = 30.0,
         rng: Callable[[], float] = random.random,
         may_act: Callable[[], bool] | None = None,
+        parallelism: int = NODE_PARALLELISM,
     ) -> None:
         self.cluster = cluster
+        #: Nodes worked on at once in a pass (each node's entries one after another).
+        self.parallelism = parallelism
+        self._pool: ThreadPoolExecutor | None = None
         #: Checked before every eviction: a replica that lost its leadership (and whose
         #: worker has not stopped yet) must not act beside the new leader.
         self.may_act = may_act
@@ -188,6 +201,11 @@ class PreemptionWorker:
             return  # not running (stopping is idempotent: leadership loss, then exit)
         if thread is not threading.current_thread():
             thread.join(timeout)
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            # Its threads finish the victim in progress (they see the stop flag) and end.
+            pool.shutdown(wait=False)
         log.info("preemption worker stopped")
 
     @property
@@ -231,23 +249,50 @@ class PreemptionWorker:
         for entry in self.ledger.all_entries():
             groups[entry.node].append(entry)
         self.metrics.ledger_entries.set(sum(len(g) for g in groups.values()))
-        live = set()
-        for node in sorted(groups, key=lambda n: min(e.admitted_at for e in groups[n])):
-            for entry in sorted(groups[node], key=lambda e: (e.admitted_at, e.review_uid)):
+        live = {e.review_uid for g in groups.values() for e in g}
+        nodes = sorted(groups, key=lambda n: min(e.admitted_at for e in groups[n]))
+        if len(nodes) == 1 or self.parallelism <= 1:
+            for node in nodes:
+                self._process_node(groups[node], stop)
+        else:
+            # Nodes are independent (each has its own ledger object and its own room), so
+            # they are worked on side by side; entries of one node stay in admission
+            # order, since each one's claims shape the next one's plan.
+            pool = self._node_pool()
+            try:
+                futures = [pool.submit(self._process_node, groups[n], stop) for n in nodes]
+            except RuntimeError:
                 if stop.is_set():
-                    return
-                live.add(entry.review_uid)
-                try:
-                    self.process(entry, stop)
-                except Exception:
-                    self.metrics.errors.labels("worker").inc()
-                    log.exception("processing the resize of %s failed", entry.pod.key)
-                    self._defer(entry.review_uid)
+                    return  # stop() shut the pool down while this pass was starting
+                raise
+            for future in futures:
+                future.result()
+        if stop.is_set():
+            return
         # Forget state of entries no longer in the ledger.
         for uid in set(self._backoff) - live:
             del self._backoff[uid]
         self._announced &= live
         self.passes += 1
+
+    def _process_node(self, entries: list[LedgerEntry], stop: threading.Event) -> None:
+        for entry in sorted(entries, key=lambda e: (e.admitted_at, e.review_uid)):
+            if stop.is_set():
+                return
+            try:
+                self.process(entry, stop)
+            except Exception:
+                self.metrics.errors.labels("worker").inc()
+                log.exception("processing the resize of %s failed", entry.pod.key)
+                self._defer(entry.review_uid)
+
+    def _node_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=self.parallelism, thread_name_prefix="preemption-node"
+                )
+            return self._pool
 
     def decide(self, entry: LedgerEntry) -> Action:
         """``next_action`` for ``entry`` on the cache's current state."""
@@ -295,6 +340,7 @@ class PreemptionWorker:
         *,
         persisted: bool,
         drop: tuple[PodRef, ...] = (),
+        handled: tuple[PodRef, ...] = (),
     ) -> bool:
         for victim in settle:
             # Found leaving or gone in the cache: done without an API call.
@@ -309,7 +355,7 @@ class PreemptionWorker:
             entry.node,
             update_entry(
                 entry.review_uid,
-                handled=tuple(v.uid for v in settle),
+                handled=tuple(v.uid for v in (*settle, *handled)),
                 drop=tuple(v.uid for v in drop),
                 persisted=persisted,
             ),
@@ -333,11 +379,17 @@ class PreemptionWorker:
         return isinstance(action, Act) and victim in action.evict
 
     def _act(self, entry: LedgerEntry, action: Act, stop: threading.Event) -> None:
-        # 3a. Bookkeeping first, so the reservation stops claiming victims not needed.
-        if action.bookkeeping and not self._settle(
-            entry, action.settle, persisted=action.mark_persisted, drop=action.drop
-        ):
-            return  # the entry went away meanwhile
+        # 3a. Victims no longer needed leave the claim before anyone is evicted: a claimed
+        # victim counts as freeing room for every other resize on the node. The rest of
+        # the bookkeeping (persisted, victims found leaving) changes nothing another
+        # decision reads, so it rides on the first victim's mark instead of costing a
+        # ledger write before the first eviction.
+        carried = action.bookkeeping and not action.drop and bool(action.evict)
+        if action.bookkeeping and not carried:
+            if not self._settle(
+                entry, action.settle, persisted=action.mark_persisted, drop=action.drop
+            ):
+                return  # the entry went away meanwhile
         # 3b. Victims in order; each marked handled right after it is done.
         acted: list[PodRef] = []
         for i, victim in enumerate(action.evict):
@@ -345,7 +397,8 @@ class PreemptionWorker:
                 break
             if not self._still_needed(entry, victim, first=i == 0):
                 break
-            result = self.evictor.evict(victim, entry.pod, entry.node)
+            # Decided on the cache a moment ago: the victim is live under this uid.
+            result = self.evictor.evict(victim, entry.pod, entry.node, seen_live=True)
             if not result.done:
                 log.info(
                     "preempting %s for %s: %s; retrying later",
@@ -357,9 +410,20 @@ class PreemptionWorker:
                 break
             # A crash right here loses only this mark: the victim is terminating or gone,
             # and the next leader settles it from the cache without another API call.
-            self.ledger.update(entry.node, update_entry(entry.review_uid, handled=(victim.uid,)))
+            if carried:
+                carried = False
+                self._settle(
+                    entry, action.settle, persisted=action.mark_persisted, handled=(victim,)
+                )
+            else:
+                self.ledger.update(
+                    entry.node, update_entry(entry.review_uid, handled=(victim.uid,))
+                )
             if result in (EvictionResult.EVICTED, EvictionResult.DELETED):
                 acted.append(victim)
+        if carried:
+            # Nobody was evicted after all: the bookkeeping still has to be written.
+            self._settle(entry, action.settle, persisted=action.mark_persisted)
         if acted:
             self._backoff.pop(entry.review_uid, None)
             self._announce(entry, acted)
