@@ -11,9 +11,10 @@ node's entries one after another, oldest admission first. For each it asks
 2. ``Wait`` - write pending bookkeeping (persisted flag, victims found gone), nothing more;
 3. ``Act`` - take victims no longer needed off the claim first, then evict the listed
    victims in order; each is marked handled in the ledger right after it is done (the
-   first mark also carries the rest of the bookkeeping: persisted, victims found gone). ``blocked-by-pdb`` or ``failed`` stops the entry's turn and it
-   is retried later with exponential backoff, or at once when a PodDisruptionBudget
-   changes (it may allow the eviction now).
+   first mark also carries the rest of the bookkeeping: persisted, victims found gone).
+   ``blocked-by-pdb`` or ``failed`` stops the entry's turn and it is retried later with
+   exponential backoff, or at once when a PodDisruptionBudget changes (it may allow the
+   eviction now).
 
 Guarantees:
 
@@ -385,11 +386,14 @@ class PreemptionWorker:
         # decision reads, so it rides on the first victim's mark instead of costing a
         # ledger write before the first eviction.
         carried = action.bookkeeping and not action.drop and bool(action.evict)
-        if action.bookkeeping and not carried:
-            if not self._settle(
+        if (
+            action.bookkeeping
+            and not carried
+            and not self._settle(
                 entry, action.settle, persisted=action.mark_persisted, drop=action.drop
-            ):
-                return  # the entry went away meanwhile
+            )
+        ):
+            return  # the entry went away meanwhile
         # 3b. Victims in order; each marked handled right after it is done.
         acted: list[PodRef] = []
         for i, victim in enumerate(action.evict):
