@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from webhook.core.model import DisruptionBudget, LabelSelector, PdbMode, Pod
 
@@ -22,15 +22,25 @@ def budget_matches(budget: DisruptionBudget, pod: Pod, mode: PdbMode) -> bool:
 
 
 def split_by_violation(
-    candidates: Sequence[Pod], budgets: Sequence[DisruptionBudget], mode: PdbMode
+    candidates: Sequence[Pod],
+    budgets: Sequence[DisruptionBudget],
+    mode: PdbMode,
+    *,
+    coverage: Mapping[str, tuple[int, ...]] | None = None,
 ) -> tuple[list[Pod], list[Pod]]:
     """Split ``candidates`` (most important first) into (violating, non-violating).
 
     Walking in order, each pod spends one disruption from every budget that covers it,
     unless the API server already counted it (``status.disruptedPods``). A pod that
     drives any budget below zero would violate it. Both lists keep the input order.
+
+    ``coverage`` (from :meth:`~webhook.core.nodepods.NodePods.coverage` for the same
+    budgets and mode) saves matching selectors: pod uid -> indexes of the budgets that
+    cover the pod and have not counted it yet.
     """
     allowed = [b.disruptions_allowed for b in budgets]
+    if coverage is not None:
+        return _split_covered(candidates, coverage, allowed)
     # Only budgets of a pod's own namespace can cover it: index them once, so the walk
     # costs pods x (budgets in their namespace), not pods x all budgets. The entries
     # hold what :func:`budget_matches` reads.
@@ -55,6 +65,22 @@ def split_by_violation(
                 continue
             if pod.name in disrupted:
                 continue
+            allowed[i] -= 1
+            if allowed[i] < 0:
+                violated = True
+        (violating if violated else other).append(pod)
+    return violating, other
+
+
+def _split_covered(
+    candidates: Sequence[Pod], coverage: Mapping[str, tuple[int, ...]], allowed: list[int]
+) -> tuple[list[Pod], list[Pod]]:
+    """:func:`split_by_violation`'s walk, with the covering budgets already known."""
+    violating: list[Pod] = []
+    other: list[Pod] = []
+    for pod in candidates:
+        violated = False
+        for i in coverage.get(pod.uid, ()):
             allowed[i] -= 1
             if allowed[i] < 0:
                 violated = True

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from webhook.core.accounting import pod_requests
 from webhook.core.model import TERMINAL_PHASES, Node, Pod, PodRef
+from webhook.core.nodepods import NodePods
 from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
 
@@ -42,12 +43,16 @@ def node_usage(
     reservations: Mapping[str, Reservation],
     *,
     exclude_uid: str,
+    index: NodePods | None = None,
 ) -> NodeUsage:
     """Usage of ``node`` by every pod but ``exclude_uid`` (the resizing pod).
 
     ``pods`` are the pods bound to the node; ``reservations`` the active ones on it by pod
-    uid, without the resizing pod's own.
+    uid, without the resizing pod's own. ``index``, if given, is ``NodePods`` of the same
+    node and pods: the same answer, without walking every pod.
     """
+    if index is not None and index.exact and index.node == node.name:
+        return _indexed_usage(node, index, reservations, exclude_uid)
     claimed: set[str] = set()
     for r in reservations.values():
         claimed |= r.victims
@@ -81,6 +86,53 @@ def node_usage(
             in_memory += reservation.resources.memory
             reserved_cpu += reservation.resources.cpu
             reserved_memory += reservation.resources.memory
+    waiting.sort(key=lambda ref: (ref.namespace, ref.name))
+    return NodeUsage(
+        node.allocatable,
+        Resources(in_cpu, in_memory),
+        Resources(reserved_cpu, reserved_memory),
+        Resources(free_cpu, free_memory),
+        tuple(waiting),
+        held_by,
+    )
+
+
+def _indexed_usage(
+    node: Node, index: NodePods, reservations: Mapping[str, Reservation], exclude_uid: str
+) -> NodeUsage:
+    """:func:`node_usage` from the index's totals, adjusted for the few pods that differ."""
+    in_use, held_by, freeing, waiting = index.usage_parts(exclude_uid)
+    in_cpu, in_memory = in_use.cpu, in_use.memory
+    free_cpu, free_memory = freeing.cpu, freeing.memory
+    reserved_cpu = reserved_memory = 0
+    base, by_uid = index.held, index.by_uid
+    claimed: set[str] = set()
+    for uid, reservation in reservations.items():
+        claimed |= reservation.victims
+        if uid == exclude_uid:
+            continue
+        amount = reservation.resources
+        usage = base.get(uid)
+        if usage is None:
+            in_cpu += amount.cpu
+            in_memory += amount.memory
+            reserved_cpu += amount.cpu
+            reserved_memory += amount.memory
+            continue
+        held = usage.max(amount)
+        held_by[uid] = held
+        in_cpu += held.cpu - usage.cpu
+        in_memory += held.memory - usage.memory
+        reserved_cpu += held.cpu - usage.cpu
+        reserved_memory += held.memory - usage.memory
+    for uid in claimed:
+        pod = by_uid.get(uid)
+        if pod is None or uid == exclude_uid or pod.terminating:
+            continue  # not counted here, or already among the leaving
+        usage = base[uid]
+        free_cpu += usage.cpu
+        free_memory += usage.memory
+        waiting.append(pod.ref)
     waiting.sort(key=lambda ref: (ref.namespace, ref.name))
     return NodeUsage(
         node.allocatable,

@@ -16,6 +16,7 @@ from webhook.core.accounting import pod_requests
 from webhook.core.disruption import split_by_violation
 from webhook.core.headroom import NodeUsage, node_usage
 from webhook.core.model import TERMINAL_PHASES, DisruptionBudget, Node, Pod, PodRef
+from webhook.core.nodepods import NodePods
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import RESOURCE_NAMES, ZERO, ResourceName, Resources, format_amount
@@ -181,6 +182,7 @@ def plan_resize(
     budgets: Sequence[DisruptionBudget] = (),
     reservations: Iterable[Reservation] = (),
     policy: PreemptionPolicy | None = None,
+    index: NodePods | None = None,
 ) -> Plan:
     """Decide what the resize of ``old`` into ``new`` needs on ``node``.
 
@@ -194,15 +196,20 @@ def plan_resize(
       a terminating pod, or a pod another admitted resize already claimed; it has no
       victims unless its verdict is ``preempt``; and without its victims the resize fits
       while keeping any one of them it does not.
+
+    ``index``, if given, must be ``NodePods(node.name, pods)`` (``pods`` the same tuple):
+    the plan is the same, made without walking, ranking and matching every pod again.
     """
     policy = policy or DefaultPolicy()
+    if index is not None and (index.pods is not pods or index.node != node.name or not index.exact):
+        index = None
     # Step 0: the pod's demand under the kubelet's model. An infeasible resize that this
     # request does not change keeps being ignored, as the kubelet ignores it.
     stale_infeasible = old.resize == "infeasible" and new.same_declared_resources(old)
     demand = pod_requests(new, "other" if stale_infeasible else "resizing")
     held_now = pod_requests(old, "other")
     reserved = active_on(reservations, node.name, now, exclude_pod=new.uid)
-    usage = node_usage(node, pods, reserved, exclude_uid=new.uid)
+    usage = node_usage(node, pods, reserved, exclude_uid=new.uid, index=index)
     ctx = _Context(new, node, demand, usage)
     name = node.name
 
@@ -254,18 +261,49 @@ def plan_resize(
     # (Steps 4 to 8 run once per pod on the node: they use locals and plain integers.)
     claimed = {uid for r in reserved.values() for uid in r.victims}
     priority, uid, may_preempt = new.priority, new.uid, policy.may_preempt
-    candidates = [
-        p
-        for p in pods
-        if p.priority < priority
-        and p.node == name
-        and p.uid != uid
-        and p.phase not in TERMINAL_PHASES
-        and not p.terminating
-        and not p.mirror
-        and p.uid not in claimed
-        and may_preempt(p, new)
-    ]
+    importance = policy.importance
+    # The index ranks pods by the default importance; another ranking sorts here.
+    ranked = index is not None and type(policy).importance is DefaultPolicy.importance
+    if index is not None and ranked:
+        # Already bound here, not terminal, terminating or mirror, and in order.
+        below = index.ranked_below(priority)
+        if isinstance(policy, DefaultPolicy) and type(policy) is DefaultPolicy:
+            # may_preempt inlined: it runs for every pod below the resizing one.
+            protected = policy.protected_namespaces
+            candidates = [
+                p
+                for p in below
+                if p.uid != uid and p.uid not in claimed and p.namespace not in protected
+            ]
+        else:
+            candidates = [
+                p for p in below if p.uid != uid and p.uid not in claimed and may_preempt(p, new)
+            ]
+        late = [
+            p
+            for p in index.unstarted
+            if p.priority < priority
+            and p.uid != uid
+            and p.uid not in claimed
+            and may_preempt(p, new)
+        ]
+        if late:
+            candidates += late
+            candidates.sort(key=lambda p: importance(p, now))
+    else:
+        candidates = [
+            p
+            for p in pods
+            if p.priority < priority
+            and p.node == name
+            and p.uid != uid
+            and p.phase not in TERMINAL_PHASES
+            and not p.terminating
+            and not p.mirror
+            and p.uid not in claimed
+            and may_preempt(p, new)
+        ]
+        candidates.sort(key=lambda p: importance(p, now))
 
     # Step 5: remove them all; if the resize still does not fit, preempt nobody.
     held = usage.held
@@ -286,10 +324,10 @@ def plan_resize(
             unmet=unmet,
         )
 
-    # Step 6: most important first, then split by PodDisruptionBudget violation.
-    importance = policy.importance
-    candidates.sort(key=lambda p: importance(p, now))
-    violating, safe = split_by_violation(candidates, budgets, policy.pdb_mode)
+    # Step 6: most important first (sorted above), then split by PodDisruptionBudget
+    # violation.
+    coverage = index.coverage(budgets, policy.pdb_mode) if index is not None else None
+    violating, safe = split_by_violation(candidates, budgets, policy.pdb_mode, coverage=coverage)
 
     # Step 7: reprieve - add back violating pods first, then the rest, each in importance
     # order; a pod that no longer lets the resize fit becomes a victim. Only resources the
@@ -316,7 +354,10 @@ def plan_resize(
     leaving = [p for p in reversed(candidates) if p.uid in chosen]
     over: set[str] = set()
     if leaving and budgets:
-        over = {p.uid for p in split_by_violation(leaving, budgets, policy.pdb_mode)[0]}
+        over = {
+            p.uid
+            for p in split_by_violation(leaving, budgets, policy.pdb_mode, coverage=coverage)[0]
+        }
     victims = [Victim(p.ref, p.priority, frees[p.uid], p.uid in over) for p in leaving]
 
     # Step 9: limits the policy sets.

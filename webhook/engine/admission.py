@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import orjson
 from webhook.core.errors import InputError, WebhookError
 from webhook.core.fit import largest_fit
 from webhook.core.model import FIT_TO_NODE_ANNOTATION, Node, Pod
+from webhook.core.nodepods import NodePods
 from webhook.core.objects import parse_pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.quantity import format_cpu, format_memory
@@ -41,6 +43,11 @@ PREFIX = "resize-preemption: "
 
 decision_log = logging.getLogger("webhook.decisions")
 log = logging.getLogger(__name__)
+
+#: Nodes whose :class:`NodePods` the engine keeps. Reviews come in bursts on the nodes
+#: being resized; an index holds about as much as its node's pods, so a bound keeps a
+#: large cluster's worth of them out of memory.
+NODE_INDEXES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +76,7 @@ class _Scene:
     node: Node
     pods: tuple[Pod, ...]
     budgets: tuple[Any, ...]
+    index: NodePods
 
 
 def desired_requests(pod: Pod) -> tuple[tuple[str, Any], ...]:
@@ -109,6 +117,8 @@ class AdmissionEngine:
         self.timer = timer
         self.on_admitted = on_admitted
         self.policy = config.policy()
+        self._indexes: dict[str, NodePods] = {}
+        self._indexes_lock = threading.Lock()
 
     # -- entry points ---------------------------------------------------------------
 
@@ -221,8 +231,26 @@ class AdmissionEngine:
                 error=f"node {node_name} not in cache",
             )
         pods = tuple(self.cluster.pods_on(node.name))
-        budgets = tuple(self.cluster.budgets({p.namespace for p in pods}))
-        return _Scene(old, new, node, pods, budgets)
+        index = self._node_pods(node.name, pods)
+        budgets = tuple(self.cluster.budgets(index.namespaces))
+        return _Scene(old, new, node, pods, budgets, index)
+
+    def _node_pods(self, node: str, pods: tuple[Pod, ...]) -> NodePods:
+        """The index of ``pods``, built again whenever the view hands out another tuple.
+
+        Both views replace a node's tuple when any of its pods changes (and never change
+        a tuple), so the tuple's identity is the version of the node's pods. The index
+        holds the tuple, so that identity cannot be reused while it is kept.
+        """
+        index = self._indexes.get(node)
+        if index is not None and index.pods is pods:
+            return index
+        index = NodePods(node, pods)
+        with self._indexes_lock:
+            if len(self._indexes) >= NODE_INDEXES and node not in self._indexes:
+                del self._indexes[next(iter(self._indexes))]
+            self._indexes[node] = index
+        return index
 
     def _plan(self, s: _Scene, entries: tuple[LedgerEntry, ...], now: float) -> Plan:
         return plan_resize(
@@ -234,6 +262,7 @@ class AdmissionEngine:
             budgets=s.budgets,
             reservations=[e.reservation() for e in entries],
             policy=self.policy,
+            index=s.index,
         )
 
     # -- validating -------------------------------------------------------------------
