@@ -489,6 +489,67 @@ def test_an_exception_before_the_review_was_read_is_400(monkeypatch: pytest.Monk
     assert counter(app, "rpw_errors_total", where="web") == 1
 
 
+#: How a review is sent -> whether it takes the way around Flask (the API server's way).
+DELIVERIES = {
+    "as the API server sends it": {"content_type": "application/json"},
+    "with a charset": {"content_type": "application/json; charset=utf-8"},
+    "without a Content-Type": {"content_type": ""},
+    "chunked": {
+        "content_type": "application/json",
+        "headers": {"Transfer-Encoding": "chunked"},
+        "environ_overrides": {"wsgi.input_terminated": True},
+    },
+}
+
+
+def _send(app: Flask, path: str, body: bytes, delivery: dict[str, Any]) -> TestResponse:
+    kwargs = dict(delivery)
+    if "headers" in kwargs:
+        kwargs["input_stream"] = io.BytesIO(body)
+    else:
+        kwargs["data"] = body
+    return app.test_client().post(path, **kwargs)
+
+
+@pytest.mark.parametrize("delivery", DELIVERIES.values(), ids=DELIVERIES.keys())
+@pytest.mark.parametrize("path", ["/validate-resize", "/noop"])
+def test_every_way_of_sending_a_review_gets_the_same_answer(
+    path: str, delivery: dict[str, Any]
+) -> None:
+    reference = create_app(cluster=walkthrough_view(), clock=lambda: NOW, noop_endpoint=True)
+    app = create_app(cluster=walkthrough_view(), clock=lambda: NOW, noop_endpoint=True)
+    body = orjson.dumps(walkthrough_review(uid="same"))
+    expected = _send(reference, path, body, DELIVERIES["as the API server sends it"])
+    resp = _send(app, path, body, delivery)
+    assert (200, "application/json") == (resp.status_code, resp.mimetype)
+    assert orjson.loads(expected.data) == orjson.loads(resp.data)
+    assert str(len(resp.data)) == resp.headers["Content-Length"]
+
+
+@pytest.mark.parametrize("delivery", DELIVERIES.values(), ids=DELIVERIES.keys())
+def test_failures_are_answered_alike_every_way(
+    delivery: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exploding = create_app(engine=ExplodingEngine(Config(), walkthrough_view(), InMemoryLedger()))
+    resp = _send(exploding, "/validate-resize", orjson.dumps(walkthrough_review(uid="u")), delivery)
+    assert (200, True) == (resp.status_code, assert_json(resp)["response"]["allowed"])
+    assert 1 == counter(exploding, "rpw_errors_total", where="web")
+
+    resp = _send(create_app(), "/validate-resize", b"[1]", delivery)
+    assert 400 == resp.status_code
+    assert "not a JSON object" in assert_json(resp)["error"]
+
+    def broken(body: bytes) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(app_module, "parse_review", broken)
+    app = create_app()
+    resp = _send(app, "/validate-resize", orjson.dumps(walkthrough_review()), delivery)
+    assert 400 == resp.status_code
+    assert "could not be read" in assert_json(resp)["error"]
+    assert 1 == counter(app, "rpw_errors_total", where="web")
+
+
 def test_metrics_are_injected_not_global() -> None:
     metrics = Metrics()
     app = create_app(cluster=walkthrough_view(), metrics=metrics)
