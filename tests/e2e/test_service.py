@@ -9,6 +9,7 @@ with an empty ledger, and stops it, unregistered, before the next test.
 from __future__ import annotations
 
 import base64
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -120,6 +121,36 @@ def crowded(kubectl: Kubectl, classes: dict[str, str], **high: Any) -> None:
 # -- 1. the walkthrough ---------------------------------------------------------------------
 
 
+def expect_preempted_and_actuated(
+    cluster: Cluster,
+    namespace: str,
+    result: subprocess.CompletedProcess[str],
+    wait_until: Waiter,
+    *,
+    cpu: str,
+    first_warnings: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """The admitted path end to end: the patch succeeds with the warning naming
+    low-priority-pod (after ``first_warnings``), the kubelet actuates ``cpu`` on
+    high-priority-pod, and the victim is gone. Returns the actuated pod."""
+    assert 0 == result.returncode, result.stderr
+    assert [
+        *first_warnings,
+        as_warning(
+            f"preempting 1 lower-priority pod on {NODE} for cpu {cpu}: {namespace}/low-priority-pod"
+        ),
+    ] == kubectl_warnings(result)
+    high: dict[str, Any] = wait_until(
+        lambda: (
+            (p := read_pod(cluster, namespace, "high-priority-pod")) and actual_cpu(p) == cpu and p
+        ),
+        timeout=30,
+        what=f"the resize to be actuated at {cpu} CPU",
+    )
+    assert read_pod(cluster, namespace, "low-priority-pod") is None
+    return high
+
+
 def test_walkthrough_preempts_the_low_priority_pod_and_the_resize_is_actuated(
     cluster: Cluster,
     namespace: str,
@@ -135,18 +166,7 @@ def test_walkthrough_preempts_the_low_priority_pod_and_the_resize_is_actuated(
 
     result = resize(kubectl, "high-priority-pod", "6")
 
-    assert 0 == result.returncode, result.stderr
-    assert [
-        as_warning(
-            f"preempting 1 lower-priority pod on {NODE} for cpu 6: {namespace}/low-priority-pod"
-        )
-    ] == kubectl_warnings(result)
-    wait_until(
-        lambda: actual_cpu(read_pod(cluster, namespace, "high-priority-pod")) == "6",
-        timeout=30,
-        what="the resize to be actuated at 6 CPU",
-    )
-    assert read_pod(cluster, namespace, "low-priority-pod") is None
+    expect_preempted_and_actuated(cluster, namespace, result, wait_until, cpu="6")
     preempted = events(kubectl, "low-priority-pod", "Preempted")
     assert [f"Preempted by pod {high['metadata']['uid']} on node {NODE}"] == [
         e["message"] for e in preempted
@@ -258,18 +278,7 @@ def test_deny_infeasible_mode_still_preempts_for_a_resize_that_can_fit(
 
     result = resize(kubectl, "high-priority-pod", "4")
 
-    assert 0 == result.returncode, result.stderr
-    assert [
-        as_warning(
-            f"preempting 1 lower-priority pod on {NODE} for cpu 4: {namespace}/low-priority-pod"
-        )
-    ] == kubectl_warnings(result)
-    wait_until(
-        lambda: actual_cpu(read_pod(cluster, namespace, "high-priority-pod")) == "4",
-        timeout=30,
-        what="the resize to be actuated at 4 CPU",
-    )
-    assert read_pod(cluster, namespace, "low-priority-pod") is None
+    expect_preempted_and_actuated(cluster, namespace, result, wait_until, cpu="4")
 
 
 # -- 3. dry run --------------------------------------------------------------------------------
@@ -547,19 +556,13 @@ def test_the_mutating_endpoint_reduces_an_infeasible_resize_to_the_largest_fit(
 
     result = resize(kubectl, "high-priority-pod", "5")
 
-    assert 0 == result.returncode, result.stderr
-    assert [
-        f"resize-preemption: resize reduced to fit {NODE}: app cpu 5 -> 4",
-        as_warning(
-            f"preempting 1 lower-priority pod on {NODE} for cpu 4: {namespace}/low-priority-pod"
-        ),
-    ] == kubectl_warnings(result)
-    high = wait_until(
-        lambda: (
-            (p := read_pod(cluster, namespace, "high-priority-pod")) and actual_cpu(p) == "4" and p
-        ),
-        timeout=30,
-        what="the reduced resize to be actuated at 4 CPU",
+    high = expect_preempted_and_actuated(
+        cluster,
+        namespace,
+        result,
+        wait_until,
+        cpu="4",
+        first_warnings=(f"resize-preemption: resize reduced to fit {NODE}: app cpu 5 -> 4",),
     )
     resources = high["spec"]["containers"][0]["resources"]
     assert ({"cpu": "4", "memory": "256Mi"}, {"cpu": "4", "memory": "256Mi"}) == (
@@ -567,7 +570,6 @@ def test_the_mutating_endpoint_reduces_an_infeasible_resize_to_the_largest_fit(
         resources["limits"],
     )
     assert "Guaranteed" == high["status"]["qosClass"]
-    assert read_pod(cluster, namespace, "low-priority-pod") is None
 
 
 def test_a_pod_that_did_not_opt_in_is_not_reduced(
