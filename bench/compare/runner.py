@@ -42,7 +42,7 @@ import urllib3
 
 from bench.compare import scenarios as sc
 from bench.compare.measure import AuditCursor, Observations, PodWatcher, count_requests
-from bench.compare.sides import SIDES, Side, make_side
+from bench.compare.sides import ALL_SIDES, SIDES, Side, make_side
 from tests.harness import quantity
 from tests.harness.kubeapi import ApiError
 from tests.harness.kubelet_objects import NodeSpec
@@ -470,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-scale", action="store_true", help="skip the big scenario")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each small scenario")
     parser.add_argument("--only", nargs="*", default=None, help="scenario names to run")
-    parser.add_argument("--sides", nargs="*", default=list(SIDES), choices=SIDES)
+    parser.add_argument("--sides", nargs="*", default=list(SIDES), choices=ALL_SIDES)
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     parser.add_argument("--state-dir", type=Path, default=None, help="keep logs here")
     args = parser.parse_args(argv)
@@ -482,9 +482,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         chosen = [s for s in chosen if s.name in args.only]
     results = compare(chosen, repeat=args.repeat, sides=args.sides, state_root=args.state_dir)
     data = rows(chosen, results)
-    print(table(data))
-    print()
-    print(summary(data))
+    if {"ours", "upstream"} <= set(results):
+        print(table(data))
+        print()
+        print(summary(data))
+    else:
+        # Not the comparison (a side alone, or a variant): each side's own figures.
+        for side, measured in results.items():
+            for name, m in measured.items():
+                print(
+                    f"{side} {name}: victims={_victims_text(m.victims)} "
+                    f"first_eviction={_ms(m.first_eviction_ms)} ms "
+                    f"actuated={_ms(m.actuated_ms)} ms api={m.api_requests}"
+                )
     print()
     print("API requests of the preempting component, by verb and resource (first run):")
     print(breakdowns(chosen, results))

@@ -34,6 +34,17 @@ from webhook.kube.client import USER_AGENT
 
 GATE = "InPlacePodVerticalScalingSchedulerPreemption"
 SIDES = ("ours", "upstream")
+#: Our webhook set up to behave as kube-scheduler does: its removal (``DisruptionTarget``,
+#: then DELETE) and PodDisruptionBudgets that only steer the choice. Not in ``make
+#: compare``'s table (that compares defaults); the e2e test runs it on the PDB scenarios
+#: to show the one policy difference in victims is a default, not accounting.
+UPSTREAM_POLICY = "ours-upstream-policy"
+#: ``python -m webhook serve`` flags of each side that runs the webhook.
+WEBHOOK_FLAGS: dict[str, tuple[str, ...]] = {
+    "ours": (),
+    UPSTREAM_POLICY: ("--eviction-method", "delete", "--pdb-mode", "best-effort"),
+}
+ALL_SIDES = (*SIDES, UPSTREAM_POLICY)
 GRACE_CAP = 1.0
 LEADER_LEASE = "resize-preemption-webhook-leader"
 
@@ -54,7 +65,11 @@ class Side:
     @property
     def user_agent_prefix(self) -> str:
         """How the preempting component shows in the audit log."""
-        return USER_AGENT if self.name == "ours" else "kube-scheduler/"
+        return USER_AGENT if self.runs_webhook else "kube-scheduler/"
+
+    @property
+    def runs_webhook(self) -> bool:
+        return self.name in WEBHOOK_FLAGS
 
     @property
     def client(self) -> KubeClient:
@@ -91,9 +106,12 @@ class Side:
                 self.control_plane.client, [], EmulatorOptions(deletion_grace_cap=GRACE_CAP)
             )
             self.emulator.start()
-            if self.name == "ours":
+            if self.runs_webhook:
                 self.webhook = start_webhook(
-                    self.control_plane.client, self.control_plane.kubeconfig, self.state_dir
+                    self.control_plane.client,
+                    self.control_plane.kubeconfig,
+                    self.state_dir,
+                    extra_args=WEBHOOK_FLAGS[self.name],
                 )
                 self._wait_leader()
         except BaseException:
@@ -145,7 +163,7 @@ class Side:
 
 def make_side(name: str, state_dir: Path | None = None, binaries: Binaries | None = None) -> Side:
     """A side not started yet; ``state_dir`` None: a temporary directory removed on stop."""
-    if name not in SIDES:
+    if name not in ALL_SIDES:
         raise ValueError(f"unknown side {name!r}")
     owns = state_dir is None
     directory = state_dir or Path(tempfile.mkdtemp(prefix=f"rpw-compare-{name}-"))

@@ -9,9 +9,11 @@ every component, no webhook) - each on its own local control plane, then asserts
   we pick strictly fewer, and enough: our resize is actuated too;
 * the one deliberate policy difference: a candidate whose eviction a PodDisruptionBudget
   forbids is deleted by the scheduler (plain DELETE) and left alone by us (Eviction API,
-  ``pdb-mode: respect``).
+  ``pdb-mode: respect``) - and with ``--eviction-method delete --pdb-mode best-effort``
+  our webhook picks the scheduler's victims there too.
 
-Both sides are started once for the module (about two minutes in all).
+Both sides are started once for the module (about two minutes in all), and the webhook set
+up like the scheduler once more for the two PDB scenarios.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 
 from bench.compare import scenarios as sc
 from bench.compare.runner import Measured, compare
+from bench.compare.sides import UPSTREAM_POLICY
 
 pytestmark = pytest.mark.e2e
 
@@ -30,12 +33,24 @@ SCENARIOS = {s.name: s for s in sc.victim_scenarios() if s.victim_relevant}
 OVER_PREEMPTED = {"pending-neighbour"}
 #: Where our default PDB handling differs on purpose.
 PDB_BLOCKED = {"pdb-only-candidate"}
+#: Where a PodDisruptionBudget steers the choice or forbids the only candidate.
+PDB_SCENARIOS = {"pdb-choice", *PDB_BLOCKED}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Measured]]]:
     root = tmp_path_factory.mktemp("compare")
     yield compare(list(SCENARIOS.values()), repeat=1, state_root=root)
+
+
+@pytest.fixture(scope="module")
+def upstream_policy(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Measured]]:
+    """The PDB scenarios once more, on our webhook set up as the scheduler behaves."""
+    root = tmp_path_factory.mktemp("compare-upstream-policy")
+    chosen = [SCENARIOS[name] for name in sorted(PDB_SCENARIOS)]
+    yield compare(chosen, sides=[UPSTREAM_POLICY], state_root=root)[UPSTREAM_POLICY]
 
 
 def names(measured: Measured) -> set[str]:
@@ -81,6 +96,22 @@ def test_pdb_protected_only_candidate(
     assert ours.actuated_ms is None  # stays Deferred: no victim may go
     assert names(upstream) == {"guarded"}  # deleted although its PDB allows no disruption
     assert upstream.actuated_ms is not None
+
+
+@pytest.mark.parametrize("scenario", sorted(PDB_SCENARIOS))
+def test_set_up_like_the_scheduler_we_pick_its_victims(
+    results: dict[str, dict[str, Measured]],
+    upstream_policy: dict[str, Measured],
+    scenario: str,
+) -> None:
+    """``--eviction-method delete --pdb-mode best-effort``: the PDB difference is our
+    default policy, not our accounting; removal goes the scheduler's way too."""
+    ours, upstream = upstream_policy[scenario], results["upstream"][scenario]
+    assert not ours.kubectl_errors, ours.kubectl_errors
+    assert names(upstream) == names(ours)
+    assert ours.actuated_ms is not None
+    assert len(ours.victims) == ours.breakdown.get("delete pods", 0)
+    assert 0 == ours.breakdown.get("create pods/eviction", 0)
 
 
 def test_each_side_did_the_preempting_itself(results: dict[str, dict[str, Measured]]) -> None:
