@@ -344,7 +344,7 @@ def serve_main(argv: Sequence[str]) -> int:
     parser.add_argument("--cert", required=True)
     parser.add_argument("--key", required=True)
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=4)
     args = parser.parse_args(argv)
 
     from webhook.engine.config import Config
@@ -778,7 +778,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=5.0, help="measured time per round")
     parser.add_argument("--threads", type=int, default=4, help="client threads")
-    parser.add_argument("--server-threads", type=int, default=8)
+    parser.add_argument("--server-threads", type=int, default=4, help="as the service's default")
     args = parser.parse_args(argv)
     rounds, seconds = (1, 2.0) if args.quick else (args.rounds, args.seconds)
     result = run(rounds, seconds, args.threads, args.server_threads)

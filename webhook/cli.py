@@ -144,7 +144,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from webhook.engine.settings import SETTINGS, load_config
     from webhook.service import build
-    from webhook.web.server import serve
+    from webhook.web.server import DEFAULT_THREADS, serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
     flags = {name: getattr(args, name.replace("-", "_"), None) for name in SETTINGS}
@@ -155,7 +155,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         key_file=args.tls_key,
         host=args.host,
         port=args.port,
-        threads=args.threads,
+        threads=args.threads or DEFAULT_THREADS,
         metrics_port=args.metrics_port or None,
         log_level=args.log_level,
     )
@@ -203,7 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--host", default="0.0.0.0")
     srv.add_argument("--port", type=int, default=8443)
     srv.add_argument("--metrics-port", type=int, default=9090, help="0 disables /metrics")
-    srv.add_argument("--threads", type=int, default=8)
+    srv.add_argument(
+        "--threads", type=int, help="gunicorn threads (default 4; see webhook/web/server.py)"
+    )
     srv.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
     srv.add_argument("--config", metavar="FILE", help="YAML file of settings")
     srv.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))

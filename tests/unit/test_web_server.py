@@ -18,7 +18,7 @@ from tests.harness.processes import spawn
 from tests.unit.web_fixtures import free_port, make_tls_files, wait_for_tls
 from webhook.web.app import create_app
 from webhook.web.metrics_server import start_metrics_server
-from webhook.web.server import ServerOptions, WebhookServer, WorkerApp
+from webhook.web.server import DEFAULT_THREADS, ServerOptions, WebhookServer, WorkerApp
 from webhook.web.tls import CertificateReloader
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def test_gunicorn_settings(tmp_path: Path) -> None:
 
     assert not built  # nothing is built in the master
     assert cfg.worker_class_str == "gthread"
-    assert (cfg.workers, cfg.threads) == (1, 8)
+    assert (cfg.workers, cfg.threads) == (1, DEFAULT_THREADS) == (1, 4)
     assert cfg.keepalive > 90  # longer than the API server's idle-connection timeout
     assert cfg.preload_app is False
     assert cfg.is_ssl

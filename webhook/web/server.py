@@ -8,9 +8,9 @@ Process model, by default: one gunicorn master and **one worker process with N t
 * but each process keeps its own cluster cache - one full list and one watch per kind
   against the API server, and the memory of every pod - so one process per replica is
   the economical unit, and replicas (not processes) are how the service scales;
-* threads suffice because the review path is short and in memory (a few ms of CPU under
-  the GIL); threads cover the I/O waits (the ledger write, slow clients, TLS) and let
-  several API server connections be served at once.
+* threads suffice because the review path is short and in memory (about 1.5 ms of CPU
+  under the GIL, TLS included); threads cover the I/O waits (the ledger write, slow
+  clients, TLS) and let several API server connections be served at once.
 
 The app is built **inside the worker process** (gunicorn calls
 :meth:`WebhookServer.load` after the fork): the cache's watch threads and the preemption
@@ -36,7 +36,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_THREADS: Final = 8
+#: Threads of the one worker process. The review path is CPU under the GIL, so threads
+#: add no throughput, only GIL hand-offs and cache misses between requests: a thread
+#: earns its place by waiting, and a review waits on its ledger write (one API call,
+#: milliseconds). 4 keeps four admissions' writes in flight, more than the API server
+#: usually sends a replica at once. Measured on 2 cores (``python -m bench review``,
+#: 4 connections, 3 rounds each): 1, 2, 4 and 8 threads gave 600, 600, 660 and 630
+#: reviews/s, the same within the noise; before the review path lost Flask and most of
+#: its per-review work, 1 thread beat 8 by a third, and 8 was the default.
+DEFAULT_THREADS: Final = 4
 #: The API server's webhook client keeps idle connections for Go's default 90 s
 #: (k8s.io/apimachinery util/net ``SetOldTransportDefaults``). Holding ours longer means
 #: the client, not us, closes an idle connection, so it never sends a review down a
