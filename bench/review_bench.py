@@ -14,6 +14,10 @@ threads, then from one connection. Every request carries a fresh uid, so each is
 admission: the review preempts one pod and writes the in-memory ledger, and the JSON
 decision-log line is written (to ``/dev/null``) - every step of the admission path runs.
 
+A second server with two worker processes then drives both endpoints from 8
+connections: a scaling data point (two GILs, each with its own view and in-memory
+ledger), not the service's configuration, which is one process per replica.
+
 Run ``python -m bench review`` (or ``python -m bench.review_bench``). Figures are the
 median over rounds of each round's p50, p99 and reviews/s, plus the server worker's and
 the client's CPU time per request (steadier than wall-clock figures when other work
@@ -24,6 +28,7 @@ shares the machine; the load average is recorded). Results go to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import http.client
 import json
@@ -41,7 +46,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -345,6 +350,7 @@ def serve_main(argv: Sequence[str]) -> int:
     parser.add_argument("--key", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args(argv)
 
     from webhook.engine.config import Config
@@ -379,6 +385,7 @@ def serve_main(argv: Sequence[str]) -> int:
         key_file=args.key,
         host="127.0.0.1",
         port=args.port,
+        workers=args.workers,
         threads=args.threads,
         metrics_port=None,
         log_level="warning",
@@ -546,17 +553,18 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _worker_pid(master: int) -> int:
-    """The gunicorn worker: the master's only child."""
+def _worker_pids(master: int) -> list[int]:
+    """The gunicorn workers: the master's children."""
+    pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat") as f:
                     if int(f.read().rpartition(")")[2].split()[1]) == master:
-                        return int(entry)
+                        pids.append(int(entry))
             except OSError:
                 continue
-    raise SystemExit("no gunicorn worker process found")
+    return pids
 
 
 def _stats(run: dict[str, Any], server_cpu_s: float) -> dict[str, float]:
@@ -610,7 +618,48 @@ def _median(rounds: list[dict[str, float]], key: str) -> float:
     return round(statistics.median(r[key] for r in rounds), 3)
 
 
-def run(rounds: int, seconds: float, threads: int, server_threads: int) -> dict[str, Any]:
+@contextlib.contextmanager
+def _server(files: dict[str, Path], threads: int, workers: int) -> Iterator[tuple[int, list[int]]]:
+    """A bench server on a free port: yields (port, worker pids) once it is ready."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.review_bench",
+            "serve",
+            "--cert",
+            str(files["tls.crt"]),
+            "--key",
+            str(files["tls.key"]),
+            "--port",
+            str(port),
+            "--threads",
+            str(threads),
+            "--workers",
+            str(workers),
+        ],
+        cwd=REPO,
+        start_new_session=True,
+    )
+    try:
+        _wait_ready(port, str(files["ca.crt"]), server)
+        pids = _worker_pids(server.pid)
+        deadline = time.monotonic() + 30
+        while len(pids) < workers and time.monotonic() < deadline:
+            time.sleep(0.2)
+            pids = _worker_pids(server.pid)
+        if len(pids) != workers:
+            raise SystemExit(f"expected {workers} gunicorn workers, found {len(pids)}")
+        yield port, pids
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
+
+
+def run(
+    rounds: int, seconds: float, threads: int, server_threads: int, two_workers: bool = True
+) -> dict[str, Any]:
     from webhook import pki
 
     load_before = os.getloadavg()
@@ -625,46 +674,33 @@ def run(rounds: int, seconds: float, threads: int, server_threads: int) -> dict[
         body = review_body(resizing)
         files["review"].write_bytes(body)
 
-        port = _free_port()
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.review_bench",
-                "serve",
-                "--cert",
-                str(files["tls.crt"]),
-                "--key",
-                str(files["tls.key"]),
-                "--port",
-                str(port),
-                "--threads",
-                str(server_threads),
-            ],
-            cwd=REPO,
-            start_new_session=True,
-        )
-        try:
-            _wait_ready(port, str(files["ca.crt"]), server)
-            check = _check_answer(port, str(files["ca.crt"]), body)
-            worker = _worker_pid(server.pid)
+        ca_file, review_file = str(files["ca.crt"]), str(files["review"])
 
-            def measured(path: str, threads: int, seconds: float) -> dict[str, float]:
-                before = _cpu_seconds(worker)
-                run = _drive(
-                    port, str(files["ca.crt"]), str(files["review"]), path, threads, seconds
-                )
-                return _stats(run, _cpu_seconds(worker) - before)
+        def measured(
+            port: int, workers: list[int], path: str, threads: int, seconds: float
+        ) -> dict[str, float]:
+            before = sum(_cpu_seconds(w) for w in workers)
+            run = _drive(port, ca_file, review_file, path, threads, seconds)
+            return _stats(run, sum(_cpu_seconds(w) for w in workers) - before)
 
-            by_path: dict[str, list[dict[str, float]]] = {"/validate-resize": [], "/noop": []}
-            single: dict[str, list[dict[str, float]]] = {"/validate-resize": [], "/noop": []}
+        by_path: dict[str, list[dict[str, float]]] = {"/validate-resize": [], "/noop": []}
+        single: dict[str, list[dict[str, float]]] = {"/validate-resize": [], "/noop": []}
+        with _server(files, server_threads, 1) as (port, workers):
+            check = _check_answer(port, ca_file, body)
             for _ in range(rounds):
                 for path in by_path:  # interleaved, so drift hits both alike
-                    by_path[path].append(measured(path, threads, seconds))
-                    single[path].append(measured(path, 1, seconds / 2))
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(30)
+                    by_path[path].append(measured(port, workers, path, threads, seconds))
+                    single[path].append(measured(port, workers, path, 1, seconds / 2))
+        # A scaling data point, not the service's configuration: two worker processes,
+        # each with its own GIL, its own view and its own in-memory ledger (in a cluster
+        # they would share the ledger Leases). 8 connections, so that both processes get
+        # some: the kernel hands each new connection to whichever process accepts first.
+        two: dict[str, list[dict[str, float]]] = {"/validate-resize": [], "/noop": []}
+        if two_workers:
+            with _server(files, server_threads, 2) as (port, workers):
+                for _ in range(rounds):
+                    for path in two:
+                        two[path].append(measured(port, workers, path, 2 * threads, seconds))
 
     def summary(rs: list[dict[str, float]]) -> dict[str, Any]:
         return {
@@ -705,6 +741,17 @@ def run(rounds: int, seconds: float, threads: int, server_threads: int) -> dict[
             "validate": summary(single["/validate-resize"]),
             "noop": summary(single["/noop"]),
         },
+        "two_workers": (
+            {
+                "server": f"gunicorn gthread, 2 workers, {server_threads} threads each, TLS; "
+                "not the service's configuration (see webhook/web/server.py)",
+                "client_threads": 2 * threads,
+                "validate": summary(two["/validate-resize"]),
+                "noop": summary(two["/noop"]),
+            }
+            if two_workers
+            else None
+        ),
         "targets": {
             "p99_ms": TARGET_P99_MS,
             "reviews_per_s": TARGET_RPS,
@@ -757,6 +804,18 @@ def table(result: dict[str, Any]) -> str:
         f"validate/noop: p50 x{r['p50']}, p99 x{r['p99']}, throughput x{r['throughput']}, "
         f"server CPU x{r['server_cpu']}"
     )
+    two = result.get("two_workers")
+    if two:
+        lines.append(
+            f"2 worker processes (a data point, not the default), "
+            f"{two['client_threads']} connections:"
+        )
+        for name, row in (("/validate-resize", two["validate"]), ("/noop", two["noop"])):
+            lines.append(
+                f"{name:<18} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} "
+                f"{row['reviews_per_s']:>10.1f}   {'':>10} {'':>10}"
+                f"   {row['server_cpu_ms']:>13.3f} {row['client_cpu_ms']:>13.3f}"
+            )
     load = result["load_average_1m"]
     lines.append(f"load average (1 min): {load['before']:.2f} before, {load['after']:.2f} after")
     lines.append(
@@ -779,9 +838,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="measured time per round")
     parser.add_argument("--threads", type=int, default=4, help="client threads")
     parser.add_argument("--server-threads", type=int, default=4, help="as the service's default")
+    parser.add_argument(
+        "--no-two-workers", action="store_true", help="skip the 2-worker-process data point"
+    )
     args = parser.parse_args(argv)
     rounds, seconds = (1, 2.0) if args.quick else (args.rounds, args.seconds)
-    result = run(rounds, seconds, args.threads, args.server_threads)
+    result = run(rounds, seconds, args.threads, args.server_threads, not args.no_two_workers)
     print(table(result))
     if not args.quick:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
