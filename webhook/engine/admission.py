@@ -118,6 +118,7 @@ class AdmissionEngine:
         self.on_admitted = on_admitted
         self.policy = config.policy()
         self._indexes: dict[str, NodePods] = {}
+        self._counted: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._indexes_lock = threading.Lock()
 
     # -- entry points ---------------------------------------------------------------
@@ -168,8 +169,15 @@ class AdmissionEngine:
                 log.exception("internal error answering review %s", uid)
                 decision = self._failed_open(uid, "internal", "internal error; resize allowed")
         elapsed = self.timer() - start
-        self.metrics.reviews.labels(endpoint, decision.verdict).inc()
-        self.metrics.review_latency.labels(endpoint).observe(elapsed)
+        counted = self._counted.get((endpoint, decision.verdict))
+        if counted is None:
+            # Children looked up once: labels() takes a lock and builds a key each time.
+            counted = self._counted[(endpoint, decision.verdict)] = (
+                self.metrics.reviews.labels(endpoint, decision.verdict),
+                self.metrics.review_latency.labels(endpoint),
+            )
+        counted[0].inc()
+        counted[1].observe(elapsed)
         if decision.verdict != "ignored":
             self._log(request, endpoint, decision, elapsed)
         return decision
