@@ -302,7 +302,7 @@ def _fast_reviews(
             answer is None
             or environ.get("REQUEST_METHOD") != "POST"
             or environ.get("CONTENT_TYPE") != _JSON
-            or not length.isdigit()
+            or not (length.isascii() and length.isdigit())
             or int(length) > max_body
         ):
             return wsgi_app(environ, start_response)
