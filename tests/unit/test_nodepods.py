@@ -20,6 +20,8 @@ from webhook.core.reservation import active_on
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
 from webhook.engine.ledger import InMemoryLedger
+from webhook.engine.node_indexes import NodeIndexes
+from webhook.engine.reconciler import Reconciler
 from webhook.engine.static_view import StaticClusterView
 
 
@@ -206,3 +208,42 @@ def test_the_engine_keeps_an_index_while_the_pods_stay() -> None:
     first = engine._node_pods(NODE, tuple(view.pods_on(NODE)))
     assert first is engine._node_pods(NODE, tuple(view.pods_on(NODE)))
     assert first is not engine._node_pods(NODE, (old,))  # an equal but other tuple
+
+
+def test_node_indexes_keep_the_most_recent_nodes_up_to_their_bound() -> None:
+    pods = (make_pod("a").on("node-a").build(),)
+    indexes = NodeIndexes(size=2)
+    first = indexes.get("node-a", pods)
+    indexes.get("node-b", ())
+    assert first is indexes.get("node-a", pods)
+    indexes.get("node-c", ())  # a third node: the oldest kept one goes
+
+    assert 2 == len(indexes)
+    assert first is not indexes.get("node-a", pods)
+
+
+def test_the_reconciler_plans_from_an_index_of_the_pods_the_view_has_now() -> None:
+    deferred = (
+        make_pod("high")
+        .priority(HIGH)
+        .requests(cpu="6", memory="1Gi")
+        .holding(cpu="4", memory="1Gi")
+        .started(50)
+        .deferred()
+        .build()
+    )
+    low = make_pod("low").priority(LOW).requests(cpu="3").started(100).admitted().build()
+    node = make_node(NODE).allocatable(cpu="8", memory="16Gi").build()
+    view = StaticClusterView([node], [deferred, low])
+    reconciler = Reconciler(Config(), view, InMemoryLedger(), clock=lambda: NOW)
+
+    [outcome] = reconciler.reconcile()
+
+    assert outcome.plan is not None
+    assert ("preempt", ("default/low",)) == (
+        outcome.plan.verdict,
+        tuple(v.pod.key for v in outcome.plan.victims),
+    )
+    kept = reconciler._indexes.kept(NODE)
+    assert kept is not None
+    assert tuple(view.pods_on(NODE)) is kept.pods

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from webhook.core.resources import RESOURCE_NAMES, format_amount
 from webhook.engine.config import Config
 from webhook.engine.ledger import Ledger, LedgerEntry
 from webhook.engine.metrics import Metrics
+from webhook.engine.node_indexes import NodeIndexes
 from webhook.engine.ports import ClusterView
 from webhook.engine.wire import AdmissionRequest, AdmissionReview, is_pod_resize, response
 
@@ -43,11 +43,6 @@ PREFIX = "resize-preemption: "
 
 decision_log = logging.getLogger("webhook.decisions")
 log = logging.getLogger(__name__)
-
-#: Nodes whose :class:`NodePods` the engine keeps. Reviews come in bursts on the nodes
-#: being resized; an index holds about as much as its node's pods, so a bound keeps a
-#: large cluster's worth of them out of memory.
-NODE_INDEXES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +112,8 @@ class AdmissionEngine:
         self.timer = timer
         self.on_admitted = on_admitted
         self.policy = config.policy()
-        self._indexes: dict[str, NodePods] = {}
+        self._indexes = NodeIndexes()
         self._counted: dict[tuple[str, str], tuple[Any, Any]] = {}
-        self._indexes_lock = threading.Lock()
 
     # -- entry points ---------------------------------------------------------------
 
@@ -253,21 +247,8 @@ class AdmissionEngine:
         return _Scene(old, new, node, pods, budgets, index)
 
     def _node_pods(self, node: str, pods: tuple[Pod, ...]) -> NodePods:
-        """The index of ``pods``, built again whenever the view hands out another tuple.
-
-        Both views replace a node's tuple when any of its pods changes (and never change
-        a tuple), so the tuple's identity is the version of the node's pods. The index
-        holds the tuple, so that identity cannot be reused while it is kept.
-        """
-        index = self._indexes.get(node)
-        if index is not None and index.pods is pods:
-            return index
-        index = NodePods(node, pods)
-        with self._indexes_lock:
-            if len(self._indexes) >= NODE_INDEXES and node not in self._indexes:
-                del self._indexes[next(iter(self._indexes))]
-            self._indexes[node] = index
-        return index
+        """The index of ``pods``, built again whenever the view hands out another tuple."""
+        return self._indexes.get(node, pods)
 
     def _plan(self, s: _Scene, entries: tuple[LedgerEntry, ...], now: float) -> Plan:
         return plan_resize(
