@@ -22,6 +22,7 @@ import shutil
 import socket
 import ssl
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -80,11 +81,27 @@ class ControlPlaneConfig:
     start_timeout: float = 60.0
 
 
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port nothing listens on right now, on any address, and never handed out
+    before by this process.
+
+    The OS picks it; two picks in a row may return the same port (both probes are
+    closed before anything listens), and the second listener - a webhook replica next
+    to another one's metrics port, say - would then fail to bind.
+    """
+    with _handed_out_lock:
+        for _ in range(1000):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("", 0))  # every address: what a 0.0.0.0 listener needs free
+                port = int(s.getsockname()[1])
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise RuntimeError("no TCP port left that was not handed out already")
 
 
 class ControlPlane:

@@ -21,11 +21,11 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.harness.launcher import free_port
 from tests.harness.processes import ManagedProcess, spawn
 from tests.unit.web_fixtures import (
     TLSFiles,
     client_context,
-    free_port,
     make_tls_files,
     peer_serial,
     replace_file,

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
+from tests.harness.launcher import free_port
 from tests.harness.processes import spawn
-from tests.unit.web_fixtures import free_port, make_tls_files, wait_for_tls
+from tests.unit.web_fixtures import make_tls_files, wait_for_tls
 from webhook.web.app import create_app
 from webhook.web.metrics_server import start_metrics_server
 from webhook.web.server import DEFAULT_THREADS, ServerOptions, WebhookServer, WorkerApp

@@ -206,12 +206,6 @@ def make_tls_files(directory: Path) -> TLSFiles:
     return files
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def client_context(ca_file: Path) -> ssl.SSLContext:
     """What the API server does: verify against the caBundle, connect by IP (no SNI)."""
     context = ssl.create_default_context(cafile=str(ca_file))
