@@ -84,6 +84,16 @@ def running(cluster: Cluster, ref: PodRef) -> bool:
     return bool(pod and pod.get("status", {}).get("phase") == "Running")
 
 
+def running_victim(
+    cluster: Cluster, namespace: str, wait_until: Waiter, body: dict[str, Any]
+) -> tuple[PodRef, PodRef]:
+    """The victim from ``body`` (waited running) and a high-priority-pod preemptor."""
+    victim = create_pod(cluster, namespace, body)
+    preemptor = create_pod(cluster, namespace, pod_body("high-priority-pod"))
+    wait_until(lambda: running(cluster, victim), what="the victim to run")
+    return victim, preemptor
+
+
 def kubectl_events(kubectl: Kubectl, name: str) -> list[dict[str, Any]]:
     out = kubectl("get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json")
     items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
@@ -141,9 +151,7 @@ def test_evict_removes_the_victim_and_records_a_preempted_event(
     metrics: Metrics,
     wait_until: Waiter,
 ) -> None:
-    victim = create_pod(cluster, namespace, pod_body("low-priority-pod"))
-    preemptor = create_pod(cluster, namespace, pod_body("high-priority-pod"))
-    wait_until(lambda: running(cluster, victim), what="the victim to run")
+    victim, preemptor = running_victim(cluster, namespace, wait_until, pod_body("low-priority-pod"))
 
     result = make_evictor(api_client, recorder, metrics).evict(victim, preemptor, NODE)
 
@@ -175,9 +183,7 @@ def test_a_victim_the_caller_saw_live_is_evicted_on_the_uid_precondition_alone(
     metrics: Metrics,
     wait_until: Waiter,
 ) -> None:
-    victim = create_pod(cluster, namespace, pod_body("low-priority-pod"))
-    preemptor = create_pod(cluster, namespace, pod_body("high-priority-pod"))
-    wait_until(lambda: running(cluster, victim), what="the victim to run")
+    victim, preemptor = running_victim(cluster, namespace, wait_until, pod_body("low-priority-pod"))
 
     result = make_evictor(api_client, recorder, metrics).evict(
         victim, preemptor, NODE, seen_live=True
@@ -236,9 +242,9 @@ def test_a_pdb_protected_victim_is_blocked_and_kept(
     metrics: Metrics,
     wait_until: Waiter,
 ) -> None:
-    victim = create_pod(cluster, namespace, pod_body("protected", labels={"app": "db"}))
-    preemptor = create_pod(cluster, namespace, pod_body("high-priority-pod"))
-    wait_until(lambda: running(cluster, victim), what="the victim to run")
+    victim, preemptor = running_victim(
+        cluster, namespace, wait_until, pod_body("protected", labels={"app": "db"})
+    )
     cluster.client.create(
         f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
         {

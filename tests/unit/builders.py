@@ -403,6 +403,15 @@ class PdbBuilder:
         self._obj["spec"].pop("selector", None)
         return self
 
+    def selector_spec(self, spec: str) -> PdbBuilder:
+        """Table shorthand: ``"empty"`` (selects every pod), ``"null"`` (selects none),
+        else the ``app`` label to select."""
+        if spec == "empty":
+            return self.empty_selector()
+        if spec == "null":
+            return self.null_selector()
+        return self.selecting(app=spec)
+
     def allowing(self, disruptions: int) -> PdbBuilder:
         self._obj["status"]["disruptionsAllowed"] = disruptions
         return self

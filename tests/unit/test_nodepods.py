@@ -14,7 +14,7 @@ from tests.unit.test_plan_properties import FAST, World, worlds
 from webhook.core.headroom import node_usage
 from webhook.core.model import Pod
 from webhook.core.nodepods import NodePods
-from webhook.core.plan import plan_resize
+from webhook.core.plan import Plan, plan_resize
 from webhook.core.policy import DefaultPolicy, ImportanceKey
 from webhook.core.reservation import active_on
 from webhook.engine.admission import AdmissionEngine
@@ -25,12 +25,8 @@ from webhook.engine.reconciler import Reconciler
 from webhook.engine.static_view import StaticClusterView
 
 
-@FAST
-@given(worlds())
-def test_an_index_changes_no_plan(world: World) -> None:
-    pods = tuple(world.pods)
-    index = NodePods(NODE, pods)
-    expected = plan_resize(
+def _plan(world: World, pods: tuple[Pod, ...], index: NodePods | None = None) -> Plan:
+    return plan_resize(
         world.old,
         world.new,
         world.node,
@@ -39,19 +35,18 @@ def test_an_index_changes_no_plan(world: World) -> None:
         budgets=world.budgets,
         reservations=world.reservations,
         policy=world.policy,
+        index=index,
     )
+
+
+@FAST
+@given(worlds())
+def test_an_index_changes_no_plan(world: World) -> None:
+    pods = tuple(world.pods)
+    index = NodePods(NODE, pods)
+    expected = _plan(world, pods)
     for _ in range(2):  # the second time from the remembered budget coverage
-        assert expected == plan_resize(
-            world.old,
-            world.new,
-            world.node,
-            pods,
-            now=NOW,
-            budgets=world.budgets,
-            reservations=world.reservations,
-            policy=world.policy,
-            index=index,
-        )
+        assert expected == _plan(world, pods, index)
 
 
 @FAST
@@ -118,13 +113,7 @@ def test_budget_coverage(
     built = []
     for i, (selector, allowed, disrupted) in enumerate(budgets):
         b = make_pdb(f"pdb{i}").allowing(allowed).disrupted(*disrupted)
-        if selector == "empty":
-            b.empty_selector()
-        elif selector == "null":
-            b.null_selector()
-        else:
-            b.selecting(app=selector)
-        built.append(b.build())
+        built.append(b.selector_spec(selector).build())
     index = NodePods(NODE, pods)
     by_name = {p.uid: p.name for p in pods}
     coverage = index.coverage(built, mode)  # type: ignore[arg-type]

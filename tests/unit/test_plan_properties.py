@@ -152,13 +152,7 @@ def _pod(i: int, spec: tuple[Any, ...]) -> Pod:
 
 def _budget(i: int, spec: tuple[Any, ...], pods: list[Pod]) -> DisruptionBudget:
     namespace, selector, allowed, disrupted = spec
-    b = make_pdb(f"pdb{i}", namespace).allowing(allowed)
-    if selector == "empty":
-        b.empty_selector()
-    elif selector == "null":
-        b.null_selector()
-    else:
-        b.selecting(app=selector)
+    b = make_pdb(f"pdb{i}", namespace).allowing(allowed).selector_spec(selector)
     b.disrupted(*sorted({pods[k].name for k in disrupted if k < len(pods)}))
     return b.build()
 
