@@ -8,15 +8,17 @@ from dataclasses import replace
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.unit.builders import HIGH, LOW, MID, NODE, NOW, make_node, make_pdb, make_pod
 from tests.unit.test_plan_properties import FAST, World, worlds
 from webhook.core.headroom import node_usage
 from webhook.core.model import Pod
-from webhook.core.nodepods import NodePods
+from webhook.core.nodepods import Candidates, NodePods
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.policy import DefaultPolicy, ImportanceKey
 from webhook.core.reservation import active_on
+from webhook.core.resources import Resources
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
 from webhook.engine.ledger import InMemoryLedger
@@ -236,3 +238,47 @@ def test_the_reconciler_plans_from_an_index_of_the_pods_the_view_has_now() -> No
     kept = reconciler._indexes.kept(NODE)
     assert kept is not None
     assert tuple(view.pods_on(NODE)) is kept.pods
+
+
+def _walk(
+    amounts: Sequence[tuple[int, int]],
+    order: Sequence[int],
+    used: tuple[int, int],
+    room: tuple[int | None, int | None],
+) -> list[int]:
+    """Step 7 as the scheduler writes it: one pod at a time, in order."""
+    cpu, memory = used
+    chosen = []
+    for i in order:
+        with_cpu, with_memory = cpu + amounts[i][0], memory + amounts[i][1]
+        if (room[0] is None or with_cpu <= room[0]) and (room[1] is None or with_memory <= room[1]):
+            cpu, memory = with_cpu, with_memory
+        else:
+            chosen.append(i)
+    return chosen
+
+
+@FAST
+@given(
+    st.lists(st.tuples(st.integers(0, 8), st.integers(0, 8)), max_size=12),
+    st.integers(0, 2**12),
+    st.tuples(st.integers(-10, 10), st.integers(-10, 10)),
+    st.tuples(st.none() | st.integers(-10, 40), st.none() | st.integers(-10, 40)),
+)
+def test_the_reprieve_takes_back_the_pods_the_walk_takes_back(
+    amounts: list[tuple[int, int]],
+    budget_mask: int,
+    used: tuple[int, int],
+    room: tuple[int | None, int | None],
+) -> None:
+    # Pods of budgets that allow nothing are reprieved first: a mask of them shuffles the
+    # walk's order away from the importance order.
+    pods = [
+        make_pod(f"p{i}").labels(guarded="yes" if budget_mask >> i & 1 else "no").build()
+        for i in range(len(amounts))
+    ]
+    budgets = [make_pdb("guard").selecting(guarded="yes").allowing(0).build()]
+    chain = Candidates.build(pods, [Resources(c, m) for c, m in amounts], budgets, "respect")
+
+    assert _walk(amounts, chain.order, used, room) == chain.reprieve(*used, *room)
+    assert sorted(chain.order) == list(range(len(pods)))

@@ -12,14 +12,114 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
 
 from webhook.core.accounting import pod_requests
+from webhook.core.disruption import split_by_violation
 from webhook.core.model import TERMINAL_PHASES, DisruptionBudget, PdbMode, Pod, PodRef
 from webhook.core.policy import importance_key
 from webhook.core.resources import Resources
 
 #: Pod uid -> indexes of the budgets that cover the pod and have not counted it yet.
 Coverage = Mapping[str, tuple[int, ...]]
+
+#: Candidate chains kept per index (by priority, protected namespaces and PDB mode). A
+#: node sees resizes of pods of a few priorities; past the bound the memo starts over.
+CHAINS_KEPT = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """A plan's candidates in the two orders it walks them (steps 4 to 7).
+
+    ``pods`` are most important first, each freeing ``amounts[i]``; ``order`` is the
+    reprieve order, as indexes into ``pods``: the pods that would violate a budget first,
+    then the others, each group in importance order. ``prefix_cpu[k]`` and
+    ``prefix_memory[k]`` are what the first ``k + 1`` pods of ``order`` free together.
+    """
+
+    pods: tuple[Pod, ...]
+    amounts: tuple[Resources, ...]
+    order: tuple[int, ...]
+    prefix_cpu: tuple[int, ...]
+    prefix_memory: tuple[int, ...]
+    total: Resources
+    uids: frozenset[str]
+
+    @classmethod
+    def build(
+        cls,
+        pods: Sequence[Pod],
+        amounts: Sequence[Resources],
+        budgets: Sequence[DisruptionBudget],
+        mode: PdbMode,
+        coverage: Coverage | None = None,
+    ) -> Candidates:
+        """``pods`` in importance order, what each frees, and the budgets that split them."""
+        violating, _ = split_by_violation(pods, budgets, mode, coverage=coverage)
+        # Both parts keep the input order: match the violating ones up in one pass.
+        first: list[int] = []
+        rest: list[int] = []
+        pending = iter(violating)
+        wanted = next(pending, None)
+        for i, p in enumerate(pods):
+            if p is wanted:
+                first.append(i)
+                wanted = next(pending, None)
+            else:
+                rest.append(i)
+        order = first + rest
+        cpu = [amounts[i].cpu for i in order]
+        memory = [amounts[i].memory for i in order]
+        prefix_cpu, prefix_memory = tuple(accumulate(cpu)), tuple(accumulate(memory))
+        return cls(
+            pods=tuple(pods),
+            amounts=tuple(amounts),
+            order=tuple(order),
+            prefix_cpu=prefix_cpu,
+            prefix_memory=prefix_memory,
+            total=Resources(
+                prefix_cpu[-1] if prefix_cpu else 0, prefix_memory[-1] if prefix_memory else 0
+            ),
+            uids=frozenset(p.uid for p in pods),
+        )
+
+    def reprieve(
+        self, used_cpu: int, used_memory: int, room_cpu: int | None, room_memory: int | None
+    ) -> list[int]:
+        """Step 7 of the plan: with every candidate gone the node uses ``used_*``; add
+        them back in :attr:`order` while the resize still fits (``room_*``: what the other
+        pods may use, ``None`` for a resource the resize does not request). Returns the
+        indexes (into :attr:`pods`) of the pods that could not come back: the victims.
+
+        The longest run at the start of the order that fits as a whole comes back in one
+        step (a binary search over the prefix sums, as amounts are never negative): the
+        walk would take each of those pods back. The walk starts at the first that does
+        not fit.
+        """
+        prefix_cpu, prefix_memory = self.prefix_cpu, self.prefix_memory
+        start = len(self.order)
+        if room_cpu is not None:
+            start = min(start, bisect_right(prefix_cpu, room_cpu - used_cpu))
+        if room_memory is not None:
+            start = min(start, bisect_right(prefix_memory, room_memory - used_memory))
+        if start:
+            used_cpu += prefix_cpu[start - 1]
+            used_memory += prefix_memory[start - 1]
+        amounts = self.amounts
+        chosen: list[int] = []
+        for i in self.order[start:]:
+            amount = amounts[i]
+            with_cpu = used_cpu + amount.cpu
+            with_memory = used_memory + amount.memory
+            if (room_cpu is None or with_cpu <= room_cpu) and (
+                room_memory is None or with_memory <= room_memory
+            ):
+                used_cpu, used_memory = with_cpu, with_memory
+            else:
+                chosen.append(i)
+        return chosen
 
 
 class NodePods:
@@ -31,6 +131,7 @@ class NodePods:
     """
 
     __slots__ = (
+        "_chains",
         "_coverage",
         "_neg_priorities",
         "by_uid",
@@ -93,10 +194,47 @@ class NodePods:
         #: Namespaces of every pod in ``pods`` (whose budgets a decision reads).
         self.namespaces = frozenset(p.namespace for p in pods)
         self._coverage: tuple[tuple[DisruptionBudget, ...], PdbMode, Coverage] | None = None
+        self._chains: dict[
+            tuple[int, frozenset[str], PdbMode],
+            tuple[tuple[DisruptionBudget, ...], Candidates | None],
+        ] = {}
 
     def ranked_below(self, priority: int) -> Sequence[Pod]:
         """:attr:`ranked` pods of priority strictly lower than ``priority``, in order."""
         return self.ranked[bisect_right(self._neg_priorities, -priority) :]
+
+    def candidates(
+        self,
+        priority: int,
+        protected: frozenset[str],
+        budgets: Sequence[DisruptionBudget],
+        mode: PdbMode,
+    ) -> Candidates | None:
+        """The candidates of a preemptor of ``priority`` under the default policy when no
+        reservation touches this node's pods: the started pods ranked below it outside
+        the ``protected`` namespaces, freeing what they hold, split by ``budgets``.
+
+        ``None`` when pods that have not started rank below it too (their rank depends
+        on the time of the decision): the caller takes the long way. Kept per
+        (priority, protected, mode) for the last budgets asked with.
+        """
+        key = (priority, protected, mode)
+        budgets = tuple(budgets)
+        kept = self._chains.get(key)
+        # Tuple equality tries identity first: the same budget views compare in C.
+        if kept is not None and kept[0] == budgets:
+            return kept[1]
+        chain: Candidates | None = None
+        if not any(p.priority < priority for p in self.unstarted):
+            pods = [p for p in self.ranked_below(priority) if p.namespace not in protected]
+            held = self.held
+            chain = Candidates.build(
+                pods, [held[p.uid] for p in pods], budgets, mode, self.coverage(budgets, mode)
+            )
+        if len(self._chains) >= CHAINS_KEPT:
+            self._chains = {}
+        self._chains[key] = (budgets, chain)
+        return chain
 
     def coverage(self, budgets: Sequence[DisruptionBudget], mode: PdbMode) -> Coverage:
         """Which of ``budgets`` cover each counted pod, as :func:`split_by_violation`

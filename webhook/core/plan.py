@@ -16,7 +16,7 @@ from webhook.core.accounting import pod_requests
 from webhook.core.disruption import split_by_violation
 from webhook.core.headroom import NodeUsage, node_usage
 from webhook.core.model import TERMINAL_PHASES, DisruptionBudget, Node, Pod, PodRef
-from webhook.core.nodepods import NodePods
+from webhook.core.nodepods import Candidates, NodePods
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import RESOURCE_NAMES, ZERO, ResourceName, Resources, format_amount
@@ -172,6 +172,56 @@ class _Context:
         )
 
 
+def _candidates(
+    new: Pod,
+    pods: Sequence[Pod],
+    node: str,
+    claimed: set[str],
+    policy: PreemptionPolicy,
+    now: float,
+    index: NodePods | None,
+) -> list[Pod]:
+    """Step 4 the long way: pods of lower priority than ``new`` bound to ``node``, not
+    terminal, terminating, mirror or ``claimed``, that ``policy`` lets it preempt; most
+    important first."""
+    priority, uid, may_preempt = new.priority, new.uid, policy.may_preempt
+    importance = policy.importance
+    # The index ranks pods by the default importance; another ranking sorts here.
+    if index is not None and type(policy).importance is DefaultPolicy.importance:
+        # Already bound here, not terminal, terminating or mirror, and in order.
+        candidates = [
+            p
+            for p in index.ranked_below(priority)
+            if p.uid != uid and p.uid not in claimed and may_preempt(p, new)
+        ]
+        late = [
+            p
+            for p in index.unstarted
+            if p.priority < priority
+            and p.uid != uid
+            and p.uid not in claimed
+            and may_preempt(p, new)
+        ]
+        if late:
+            candidates += late
+            candidates.sort(key=lambda p: importance(p, now))
+        return candidates
+    candidates = [
+        p
+        for p in pods
+        if p.priority < priority
+        and p.node == node
+        and p.uid != uid
+        and p.phase not in TERMINAL_PHASES
+        and not p.terminating
+        and not p.mirror
+        and p.uid not in claimed
+        and may_preempt(p, new)
+    ]
+    candidates.sort(key=lambda p: importance(p, now))
+    return candidates
+
+
 def plan_resize(
     old: Pod,
     new: Pod,
@@ -258,62 +308,40 @@ def plan_resize(
         return ctx.plan("not-eligible", "node-opted-out", f"{name} opted out of resize preemption")
 
     # Step 4: candidates - strictly lower priority, removable, not already leaving.
-    # (Steps 4 to 8 run once per pod on the node: they use locals and plain integers.)
+    # Under the default policy, with no reservation touching the node's pods, the index
+    # keeps steps 4 and 6 done for the preemptor's priority.
     claimed = {uid for r in reserved.values() for uid in r.victims}
-    priority, uid, may_preempt = new.priority, new.uid, policy.may_preempt
-    importance = policy.importance
-    # The index ranks pods by the default importance; another ranking sorts here.
-    ranked = index is not None and type(policy).importance is DefaultPolicy.importance
-    if index is not None and ranked:
-        # Already bound here, not terminal, terminating or mirror, and in order.
-        below = index.ranked_below(priority)
-        if isinstance(policy, DefaultPolicy) and type(policy) is DefaultPolicy:
-            # may_preempt inlined: it runs for every pod below the resizing one.
-            protected = policy.protected_namespaces
-            candidates = [
-                p
-                for p in below
-                if p.uid != uid and p.uid not in claimed and p.namespace not in protected
-            ]
-        else:
-            candidates = [
-                p for p in below if p.uid != uid and p.uid not in claimed and may_preempt(p, new)
-            ]
-        late = [
-            p
-            for p in index.unstarted
-            if p.priority < priority
-            and p.uid != uid
-            and p.uid not in claimed
-            and may_preempt(p, new)
-        ]
-        if late:
-            candidates += late
-            candidates.sort(key=lambda p: importance(p, now))
-    else:
-        candidates = [
-            p
-            for p in pods
-            if p.priority < priority
-            and p.node == name
-            and p.uid != uid
-            and p.phase not in TERMINAL_PHASES
-            and not p.terminating
-            and not p.mirror
-            and p.uid not in claimed
-            and may_preempt(p, new)
-        ]
-        candidates.sort(key=lambda p: importance(p, now))
+    chain = None
+    if (
+        index is not None
+        and isinstance(policy, DefaultPolicy)
+        and type(policy) is DefaultPolicy
+        and not claimed
+    ):
+        chain = index.candidates(
+            new.priority, policy.protected_namespaces, budgets, policy.pdb_mode
+        )
+        # A candidate's reservation changes what it frees; and a pod is never its own
+        # candidate (the index may hold it at another priority than the review says).
+        if chain is not None and (
+            new.uid in chain.uids or any(uid in chain.uids for uid in reserved)
+        ):
+            chain = None
+    if chain is None:
+        candidates = _candidates(new, pods, name, claimed, policy, now, index)
+        held = usage.held
+        coverage = index.coverage(budgets, policy.pdb_mode) if index is not None else None
+        # Step 6 (split by PodDisruptionBudget violation) is done here too.
+        chain = Candidates.build(
+            candidates,
+            [held.get(p.uid, ZERO) for p in candidates],
+            budgets,
+            policy.pdb_mode,
+            coverage,
+        )
 
     # Step 5: remove them all; if the resize still does not fit, preempt nobody.
-    held = usage.held
-    frees: dict[str, Resources] = {}
-    used_cpu, used_memory = projected.cpu, projected.memory
-    for p in candidates:
-        frees[p.uid] = amount = held.get(p.uid, ZERO)
-        used_cpu -= amount.cpu
-        used_memory -= amount.memory
-    used = Resources(used_cpu, used_memory)
+    used = projected - chain.total
     if not _fits(demand, used, node.allocatable):
         unmet = shortfall(demand, used, node.allocatable)
         return ctx.plan(
@@ -324,41 +352,36 @@ def plan_resize(
             unmet=unmet,
         )
 
-    # Step 6: most important first (sorted above), then split by PodDisruptionBudget
-    # violation.
-    coverage = index.coverage(budgets, policy.pdb_mode) if index is not None else None
-    violating, safe = split_by_violation(candidates, budgets, policy.pdb_mode, coverage=coverage)
+    # Step 6: most important first, then split by PodDisruptionBudget violation: done
+    # with the candidates (``chain.order``).
 
     # Step 7: reprieve - add back violating pods first, then the rest, each in importance
     # order; a pod that no longer lets the resize fit becomes a victim. Only resources the
     # pod requests are checked (see :func:`shortfall`): room left is allocatable - used.
-    room_cpu = node.allocatable.cpu - demand.cpu if demand.cpu else None
-    room_memory = node.allocatable.memory - demand.memory if demand.memory else None
-    chosen: set[str] = set()
-    for group in (violating, safe):
-        for p in group:
-            amount = frees[p.uid]
-            with_cpu = used_cpu + amount.cpu
-            with_memory = used_memory + amount.memory
-            if (room_cpu is None or with_cpu <= room_cpu) and (
-                room_memory is None or with_memory <= room_memory
-            ):
-                used_cpu, used_memory = with_cpu, with_memory
-            else:
-                chosen.add(p.uid)
+    chosen = chain.reprieve(
+        used.cpu,
+        used.memory,
+        node.allocatable.cpu - demand.cpu if demand.cpu else None,
+        node.allocatable.memory - demand.memory if demand.memory else None,
+    )
 
     # Step 8: evict the least important first. Which victims overspend a budget is
     # decided on the victims themselves, in that order, as the Eviction API will meet
     # them: the split above counted every candidate, including more important pods of
     # the same budget that the reprieve kept and that so spend no disruption.
-    leaving = [p for p in reversed(candidates) if p.uid in chosen]
+    chosen.sort(reverse=True)
+    leaving = [chain.pods[i] for i in chosen]
     over: set[str] = set()
     if leaving and budgets:
+        coverage = index.coverage(budgets, policy.pdb_mode) if index is not None else None
         over = {
             p.uid
             for p in split_by_violation(leaving, budgets, policy.pdb_mode, coverage=coverage)[0]
         }
-    victims = [Victim(p.ref, p.priority, frees[p.uid], p.uid in over) for p in leaving]
+    victims = [
+        Victim(p.ref, p.priority, chain.amounts[i], p.uid in over)
+        for i, p in zip(chosen, leaving, strict=True)
+    ]
 
     # Step 9: limits the policy sets.
     blocked = [v for v in victims if v.violates_pdb]
