@@ -12,7 +12,9 @@ body: an allow-all webhook that reads and parses the review and allows it, so on
 engine's decision is left out) for a fixed time after a warm-up, first from 4 client
 threads, then from one connection. Every request carries a fresh uid, so each is a new
 admission: the review preempts one pod and writes the in-memory ledger, and the JSON
-decision-log line is written (to ``/dev/null``) - every step of the admission path runs.
+decision-log line is written (to ``/dev/null``, or to the file named by
+``RPW_BENCH_DECISIONS``, whose ``latencyMs`` is the engine's own time) - every step of the
+admission path runs.
 
 A second server with two worker processes then drives both endpoints from 8
 connections: a scaling data point (two GILs, each with its own view and in-memory
