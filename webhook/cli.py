@@ -102,6 +102,13 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
 def cmd_certs(args: argparse.Namespace) -> int:
     from webhook import certs
 
@@ -150,11 +157,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     flags = {name: getattr(args, name.replace("-", "_"), None) for name in SETTINGS}
     config = load_config(file=args.config, env=os.environ, flags=flags)
     serve(
-        build(config, args.kubeconfig),
+        build(config, args.kubeconfig, workers=args.workers),
         cert_file=args.tls_cert,
         key_file=args.tls_key,
         host=args.host,
         port=args.port,
+        workers=args.workers,
         threads=args.threads or DEFAULT_THREADS,
         metrics_port=args.metrics_port or None,
         log_level=args.log_level,
@@ -205,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--metrics-port", type=int, default=9090, help="0 disables /metrics")
     srv.add_argument(
         "--threads", type=int, help="gunicorn threads (default 4; see webhook/web/server.py)"
+    )
+    srv.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        help="worker processes (default 1; more use more cores, each with its own cache)",
     )
     srv.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
     srv.add_argument("--config", metavar="FILE", help="YAML file of settings")

@@ -207,12 +207,23 @@ def _decision_event(recorder: EventRecorder) -> Callable[[Pod, Plan, bool], None
     return record
 
 
-def build(config: Config, kubeconfig: str | None) -> Callable[[Any], WorkerApp]:
-    """The app factory gunicorn calls in its worker process."""
+def process_identity(configured: str, workers: int, pid: int) -> str:
+    """This process's name in leader election and events: the configured identity (the
+    pod's name in the Deployment), told apart by process id when the replica runs
+    several worker processes - each competes for the lease like a replica would."""
+    if not configured:
+        return f"rpw-{pid}-{int(time.time())}"
+    return f"{configured}-{pid}" if workers > 1 else configured
+
+
+def build(
+    config: Config, kubeconfig: str | None, *, workers: int = 1
+) -> Callable[[Any], WorkerApp]:
+    """The app factory gunicorn calls in each of its ``workers`` worker processes."""
 
     def factory(tls: Any) -> WorkerApp:
         metrics = Metrics()
-        identity = config.identity or f"rpw-{threading.get_native_id()}-{int(time.time())}"
+        identity = process_identity(config.identity, workers, os.getpid())
         cache = ClusterCache(make_api_client(kubeconfig), config, metrics=metrics)
         ledger_api = make_api_client(kubeconfig)
         lease_ledger = LeaseLedger(ledger_api, config, metrics=metrics)
@@ -321,6 +332,6 @@ def build(config: Config, kubeconfig: str | None) -> Callable[[Any], WorkerApp]:
 
             return stop
 
-        return WorkerApp(app, start=start, registry=metrics.registry)
+        return WorkerApp(app, start=start, registry=metrics.registry, ready=cache.synced)
 
     return factory

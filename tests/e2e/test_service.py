@@ -201,6 +201,29 @@ def test_walkthrough_preempts_the_low_priority_pod_and_the_resize_is_actuated(
     } == webhook_audit(annotations)
 
 
+def test_two_worker_processes_preempt_once_and_count_into_one_view(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    service = start_service("--workers", "2")
+    walkthrough(kubectl, priority_classes)
+
+    result = resize(kubectl, "high-priority-pod", "6")
+
+    expect_preempted_and_actuated(cluster, namespace, result, wait_until, cpu="6")
+    assert 1 == len(events(kubectl, "low-priority-pod", "Preempted"))
+    metrics = scrape(service.metrics_port)
+    assert 1.0 == sample(
+        metrics, "rpw_admission_reviews_total", endpoint="validate", verdict="preempt"
+    )
+    # The two processes elect one leader between them; the master shows the replica's.
+    assert 1.0 == sample(metrics, "rpw_leader")
+
+
 # -- 2. infeasible ---------------------------------------------------------------------------
 
 INFEASIBLE = f"cannot fit on {NODE} even after preempting every lower-priority pod: cpu short by 1"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +20,14 @@ from prometheus_client import CollectorRegistry, Counter
 
 from tests.harness.launcher import free_port
 from tests.harness.processes import spawn
-from tests.unit.web_fixtures import make_tls_files, wait_for_tls
+from tests.unit.web_fixtures import (
+    client_context,
+    dumps,
+    make_tls_files,
+    wait_for_tls,
+    walkthrough_review,
+)
+from webhook.service import process_identity
 from webhook.web.app import create_app
 from webhook.web.metrics_server import start_metrics_server
 from webhook.web.server import DEFAULT_THREADS, ServerOptions, WebhookServer, WorkerApp
@@ -55,7 +66,7 @@ def test_gunicorn_settings(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"workers": 2}, "metrics port needs workers=1"),
+        ({"workers": 0}, "at least 1"),
         ({"threads": 0}, "at least 1"),
     ],
 )
@@ -157,3 +168,105 @@ def test_metrics_server_serves_only_its_registry_and_stops() -> None:
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url, timeout=2)
     server.stop()  # idempotent
+
+
+def _reviews_counted(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
+    return sum(
+        float(m)
+        for m in re.findall(rb"^rpw_admission_reviews_total{[^}]*} ([0-9.e+]+)$", text, re.M)
+    )
+
+
+def _post_reviews(port: int, ca_file: Path, count: int, prefix: str) -> None:
+    for i in range(count):
+        # A new connection each time, so that either worker may accept it.
+        conn = http.client.HTTPSConnection(
+            "127.0.0.1", port, context=client_context(ca_file), timeout=10
+        )
+        body = dumps(walkthrough_review(uid=f"{prefix}-{i}"))
+        conn.request("POST", "/validate-resize", body, {"Content-Type": "application/json"})
+        assert 200 == conn.getresponse().status
+        conn.close()
+
+
+def test_workers_count_into_one_view_that_outlives_a_worker(tmp_path: Path) -> None:
+    files = make_tls_files(tmp_path)
+    lifecycle = tmp_path / "lifecycle"
+    lifecycle.mkdir()
+    port, metrics_port = free_port(), free_port()
+    process = spawn(
+        "webhook",
+        [
+            sys.executable,
+            "-m",
+            "tests.unit.web_fixtures",
+            "--cert",
+            str(files.cert_file),
+            "--key",
+            str(files.key_file),
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(metrics_port),
+            "--workers",
+            "2",
+            "--lifecycle-dir",
+            str(lifecycle),
+        ],
+        tmp_path / "server.log",
+        cwd=REPO,
+    )
+    try:
+        wait_for_tls(port, files.ca_file)
+        deadline = time.monotonic() + 20
+        while len(workers := sorted(lifecycle.glob("built-*"))) < 2:
+            assert time.monotonic() < deadline, process.log_tail()
+            time.sleep(0.05)
+        pids = [int(w.name.removeprefix("built-")) for w in workers]
+        assert process.pid not in pids
+
+        _post_reviews(port, files.ca_file, 12, "first")
+        assert 12 == _reviews_counted(metrics_port)
+
+        # A worker dies; the master starts another. What the dead one counted stays.
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while len(list(lifecycle.glob("built-*"))) < 3:
+            assert time.monotonic() < deadline, process.log_tail()
+            time.sleep(0.05)
+        _post_reviews(port, files.ca_file, 5, "second")
+        assert 17 == _reviews_counted(metrics_port)
+    finally:
+        process.stop()
+
+
+@pytest.mark.parametrize(
+    ("configured", "workers", "expected"),
+    [
+        pytest.param(
+            "webhook-7f9c-abcde", 1, "webhook-7f9c-abcde", id="one-process-keeps-pod-name"
+        ),
+        pytest.param("webhook-7f9c-abcde", 2, "webhook-7f9c-abcde-4242", id="workers-told-apart"),
+    ],
+)
+def test_process_identity(configured: str, workers: int, expected: str) -> None:
+    assert expected == process_identity(configured, workers, 4242)
+
+
+def test_process_identity_without_configuration_is_unique_per_process() -> None:
+    assert process_identity("", 1, 11) != process_identity("", 1, 12)
+
+
+def test_a_worker_of_several_waits_for_its_cache_and_keeps_its_heartbeat() -> None:
+    answers = iter([False, False, False, True])
+    heartbeats: list[float] = []
+
+    class Worker:
+        def notify(self) -> None:
+            heartbeats.append(time.monotonic())
+
+    WebhookServer._settle(Worker(), lambda: next(answers))
+
+    assert 3 == len(heartbeats)
+    assert [] == list(answers)  # it asked until the cache was synced, and no more

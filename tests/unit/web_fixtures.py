@@ -245,6 +245,7 @@ def _serve_main() -> None:
     parser.add_argument("--key", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--metrics-port", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--check-interval", type=float, default=0.0)
     parser.add_argument(
         "--lifecycle-dir", help="record which process built the app and ran the services"
@@ -267,7 +268,7 @@ def _serve_main() -> None:
         return lambda: record("stopped")
 
     def factory(tls: CertificateReloader) -> WorkerApp:
-        record("built")
+        record(f"built-{os.getpid()}" if args.workers > 1 else "built")
         view, ledger = walkthrough_view(), InMemoryLedger()
         app = create_app(
             Config(),
@@ -288,6 +289,7 @@ def _serve_main() -> None:
         key_file=args.key,
         host="127.0.0.1",
         port=args.port,
+        workers=args.workers,
         threads=4,
         metrics_port=args.metrics_port,
         metrics_host="127.0.0.1",

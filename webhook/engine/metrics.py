@@ -69,13 +69,19 @@ class Metrics:
             "Ledger writes retried after a resourceVersion conflict",
             registry=r,
         )
+        # Gauges with several worker processes (webhook.web.shared_metrics): the largest
+        # value among the live ones - the worst cache age, the leading process's ledger.
         self.ledger_entries = Gauge(
-            "rpw_ledger_entries", "Admitted resizes holding a reservation", registry=r
+            "rpw_ledger_entries",
+            "Admitted resizes holding a reservation",
+            registry=r,
+            multiprocess_mode="livemax",
         )
         self.cache_age = Gauge(
             "rpw_cache_age_seconds",
             "Seconds since the cache last heard from the API server",
             registry=r,
+            multiprocess_mode="livemax",
         )
         self.reconciler_actions = Counter(
             "rpw_reconciler_actions",
@@ -84,5 +90,8 @@ class Metrics:
             registry=r,
         )
         self.leader = Gauge(
-            "rpw_leader", "1 while this replica runs the preemption worker", registry=r
+            "rpw_leader",
+            "1 while this replica runs the preemption worker",
+            registry=r,
+            multiprocess_mode="livemax",
         )

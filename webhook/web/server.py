@@ -12,6 +12,12 @@ Process model, by default: one gunicorn master and **one worker process with N t
   under the GIL, TLS included); threads cover the I/O waits (the ledger write, slow
   clients, TLS) and let several API server connections be served at once.
 
+A replica that must answer more reviews than one core can serve runs ``workers > 1``
+(``serve --workers``): each process has its own cache, cluster watches and GIL; they
+share the ledger, elect the preemption worker's leader among themselves like replicas
+do, and count metrics into one view that the gunicorn master serves
+(:mod:`webhook.web.shared_metrics`).
+
 The app is built **inside the worker process** (gunicorn calls
 :meth:`WebhookServer.load` after the fork): the cache's watch threads and the preemption
 worker must start in the process that serves, since threads do not survive a fork.
@@ -21,13 +27,16 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from gunicorn.app.base import BaseApplication
 from prometheus_client import CollectorRegistry
 
+from webhook.web import shared_metrics
 from webhook.web.metrics_server import MetricsServer, start_metrics_server
 from webhook.web.tls import DEFAULT_CHECK_INTERVAL, CertificateReloader
 
@@ -54,6 +63,11 @@ DEFAULT_KEEPALIVE: Final = 120
 #: terminationGracePeriodSeconds, 30 s by default).
 DEFAULT_GRACEFUL_TIMEOUT: Final = 15
 
+#: Seconds a worker of several waits for its cache before accepting connections anyway
+#: (a first sync of 150,000 pods takes under a minute), and how often it looks.
+SETTLE_TIMEOUT: Final = 300.0
+SETTLE_POLL: Final = 0.1
+
 #: Stops what a :data:`StartServices` started; called once, in the worker, at exit.
 StopServices = Callable[[], None]
 #: Starts background services (cache watches, preemption worker, leader election) in
@@ -74,6 +88,9 @@ class WorkerApp:
     app: WSGIApplication
     start: StartServices | None = None
     registry: CollectorRegistry | None = None
+    #: Whether the app can decide yet (the cluster cache synced). With several workers,
+    #: a worker waits for it before accepting connections: :meth:`WebhookServer._settle`.
+    ready: Callable[[], bool] | None = None
 
 
 #: Builds the app in the worker process. Its argument is the serving certificate, whose
@@ -104,10 +121,11 @@ class ServerOptions:
         """Raises ``ValueError`` on a combination that cannot work."""
         if self.workers < 1 or self.threads < 1:
             raise ValueError("workers and threads must be at least 1")
-        if self.workers > 1 and self.metrics_port is not None:
-            # Each worker has its own registry; one port cannot serve several of them
-            # truthfully. Scale with replicas, or run without the metrics port.
-            raise ValueError("a metrics port needs workers=1 (one registry per process)")
+
+    @property
+    def shared_metrics(self) -> bool:
+        """Metrics summed over several workers and served by the master."""
+        return self.workers > 1 and self.metrics_port is not None
 
 
 def _worker_tmp_dir() -> str | None:
@@ -130,6 +148,9 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
         self._factory = app_factory
         self._worker_app: WorkerApp | None = None
         self._stops: list[Callable[[], None]] = []
+        #: With shared metrics: their directory and the master's endpoint.
+        self._metrics_dir: Path | None = None
+        self._master_metrics: MetricsServer | None = None
         super().__init__()
 
     def settings(self) -> dict[str, Any]:
@@ -168,6 +189,9 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
             "proc_name": "resize-preemption-webhook",
             "post_worker_init": self._post_worker_init,
             "worker_exit": self._worker_exit,
+            "when_ready": self._when_ready,
+            "child_exit": self._child_exit,
+            "on_exit": self._on_exit,
         }
 
     # -- gunicorn's BaseApplication ---------------------------------------------------
@@ -176,6 +200,9 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
         for name, value in self.settings().items():
             if value is not None:
                 self.cfg.set(name, value)
+        if self.options.shared_metrics and self._metrics_dir is None:
+            # In the master, before any worker is forked (see shared_metrics).
+            self._metrics_dir = shared_metrics.enable(_worker_tmp_dir())
 
     def load(self) -> WSGIApplication:
         """Called in the worker process, after the fork."""
@@ -185,16 +212,37 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
     # -- hooks (run in the worker) ----------------------------------------------------
 
     def _post_worker_init(self, worker: Any) -> None:
+        if self._master_metrics is not None:
+            # The master's listening socket, inherited by the fork: only the master serves.
+            self._master_metrics.httpd.server_close()
         served = self._worker_app
         if served is None:
             return
         if served.start is not None:
             self._stops.append(served.start())
-        if served.registry is not None and self.options.metrics_port is not None:
+        if served.ready is not None and self.options.workers > 1:
+            self._settle(worker, served.ready)
+        if (
+            served.registry is not None
+            and self.options.metrics_port is not None
+            and not self.options.shared_metrics
+        ):
             metrics: MetricsServer = start_metrics_server(
                 served.registry, host=self.options.metrics_host, port=self.options.metrics_port
             )
             self._stops.append(metrics.stop)
+
+    @staticmethod
+    def _settle(worker: Any, ready: Callable[[], bool]) -> None:
+        """Wait (up to :data:`SETTLE_TIMEOUT`) until this worker can decide, before it
+        accepts a connection. With one worker, ``/readyz`` keeps the Service from sending
+        reviews too early; with several, any worker may answer the probe for the replica,
+        so one still syncing its cache must not take connections meanwhile. Past the
+        timeout it serves anyway: reviews it cannot plan are allowed (fail open)."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while not ready() and time.monotonic() < deadline:
+            worker.notify()  # a long first sync is not a hung worker: keep the heartbeat
+            time.sleep(SETTLE_POLL)
 
     def _worker_exit(self, server: Any, worker: Any) -> None:
         # Also called in the master for a worker that vanished: nothing started there.
@@ -204,6 +252,27 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
                 stop()
             except Exception:
                 log.exception("error stopping a background service")
+
+    # -- hooks (run in the master) ----------------------------------------------------
+
+    def _when_ready(self, server: Any) -> None:
+        if self._metrics_dir is None or self.options.metrics_port is None:
+            return
+        self._master_metrics = start_metrics_server(
+            shared_metrics.registry(self._metrics_dir),
+            host=self.options.metrics_host,
+            port=self.options.metrics_port,
+        )
+
+    def _child_exit(self, server: Any, worker: Any) -> None:
+        if self._metrics_dir is not None:
+            shared_metrics.process_exited(worker.pid, self._metrics_dir)
+
+    def _on_exit(self, server: Any) -> None:
+        if self._master_metrics is not None:
+            self._master_metrics.stop()
+        if self._metrics_dir is not None:
+            shared_metrics.disable(self._metrics_dir)
 
 
 def serve(
