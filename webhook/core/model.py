@@ -106,6 +106,9 @@ class Pod:
     resize_preemption_disabled: bool = False
     qos_class: str = ""
     generation: int = 0
+    #: ``metadata.resourceVersion``: which version of the object this is. Not compared:
+    #: two versions that read the same are the same pod to every decision.
+    resource_version: str = field(default="", compare=False)
     #: What the pod holds on its node by the kubelet's model, memoized by
     #: :func:`webhook.core.accounting.pod_requests`: a pod is an immutable value read by
     #: every decision on its node. Not an init argument, so ``replace`` starts it afresh.

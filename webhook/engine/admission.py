@@ -26,7 +26,7 @@ from webhook.core.errors import InputError, WebhookError
 from webhook.core.fit import largest_fit
 from webhook.core.model import FIT_TO_NODE_ANNOTATION, Node, Pod
 from webhook.core.nodepods import NodePods
-from webhook.core.objects import parse_pod, parse_resized_pod
+from webhook.core.objects import parse_pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.quantity import format_cpu, format_memory
 from webhook.core.report import warnings_for
@@ -228,8 +228,8 @@ class AdmissionEngine:
         if not isinstance(new_obj, Mapping) or not isinstance(old_obj, Mapping):
             raise InputError("the request lacks object or oldObject")
         resolver = self.cluster.priority_resolver()
-        old = parse_pod(old_obj, resolver)
-        new = parse_resized_pod(new_obj, old, old_obj, resolver)
+        old = self._stored_pod(old_obj) or parse_pod(old_obj, resolver)
+        new = parse_pod(new_obj, resolver)
         node_name = new.node or old.node
         node = self.cluster.node(node_name) if node_name else None
         if node is None:
@@ -246,6 +246,30 @@ class AdmissionEngine:
         index = self._node_pods(node.name, pods)
         budgets = tuple(self.cluster.budgets(index.namespaces))
         return _Scene(old, new, node, pods, budgets, index)
+
+    def _stored_pod(self, obj: Mapping[str, Any]) -> Pod | None:
+        """The view's pod when it is this very version of the stored object ``obj`` (same
+        uid and resourceVersion): the cache parsed it when the watch delivered it, so the
+        review need not parse it again. None otherwise (the cache lags, or ``obj`` is
+        not what the API server stores), and ``obj`` is parsed.
+
+        The view's copy may carry fewer annotations (the cache keeps only its own
+        prefix); the old pod is read for its accounting alone - what it holds, its resize
+        state, its declared resources - which the version fixes."""
+        meta = obj.get("metadata")
+        if type(meta) is not dict:
+            return None
+        version, name, namespace = (
+            meta.get("resourceVersion"),
+            meta.get("name"),
+            meta.get("namespace"),
+        )
+        if not version or not isinstance(name, str) or not isinstance(namespace, str):
+            return None
+        pod = self.cluster.pod(namespace, name)
+        if pod is None or pod.resource_version != version or pod.uid != meta.get("uid"):
+            return None
+        return pod
 
     def _node_pods(self, node: str, pods: tuple[Pod, ...]) -> NodePods:
         """The index of ``pods``, built again whenever the view hands out another tuple."""
