@@ -19,8 +19,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from tests.harness.launcher import free_port
-from tests.harness.processes import spawn
+from tests.harness.processes import ManagedProcess, spawn
 from tests.unit.web_fixtures import (
+    TLSFiles,
     client_context,
     dumps,
     make_tls_files,
@@ -89,12 +90,9 @@ def test_ipv6_bind(tmp_path: Path) -> None:
     assert server.settings()["bind"] == ["[::]:9443"]
 
 
-def test_app_and_services_live_in_the_worker_process(tmp_path: Path) -> None:
-    files = make_tls_files(tmp_path)
-    lifecycle = tmp_path / "lifecycle"
-    lifecycle.mkdir()
-    port = free_port()
-    process = spawn(
+def _spawn_server(tmp_path: Path, files: TLSFiles, port: int, *flags: str) -> ManagedProcess:
+    """The walkthrough server of ``tests.unit.web_fixtures`` in a child process."""
+    return spawn(
         "webhook",
         [
             sys.executable,
@@ -106,12 +104,19 @@ def test_app_and_services_live_in_the_worker_process(tmp_path: Path) -> None:
             str(files.key_file),
             "--port",
             str(port),
-            "--lifecycle-dir",
-            str(lifecycle),
+            *flags,
         ],
         tmp_path / "server.log",
         cwd=REPO,
     )
+
+
+def test_app_and_services_live_in_the_worker_process(tmp_path: Path) -> None:
+    files = make_tls_files(tmp_path)
+    lifecycle = tmp_path / "lifecycle"
+    lifecycle.mkdir()
+    port = free_port()
+    process = _spawn_server(tmp_path, files, port, "--lifecycle-dir", str(lifecycle))
     try:
         wait_for_tls(port, files.ca_file)
         deadline = time.monotonic() + 10
@@ -195,27 +200,16 @@ def test_workers_count_into_one_view_that_outlives_a_worker(tmp_path: Path) -> N
     lifecycle = tmp_path / "lifecycle"
     lifecycle.mkdir()
     port, metrics_port = free_port(), free_port()
-    process = spawn(
-        "webhook",
-        [
-            sys.executable,
-            "-m",
-            "tests.unit.web_fixtures",
-            "--cert",
-            str(files.cert_file),
-            "--key",
-            str(files.key_file),
-            "--port",
-            str(port),
-            "--metrics-port",
-            str(metrics_port),
-            "--workers",
-            "2",
-            "--lifecycle-dir",
-            str(lifecycle),
-        ],
-        tmp_path / "server.log",
-        cwd=REPO,
+    process = _spawn_server(
+        tmp_path,
+        files,
+        port,
+        "--metrics-port",
+        str(metrics_port),
+        "--workers",
+        "2",
+        "--lifecycle-dir",
+        str(lifecycle),
     )
     try:
         wait_for_tls(port, files.ca_file)
