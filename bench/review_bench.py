@@ -143,8 +143,10 @@ def pod_object(
             "imageID": f"{c['image']}@sha256:{'ab' * 32}",
             "containerID": f"containerd://{'cd' * 32}",
             "state": {"running": {"startedAt": _time(started)}},
-            "allocatedResources": c["resources"]["requests"],
-            "resources": c["resources"],
+            # Copies: a resize changes the spec's resources, never what the kubelet
+            # reports (and the JSON the API server sends shares nothing).
+            "allocatedResources": dict(c["resources"]["requests"]),
+            "resources": copy.deepcopy(c["resources"]),
         }
         for c in containers
     ]

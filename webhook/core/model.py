@@ -8,7 +8,8 @@ planner never touches raw JSON. Build them with :mod:`webhook.core.objects`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Final, Literal
 
 from webhook.core.resources import ZERO, Resources
@@ -111,7 +112,7 @@ class Pod:
     resource_version: str = field(default="", compare=False)
     #: What the pod holds on its node by the kubelet's model, memoized by
     #: :func:`webhook.core.accounting.pod_requests`: a pod is an immutable value read by
-    #: every decision on its node. Not an init argument, so ``replace`` starts it afresh.
+    #: every decision on its node. Not an init argument, so a changed copy starts afresh.
     _held: Resources | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -140,13 +141,32 @@ class Pod:
         self, containers: tuple[Container, ...], init_containers: tuple[Container, ...]
     ) -> Pod:
         """The same pod with other declared container resources (a resize)."""
-        return replace(self, containers=containers, init_containers=init_containers)
+        return _changed(self, containers=containers, init_containers=init_containers)
 
     def with_pod_resources(self, requests: Resources, limits: Resources) -> Pod:
-        return replace(self, pod_requests=requests, pod_limits=limits)
+        return _changed(self, pod_requests=requests, pod_limits=limits)
+
+    def with_declared(
+        self,
+        containers: tuple[Container, ...],
+        init_containers: tuple[Container, ...],
+        pod_requests: Resources,
+        pod_limits: Resources,
+        generation: int,
+    ) -> Pod:
+        """The same pod declaring other resources, at another generation: what a resize
+        changes."""
+        return _changed(
+            self,
+            containers=containers,
+            init_containers=init_containers,
+            pod_requests=pod_requests,
+            pod_limits=pod_limits,
+            generation=generation,
+        )
 
     def with_resize(self, state: ResizeState) -> Pod:
-        return replace(self, resize=state)
+        return _changed(self, resize=state)
 
     def same_declared_resources(self, other: Pod) -> bool:
         """True when the two carry the same requests and limits everywhere."""
@@ -156,6 +176,22 @@ class Pod:
             and self.pod_requests == other.pod_requests
             and self.pod_limits == other.pod_limits
         )
+
+
+#: Pod's init fields in constructor order, read all at once by one C call.
+_POD_FIELDS: Final = tuple(f.name for f in fields(Pod) if f.init)
+_POD_VALUES: Final = attrgetter(*_POD_FIELDS)
+_POD_POSITION: Final = {name: i for i, name in enumerate(_POD_FIELDS)}
+
+
+def _changed(pod: Pod, **changes: object) -> Pod:
+    """``dataclasses.replace(pod, **changes)`` at a third of its cost: the admission path
+    derives the resized pod from the stored one in every review. The memo of what the
+    pod holds is not carried over."""
+    values = list(_POD_VALUES(pod))
+    for name, value in changes.items():
+        values[_POD_POSITION[name]] = value
+    return Pod(*values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,8 +102,10 @@ def shortfall(demand: Resources, used: Resources, allocatable: Resources) -> Res
     As the scheduler's and kubelet's fit checks, only resources the pod requests are
     checked: a pod asking for no memory fits an overcommitted node's memory.
     """
-    short = (demand + used - allocatable).clamp()
-    return Resources(short.cpu if demand.cpu else 0, short.memory if demand.memory else 0)
+    # On plain integers: every decision computes it a few times.
+    cpu = demand.cpu + used.cpu - allocatable.cpu if demand.cpu else 0
+    memory = demand.memory + used.memory - allocatable.memory if demand.memory else 0
+    return Resources(cpu if cpu > 0 else 0, memory if memory > 0 else 0)
 
 
 def _fits(demand: Resources, used: Resources, allocatable: Resources) -> bool:
@@ -126,7 +128,7 @@ def _short_by(r: Resources) -> str:
 
 
 def _grows(demand: Resources, current: Resources) -> bool:
-    return bool(demand.exceeds_in(current))
+    return demand.cpu > current.cpu or demand.memory > current.memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,18 +139,21 @@ class _Context:
     usage: NodeUsage
 
     def figures(self, unmet: Resources = ZERO) -> dict[ResourceName, ResourceFigures]:
-        u = self.usage
-        short = shortfall(self.demand, u.in_use - u.freeing, u.allocatable)
+        u, demand = self.usage, self.demand
+        in_use, freeing, allocatable = u.in_use, u.freeing, u.allocatable
+        short = shortfall(demand, in_use - freeing, allocatable)
         return {
-            n: ResourceFigures(
-                requested=self.demand.get(n),
-                in_use=u.in_use.get(n),
-                freeing=u.freeing.get(n),
-                allocatable=u.allocatable.get(n),
-                shortfall=short.get(n),
-                unmet=unmet.get(n),
-            )
-            for n in RESOURCE_NAMES
+            "cpu": ResourceFigures(
+                demand.cpu, in_use.cpu, freeing.cpu, allocatable.cpu, short.cpu, unmet.cpu
+            ),
+            "memory": ResourceFigures(
+                demand.memory,
+                in_use.memory,
+                freeing.memory,
+                allocatable.memory,
+                short.memory,
+                unmet.memory,
+            ),
         }
 
     def plan(

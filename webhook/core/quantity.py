@@ -126,26 +126,33 @@ def _memory_bytes_memo(text: str) -> int:
     return _memory_bytes(text, "memory")
 
 
-def cpu_millis(text: object, *, where: str = "cpu") -> int:
-    """CPU quantity in millicores, rounded up (``"100m"`` -> 100, ``"0.0001"`` -> 1)."""
+def cpu_millis(text: object, *, where: str = "cpu", field: str = "") -> int:
+    """CPU quantity in millicores, rounded up (``"100m"`` -> 100, ``"0.0001"`` -> 1).
+
+    An error names ``where + field``; the two are joined only then, so callers parsing
+    many objects pass the object and the field apart."""
     if type(text) is str:
         try:
             return _cpu_millis_memo(text)
         except QuantityError:
-            pass  # parsed again for an error message naming ``where``
-    return _cpu_millis(text, where)
+            pass  # parsed again for an error message naming the field
+    return _cpu_millis(text, where + field)
 
 
-def memory_bytes(text: object, *, where: str = "memory") -> int:
-    """Memory quantity in bytes, rounded up (``"1Ki"`` -> 1024, ``"100m"`` -> 1)."""
+def memory_bytes(text: object, *, where: str = "memory", field: str = "") -> int:
+    """Memory quantity in bytes, rounded up (``"1Ki"`` -> 1024, ``"100m"`` -> 1); errors
+    as :func:`cpu_millis`."""
     if type(text) is str:
         try:
             return _memory_bytes_memo(text)
         except QuantityError:
             pass
-    return _memory_bytes(text, where)
+    return _memory_bytes(text, where + field)
 
 
+# Formatting is memoized too: every decision writes a handful of amounts into its
+# warnings, audit annotations and log line, and a cluster's amounts repeat.
+@lru_cache(maxsize=MEMO_SIZE)
 def format_cpu(millis: int) -> str:
     """Shortest exact form of a CPU amount: ``6000`` -> ``"6"``, ``1500`` -> ``"1500m"``."""
     if millis % 1000 == 0:
@@ -153,6 +160,7 @@ def format_cpu(millis: int) -> str:
     return f"{millis}m"
 
 
+@lru_cache(maxsize=MEMO_SIZE)
 def format_memory(amount: int) -> str:
     """Shortest exact binary form of a byte count: ``1073741824`` -> ``"1Gi"``."""
     if amount == 0:

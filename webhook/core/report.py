@@ -76,10 +76,9 @@ def warnings_for(plan: Plan, *, enforcing: bool = True) -> list[str]:
         names = ", ".join(plan.victim_keys)
         verb = "preempting" if enforcing else "would preempt"
         count = len(plan.victims)
+        short = plan.shortfall
         wanted = ", ".join(
-            f"{n} {format_amount(n, plan.requested.get(n))}"
-            for n in RESOURCE_NAMES
-            if plan.shortfall.get(n)
+            f"{n} {format_amount(n, plan.requested.get(n))}" for n in RESOURCE_NAMES if short.get(n)
         )
         return [
             clip(

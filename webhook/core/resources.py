@@ -49,7 +49,9 @@ class Resources:
 
     def exceeds_in(self, capacity: Resources) -> tuple[ResourceName, ...]:
         """The resources in which this amount is larger than ``capacity``."""
-        return tuple(n for n in RESOURCE_NAMES if self.get(n) > capacity.get(n))
+        if self.cpu > capacity.cpu:
+            return _BOTH if self.memory > capacity.memory else _CPU
+        return _MEMORY if self.memory > capacity.memory else ()
 
     def is_zero(self) -> bool:
         return self.cpu == 0 and self.memory == 0
@@ -60,6 +62,9 @@ class Resources:
 
 
 ZERO: Final = Resources()
+_BOTH: Final[tuple[ResourceName, ...]] = RESOURCE_NAMES
+_CPU: Final[tuple[ResourceName, ...]] = ("cpu",)
+_MEMORY: Final[tuple[ResourceName, ...]] = ("memory",)
 
 
 def format_amount(name: ResourceName, value: int) -> str:

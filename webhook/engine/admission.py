@@ -26,7 +26,7 @@ from webhook.core.errors import InputError, WebhookError
 from webhook.core.fit import largest_fit
 from webhook.core.model import FIT_TO_NODE_ANNOTATION, Node, Pod
 from webhook.core.nodepods import NodePods
-from webhook.core.objects import parse_pod
+from webhook.core.objects import parse_pod, parse_resized_pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.quantity import format_cpu, format_memory
 from webhook.core.report import warnings_for
@@ -229,7 +229,7 @@ class AdmissionEngine:
             raise InputError("the request lacks object or oldObject")
         resolver = self.cluster.priority_resolver()
         old = self._stored_pod(old_obj) or parse_pod(old_obj, resolver)
-        new = parse_pod(new_obj, resolver)
+        new = parse_resized_pod(new_obj, old_obj, old) or parse_pod(new_obj, resolver)
         node_name = new.node or old.node
         node = self.cluster.node(node_name) if node_name else None
         if node is None:
