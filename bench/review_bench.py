@@ -368,7 +368,7 @@ def serve_main(argv: Sequence[str]) -> int:
 
     # The decision log is on in production: pay for formatting and writing one line.
     decisions = logging.getLogger("webhook.decisions")
-    decisions.setLevel(logging.INFO)
+    decisions.setLevel(logging.WARNING if os.environ.get("NOLOG") else logging.INFO)
     decisions.addHandler(logging.FileHandler(os.environ.get("RPW_BENCH_DECISIONS", os.devnull)))
     decisions.propagate = False
 

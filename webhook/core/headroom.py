@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from webhook.core.accounting import pod_requests
 from webhook.core.model import TERMINAL_PHASES, Node, Pod, PodRef
-from webhook.core.nodepods import NodePods
+from webhook.core.nodepods import HeldBy, NodePods
 from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
 
@@ -101,11 +101,12 @@ def _indexed_usage(
     node: Node, index: NodePods, reservations: Mapping[str, Reservation], exclude_uid: str
 ) -> NodeUsage:
     """:func:`node_usage` from the index's totals, adjusted for the few pods that differ."""
-    in_use, held_by, freeing, waiting = index.usage_parts(exclude_uid)
+    in_use, freeing, waiting = index.usage_parts(exclude_uid)
     in_cpu, in_memory = in_use.cpu, in_use.memory
     free_cpu, free_memory = freeing.cpu, freeing.memory
     reserved_cpu = reserved_memory = 0
     base, by_uid = index.held, index.by_uid
+    raised: dict[str, Resources] = {}
     claimed: set[str] = set()
     for uid, reservation in reservations.items():
         claimed |= reservation.victims
@@ -120,7 +121,7 @@ def _indexed_usage(
             reserved_memory += amount.memory
             continue
         held = usage.max(amount)
-        held_by[uid] = held
+        raised[uid] = held
         in_cpu += held.cpu - usage.cpu
         in_memory += held.memory - usage.memory
         reserved_cpu += held.cpu - usage.cpu
@@ -140,5 +141,5 @@ def _indexed_usage(
         Resources(reserved_cpu, reserved_memory),
         Resources(free_cpu, free_memory),
         tuple(waiting),
-        held_by,
+        HeldBy(base, exclude_uid, raised),
     )

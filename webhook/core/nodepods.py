@@ -11,7 +11,7 @@ a plan is the same.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -27,6 +27,38 @@ Coverage = Mapping[str, tuple[int, ...]]
 #: Candidate chains kept per index (by priority, protected namespaces and PDB mode). A
 #: node sees resizes of pods of a few priorities; past the bound the memo starts over.
 CHAINS_KEPT = 16
+
+
+class HeldBy(Mapping[str, Resources]):
+    """What each pod on a node holds, by uid, as one resizing pod sees it: without that
+    pod, and with some amounts raised (by reservations). A view over the index's table,
+    not a copy: a decision reads a handful of a node's hundred entries, and copying them
+    all touched every one of them."""
+
+    __slots__ = ("_base", "_raised", "_without")
+
+    def __init__(
+        self,
+        base: Mapping[str, Resources],
+        without: str,
+        raised: Mapping[str, Resources] | None = None,
+    ) -> None:
+        self._base = base
+        self._without = without
+        self._raised = raised or {}
+
+    def __getitem__(self, uid: str) -> Resources:
+        if uid == self._without:
+            raise KeyError(uid)
+        amount = self._raised.get(uid)
+        return self._base[uid] if amount is None else amount
+
+    def __iter__(self) -> Iterator[str]:
+        without = self._without
+        return (uid for uid in self._base if uid != without)
+
+    def __len__(self) -> int:
+        return len(self._base) - (self._without in self._base)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,19 +299,14 @@ class NodePods:
         self._coverage = (key, mode, coverage)
         return coverage
 
-    def usage_parts(
-        self, exclude_uid: str
-    ) -> tuple[Resources, dict[str, Resources], Resources, list[PodRef]]:
-        """(in use, held by uid, freeing, waiting for) without ``exclude_uid`` and before
-        any reservation: the starting point of :func:`~webhook.core.headroom.node_usage`.
-        The dict is a fresh copy the caller may change."""
-        held = dict(self.held)
+    def usage_parts(self, exclude_uid: str) -> tuple[Resources, Resources, list[PodRef]]:
+        """(in use, freeing, waiting for) without ``exclude_uid`` and before any
+        reservation: the starting point of :func:`~webhook.core.headroom.node_usage`."""
         in_use, freeing = self.in_use, self.leaving_usage
         waiting = [p.ref for p in self.leaving if p.uid != exclude_uid]
-        excluded = held.pop(exclude_uid, None)
+        excluded = self.held.get(exclude_uid)
         if excluded is not None:
             in_use = in_use - excluded
-            pod = self.by_uid[exclude_uid]
-            if pod.terminating:
+            if self.by_uid[exclude_uid].terminating:
                 freeing = freeing - excluded
-        return in_use, held, freeing, waiting
+        return in_use, freeing, waiting
