@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -359,7 +359,9 @@ def serve_main(argv: Sequence[str]) -> int:
     parser.add_argument("--metrics-port", type=int, default=None)
     args = parser.parse_args(argv)
 
+    from webhook.engine.admission import AdmissionEngine
     from webhook.engine.config import Config
+    from webhook.engine.decision_log import BatchedDecisionLog
     from webhook.engine.ledger import InMemoryLedger
     from webhook.engine.static_view import StaticClusterView
     from webhook.web.app import create_app, metrics_of
@@ -368,22 +370,27 @@ def serve_main(argv: Sequence[str]) -> int:
 
     # The decision log is on in production: pay for formatting and writing one line.
     decisions = logging.getLogger("webhook.decisions")
-    decisions.setLevel(logging.WARNING if os.environ.get("NOLOG") else logging.INFO)
+    decisions.setLevel(logging.INFO)
     decisions.addHandler(logging.FileHandler(os.environ.get("RPW_BENCH_DECISIONS", os.devnull)))
     decisions.propagate = False
 
     def factory(tls: CertificateReloader) -> WorkerApp:
         objects, _ = cluster_objects()
         view = StaticClusterView.from_objects(objects)  # warm: parsed once, before serving
-        ledger = InMemoryLedger()
+        # As the service: lines are written by the decision log's own thread.
+        batched = BatchedDecisionLog()
+        engine = AdmissionEngine(Config(), view, InMemoryLedger(), decisions=batched)
         app = create_app(
-            Config(),
-            cluster=view,
-            ledger=ledger,
+            engine=engine,
             readiness=lambda: {"tls": tls.loaded(), "cache": view.synced()},
             noop_endpoint=True,
         )
-        return WorkerApp(app, registry=metrics_of(app).registry)
+
+        def start() -> Callable[[], None]:
+            batched.start()
+            return batched.stop
+
+        return WorkerApp(app, start=start, registry=metrics_of(app).registry)
 
     serve(
         factory,

@@ -17,6 +17,7 @@ from webhook.core.model import Pod, PodRef
 from webhook.core.plan import Plan
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
+from webhook.engine.decision_log import BatchedDecisionLog
 from webhook.engine.ledger import Change, Ledger, LedgerEntry, R
 from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler
@@ -296,7 +297,10 @@ def build(
             metrics=metrics,
         )
         leading.append(elector)
-        engine = AdmissionEngine(config, cache, ledger, metrics=metrics, on_admitted=admitted)
+        decisions = BatchedDecisionLog()
+        engine = AdmissionEngine(
+            config, cache, ledger, metrics=metrics, on_admitted=admitted, decisions=decisions
+        )
         app = create_app(
             config,
             cluster=cache,
@@ -320,6 +324,7 @@ def build(
             # A released entry (expired, or victims no longer enough) hands its pod back
             # to the reconciler.
             lease_ledger.subscribe(reconcile.wake)
+            decisions.start()
             cache.start()
             lease_ledger.start()
             elector.start()
@@ -329,6 +334,7 @@ def build(
                 stopped()
                 lease_ledger.stop()
                 cache.stop()
+                decisions.stop()
 
             return stop
 

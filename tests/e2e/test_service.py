@@ -172,7 +172,9 @@ def test_walkthrough_preempts_the_low_priority_pod_and_the_resize_is_actuated(
         e["message"] for e in preempted
     ]
 
-    [decision] = decision_lines(service_log(cluster), namespace)
+    [decision] = wait_until(
+        lambda: decision_lines(service_log(cluster), namespace), what="the decision-log line"
+    )
     assert {
         "endpoint": "validate",
         "pod": f"{namespace}/high-priority-pod",
@@ -323,6 +325,7 @@ def test_a_resize_only_told_about_preemption_evicts_nobody_and_reserves_nothing(
     serve_flags: tuple[str, ...],
     patch_flags: tuple[str, ...],
     stored_cpu: str,
+    wait_until: Waiter,
 ) -> None:
     start_service(*serve_flags)
     walkthrough(kubectl, priority_classes)
@@ -337,7 +340,9 @@ def test_a_resize_only_told_about_preemption_evicts_nobody_and_reserves_nothing(
     ] == kubectl_warnings(result)
     # The ledger write is part of answering the review: had there been one, it is stored.
     assert [] == entries_of(ledger_entries(cluster), namespace)
-    [decision] = decision_lines(service_log(cluster), namespace)
+    [decision] = wait_until(
+        lambda: decision_lines(service_log(cluster), namespace), what="the decision-log line"
+    )
     assert (bool(patch_flags), False, "preempt") == (
         decision["dryRun"],
         decision["reserved"],
@@ -391,7 +396,9 @@ def test_a_pdb_protected_victim_is_not_planned_and_the_resize_waits(
         f"{namespace}/low-priority-pod"
     )
     assert [as_warning(reason)] == kubectl_warnings(result)
-    [decision] = decision_lines(service_log(cluster), namespace)
+    [decision] = wait_until(
+        lambda: decision_lines(service_log(cluster), namespace), what="the decision-log line"
+    )
     assert ("infeasible", "pdb-violation", [], False) == (
         decision["verdict"],
         decision["reason"],

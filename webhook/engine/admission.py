@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import jsonpatch
-import orjson
 
 from webhook.core.errors import InputError, WebhookError
 from webhook.core.fit import largest_fit
@@ -32,6 +31,7 @@ from webhook.core.quantity import format_cpu, format_memory
 from webhook.core.report import warnings_for
 from webhook.core.resources import RESOURCE_NAMES, format_amount
 from webhook.engine.config import Config
+from webhook.engine.decision_log import DecisionLog, Facts, ImmediateDecisionLog, decision_logger
 from webhook.engine.ledger import Ledger, LedgerEntry
 from webhook.engine.metrics import Metrics
 from webhook.engine.node_indexes import NodeIndexes
@@ -41,7 +41,6 @@ from webhook.engine.wire import AdmissionRequest, AdmissionReview, is_pod_resize
 Endpoint = Literal["validate", "mutate"]
 PREFIX = "resize-preemption: "
 
-decision_log = logging.getLogger("webhook.decisions")
 log = logging.getLogger(__name__)
 
 
@@ -103,6 +102,7 @@ class AdmissionEngine:
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
         on_admitted: Callable[[LedgerEntry], None] | None = None,
+        decisions: DecisionLog | None = None,
     ) -> None:
         self.config = config
         self.cluster = cluster
@@ -111,6 +111,8 @@ class AdmissionEngine:
         self.clock = clock
         self.timer = timer
         self.on_admitted = on_admitted
+        #: Where each review's decision-log line goes (see :mod:`.decision_log`).
+        self.decisions = decisions or ImmediateDecisionLog()
         self.policy = config.policy()
         self._indexes = NodeIndexes()
         self._counted: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -183,40 +185,17 @@ class AdmissionEngine:
     def _log(
         self, request: AdmissionRequest, endpoint: Endpoint, d: Decision, elapsed: float
     ) -> None:
-        if not decision_log.isEnabledFor(logging.INFO):
+        if not decision_logger.isEnabledFor(logging.INFO):
             return
-        plan = d.plan
-        record: dict[str, Any] = {
-            "uid": d.uid,
-            "endpoint": endpoint,
-            "pod": f"{request.get('namespace', '')}/{request.get('name', '')}",
-            "verdict": d.verdict,
-            "allowed": d.allowed,
-            "dryRun": bool(request.get("dryRun")),
-            "mode": self.config.mode,
-            "latencyMs": round(elapsed * 1000, 3),
-        }
-        if plan is not None:
-            figures = plan.figures or {}
-            record |= {
-                "node": plan.node,
-                "reason": plan.code,
-                "requested": {n: format_amount(n, f.requested) for n, f in figures.items()},
-                "headroom": {
-                    n: format_amount(n, f.allocatable - f.in_use + f.freeing)
-                    for n, f in figures.items()
-                },
-                "victims": list(plan.victim_keys),
-                "reserved": d.reserved,
-            }
-        if d.error:
-            record["error"] = d.error
-        # The record is built by hand, as Logger.info would but without looking up the
-        # caller's file and line in the stack: that lookup was two thirds of the cost of
-        # a decision line, and the line is its message alone (the JSON).
-        decision_log.handle(
-            decision_log.makeRecord(
-                decision_log.name, logging.INFO, "", 0, orjson.dumps(record).decode(), (), None
+        self.decisions.write(
+            Facts(
+                endpoint,
+                str(request.get("namespace", "")),
+                str(request.get("name", "")),
+                bool(request.get("dryRun")),
+                self.config.mode,
+                elapsed,
+                d,
             )
         )
 
