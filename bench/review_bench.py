@@ -360,8 +360,8 @@ def serve_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
 
     from webhook.engine.admission import AdmissionEngine
+    from webhook.engine.backlog import Backlog
     from webhook.engine.config import Config
-    from webhook.engine.decision_log import BatchedDecisionLog
     from webhook.engine.ledger import InMemoryLedger
     from webhook.engine.static_view import StaticClusterView
     from webhook.web.app import create_app, metrics_of
@@ -377,9 +377,9 @@ def serve_main(argv: Sequence[str]) -> int:
     def factory(tls: CertificateReloader) -> WorkerApp:
         objects, _ = cluster_objects()
         view = StaticClusterView.from_objects(objects)  # warm: parsed once, before serving
-        # As the service: lines are written by the decision log's own thread.
-        batched = BatchedDecisionLog()
-        engine = AdmissionEngine(Config(), view, InMemoryLedger(), decisions=batched)
+        # As the service: reviews are counted and logged after the answer, in batches.
+        after_review = Backlog(name="after-review")
+        engine = AdmissionEngine(Config(), view, InMemoryLedger(), after=after_review)
         app = create_app(
             engine=engine,
             readiness=lambda: {"tls": tls.loaded(), "cache": view.synced()},
@@ -387,8 +387,8 @@ def serve_main(argv: Sequence[str]) -> int:
         )
 
         def start() -> Callable[[], None]:
-            batched.start()
-            return batched.stop
+            after_review.start()
+            return after_review.stop
 
         return WorkerApp(app, start=start, registry=metrics_of(app).registry)
 

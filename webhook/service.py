@@ -16,8 +16,8 @@ from typing import Any
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import Plan
 from webhook.engine.admission import AdmissionEngine
+from webhook.engine.backlog import Backlog
 from webhook.engine.config import Config
-from webhook.engine.decision_log import BatchedDecisionLog
 from webhook.engine.ledger import Change, Ledger, LedgerEntry, R
 from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler
@@ -297,9 +297,10 @@ def build(
             metrics=metrics,
         )
         leading.append(elector)
-        decisions = BatchedDecisionLog()
+        # Counting each review and writing its decision-log line: after the answer.
+        after_review = Backlog(name="after-review")
         engine = AdmissionEngine(
-            config, cache, ledger, metrics=metrics, on_admitted=admitted, decisions=decisions
+            config, cache, ledger, metrics=metrics, on_admitted=admitted, after=after_review
         )
         app = create_app(
             config,
@@ -324,7 +325,7 @@ def build(
             # A released entry (expired, or victims no longer enough) hands its pod back
             # to the reconciler.
             lease_ledger.subscribe(reconcile.wake)
-            decisions.start()
+            after_review.start()
             cache.start()
             lease_ledger.start()
             elector.start()
@@ -334,7 +335,7 @@ def build(
                 stopped()
                 lease_ledger.stop()
                 cache.stop()
-                decisions.stop()
+                after_review.stop()
 
             return stop
 

@@ -218,6 +218,17 @@ def test_two_worker_processes_preempt_once_and_count_into_one_view(
 
     expect_preempted_and_actuated(cluster, namespace, result, wait_until, cpu="6")
     assert 1 == len(events(kubectl, "low-priority-pod", "Preempted"))
+
+    def counted() -> float | None:
+        # Reviews are counted right after they are answered, off the review path.
+        return sample(
+            scrape(service.metrics_port),
+            "rpw_admission_reviews_total",
+            endpoint="validate",
+            verdict="preempt",
+        )
+
+    wait_until(counted, what="the review to be counted")
     metrics = scrape(service.metrics_port)
     assert 1.0 == sample(
         metrics, "rpw_admission_reviews_total", endpoint="validate", verdict="preempt"
@@ -648,11 +659,18 @@ def test_metrics_count_reviews_by_verdict(
     result = resize(kubectl, "high-priority-pod", cpu)
 
     assert 0 == result.returncode, result.stderr
-    after = scrape(service.metrics_port)
     counted = "rpw_admission_reviews_total"
-    assert 1.0 == (sample(after, counted, endpoint="validate", verdict=verdict) or 0.0) - (
-        sample(before, counted, endpoint="validate", verdict=verdict) or 0.0
-    )
+
+    def counted_since() -> float:
+        # Reviews are counted right after they are answered, off the review path.
+        after = scrape(service.metrics_port)
+        return (sample(after, counted, endpoint="validate", verdict=verdict) or 0.0) - (
+            sample(before, counted, endpoint="validate", verdict=verdict) or 0.0
+        )
+
+    wait_until(lambda: counted_since() >= 1.0, what="the review to be counted")
+    after = scrape(service.metrics_port)
+    assert 1.0 == counted_since()
     assert 1.0 == sample(after, "rpw_admission_review_duration_seconds_count", endpoint="validate")
     # The admitted resize holds a reservation until the kubelet actuated it.
     wait_until(

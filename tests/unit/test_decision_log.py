@@ -1,4 +1,5 @@
-"""The decision log: one line per review, now or from a background thread."""
+"""What follows an answer: counting the review and its decision-log line, now or from a
+background thread (the backlog)."""
 
 # House style puts the expected value on the left of ==.
 
@@ -6,27 +7,19 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from tests.unit.web_fixtures import walkthrough_review, walkthrough_view
-from webhook.engine.admission import AdmissionEngine, Decision
+from webhook.engine.admission import AdmissionEngine
+from webhook.engine.backlog import Backlog
 from webhook.engine.config import Config
-from webhook.engine.decision_log import BatchedDecisionLog, Facts, ImmediateDecisionLog
 from webhook.engine.ledger import InMemoryLedger
 
 LOGGER = "webhook.decisions"
-
-
-def facts(uid: str) -> Facts:
-    return Facts("validate", "default", f"pod-{uid}", False, "enforce", 0.001, Decision(uid))
-
-
-def logged_uids(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [json.loads(r.getMessage())["uid"] for r in caplog.records if r.name == LOGGER]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -36,99 +29,118 @@ def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         time.sleep(0.01)
 
 
-def test_the_engine_logs_at_once_by_default(caplog: pytest.LogCaptureFixture) -> None:
-    engine = AdmissionEngine(Config(), walkthrough_view(), InMemoryLedger())
-    assert isinstance(engine.decisions, ImmediateDecisionLog)
-    review = walkthrough_review()["request"]
-
-    with caplog.at_level(logging.INFO, logger=LOGGER):
-        engine.validate(review)
-
-    assert [review["uid"]] == logged_uids(caplog)
+def reviews_counted(engine: AdmissionEngine) -> float:
+    value = engine.metrics.registry.get_sample_value(
+        "rpw_admission_reviews_total", {"endpoint": "validate", "verdict": "preempt"}
+    )
+    return value or 0.0
 
 
-def test_a_batched_log_writes_nothing_on_the_review_path(
+def logged(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER]
+
+
+# -- the engine -----------------------------------------------------------------------------
+
+
+def test_by_default_a_review_is_counted_and_logged_before_it_is_answered(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    batched = BatchedDecisionLog()
-    engine = AdmissionEngine(Config(), walkthrough_view(), InMemoryLedger(), decisions=batched)
+    engine = AdmissionEngine(Config(), walkthrough_view(), InMemoryLedger())
     review = walkthrough_review()["request"]
 
     with caplog.at_level(logging.INFO, logger=LOGGER):
         engine.validate(review)
-        assert [] == logged_uids(caplog)  # not started: the line waits
-        batched.stop()
 
-    [line] = [json.loads(r.getMessage()) for r in caplog.records if r.name == LOGGER]
-    assert (review["uid"], "preempt") == (line["uid"], line["verdict"])
-
-
-def test_a_batched_log_writes_in_order_from_its_thread(caplog: pytest.LogCaptureFixture) -> None:
-    batched = BatchedDecisionLog(interval=0.01)
-    uids = [str(i) for i in range(50)]
-
-    with caplog.at_level(logging.INFO, logger=LOGGER):
-        batched.start()
-        for uid in uids:
-            batched.write(facts(uid))
-        wait_for(lambda: len(logged_uids(caplog)) == len(uids))
-        threads = {r.threadName for r in caplog.records if r.name == LOGGER}
-        batched.stop()
-
-    assert uids == logged_uids(caplog)
-    assert {"decision-log"} == threads
+    assert 1.0 == reviews_counted(engine)
+    [line] = logged(caplog)
+    assert review["uid"] == json.loads(line)["uid"]
 
 
-def test_stop_writes_what_is_pending(caplog: pytest.LogCaptureFixture) -> None:
-    # An interval no test waits for: only stop() can have written the lines.
-    batched = BatchedDecisionLog(interval=3600)
+def test_with_a_backlog_the_review_path_only_queues(caplog: pytest.LogCaptureFixture) -> None:
+    backlog = Backlog()
+    engine = AdmissionEngine(Config(), walkthrough_view(), InMemoryLedger(), after=backlog)
+    review = walkthrough_review()["request"]
 
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        batched.start()
-        batched.write(facts("a"))
-        batched.write(facts("b"))
-        batched.stop()
+        decision = engine.validate(review)
+        assert (0.0, []) == (reviews_counted(engine), logged(caplog))  # not started yet
+        backlog.stop()
 
-    assert ["a", "b"] == logged_uids(caplog)
-
-
-def test_past_the_limit_lines_are_dropped_and_counted(caplog: pytest.LogCaptureFixture) -> None:
-    batched = BatchedDecisionLog(limit=2)
-
-    with caplog.at_level(logging.INFO):
-        for uid in "abcde":
-            batched.write(facts(uid))
-        batched.stop()
-
-    assert ["a", "b"] == logged_uids(caplog)
-    assert ["decision log behind: 3 lines dropped"] == [
-        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
-    ]
+    assert "preempt" == decision.verdict
+    assert 1.0 == reviews_counted(engine)
+    assert 1.0 == engine.metrics.registry.get_sample_value("rpw_victims_planned_total")
+    [line] = logged(caplog)
+    assert (review["uid"], "preempt", True) == (
+        json.loads(line)["uid"],
+        json.loads(line)["verdict"],
+        json.loads(line)["reserved"],
+    )
 
 
-def test_a_line_that_cannot_be_written_does_not_stop_the_others(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from webhook.engine import decision_log
+# -- the backlog ----------------------------------------------------------------------------
 
-    real = decision_log.record
 
-    def record(f: Facts) -> dict[str, Any]:
-        if f.decision.uid == "bad":
-            raise ValueError("cannot format")
-        return real(f)
+def test_a_backlog_runs_jobs_in_order_from_its_thread() -> None:
+    backlog = Backlog(interval=0.01, name="after-review")
+    ran: list[tuple[int, str]] = []
 
-    monkeypatch.setattr(decision_log, "record", record)
-    batched = BatchedDecisionLog(interval=0.01)
+    def job(i: int) -> None:
+        ran.append((i, threading.current_thread().name))
 
-    with caplog.at_level(logging.INFO):
-        batched.start()
-        for uid in ("a", "bad", "c"):
-            batched.write(facts(uid))
-        wait_for(lambda: len(logged_uids(caplog)) == 2)
-        batched.write(facts("d"))
-        wait_for(lambda: len(logged_uids(caplog)) == 3)
-        batched.stop()
+    backlog.start()
+    for i in range(50):
+        backlog.submit(job, i)
+    wait_for(lambda: len(ran) == 50)
+    backlog.stop()
 
-    assert ["a", "c", "d"] == logged_uids(caplog)
-    assert any("review bad" in r.getMessage() for r in caplog.records if r.levelno >= 40)
+    assert list(range(50)) == [i for i, _ in ran]
+    assert {"after-review"} == {name for _, name in ran}
+
+
+def test_stop_runs_what_is_pending() -> None:
+    # An interval no test waits for: only stop() can have run the jobs.
+    backlog = Backlog(interval=3600)
+    ran: list[str] = []
+
+    backlog.start()
+    backlog(ran.append, "a")
+    backlog.submit(ran.append, "b")
+    backlog.stop()
+
+    assert ["a", "b"] == ran
+
+
+def test_past_the_limit_jobs_are_dropped_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    backlog = Backlog(limit=2, name="after-review")
+    ran: list[str] = []
+
+    with caplog.at_level(logging.WARNING):
+        for x in "abcde":
+            backlog.submit(ran.append, x)
+        backlog.stop()
+
+    assert ["a", "b"] == ran
+    assert ["after-review behind: 3 jobs dropped"] == [r.getMessage() for r in caplog.records]
+
+
+def test_a_failing_job_does_not_stop_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    backlog = Backlog(interval=0.01)
+    ran: list[str] = []
+
+    def job(x: str) -> None:
+        if x == "bad":
+            raise ValueError("cannot")
+        ran.append(x)
+
+    with caplog.at_level(logging.ERROR):
+        backlog.start()
+        for x in ("a", "bad", "c"):
+            backlog.submit(job, x)
+        wait_for(lambda: len(ran) == 2)
+        backlog.submit(job, "d")
+        wait_for(lambda: len(ran) == 3)
+        backlog.stop()
+
+    assert ["a", "c", "d"] == ran
+    assert 1 == len([r for r in caplog.records if "a job failed" in r.getMessage()])

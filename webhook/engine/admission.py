@@ -30,8 +30,9 @@ from webhook.core.plan import Plan, plan_resize
 from webhook.core.quantity import format_cpu, format_memory
 from webhook.core.report import warnings_for
 from webhook.core.resources import RESOURCE_NAMES, format_amount
+from webhook.engine.backlog import After, run_now
 from webhook.engine.config import Config
-from webhook.engine.decision_log import DecisionLog, Facts, ImmediateDecisionLog, decision_logger
+from webhook.engine.decision_log import Facts, decision_logger, emit
 from webhook.engine.ledger import Ledger, LedgerEntry
 from webhook.engine.metrics import Metrics
 from webhook.engine.node_indexes import NodeIndexes
@@ -57,8 +58,13 @@ class Decision:
     code: int | None = None
     message: str = ""
     patch: list[dict[str, Any]] | None = None
-    reserved: bool = False
+    #: The ledger entry this review holds (new, or the one a retried review wrote).
+    admitted: LedgerEntry | None = None
     error: str = ""
+
+    @property
+    def reserved(self) -> bool:
+        return self.admitted is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +108,7 @@ class AdmissionEngine:
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
         on_admitted: Callable[[LedgerEntry], None] | None = None,
-        decisions: DecisionLog | None = None,
+        after: After | None = None,
     ) -> None:
         self.config = config
         self.cluster = cluster
@@ -111,8 +117,9 @@ class AdmissionEngine:
         self.clock = clock
         self.timer = timer
         self.on_admitted = on_admitted
-        #: Where each review's decision-log line goes (see :mod:`.decision_log`).
-        self.decisions = decisions or ImmediateDecisionLog()
+        #: Runs what follows an answer - counting the review, its decision-log line -
+        #: at once by default; the service hands it to a :class:`~.backlog.Backlog`.
+        self.after: After = after or run_now
         self.policy = config.policy()
         self._indexes = NodeIndexes()
         self._counted: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -165,39 +172,42 @@ class AdmissionEngine:
                 log.exception("internal error answering review %s", uid)
                 decision = self._failed_open(uid, "internal", "internal error; resize allowed")
         elapsed = self.timer() - start
-        counted = self._counted.get((endpoint, decision.verdict))
-        if counted is None:
-            # Children looked up once: labels() takes a lock and builds a key each time.
-            counted = self._counted[(endpoint, decision.verdict)] = (
-                self.metrics.reviews.labels(endpoint, decision.verdict),
-                self.metrics.review_latency.labels(endpoint),
-            )
-        counted[0].inc()
-        counted[1].observe(elapsed)
-        if decision.verdict != "ignored":
-            self._log(request, endpoint, decision, elapsed)
+        self.after(
+            self._account,
+            Facts(
+                endpoint,
+                str(request.get("namespace", "")),
+                str(request.get("name", "")),
+                bool(request.get("dryRun")),
+                elapsed,
+                decision,
+            ),
+        )
         return decision
 
     def _failed_open(self, uid: str, where: str, message: str) -> Decision:
         self.metrics.errors.labels(where).inc()
         return Decision(uid, verdict="error", warnings=(PREFIX + message,), error=message)
 
-    def _log(
-        self, request: AdmissionRequest, endpoint: Endpoint, d: Decision, elapsed: float
-    ) -> None:
-        if not decision_logger.isEnabledFor(logging.INFO):
-            return
-        self.decisions.write(
-            Facts(
-                endpoint,
-                str(request.get("namespace", "")),
-                str(request.get("name", "")),
-                bool(request.get("dryRun")),
-                self.config.mode,
-                elapsed,
-                d,
+    def _account(self, facts: Facts) -> None:
+        """Count one answered review and write its decision-log line."""
+        d = facts.decision
+        counted = self._counted.get((facts.endpoint, d.verdict))
+        if counted is None:
+            # Children looked up once: labels() takes a lock and builds a key each time.
+            counted = self._counted[(facts.endpoint, d.verdict)] = (
+                self.metrics.reviews.labels(facts.endpoint, d.verdict),
+                self.metrics.review_latency.labels(facts.endpoint),
             )
-        )
+        counted[0].inc()
+        counted[1].observe(facts.elapsed)
+        entry = d.admitted
+        if entry is not None:
+            self.metrics.victims_planned.inc(len(entry.victims))
+            if entry.victims:
+                self.metrics.victims_per_plan.observe(len(entry.victims))
+        if d.verdict != "ignored" and decision_logger.isEnabledFor(logging.INFO):
+            emit(facts, self.config.mode)
 
     # -- reading the request ----------------------------------------------------------
 
@@ -277,7 +287,7 @@ class AdmissionEngine:
         acting = self.config.mode != "warn" and not request.get("dryRun")
         if not acting:
             plan = self._plan(scene, self.ledger.entries(scene.node.name), now)
-            return self._verdict(uid, plan, reserved=False, acting=False)
+            return self._verdict(uid, plan, admitted=None, acting=False)
 
         def change(
             entries: tuple[LedgerEntry, ...],
@@ -305,15 +315,13 @@ class AdmissionEngine:
             return (*live, entry), (plan, entry)
 
         plan, entry = self.ledger.update(scene.node.name, change)
-        if entry is not None:
-            self.metrics.victims_planned.inc(len(entry.victims))
-            if entry.victims:
-                self.metrics.victims_per_plan.observe(len(entry.victims))
-            if self.on_admitted is not None:
-                self.on_admitted(entry)
-        return self._verdict(uid, plan, reserved=entry is not None, acting=True)
+        if entry is not None and self.on_admitted is not None:
+            self.on_admitted(entry)
+        return self._verdict(uid, plan, admitted=entry, acting=True)
 
-    def _verdict(self, uid: str, plan: Plan, *, reserved: bool, acting: bool) -> Decision:
+    def _verdict(
+        self, uid: str, plan: Plan, *, admitted: LedgerEntry | None, acting: bool
+    ) -> Decision:
         warnings = warnings_for(plan, enforcing=acting)
         # A dry run only skips the side effects: it gets the answer the real request would
         # get, denial included (``kubectl patch --dry-run=server`` is how people ask).
@@ -327,7 +335,7 @@ class AdmissionEngine:
             audit=_audit(plan),
             code=403 if denied else None,
             message=f"{PREFIX}{plan.reason}" if denied else "",
-            reserved=reserved,
+            admitted=admitted,
         )
 
     # -- mutating ---------------------------------------------------------------------
