@@ -137,11 +137,16 @@ class _Context:
     node: Node
     demand: Resources
     usage: NodeUsage
+    #: What the demand lacks before preemption, once step 2 has computed it.
+    short: Resources | None = None
+
+    def with_short(self, short: Resources) -> _Context:
+        return _Context(self.preemptor, self.node, self.demand, self.usage, short)
 
     def figures(self, unmet: Resources = ZERO) -> dict[ResourceName, ResourceFigures]:
         u, demand = self.usage, self.demand
         in_use, freeing, allocatable = u.in_use, u.freeing, u.allocatable
-        short = shortfall(demand, in_use - freeing, allocatable)
+        short = self.short or shortfall(demand, in_use - freeing, allocatable)
         return {
             "cpu": ResourceFigures(
                 demand.cpu, in_use.cpu, freeing.cpu, allocatable.cpu, short.cpu, unmet.cpu
@@ -300,7 +305,7 @@ def plan_resize(
             f"{'have' if count != 1 else 'has'} gone",
         )
     short = shortfall(demand, projected, node.allocatable)
-    short_text = _amounts(short, _nonzero(short))
+    ctx = ctx.with_short(short)
 
     # Step 3: the pod or node does not allow preemption for it.
     if new.preemption_policy == "Never":
@@ -412,6 +417,6 @@ def plan_resize(
         "preempt",
         "preempt",
         f"preempting {count} lower-priority pod{'s' if count != 1 else ''} on {name} "
-        f"to free {short_text}",
+        f"to free {_amounts(short, _nonzero(short))}",
         victims=tuple(victims),
     )

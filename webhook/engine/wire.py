@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import re
+from functools import lru_cache
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, NotRequired, TypedDict, cast
 
@@ -102,7 +103,7 @@ def is_pod_resize(request: AdmissionRequest) -> bool:
     """The only requests this webhook acts on: UPDATE of pods/resize in the core group."""
     resource: object = request.get("resource")
     return (
-        isinstance(resource, Mapping)
+        (type(resource) is dict or isinstance(resource, Mapping))
         and resource.get("group", "") == ""
         and resource.get("resource") == "pods"
         and request.get("subResource") == "resize"
@@ -127,7 +128,13 @@ def clean_warnings(warnings: Sequence[str]) -> list[str]:
 
 def clean_audit_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
     """Only keys the API server accepts (no '/', a valid name of <= 63 characters)."""
-    return {k: str(v) for k, v in annotations.items() if _AUDIT_KEY.fullmatch(k)}
+    return {k: str(v) for k, v in annotations.items() if _valid_audit_key(k)}
+
+
+@lru_cache(maxsize=256)
+def _valid_audit_key(key: str) -> bool:
+    # Remembered: every answer carries the same few keys.
+    return _AUDIT_KEY.fullmatch(key) is not None
 
 
 def response(
