@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import base64
 import re
-from functools import lru_cache
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any, Final, Literal, NotRequired, TypedDict, cast
 
 import orjson
