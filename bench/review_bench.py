@@ -379,7 +379,7 @@ def serve_main(argv: Sequence[str]) -> int:
         view = StaticClusterView.from_objects(objects)  # warm: parsed once, before serving
         # As the service: reviews are counted and logged after the answer, in batches.
         after_review = Backlog(name="after-review")
-        engine = AdmissionEngine(Config(), view, InMemoryLedger(), after=after_review)
+        engine = AdmissionEngine(Config(), view, InMemoryLedger(), after=after_review.submit)
         app = create_app(
             engine=engine,
             readiness=lambda: {"tls": tls.loaded(), "cache": view.synced()},

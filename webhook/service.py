@@ -300,7 +300,7 @@ def build(
         # Counting each review and writing its decision-log line: after the answer.
         after_review = Backlog(name="after-review")
         engine = AdmissionEngine(
-            config, cache, ledger, metrics=metrics, on_admitted=admitted, after=after_review
+            config, cache, ledger, metrics=metrics, on_admitted=admitted, after=after_review.submit
         )
         app = create_app(
             config,

@@ -39,7 +39,8 @@ def run_now(job: Callable[[Any], None], argument: Any) -> None:
 
 
 class Backlog:
-    """Runs submitted jobs from one background thread, in batches (an :data:`After`).
+    """Runs submitted jobs from one background thread, in batches (:meth:`submit`, or
+    the backlog itself, is an :data:`After`).
 
     :meth:`submit` is thread-safe, takes no lock and does no I/O. Jobs submitted before
     :meth:`start` wait for it. A job that raises is logged and skipped.

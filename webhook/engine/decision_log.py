@@ -21,7 +21,7 @@ decision_logger = logging.getLogger("webhook.decisions")
 
 
 class Facts(NamedTuple):
-    """What one review's line says, before it is formatted."""
+    """One answered review, as its metrics and its line need it (before formatting)."""
 
     endpoint: str
     namespace: str
