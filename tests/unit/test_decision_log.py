@@ -59,7 +59,7 @@ def test_by_default_a_review_is_counted_and_logged_before_it_is_answered(
 
 def test_with_a_backlog_the_review_path_only_queues(caplog: pytest.LogCaptureFixture) -> None:
     backlog = Backlog()
-    engine = AdmissionEngine(Config(), walkthrough_view(), InMemoryLedger(), after=backlog)
+    engine = AdmissionEngine(Config(), walkthrough_view(), InMemoryLedger(), after=backlog.submit)
     review = walkthrough_review()["request"]
 
     with caplog.at_level(logging.INFO, logger=LOGGER):
@@ -104,7 +104,7 @@ def test_stop_runs_what_is_pending() -> None:
     ran: list[str] = []
 
     backlog.start()
-    backlog(ran.append, "a")
+    backlog.submit(ran.append, "a")
     backlog.submit(ran.append, "b")
     backlog.stop()
 

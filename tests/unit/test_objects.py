@@ -345,6 +345,13 @@ def _stored_pod() -> dict[str, Any]:
     return obj
 
 
+def _edited(obj: dict[str, Any], edit: Edit) -> dict[str, Any]:
+    """A copy of ``obj`` with ``edit`` applied (the new object of a review)."""
+    new = copy.deepcopy(obj)
+    edit(new)
+    return new
+
+
 #: Edits the resize subresource can make: only these are read from the new object.
 RESIZE_ONLY = [
     pytest.param(_resized_cpu("3"), id="app-container-cpu"),
@@ -376,8 +383,7 @@ OTHER_CHANGES = [
 @pytest.mark.parametrize("edit", RESIZE_ONLY + OTHER_CHANGES)
 def test_resized_pod_is_the_pod_a_whole_parse_gives(edit: Edit) -> None:
     stored_obj = _stored_pod()
-    new_obj = copy.deepcopy(stored_obj)
-    edit(new_obj)
+    new_obj = _edited(stored_obj, edit)
     stored = parse_pod(stored_obj, CLASSES)
 
     resized = parse_resized_pod(new_obj, stored_obj, stored)
@@ -391,8 +397,7 @@ def test_resized_pod_is_the_pod_a_whole_parse_gives(edit: Edit) -> None:
 @pytest.mark.parametrize("edit", RESIZE_ONLY)
 def test_a_resize_reuses_what_it_cannot_change(edit: Edit) -> None:
     stored_obj = _stored_pod()
-    new_obj = copy.deepcopy(stored_obj)
-    edit(new_obj)
+    new_obj = _edited(stored_obj, edit)
     stored = parse_pod(stored_obj)
 
     resized = parse_resized_pod(new_obj, stored_obj, stored)
@@ -406,8 +411,7 @@ def test_a_resize_reuses_what_it_cannot_change(edit: Edit) -> None:
 @pytest.mark.parametrize("edit", OTHER_CHANGES)
 def test_anything_else_changed_asks_for_a_whole_parse(edit: Edit) -> None:
     stored_obj = _stored_pod()
-    new_obj = copy.deepcopy(stored_obj)
-    edit(new_obj)
+    new_obj = _edited(stored_obj, edit)
 
     assert None is parse_resized_pod(new_obj, stored_obj, parse_pod(stored_obj, CLASSES))
 
@@ -415,8 +419,7 @@ def test_anything_else_changed_asks_for_a_whole_parse(edit: Edit) -> None:
 def test_a_resized_pod_starts_without_the_stored_pods_memo() -> None:
     # No container status: what the pod holds is read from its spec.
     stored_obj = make_pod("web").requests(cpu="2").limits(cpu="2").obj()
-    new_obj = copy.deepcopy(stored_obj)
-    _resized_cpu("3")(new_obj)
+    new_obj = _edited(stored_obj, _resized_cpu("3"))
     stored = parse_pod(stored_obj)
     assert Resources(2000, 0) == pod_requests(stored)  # memoized on the stored pod
 

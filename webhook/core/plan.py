@@ -137,16 +137,11 @@ class _Context:
     node: Node
     demand: Resources
     usage: NodeUsage
-    #: What the demand lacks before preemption, once step 2 has computed it.
-    short: Resources | None = None
-
-    def with_short(self, short: Resources) -> _Context:
-        return _Context(self.preemptor, self.node, self.demand, self.usage, short)
 
     def figures(self, unmet: Resources = ZERO) -> dict[ResourceName, ResourceFigures]:
         u, demand = self.usage, self.demand
         in_use, freeing, allocatable = u.in_use, u.freeing, u.allocatable
-        short = self.short or shortfall(demand, in_use - freeing, allocatable)
+        short = shortfall(demand, in_use - freeing, allocatable)
         return {
             "cpu": ResourceFigures(
                 demand.cpu, in_use.cpu, freeing.cpu, allocatable.cpu, short.cpu, unmet.cpu
@@ -305,7 +300,6 @@ def plan_resize(
             f"{'have' if count != 1 else 'has'} gone",
         )
     short = shortfall(demand, projected, node.allocatable)
-    ctx = ctx.with_short(short)
 
     # Step 3: the pod or node does not allow preemption for it.
     if new.preemption_policy == "Never":

@@ -39,8 +39,8 @@ def run_now(job: Callable[[Any], None], argument: Any) -> None:
 
 
 class Backlog:
-    """Runs submitted jobs from one background thread, in batches (:meth:`submit`, or
-    the backlog itself, is an :data:`After`).
+    """Runs submitted jobs from one background thread, in batches (:meth:`submit` is an
+    :data:`After`).
 
     :meth:`submit` is thread-safe, takes no lock and does no I/O. Jobs submitted before
     :meth:`start` wait for it. A job that raises is logged and skipped.
@@ -60,9 +60,6 @@ class Backlog:
         self._dropped = 0
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-
-    def __call__(self, job: Callable[[Any], None], argument: Any) -> None:
-        self.submit(job, argument)
 
     def submit(self, job: Callable[[Any], None], argument: Any) -> None:
         if len(self._pending) >= self.limit:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
+from webhook.core.plan import Plan
 from webhook.core.resources import format_amount
 
 if TYPE_CHECKING:
@@ -45,23 +46,26 @@ def record(facts: Facts, mode: str) -> dict[str, Any]:
         "mode": mode,
         "latencyMs": round(facts.elapsed * 1000, 3),
     }
-    plan = d.plan
-    if plan is not None:
-        figures = plan.figures or {}
-        out |= {
-            "node": plan.node,
-            "reason": plan.code,
-            "requested": {n: format_amount(n, f.requested) for n, f in figures.items()},
-            "headroom": {
-                n: format_amount(n, f.allocatable - f.in_use + f.freeing)
-                for n, f in figures.items()
-            },
-            "victims": list(plan.victim_keys),
-            "reserved": d.reserved,
-        }
+    if d.plan is not None:
+        out |= plan_fields(d.plan, d.reserved)
     if d.error:
         out["error"] = d.error
     return out
+
+
+def plan_fields(plan: Plan, reserved: bool) -> dict[str, Any]:
+    """A line's fields about the plan, for reviews and reconciler passes alike."""
+    figures = plan.figures or {}
+    return {
+        "node": plan.node,
+        "reason": plan.code,
+        "requested": {n: format_amount(n, f.requested) for n, f in figures.items()},
+        "headroom": {
+            n: format_amount(n, f.allocatable - f.in_use + f.freeing) for n, f in figures.items()
+        },
+        "victims": list(plan.victim_keys),
+        "reserved": reserved,
+    }
 
 
 def emit(facts: Facts, mode: str) -> None:
@@ -82,4 +86,4 @@ def emit(facts: Facts, mode: str) -> None:
     )
 
 
-__all__ = ["Facts", "decision_logger", "emit", "record"]
+__all__ = ["Facts", "decision_logger", "emit", "plan_fields", "record"]

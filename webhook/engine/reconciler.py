@@ -32,16 +32,15 @@ import orjson
 from webhook.core.errors import WebhookError
 from webhook.core.model import Pod
 from webhook.core.plan import Plan, plan_resize
-from webhook.core.resources import RESOURCE_NAMES, format_amount
 from webhook.engine.admission import desired_requests
 from webhook.engine.config import Config
+from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.ledger import Ledger, LedgerEntry
 from webhook.engine.metrics import Metrics
 from webhook.engine.node_indexes import NodeIndexes
 from webhook.engine.ports import ClusterView
 
 log = logging.getLogger(__name__)
-decision_log = logging.getLogger("webhook.decisions")
 
 
 class DeferredView(ClusterView, Protocol):
@@ -229,23 +228,8 @@ class Reconciler:
 
 def _log_decision(pod: Pod, plan: Plan, admitted: bool) -> None:
     """One JSON line in the admission path's decision log format, endpoint ``reconcile``."""
-    figures = plan.figures or {}
-    record = {
-        "endpoint": "reconcile",
-        "pod": pod.key,
-        "verdict": plan.verdict,
-        "node": plan.node,
-        "reason": plan.code,
-        "requested": {n: format_amount(n, f.requested) for n, f in figures.items()},
-        "headroom": {
-            n: format_amount(n, f.allocatable - f.in_use + f.freeing)
-            for n, f in figures.items()
-            if n in RESOURCE_NAMES
-        },
-        "victims": list(plan.victim_keys),
-        "reserved": admitted,
-    }
-    decision_log.info(orjson.dumps(record).decode())
+    record = {"endpoint": "reconcile", "pod": pod.key, "verdict": plan.verdict}
+    decision_logger.info(orjson.dumps(record | plan_fields(plan, admitted)).decode())
 
 
 def _kubelet_order(pod: Pod) -> tuple[int, float, str]:
