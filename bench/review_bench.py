@@ -7,12 +7,12 @@ connection (a TLS socket sending a request built once, with a fresh uid spliced 
 checking each answer's status and uid), posting a realistic ``pods/resize`` AdmissionReview (full
 Pod objects with managed fields, the size the API server sends); and this orchestrator.
 
-Each round drives ``POST /validate-resize`` and then ``POST /noop`` (same server, same
+Each measurement drives ``POST /validate-resize`` and ``POST /noop`` (same server, same
 body: an allow-all webhook that reads and parses the review and allows it, so only the
-engine's decision is left out) for a fixed time after a warm-up, first from 4 client
-threads, then from one connection. Every request carries a fresh uid, so each is a new
-admission: the review preempts one pod and writes the in-memory ledger, and the JSON
-decision-log line is written (to ``/dev/null``, or to the file named by
+engine's decision is left out) in turn, a slice of a second each, from one client
+process: first from 4 connections, then from one. Every request carries a fresh uid, so
+each is a new admission: the review preempts one pod and writes the in-memory ledger, and
+the JSON decision-log line is written (to ``/dev/null``, or to the file named by
 ``RPW_BENCH_DECISIONS``, whose ``latencyMs`` is the engine's own time) - every step of the
 admission path runs.
 
@@ -21,11 +21,13 @@ worker processes, two GILs, each with its own view and in-memory ledger (in a cl
 they share the ledger Leases). Both endpoints are driven from the same 4 connections,
 then from 8. The targets are checked for both servers.
 
-Run ``python -m bench review`` (or ``python -m bench.review_bench``). Figures are the
-median over rounds of each round's p50, p99 and reviews/s, plus the server worker's and
-the client's CPU time per request (steadier than wall-clock figures when other work
-shares the machine; the load average is recorded). Results go to
-``bench/results/review.json``.
+Run ``python -m bench review`` (or ``python -m bench.review_bench``). An endpoint's p50
+and p99 are taken over all its answers, its reviews/s and CPU time per review (server
+workers and client; steadier than wall-clock figures when other work shares the machine)
+over all its slices. The validate/no-op ratios compare each validate slice with the
+no-op slices on either side of it and take the median: this machine's speed changes
+from one second to the next with other work, which slices side by side share. The load
+average is recorded. Results go to ``bench/results/review.json``.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ REPO = Path(__file__).resolve().parents[1]
 TARGET_P99_MS = 10.0
 TARGET_RPS = 1000.0
 TARGET_RATIO = 1.5
+
+VALIDATE = "/validate-resize"
+NOOP = "/noop"
 
 NODE = "bench-node"
 PODS_ON_NODE = 110
@@ -411,43 +416,51 @@ def serve_main(argv: Sequence[str]) -> int:
 
 
 def drive_main(argv: Sequence[str]) -> int:
-    """Post ``--body`` to ``--path`` from ``--threads`` persistent connections; print
-    JSON: latencies (ms) after the warm-up, wall time, errors."""
+    """Post ``--body`` from ``--threads`` persistent connections, to each ``--path`` in
+    turn for ``--slice`` seconds at a time; print JSON: each measured slice's path,
+    latencies (ms), and the server's (``--server-pid``) and the client's CPU time."""
     parser = argparse.ArgumentParser(prog="review_bench drive")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ca", required=True)
     parser.add_argument("--body", required=True)
-    parser.add_argument("--path", required=True)
+    parser.add_argument("--path", action="append", required=True, help="repeatable")
     parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--slices", type=int, default=20, help="measured slices in all")
+    parser.add_argument("--slice", type=float, default=1.0, help="seconds per slice")
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--server-pid", type=int, action="append", default=[])
     args = parser.parse_args(argv)
 
     body = Path(args.body).read_bytes()
     context = ssl.create_default_context(cafile=args.ca)
+    paths: list[str] = args.path
+    slice_s: float = args.slice
     barrier = threading.Barrier(args.threads + 1)
-    start_measuring = 0.0
+    start = 0.0
     stop_at = 0.0
-    results: list[list[float]] = []
     errors: list[str] = []
+    # Per measured slice: every thread's latencies of requests it started in that slice.
+    latencies: list[list[float]] = [[] for _ in range(args.slices)]
     lock = threading.Lock()
 
-    # The request is built once, around the uid: the client shares the machine's two
-    # cores with the server, so every microsecond it spends is one the server lacks.
-    # http.client cost about 0.6 ms of CPU per request here; this about a third of it.
+    # The request is built once per path, around the uid: the client shares the
+    # machine's two cores with the server, so every microsecond it spends is one the
+    # server lacks. http.client cost about 0.6 ms of CPU per request here; this a third.
     at = body.index(REVIEW_UID.encode())
-    head = (
-        f"POST {args.path} HTTP/1.1\r\nHost: 127.0.0.1:{args.port}\r\n"
-        f"Content-Type: application/json\r\nAccept: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body[:at]
+    heads = [
+        (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{args.port}\r\n"
+            f"Content-Type: application/json\r\nAccept: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        + body[:at]
+        for path in paths
+    ]
     tail = body[at + len(REVIEW_UID) :]
-    total = [0]
 
     def worker() -> None:
-        samples: list[float] = []
+        samples: list[tuple[int, float]] = []
         clock = time.perf_counter
-        sent = 0
         pending = b""
         barrier.wait()
         # Connected after the barrier, in the warm-up: a server with fewer threads than
@@ -460,45 +473,57 @@ def drive_main(argv: Sequence[str]) -> int:
         try:
             while True:
                 uid = str(uuid.uuid4()).encode()
-                request = head + uid + tail
                 t0 = clock()
                 if t0 >= stop_at:
                     break
-                sock.sendall(request)
+                # The warm-up alternates too (negative slices), so both paths are warm.
+                k = int((t0 - start) // slice_s)
+                sock.sendall(heads[k % len(paths)] + uid + tail)
                 status, answer, pending = _read_response(sock, pending)
                 t1 = clock()
-                sent += 1
                 # A real answer to this very review: 200 and the uid echoed.
                 if status != 200 or uid not in answer:
                     errors.append(f"{status} {answer[:200]!r}")
                     break
-                if t0 >= start_measuring:
-                    samples.append((t1 - t0) * 1000)
+                if k >= 0:
+                    samples.append((k, (t1 - t0) * 1000))
         except Exception as e:  # a bench reports failures, it does not hide them
             errors.append(repr(e))
         finally:
             sock.close()
             with lock:
-                results.append(samples)
-                total[0] += sent
+                for k, latency in samples:
+                    latencies[k].append(latency)
 
-    cpu_start = time.process_time()
+    def cpu() -> tuple[float, float]:
+        return sum(_cpu_seconds(p) for p in args.server_pid), time.process_time()
+
     threads = [threading.Thread(target=worker) for _ in range(args.threads)]
     for t in threads:
         t.start()
-    now = time.perf_counter()
-    start_measuring = now + args.warmup
-    stop_at = start_measuring + args.seconds
+    start = time.perf_counter() + args.warmup
+    stop_at = start + args.slices * slice_s
     barrier.wait()
+    # CPU time read at each slice's edges (a request crossing one is counted where it
+    # started: a few milliseconds in a slice of a second).
+    edges = []
+    for k in range(args.slices + 1):
+        time.sleep(max(0.0, start + k * slice_s - time.perf_counter()))
+        edges.append(cpu())
     for t in threads:
         t.join()
-    latencies = [x for samples in results for x in samples]
     out = {
-        "latencies_ms": latencies,
-        "seconds": args.seconds,
         "errors": errors,
-        "requests_with_warmup": total[0],
-        "client_cpu_s": time.process_time() - cpu_start,
+        "slice_seconds": slice_s,
+        "slices": [
+            {
+                "path": paths[k % len(paths)],
+                "latencies_ms": latencies[k],
+                "server_cpu_s": edges[k + 1][0] - edges[k][0],
+                "client_cpu_s": edges[k + 1][1] - edges[k][1],
+            }
+            for k in range(args.slices)
+        ],
     }
     json.dump(out, sys.stdout)
     return 0
@@ -582,57 +607,6 @@ def _worker_pids(master: int) -> list[int]:
     return pids
 
 
-def _stats(run: dict[str, Any], server_cpu_s: float) -> dict[str, float]:
-    latencies = run["latencies_ms"]
-    if run["errors"] or len(latencies) < 100:
-        raise SystemExit(f"client errors: {run['errors'][:3]} ({len(latencies)} samples)")
-    centiles = statistics.quantiles(latencies, n=100)
-    requests = run["requests_with_warmup"]
-    return {
-        "requests": len(latencies),
-        "p50_ms": round(statistics.median(latencies), 3),
-        "p99_ms": round(centiles[98], 3),
-        "reviews_per_s": round(len(latencies) / run["seconds"], 1),
-        # CPU per request is steadier than wall-clock figures on a shared machine.
-        "server_cpu_ms": round(server_cpu_s / requests * 1000, 3),
-        "client_cpu_ms": round(run["client_cpu_s"] / requests * 1000, 3),
-    }
-
-
-def _drive(
-    port: int, ca: str, body: str, path: str, threads: int, seconds: float
-) -> dict[str, Any]:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.review_bench",
-            "drive",
-            "--port",
-            str(port),
-            "--ca",
-            ca,
-            "--body",
-            body,
-            "--path",
-            path,
-            "--threads",
-            str(threads),
-            "--seconds",
-            str(seconds),
-        ],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
-    result: dict[str, Any] = json.loads(out.stdout)
-    return result
-
-
-def _median(rounds: list[dict[str, float]], key: str) -> float:
-    return round(statistics.median(r[key] for r in rounds), 3)
-
-
 @contextlib.contextmanager
 def _server(files: dict[str, Path], threads: int, workers: int) -> Iterator[tuple[int, list[int]]]:
     """A bench server on a free port: yields (port, worker pids) once it is ready."""
@@ -674,8 +648,107 @@ def _server(files: dict[str, Path], threads: int, workers: int) -> Iterator[tupl
         server.wait(30)
 
 
+def _summary(slices: list[dict[str, Any]], slice_seconds: float) -> dict[str, Any]:
+    """One endpoint's figures over its slices: centiles of every latency, rates and CPU
+    per review over the whole measured time; each slice's own figures kept alongside."""
+    latencies = [x for s in slices for x in s["latencies_ms"]]
+    requests = len(latencies)
+    if requests < 100:
+        raise SystemExit(f"only {requests} answers measured")
+    return {
+        "requests": requests,
+        "p50_ms": round(statistics.median(latencies), 3),
+        "p99_ms": round(statistics.quantiles(latencies, n=100)[98], 3),
+        "reviews_per_s": round(requests / (len(slices) * slice_seconds), 1),
+        # CPU per request is steadier than wall-clock figures on a shared machine.
+        "server_cpu_ms": round(sum(s["server_cpu_s"] for s in slices) / requests * 1000, 3),
+        "client_cpu_ms": round(sum(s["client_cpu_s"] for s in slices) / requests * 1000, 3),
+        "slices": [_slice_figures(s, slice_seconds) for s in slices],
+    }
+
+
+def _slice_figures(s: dict[str, Any], slice_seconds: float) -> dict[str, float]:
+    n = len(s["latencies_ms"])
+    return {
+        "requests": n,
+        "p50_ms": round(statistics.median(s["latencies_ms"]), 3) if n else 0.0,
+        "reviews_per_s": round(n / slice_seconds, 1),
+        "server_cpu_ms": round(s["server_cpu_s"] / n * 1000, 3) if n else 0.0,
+    }
+
+
+def _paired_ratios(
+    slices: list[dict[str, Any]], slice_seconds: float, validate: str, noop: str
+) -> dict[str, float]:
+    """validate over noop, each validate slice against the mean of the noop slices on
+    either side of it; the median over validate slices.
+
+    Other work on the machine changes its speed from one second to the next (one run's
+    noop rounds went from 1,240 to 2,790 reviews/s): figures taken side by side, then
+    the median, keep that out of the ratio, where comparing two medians taken minutes
+    apart does not."""
+    figures = [(s["path"], _slice_figures(s, slice_seconds)) for s in slices]
+    ratios: dict[str, list[float]] = {"p50": [], "throughput": [], "server_cpu": []}
+    for k, (path, v) in enumerate(figures):
+        if path != validate:
+            continue
+        sides = [f for p, f in figures[max(0, k - 1) : k + 2] if p == noop]
+        if not sides or not v["requests"] or not all(f["requests"] for f in sides):
+            continue
+        n = {key: statistics.fmean(f[key] for f in sides) for key in v}
+        ratios["p50"].append(v["p50_ms"] / n["p50_ms"])
+        ratios["throughput"].append(n["reviews_per_s"] / v["reviews_per_s"])
+        ratios["server_cpu"].append(v["server_cpu_ms"] / n["server_cpu_ms"])
+    if not ratios["p50"]:
+        raise SystemExit("no validate slice had a noop slice beside it")
+    return {key: round(statistics.median(r), 2) for key, r in ratios.items()}
+
+
+def _drive(
+    port: int,
+    ca: str,
+    body: str,
+    threads: int,
+    slices: int,
+    slice_seconds: float,
+    server_pids: list[int],
+) -> list[dict[str, Any]]:
+    """Slices alternating between /validate-resize and /noop, validate first."""
+    command = [sys.executable, "-m", "bench.review_bench", "drive", "--port", str(port)]
+    command += ["--ca", ca, "--body", body, "--path", VALIDATE, "--path", NOOP]
+    command += ["--threads", str(threads), "--slices", str(slices)]
+    command += ["--slice", str(slice_seconds)]
+    for pid in server_pids:
+        command += ["--server-pid", str(pid)]
+    out = subprocess.run(command, cwd=REPO, check=True, capture_output=True)
+    result: dict[str, Any] = json.loads(out.stdout)
+    if result["errors"]:
+        raise SystemExit(f"client errors: {result['errors'][:3]}")
+    measured: list[dict[str, Any]] = result["slices"]
+    return measured
+
+
+def _compare(
+    port: int,
+    ca: str,
+    body: str,
+    threads: int,
+    pairs: int,
+    slice_seconds: float,
+    server_pids: list[int],
+) -> dict[str, Any]:
+    """Both endpoints' figures and their ratios, from one alternating drive."""
+    slices = _drive(port, ca, body, threads, 2 * pairs, slice_seconds, server_pids)
+    validate = _summary([s for s in slices if s["path"] == VALIDATE], slice_seconds)
+    noop = _summary([s for s in slices if s["path"] == NOOP], slice_seconds)
+    ratio = _paired_ratios(slices, slice_seconds, VALIDATE, NOOP)
+    # p99 needs every sample of an endpoint: a slice holds too few for its own.
+    ratio["p99"] = round(validate["p99_ms"] / noop["p99_ms"], 2)
+    return {"validate": validate, "noop": noop, "ratio_validate_over_noop": ratio}
+
+
 def run(
-    rounds: int, seconds: float, threads: int, server_threads: int, two_workers: bool = True
+    pairs: int, slice_seconds: float, threads: int, server_threads: int, two_workers: bool = True
 ) -> dict[str, Any]:
     from webhook import pki
 
@@ -690,66 +763,31 @@ def run(
         _, resizing = cluster_objects()
         body = review_body(resizing)
         files["review"].write_bytes(body)
-
         ca_file, review_file = str(files["ca.crt"]), str(files["review"])
 
-        def measured(
-            port: int, workers: list[int], path: str, threads: int, seconds: float
-        ) -> dict[str, float]:
-            before = sum(_cpu_seconds(w) for w in workers)
-            run = _drive(port, ca_file, review_file, path, threads, seconds)
-            return _stats(run, sum(_cpu_seconds(w) for w in workers) - before)
-
-        by_path: dict[str, list[dict[str, float]]] = {"/validate-resize": [], "/noop": []}
-        single: dict[str, list[dict[str, float]]] = {"/validate-resize": [], "/noop": []}
         with _server(files, server_threads, 1) as (port, workers):
             check = _check_answer(port, ca_file, body)
-            for _ in range(rounds):
-                for path in by_path:  # interleaved, so drift hits both alike
-                    by_path[path].append(measured(port, workers, path, threads, seconds))
-                    single[path].append(measured(port, workers, path, 1, seconds / 2))
+            one = _compare(port, ca_file, review_file, threads, pairs, slice_seconds, workers)
+            single = _compare(port, ca_file, review_file, 1, pairs, slice_seconds / 2, workers)
         # ``serve --workers 2``: each process with its own GIL, view and in-memory ledger
         # (in a cluster they share the ledger Leases). The kernel hands each new
         # connection to whichever process accepts first, so 4 connections may split
         # unevenly; 8 show the spread.
-        two: dict[str, list[dict[str, float]]] = {"/validate-resize": [], "/noop": []}
-        two_wide: dict[str, list[dict[str, float]]] = {"/validate-resize": [], "/noop": []}
+        two_summary = None
         if two_workers:
             with _server(files, server_threads, 2) as (port, workers):
-                for _ in range(rounds):
-                    for path in two:
-                        two[path].append(measured(port, workers, path, threads, seconds))
-                        two_wide[path].append(measured(port, workers, path, 2 * threads, seconds))
-
-    def summary(rs: list[dict[str, float]]) -> dict[str, Any]:
-        return {
-            "p50_ms": _median(rs, "p50_ms"),
-            "p99_ms": _median(rs, "p99_ms"),
-            "reviews_per_s": _median(rs, "reviews_per_s"),
-            "server_cpu_ms": _median(rs, "server_cpu_ms"),
-            "client_cpu_ms": _median(rs, "client_cpu_ms"),
-            "rounds": rs,
-        }
-
-    validate, noop = summary(by_path["/validate-resize"]), summary(by_path["/noop"])
-    ratio = _ratio(validate, noop)
-    two_summary = None
-    if two_workers:
-        two_validate, two_noop = summary(two["/validate-resize"]), summary(two["/noop"])
-        two_summary = {
-            "server": f"gunicorn gthread, 2 workers (serve --workers 2), {server_threads} "
-            "threads each, TLS",
-            "client_threads": threads,
-            "validate": two_validate,
-            "noop": two_noop,
-            "ratio_validate_over_noop": _ratio(two_validate, two_noop),
-            "targets_met": _met(two_validate, _ratio(two_validate, two_noop)),
-            "wider": {
-                "client_threads": 2 * threads,
-                "validate": summary(two_wide["/validate-resize"]),
-                "noop": summary(two_wide["/noop"]),
-            },
-        }
+                two = _compare(port, ca_file, review_file, threads, pairs, slice_seconds, workers)
+                wide = _compare(
+                    port, ca_file, review_file, 2 * threads, pairs, slice_seconds, workers
+                )
+            two_summary = {
+                "server": f"gunicorn gthread, 2 workers (serve --workers 2), {server_threads} "
+                "threads each, TLS",
+                "client_threads": threads,
+                **two,
+                "targets_met": _met(two["validate"], two["ratio_validate_over_noop"]),
+                "wider": {"client_threads": 2 * threads, **wide},
+            }
     return {
         "benchmark": "review_round_trip",
         "python": platform.python_version(),
@@ -763,31 +801,17 @@ def run(
         "pods_on_node": PODS_ON_NODE,
         "review_bytes": len(body),
         "answer": check,
-        "rounds": rounds,
-        "seconds_per_round": seconds,
-        "validate": validate,
-        "noop": noop,
-        "ratio_validate_over_noop": ratio,
-        "single_connection": {
-            "validate": summary(single["/validate-resize"]),
-            "noop": summary(single["/noop"]),
-        },
+        "slices_per_endpoint": pairs,
+        "slice_seconds": slice_seconds,
+        **one,
+        "single_connection": single,
         "two_workers": two_summary,
         "targets": {
             "p99_ms": TARGET_P99_MS,
             "reviews_per_s": TARGET_RPS,
             "ratio": TARGET_RATIO,
-            "met": _met(validate, ratio),
+            "met": _met(one["validate"], one["ratio_validate_over_noop"]),
         },
-    }
-
-
-def _ratio(validate: dict[str, Any], noop: dict[str, Any]) -> dict[str, float]:
-    return {
-        "p50": round(validate["p50_ms"] / noop["p50_ms"], 2),
-        "p99": round(validate["p99_ms"] / noop["p99_ms"], 2),
-        "throughput": round(noop["reviews_per_s"] / validate["reviews_per_s"], 2),
-        "server_cpu": round(validate["server_cpu_ms"] / noop["server_cpu_ms"], 2),
     }
 
 
@@ -820,8 +844,9 @@ def table(result: dict[str, Any]) -> str:
         f"review round trip over HTTPS keep-alive (python {result['python']}, "
         f"{result['cpus']} cpus, {result['pods_on_node']} pods on the node, "
         f"{result['review_bytes']} byte review)",
-        f"{result['client']}; medians of {result['rounds']} rounds of "
-        f"{result['seconds_per_round']} s",
+        f"{result['client']}; {result['slices_per_endpoint']} slices of "
+        f"{result['slice_seconds']} s per endpoint, alternating; ratios: median over "
+        "validate slices of each against the noop slices beside it",
         f"{'endpoint':<18} {'p50 ms':>8} {'p99 ms':>8} {'reviews/s':>10}   "
         f"{'1-conn p50':>10} {'1-conn p99':>10}   {'server CPU ms':>13} {'client CPU ms':>13}",
     ]
@@ -879,17 +904,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "drive":
         return drive_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench review")
-    parser.add_argument("--quick", action="store_true", help="one short round, no results file")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured time per round")
+    parser.add_argument("--quick", action="store_true", help="a short run, no results file")
+    parser.add_argument(
+        "--slices", type=int, default=20, help="measured slices per endpoint and client"
+    )
+    parser.add_argument("--seconds", type=float, default=1.0, help="seconds per slice")
     parser.add_argument("--threads", type=int, default=4, help="client threads")
     parser.add_argument("--server-threads", type=int, default=4, help="as the service's default")
     parser.add_argument(
         "--no-two-workers", action="store_true", help="skip the 2-worker-process data point"
     )
     args = parser.parse_args(argv)
-    rounds, seconds = (1, 2.0) if args.quick else (args.rounds, args.seconds)
-    result = run(rounds, seconds, args.threads, args.server_threads, not args.no_two_workers)
+    slices, seconds = (3, 0.5) if args.quick else (args.slices, args.seconds)
+    result = run(slices, seconds, args.threads, args.server_threads, not args.no_two_workers)
     print(table(result))
     if not args.quick:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
