@@ -9,14 +9,16 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
 from tests.unit.web_fixtures import walkthrough_review, walkthrough_view
+from webhook.engine import admission
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.backlog import Backlog
+from webhook.engine.backlog import Backlog, Job
 from webhook.engine.config import Config
+from webhook.engine.decision_log import Facts
 from webhook.engine.ledger import InMemoryLedger
 
 LOGGER = "webhook.decisions"
@@ -37,7 +39,8 @@ def reviews_counted(engine: AdmissionEngine) -> float:
 
 
 def logged(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    """The decision-log lines (a record holds a batch of them)."""
+    return [line for r in caplog.records if r.name == LOGGER for line in r.getMessage().split("\n")]
 
 
 # -- the engine -----------------------------------------------------------------------------
@@ -78,6 +81,49 @@ def test_with_a_backlog_the_review_path_only_queues(caplog: pytest.LogCaptureFix
     )
 
 
+def test_a_batch_is_counted_once_and_logged_as_one_record_of_its_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backlog = Backlog()
+    engine = AdmissionEngine(Config(), walkthrough_view(), InMemoryLedger(), after=backlog.submit)
+    uids = [f"review-{i}" for i in range(3)]
+
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        for uid in uids:
+            engine.validate({**walkthrough_review()["request"], "uid": uid})
+        backlog.stop()
+
+    assert 3.0 == reviews_counted(engine)
+    assert 3.0 == engine.metrics.registry.get_sample_value("rpw_victims_planned_total")
+    assert 1 == len([r for r in caplog.records if r.name == LOGGER])
+    assert uids == [json.loads(line)["uid"] for line in logged(caplog)]
+
+
+def test_a_line_that_cannot_be_built_costs_only_itself(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backlog = Backlog()
+    engine = AdmissionEngine(Config(), walkthrough_view(), InMemoryLedger(), after=backlog.submit)
+    built = admission.line
+
+    def line(facts: Facts, mode: str) -> bytes:
+        if facts.decision.uid == "review-1":
+            raise ValueError("cannot")
+        return built(facts, mode)
+
+    monkeypatch.setattr(admission, "line", line)
+    with caplog.at_level(logging.INFO):
+        for uid in ("review-0", "review-1", "review-2"):
+            engine.validate({**walkthrough_review()["request"], "uid": uid})
+        backlog.stop()
+
+    assert 3.0 == reviews_counted(engine)
+    assert ["review-0", "review-2"] == [json.loads(line)["uid"] for line in logged(caplog)]
+    assert ["decision-log line of review review-1"] == [
+        r.getMessage() for r in caplog.records if r.levelno == logging.ERROR
+    ]
+
+
 # -- the backlog ----------------------------------------------------------------------------
 
 
@@ -85,8 +131,8 @@ def test_a_backlog_runs_jobs_in_order_from_its_thread() -> None:
     backlog = Backlog(interval=0.01, name="after-review")
     ran: list[tuple[int, str]] = []
 
-    def job(i: int) -> None:
-        ran.append((i, threading.current_thread().name))
+    def job(batch: Sequence[int]) -> None:
+        ran.extend((i, threading.current_thread().name) for i in batch)
 
     backlog.start()
     for i in range(50):
@@ -98,14 +144,29 @@ def test_a_backlog_runs_jobs_in_order_from_its_thread() -> None:
     assert {"after-review"} == {name for _, name in ran}
 
 
+def test_what_is_queued_goes_to_each_job_as_one_batch_in_order() -> None:
+    backlog = Backlog(interval=3600)
+    calls: list[tuple[str, list[str]]] = []
+
+    def job(name: str) -> Job:
+        return lambda batch: calls.append((name, list(batch)))
+
+    first, second = job("first"), job("second")
+    for job_, x in ((first, "a"), (first, "b"), (second, "c"), (first, "d"), (first, "e")):
+        backlog.submit(job_, x)
+    backlog.stop()
+
+    assert [("first", ["a", "b"]), ("second", ["c"]), ("first", ["d", "e"])] == calls
+
+
 def test_stop_runs_what_is_pending() -> None:
     # An interval no test waits for: only stop() can have run the jobs.
     backlog = Backlog(interval=3600)
     ran: list[str] = []
 
     backlog.start()
-    backlog.submit(ran.append, "a")
-    backlog.submit(ran.append, "b")
+    backlog.submit(ran.extend, "a")
+    backlog.submit(ran.extend, "b")
     backlog.stop()
 
     assert ["a", "b"] == ran
@@ -117,7 +178,7 @@ def test_past_the_limit_jobs_are_dropped_and_counted(caplog: pytest.LogCaptureFi
 
     with caplog.at_level(logging.WARNING):
         for x in "abcde":
-            backlog.submit(ran.append, x)
+            backlog.submit(ran.extend, x)
         backlog.stop()
 
     assert ["a", "b"] == ran
@@ -128,17 +189,15 @@ def test_a_failing_job_does_not_stop_the_others(caplog: pytest.LogCaptureFixture
     backlog = Backlog(interval=0.01)
     ran: list[str] = []
 
-    def job(x: str) -> None:
-        if x == "bad":
-            raise ValueError("cannot")
-        ran.append(x)
+    def failing(batch: Sequence[str]) -> None:
+        raise ValueError("cannot")
 
     with caplog.at_level(logging.ERROR):
         backlog.start()
-        for x in ("a", "bad", "c"):
+        for job, x in ((ran.extend, "a"), (failing, "b"), (ran.extend, "c")):
             backlog.submit(job, x)
         wait_for(lambda: len(ran) == 2)
-        backlog.submit(job, "d")
+        backlog.submit(ran.extend, "d")
         wait_for(lambda: len(ran) == 3)
         backlog.stop()
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -32,7 +32,7 @@ from webhook.core.report import warnings_for
 from webhook.core.resources import RESOURCE_NAMES, format_amount
 from webhook.engine.backlog import After, run_now
 from webhook.engine.config import Config
-from webhook.engine.decision_log import Facts, decision_logger, emit
+from webhook.engine.decision_log import Facts, decision_logger, emit, line
 from webhook.engine.ledger import Ledger, LedgerEntry
 from webhook.engine.metrics import Metrics
 from webhook.engine.node_indexes import NodeIndexes
@@ -189,25 +189,47 @@ class AdmissionEngine:
         self.metrics.errors.labels(where).inc()
         return Decision(uid, verdict="error", warnings=(PREFIX + message,), error=message)
 
-    def _account(self, facts: Facts) -> None:
-        """Count one answered review and write its decision-log line."""
-        d = facts.decision
-        counted = self._counted.get((facts.endpoint, d.verdict))
+    def _account(self, batch: Sequence[Facts]) -> None:
+        """Count a batch of answered reviews and write their decision-log lines."""
+        metrics = self.metrics
+        counts: dict[tuple[str, str], int] = {}
+        victims = 0
+        logging_on = decision_logger.isEnabledFor(logging.INFO)
+        lines: list[bytes] = []
+        for facts in batch:
+            d = facts.decision
+            key = (facts.endpoint, d.verdict)
+            counts[key] = counts.get(key, 0) + 1
+            self._children(key)[1].observe(facts.elapsed)
+            entry = d.admitted
+            if entry is not None and entry.victims:
+                victims += len(entry.victims)
+                metrics.victims_per_plan.observe(len(entry.victims))
+            if logging_on and d.verdict != "ignored":
+                try:
+                    lines.append(line(facts, self.config.mode))
+                except Exception:
+                    # A line that cannot be written must not cost the batch its counts.
+                    log.exception("decision-log line of review %s", d.uid)
+        # Counters move once per batch: in a worker of several, each move is a write to
+        # a shared file.
+        for key, n in counts.items():
+            self._children(key)[0].inc(n)
+        if victims:
+            metrics.victims_planned.inc(victims)
+        if lines:
+            emit(lines)
+
+    def _children(self, key: tuple[str, str]) -> tuple[Any, Any]:
+        """The review counter and latency histogram for (endpoint, verdict)."""
+        counted = self._counted.get(key)
         if counted is None:
-            # Children looked up once: labels() takes a lock and builds a key each time.
-            counted = self._counted[(facts.endpoint, d.verdict)] = (
-                self.metrics.reviews.labels(facts.endpoint, d.verdict),
-                self.metrics.review_latency.labels(facts.endpoint),
+            # Looked up once: labels() takes a lock and builds a key each time.
+            counted = self._counted[key] = (
+                self.metrics.reviews.labels(*key),
+                self.metrics.review_latency.labels(key[0]),
             )
-        counted[0].inc()
-        counted[1].observe(facts.elapsed)
-        entry = d.admitted
-        if entry is not None:
-            self.metrics.victims_planned.inc(len(entry.victims))
-            if entry.victims:
-                self.metrics.victims_per_plan.observe(len(entry.victims))
-        if d.verdict != "ignored" and decision_logger.isEnabledFor(logging.INFO):
-            emit(facts, self.config.mode)
+        return counted
 
     # -- reading the request ----------------------------------------------------------
 

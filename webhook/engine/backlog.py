@@ -7,10 +7,15 @@ between two reviews. A :class:`Backlog` runs those jobs from a background thread
 at a time, where that code stays warm from one job to the next; the review path only
 queues a job. The engine's default, :func:`run_now`, runs each job at once.
 
-Contract: jobs run in the order they were submitted, each exactly once, at most
-``interval`` seconds late while the backlog runs; :meth:`Backlog.stop` runs what is left.
-Jobs of a process that dies without :meth:`~Backlog.stop` are lost (metrics restart with
-the process anyway; the decision log loses its last lines).
+A job takes a batch: it is called with the arguments submitted for it since its last
+run, so what one call per review would repeat (a lock, a write, a metric update) is done
+once per batch.
+
+Contract: every argument is handed to its job exactly once, in the order submitted
+(consecutive submissions of one job go in one call), at most ``interval`` seconds late
+while the backlog runs; :meth:`Backlog.stop` runs what is left. Arguments of a process
+that dies without :meth:`~Backlog.stop` are lost (metrics restart with the process
+anyway; the decision log loses its last lines).
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -29,21 +36,25 @@ FLUSH_INTERVAL = 0.05
 #: and counted.
 PENDING_LIMIT = 100_000
 
-#: How the engine hands over a job: ``after(job, argument)``.
-After = Callable[[Callable[[Any], None], Any], None]
+#: A job: called with a batch of the arguments submitted for it, in order.
+Job = Callable[[Sequence[Any]], None]
+#: How the engine hands over work: ``after(job, argument)``.
+After = Callable[[Job, Any], None]
 
 
-def run_now(job: Callable[[Any], None], argument: Any) -> None:
-    """An :data:`After` that runs the job at once, in the caller's thread."""
-    job(argument)
+def run_now(job: Job, argument: Any) -> None:
+    """An :data:`After` that runs the job at once, in the caller's thread, on a batch of
+    one."""
+    job((argument,))
 
 
 class Backlog:
     """Runs submitted jobs from one background thread, in batches (:meth:`submit` is an
     :data:`After`).
 
-    :meth:`submit` is thread-safe, takes no lock and does no I/O. Jobs submitted before
-    :meth:`start` wait for it. A job that raises is logged and skipped.
+    :meth:`submit` is thread-safe, takes no lock and does no I/O. Work submitted before
+    :meth:`start` waits for it. A job that raises is logged, and loses that batch (a job
+    that can fail on one argument should catch that itself).
     """
 
     def __init__(
@@ -55,13 +66,13 @@ class Backlog:
         self.interval = interval
         self.limit = limit
         self.name = name
-        self._pending: deque[tuple[Callable[[Any], None], Any]] = deque()
+        self._pending: deque[tuple[Job, Any]] = deque()
         # Approximate under contention (no lock on the review path); reported only.
         self._dropped = 0
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def submit(self, job: Callable[[Any], None], argument: Any) -> None:
+    def submit(self, job: Job, argument: Any) -> None:
         if len(self._pending) >= self.limit:
             self._dropped += 1
             return
@@ -84,12 +95,14 @@ class Backlog:
         the caller of :meth:`stop` once it has ended)."""
         pending = self._pending
         while pending:
-            job, argument = pending.popleft()
-            try:
-                job(argument)
-            except Exception:
-                # One failing job must not stop the others (nor the thread running them).
-                log.exception("%s: a job failed", self.name)
+            # What is queued now; what is submitted meanwhile goes in the next round.
+            taken = [pending.popleft() for _ in range(len(pending))]
+            for job, group in groupby(taken, key=itemgetter(0)):
+                try:
+                    job([argument for _, argument in group])
+                except Exception:
+                    # One failing job must not stop the others (nor the thread running them).
+                    log.exception("%s: a job failed", self.name)
         dropped, self._dropped = self._dropped, 0
         if dropped:
             log.warning("%s behind: %d jobs dropped", self.name, dropped)
@@ -99,4 +112,4 @@ class Backlog:
             self.flush()
 
 
-__all__ = ["FLUSH_INTERVAL", "PENDING_LIMIT", "After", "Backlog", "run_now"]
+__all__ = ["FLUSH_INTERVAL", "PENDING_LIMIT", "After", "Backlog", "Job", "run_now"]

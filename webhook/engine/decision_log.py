@@ -3,6 +3,8 @@
 A review's line is built from a few facts the engine keeps (:class:`Facts`), after the
 answer: the service writes lines from a background thread, a batch at a time
 (:class:`~webhook.engine.backlog.Backlog`), so the review path only queues the facts.
+A batch is one log record whose message holds its lines, one review each: the service
+logs messages alone (``%(message)s``), so the output is the same lines, written at once.
 """
 
 from __future__ import annotations
@@ -68,22 +70,27 @@ def plan_fields(plan: Plan, reserved: bool) -> dict[str, Any]:
     }
 
 
-def emit(facts: Facts, mode: str) -> None:
-    """Log the line of one review, answered in ``mode``."""
+def line(facts: Facts, mode: str) -> bytes:
+    """One review's line, answered in ``mode`` (JSON, no newline)."""
+    return orjson.dumps(record(facts, mode))
+
+
+def emit(lines: list[bytes]) -> None:
+    """Log the lines of a batch of reviews as one record."""
     # The record is built by hand, as Logger.info would but without looking up the
     # caller's file and line in the stack: that lookup was two thirds of the cost of a
-    # line, and the line is its message alone (the JSON).
+    # record, and the record is its message alone (the JSON lines).
     decision_logger.handle(
         decision_logger.makeRecord(
             decision_logger.name,
             logging.INFO,
             "",
             0,
-            orjson.dumps(record(facts, mode)).decode(),
+            b"\n".join(lines).decode(),
             (),
             None,
         )
     )
 
 
-__all__ = ["Facts", "decision_logger", "emit", "plan_fields", "record"]
+__all__ = ["Facts", "decision_logger", "emit", "line", "plan_fields", "record"]
