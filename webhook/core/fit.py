@@ -10,7 +10,6 @@ path would refuse.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 
 from webhook.core.accounting import container_requests, pod_requests
 from webhook.core.headroom import node_usage
@@ -67,7 +66,7 @@ def _shrink(new: Pod, name: ResourceName, excess: int) -> Pod | None:
         limits = c.limits
         if c.limits.get(name) == c.requests.get(name):
             limits = limits.replace(name, wanted)
-        containers[i] = replace(c, requests=c.requests.replace(name, wanted), limits=limits)
+        containers[i] = c._replace(requests=c.requests.replace(name, wanted), limits=limits)
         excess -= cut
     if excess > 0:
         return None

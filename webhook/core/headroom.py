@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from webhook.core.accounting import pod_requests
 from webhook.core.model import TERMINAL_PHASES, Node, Pod, PodRef
@@ -12,8 +12,7 @@ from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
 
 
-@dataclass(frozen=True, slots=True)
-class NodeUsage:
+class NodeUsage(NamedTuple):
     """What a node's other pods hold, seen from one resizing pod.
 
     ``in_use`` counts every non-terminal pod at the kubelet's model, raised to its

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 from webhook.core.resources import ZERO, Resources
 
@@ -30,9 +30,11 @@ MIRROR_POD_ANNOTATION: Final = "kubernetes.io/config.mirror"
 TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
 
-@dataclass(frozen=True, slots=True)
-class PodRef:
-    """A pod's identity: ``namespace/name`` plus the uid that tells incarnations apart."""
+class PodRef(NamedTuple):
+    """A pod's identity: ``namespace/name`` plus the uid that tells incarnations apart.
+
+    A tuple, as :class:`~webhook.core.resources.Resources` and for the same reason:
+    every decision builds a few."""
 
     namespace: str
     name: str
@@ -46,9 +48,10 @@ class PodRef:
         return self.key
 
 
-@dataclass(frozen=True, slots=True)
-class Container:
-    """A container's declared resources. ``sidecar`` marks a restartable init container."""
+class Container(NamedTuple):
+    """A container's declared resources. ``sidecar`` marks a restartable init container.
+
+    A tuple (see :class:`PodRef`): every resize review builds its containers again."""
 
     name: str
     requests: Resources = ZERO

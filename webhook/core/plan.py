@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from webhook.core.accounting import pod_requests
 from webhook.core.disruption import split_by_violation
@@ -37,9 +37,9 @@ ReasonCode = Literal[
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class ResourceFigures:
-    """One resource's numbers for the messages a person reads."""
+class ResourceFigures(NamedTuple):
+    """One resource's numbers for the messages a person reads (a tuple, as the other
+    small values a decision builds: see :class:`~webhook.core.resources.Resources`)."""
 
     requested: int  # the resizing pod's new requests
     in_use: int  # held by every other pod and by reservations
@@ -49,8 +49,7 @@ class ResourceFigures:
     unmet: int = 0  # still missing after the plan's victims (infeasible plans)
 
 
-@dataclass(frozen=True, slots=True)
-class Victim:
+class Victim(NamedTuple):
     pod: PodRef
     priority: int
     frees: Resources
@@ -131,8 +130,7 @@ def _grows(demand: Resources, current: Resources) -> bool:
     return demand.cpu > current.cpu or demand.memory > current.memory
 
 
-@dataclass(frozen=True, slots=True)
-class _Context:
+class _Context(NamedTuple):
     preemptor: Pod
     node: Node
     demand: Resources

@@ -10,13 +10,12 @@ the victims the plan claimed, whose capacity is therefore already spoken for.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from webhook.core.resources import Resources
 
 
-@dataclass(frozen=True, slots=True)
-class Reservation:
+class Reservation(NamedTuple):
     """Room on ``node`` held for pod ``pod_uid`` until ``expires_at`` (epoch seconds)."""
 
     pod_uid: str
@@ -30,10 +29,10 @@ class Reservation:
         return now < self.expires_at
 
     def with_expiry(self, expires_at: float) -> Reservation:
-        return replace(self, expires_at=expires_at)
+        return self._replace(expires_at=expires_at)
 
     def with_victims(self, victims: Iterable[str]) -> Reservation:
-        return replace(self, victims=frozenset(victims))
+        return self._replace(victims=frozenset(victims))
 
 
 def active_on(

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jsonpatch
 
@@ -67,8 +67,7 @@ class Decision:
         return self.admitted is not None
 
 
-@dataclass(frozen=True, slots=True)
-class _Scene:
+class _Scene(NamedTuple):
     """Everything a decision reads, taken from the cache once."""
 
     old: Pod
@@ -76,7 +75,7 @@ class _Scene:
     node: Node
     pods: tuple[Pod, ...]
     budgets: tuple[Any, ...]
-    index: NodePods
+    node_pods: NodePods
 
 
 def desired_requests(pod: Pod) -> tuple[tuple[str, Any], ...]:
@@ -296,7 +295,7 @@ class AdmissionEngine:
             budgets=s.budgets,
             reservations=[e.reservation() for e in entries],
             policy=self.policy,
-            index=s.index,
+            index=s.node_pods,
         )
 
     # -- validating -------------------------------------------------------------------

@@ -307,12 +307,12 @@ class PodCompactor:
         if not containers:
             return ()
         share = self._values
-        put = object.__setattr__
-        for c in containers:
-            put(c, "name", sys.intern(c.name))
-            put(c, "requests", share(c.requests))
-            put(c, "limits", share(c.limits))
-        shared: tuple[Container, ...] = share(tuple(share(c) for c in containers))
+        shared: tuple[Container, ...] = share(
+            tuple(
+                share(Container(sys.intern(c.name), share(c.requests), share(c.limits), c.sidecar))
+                for c in containers
+            )
+        )
         return shared
 
 
