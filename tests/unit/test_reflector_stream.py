@@ -463,6 +463,30 @@ def test_cluster_cache_indexes_and_subscribers() -> None:
     assert stats[PODS]["objects"] == 2 and stats[PODS]["synced"]
 
 
+def test_budgets_remembered_for_a_set_of_namespaces_follow_every_change() -> None:
+    cache = ClusterCache(None, freeze_gc=False)
+    budgets = cache.reflector(BUDGETS)
+    budgets.load_pages(pages(list_page([pdb_obj("web", "default", "1")], "1")))
+    namespaces = frozenset({"default", "other"})
+
+    def seen() -> list[tuple[str, int]]:
+        return sorted((b.key, b.disruptions_allowed) for b in cache.budgets(namespaces))
+
+    assert [("default/web", 1)] == seen()
+    assert cache.budgets(namespaces) is cache.budgets(namespaces)  # remembered
+
+    budgets.consume([event("ADDED", pdb_obj("x", "other", "2"))])
+    assert [("default/web", 1), ("other/x", 1)] == seen()
+    budgets.consume([event("MODIFIED", pdb_obj("web", "default", "3", allowed=0))])
+    assert [("default/web", 0), ("other/x", 1)] == seen()
+    budgets.consume([event("DELETED", pdb_obj("x", "other", "4"))])
+    assert [("default/web", 0)] == seen()
+    budgets.load_pages(pages(list_page([pdb_obj("y", "other", "5")], "5")))  # a relist
+    assert [("other/y", 1)] == seen()
+    # Any iterable of namespaces gets the same answer as the set.
+    assert seen() == sorted((b.key, b.disruptions_allowed) for b in cache.budgets(["other"]))
+
+
 def test_compaction_shares_but_does_not_change_pods() -> None:
     cache = ClusterCache(None, freeze_gc=False)
     objs = [

@@ -46,6 +46,8 @@ class StaticClusterView:
         for b in budgets:
             by_namespace.setdefault(b.namespace, []).append(b)
         self._budgets = {ns: tuple(group) for ns, group in by_namespace.items()}
+        # Every review asks for the budgets of its node's namespaces: remembered.
+        self._budgets_by_set: dict[frozenset[str], tuple[DisruptionBudget, ...]] = {}
         self._resolver = PriorityResolver(priority_classes)
         self._synced = synced
         self._age = age
@@ -82,11 +84,16 @@ class StaticClusterView:
         return self._pods.get(f"{namespace}/{name}")
 
     def budgets(self, namespaces: Iterable[str]) -> Sequence[DisruptionBudget]:
-        out: list[DisruptionBudget] = []
-        # Sorted: the same answer whatever order the caller's namespaces come in.
-        for ns in sorted(set(namespaces)):
-            out.extend(self._budgets.get(ns, ()))
-        return out
+        key = namespaces if type(namespaces) is frozenset else frozenset(namespaces)
+        found = self._budgets_by_set.get(key)
+        if found is None:
+            if len(self._budgets_by_set) >= 8192:
+                self._budgets_by_set = {}
+            # Sorted: the same answer whatever order the caller's namespaces come in.
+            found = self._budgets_by_set[key] = tuple(
+                b for ns in sorted(key) for b in self._budgets.get(ns, ())
+            )
+        return found
 
     def priority_resolver(self) -> PriorityResolver:
         return self._resolver

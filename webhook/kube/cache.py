@@ -77,6 +77,10 @@ Subscriber = Callable[[str, str, Any, Any], None]
 #: kilobytes per pod.
 KEPT_ANNOTATION_PREFIXES: Final = ("resize-preemption.io/",)
 
+#: Sets of namespaces whose budgets :meth:`ClusterCache.budgets` remembers at most (one
+#: per node, as long as its pods' namespaces stay the same); past it, it starts afresh.
+BUDGET_SETS_KEPT: Final = 8192
+
 _EMPTY_MAP: Final[Mapping[str, Any]] = {}
 
 
@@ -105,6 +109,9 @@ class IndexedStore(Generic[V]):
         self._items: dict[str, V] = {}
         self._groups: dict[str, dict[str, tuple[V, ...]]] = {n: {} for n in self._group_fns}
         self._unique: dict[str, dict[str, V]] = {n: {} for n in self._unique_fns}
+        #: Counts the writes that changed something, each after its change is readable:
+        #: a reader that remembers what it derived from the store checks it first.
+        self.generation = 0
 
     # reads ------------------------------------------------------------------------------
 
@@ -145,6 +152,7 @@ class IndexedStore(Generic[V]):
             self._items = new_items
             self._groups = {n: {k: tuple(v) for k, v in g.items()} for n, g in groups.items()}
             self._unique = unique
+            self.generation += 1
         return changes
 
     def upsert(self, key: str, view: V) -> Change[V] | None:
@@ -154,6 +162,7 @@ class IndexedStore(Generic[V]):
                 return None
             self._items[key] = view
             self._reindex(old, view)
+            self.generation += 1
         return Change("ADDED" if old is None else "MODIFIED", key, old, view)
 
     def remove(self, key: str) -> Change[V] | None:
@@ -162,6 +171,7 @@ class IndexedStore(Generic[V]):
             if old is None:
                 return None
             self._reindex(old, None)
+            self.generation += 1
         return Change("DELETED", key, old, None)
 
     def _reindex(self, old: V | None, new: V | None) -> None:
@@ -378,6 +388,11 @@ class ClusterCache:
             groups={"namespace": lambda b: b.namespace}
         )
         self.classes: IndexedStore[PriorityClass] = IndexedStore()
+        #: (budgets store generation, budgets by set of namespaces), as read at it.
+        self._budgets_memo: tuple[int, dict[frozenset[str], tuple[DisruptionBudget, ...]]] = (
+            -1,
+            {},
+        )
 
         core = CoreV1Api(api) if api is not None else None
         policy = PolicyV1Api(api) if api is not None else None
@@ -458,10 +473,19 @@ class ClusterCache:
         return self.pods.get(f"{namespace}/{name}")
 
     def budgets(self, namespaces: Iterable[str]) -> Sequence[DisruptionBudget]:
-        out: list[DisruptionBudget] = []
-        for ns in namespaces:
-            out.extend(self.budgets_store.group("namespace", ns))
-        return out
+        # Every review asks for the budgets of its node's namespaces (the same frozenset
+        # while the node's pods stay the same): remembered until a budget changes.
+        key = namespaces if type(namespaces) is frozenset else frozenset(namespaces)
+        store = self.budgets_store
+        generation = store.generation
+        seen, memo = self._budgets_memo
+        if seen != generation or len(memo) >= BUDGET_SETS_KEPT:
+            memo = {}
+            self._budgets_memo = (generation, memo)
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = tuple(b for ns in key for b in store.group("namespace", ns))
+        return found
 
     def priority_resolver(self) -> PriorityResolver:
         return self._resolver
