@@ -27,7 +27,7 @@ from webhook.engine.config import Config, Mode
 from webhook.engine.ledger import InMemoryLedger
 from webhook.engine.metrics import Metrics
 from webhook.engine.static_view import StaticClusterView
-from webhook.engine.wire import AdmissionRequest, AdmissionReview
+from webhook.engine.wire import AdmissionRequest, AdmissionReview, clean_audit_annotations
 from webhook.web import app as app_module
 from webhook.web.app import create_app, engine_of, metrics_of
 
@@ -269,6 +269,26 @@ def test_warnings_respect_the_api_server_limits() -> None:
         assert len(w) <= 120 and "\n" not in w
     for key in answer["auditAnnotations"]:
         assert "/" not in key and len(key) <= 63
+
+
+@pytest.mark.parametrize(
+    "annotations, expected",
+    [
+        pytest.param({"verdict": "fits"}, {"verdict": "fits"}, id="valid-keys-kept"),
+        pytest.param({"verdict": 3}, {"verdict": "3"}, id="values-become-text"),
+        pytest.param(
+            {"verdict": "fits", "a/b": "x", "-x": "y", "k" * 64: "z"},
+            {"verdict": "fits"},
+            id="invalid-keys-dropped",
+        ),
+    ],
+)
+def test_audit_annotations_follow_the_api_server_rules(
+    annotations: dict[str, Any], expected: dict[str, str]
+) -> None:
+    # Twice: the second time every valid key has been seen before.
+    for _ in range(2):
+        assert expected == clean_audit_annotations(annotations)
 
 
 def test_unknown_node_fails_open_with_a_warning() -> None:

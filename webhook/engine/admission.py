@@ -16,7 +16,7 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
 import jsonpatch
@@ -45,16 +45,17 @@ PREFIX = "resize-preemption: "
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What to answer, and why. ``verdict`` is the plan's, or ``ignored``/``error``."""
+class Decision(NamedTuple):
+    """What to answer, and why. ``verdict`` is the plan's, or ``ignored``/``error``.
+
+    A tuple, as the small values of the core (one per review, built in one call)."""
 
     uid: str
     allowed: bool = True
     verdict: str = "ignored"
     plan: Plan | None = None
     warnings: tuple[str, ...] = ()
-    audit: Mapping[str, str] = field(default_factory=dict)
+    audit: Mapping[str, str] = MappingProxyType({})
     code: int | None = None
     message: str = ""
     patch: list[dict[str, Any]] | None = None

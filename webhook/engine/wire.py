@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from typing import Any, Final, Literal, NotRequired, TypedDict, cast
 
 import orjson
@@ -128,13 +127,24 @@ def clean_warnings(warnings: Sequence[str]) -> list[str]:
 
 def clean_audit_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
     """Only keys the API server accepts (no '/', a valid name of <= 63 characters)."""
+    # Every answer carries the same few keys, with text values: checked in C when so.
+    if annotations.keys() <= _VALID_AUDIT_KEYS and set(map(type, annotations.values())) <= {str}:
+        return dict(annotations)
     return {k: str(v) for k, v in annotations.items() if _valid_audit_key(k)}
 
 
-@lru_cache(maxsize=256)
+#: Keys :func:`_valid_audit_key` accepted (bounded: past it, no more are added).
+_VALID_AUDIT_KEYS: set[str] = set()
+
+
 def _valid_audit_key(key: str) -> bool:
-    # Remembered: every answer carries the same few keys.
-    return _AUDIT_KEY.fullmatch(key) is not None
+    if key in _VALID_AUDIT_KEYS:
+        return True
+    if _AUDIT_KEY.fullmatch(key) is None:
+        return False
+    if len(_VALID_AUDIT_KEYS) < 256:
+        _VALID_AUDIT_KEYS.add(key)
+    return True
 
 
 def response(
