@@ -118,8 +118,8 @@ def parse_resources(value: object, where: str, field: str = "") -> Resources:
     if cpu is None and memory is None:
         return ZERO
     return Resources(
-        0 if cpu is None else cpu_millis(cpu, where=where, field=f"{field}.cpu"),
-        0 if memory is None else memory_bytes(memory, where=where, field=f"{field}.memory"),
+        0 if cpu is None else cpu_millis(cpu, where=where, field=field, name=".cpu"),
+        0 if memory is None else memory_bytes(memory, where=where, field=field, name=".memory"),
     )
 
 

@@ -72,7 +72,7 @@ class Plan:
 
     @property
     def victim_keys(self) -> tuple[str, ...]:
-        return tuple(v.pod.key for v in self.victims)
+        return tuple([v.pod.key for v in self.victims])
 
     @property
     def shortfall(self) -> Resources:

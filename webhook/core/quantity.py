@@ -126,20 +126,20 @@ def _memory_bytes_memo(text: str) -> int:
     return _memory_bytes(text, "memory")
 
 
-def cpu_millis(text: object, *, where: str = "cpu", field: str = "") -> int:
+def cpu_millis(text: object, *, where: str = "cpu", field: str = "", name: str = "") -> int:
     """CPU quantity in millicores, rounded up (``"100m"`` -> 100, ``"0.0001"`` -> 1).
 
-    An error names ``where + field``; the two are joined only then, so callers parsing
-    many objects pass the object and the field apart."""
+    An error names ``where + field + name``; the parts are joined only then, so callers
+    parsing many objects pass the object, the field and the resource name apart."""
     if type(text) is str:
         try:
             return _cpu_millis_memo(text)
         except QuantityError:
             pass  # parsed again for an error message naming the field
-    return _cpu_millis(text, where + field)
+    return _cpu_millis(text, where + field + name)
 
 
-def memory_bytes(text: object, *, where: str = "memory", field: str = "") -> int:
+def memory_bytes(text: object, *, where: str = "memory", field: str = "", name: str = "") -> int:
     """Memory quantity in bytes, rounded up (``"1Ki"`` -> 1024, ``"100m"`` -> 1); errors
     as :func:`cpu_millis`."""
     if type(text) is str:
@@ -147,7 +147,7 @@ def memory_bytes(text: object, *, where: str = "memory", field: str = "") -> int
             return _memory_bytes_memo(text)
         except QuantityError:
             pass
-    return _memory_bytes(text, where + field)
+    return _memory_bytes(text, where + field + name)
 
 
 # Formatting is memoized too: every decision writes a handful of amounts into its
