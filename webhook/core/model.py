@@ -14,6 +14,9 @@ from typing import Final, Literal, NamedTuple
 
 from webhook.core.resources import ZERO, Resources
 
+#: Builds pod refs in one C call, as :mod:`webhook.core.resources` builds amounts.
+_new: Final = tuple.__new__
+
 PreemptionPolicyName = Literal["PreemptLowerPriority", "Never"]
 ResizeState = Literal["none", "deferred", "infeasible"]
 PdbMode = Literal["respect", "best-effort"]
@@ -120,7 +123,7 @@ class Pod:
 
     @property
     def ref(self) -> PodRef:
-        return PodRef(self.namespace, self.name, self.uid)
+        return _new(PodRef, (self.namespace, self.name, self.uid))
 
     @property
     def key(self) -> str:

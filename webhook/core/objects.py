@@ -30,6 +30,9 @@ from webhook.core.model import (
 from webhook.core.quantity import cpu_millis, memory_bytes
 from webhook.core.resources import ZERO, Resources
 
+#: Builds amounts in one C call, as :mod:`webhook.core.resources` does.
+_new: Final = tuple.__new__
+
 Obj = Mapping[str, Any]
 _EMPTY: Obj = {}
 _OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
@@ -117,9 +120,12 @@ def parse_resources(value: object, where: str, field: str = "") -> Resources:
     cpu, memory = raw.get("cpu"), raw.get("memory")
     if cpu is None and memory is None:
         return ZERO
-    return Resources(
-        0 if cpu is None else cpu_millis(cpu, where=where, field=field, name=".cpu"),
-        0 if memory is None else memory_bytes(memory, where=where, field=field, name=".memory"),
+    return _new(
+        Resources,
+        (
+            0 if cpu is None else cpu_millis(cpu, where=where, field=field, name=".cpu"),
+            0 if memory is None else memory_bytes(memory, where=where, field=field, name=".memory"),
+        ),
     )
 
 

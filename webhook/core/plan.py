@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 from webhook.core.accounting import pod_requests
 from webhook.core.disruption import split_by_violation
@@ -20,6 +20,9 @@ from webhook.core.nodepods import Candidates, NodePods
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import RESOURCE_NAMES, ZERO, ResourceName, Resources, format_amount
+
+#: Builds amounts in one C call, as :mod:`webhook.core.resources` does.
+_new: Final = tuple.__new__
 
 Verdict = Literal["fits", "preempt", "infeasible", "not-eligible"]
 ReasonCode = Literal[
@@ -78,17 +81,21 @@ class Plan:
     def shortfall(self) -> Resources:
         """What preemption must free (``fits``: zero)."""
         f = self.figures or {}
-        return Resources(
-            f["cpu"].shortfall if "cpu" in f else 0,
-            f["memory"].shortfall if "memory" in f else 0,
+        return _new(
+            Resources,
+            (
+                f["cpu"].shortfall if "cpu" in f else 0,
+                f["memory"].shortfall if "memory" in f else 0,
+            ),
         )
 
     @property
     def unmet(self) -> Resources:
         """What is missing even after the plan (non-zero only for infeasible plans)."""
         f = self.figures or {}
-        return Resources(
-            f["cpu"].unmet if "cpu" in f else 0, f["memory"].unmet if "memory" in f else 0
+        return _new(
+            Resources,
+            (f["cpu"].unmet if "cpu" in f else 0, f["memory"].unmet if "memory" in f else 0),
         )
 
     def with_victims(self, victims: tuple[Victim, ...]) -> Plan:
@@ -104,7 +111,7 @@ def shortfall(demand: Resources, used: Resources, allocatable: Resources) -> Res
     # On plain integers: every decision computes it a few times.
     cpu = demand.cpu + used.cpu - allocatable.cpu if demand.cpu else 0
     memory = demand.memory + used.memory - allocatable.memory if demand.memory else 0
-    return Resources(cpu if cpu > 0 else 0, memory if memory > 0 else 0)
+    return _new(Resources, (cpu if cpu > 0 else 0, memory if memory > 0 else 0))
 
 
 def _fits(demand: Resources, used: Resources, allocatable: Resources) -> bool:
