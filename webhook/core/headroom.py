@@ -137,11 +137,14 @@ def _indexed_usage(
         free_memory += usage.memory
         waiting.append(pod.ref)
     waiting.sort(key=lambda ref: (ref.namespace, ref.name))
-    return NodeUsage(
-        node.allocatable,
-        _new(Resources, (in_cpu, in_memory)),
-        _new(Resources, (reserved_cpu, reserved_memory)),
-        _new(Resources, (free_cpu, free_memory)),
-        tuple(waiting),
-        HeldBy(base, exclude_uid, raised),
+    return _new(
+        NodeUsage,
+        (
+            node.allocatable,
+            _new(Resources, (in_cpu, in_memory)),
+            _new(Resources, (reserved_cpu, reserved_memory)),
+            _new(Resources, (free_cpu, free_memory)),
+            tuple(waiting),
+            HeldBy(base, exclude_uid, raised),
+        ),
     )

@@ -148,7 +148,7 @@ def _container(raw: object, where: str, *, init: bool) -> Container:
     if "memory" not in req_raw and limits.memory:
         requests = requests.replace("memory", limits.memory)
     sidecar = init and c.get("restartPolicy") == "Always"
-    return Container(name, requests, limits, sidecar)
+    return _new(Container, (name, requests, limits, sidecar))
 
 
 def _status(raw: object, where: str) -> ContainerStatus:

@@ -147,17 +147,23 @@ class _Context(NamedTuple):
         u, demand = self.usage, self.demand
         in_use, freeing, allocatable = u.in_use, u.freeing, u.allocatable
         short = shortfall(demand, in_use - freeing, allocatable)
+        # In ResourceFigures' field order: requested, in use, freeing, allocatable,
+        # shortfall, unmet.
         return {
-            "cpu": ResourceFigures(
-                demand.cpu, in_use.cpu, freeing.cpu, allocatable.cpu, short.cpu, unmet.cpu
+            "cpu": _new(
+                ResourceFigures,
+                (demand.cpu, in_use.cpu, freeing.cpu, allocatable.cpu, short.cpu, unmet.cpu),
             ),
-            "memory": ResourceFigures(
-                demand.memory,
-                in_use.memory,
-                freeing.memory,
-                allocatable.memory,
-                short.memory,
-                unmet.memory,
+            "memory": _new(
+                ResourceFigures,
+                (
+                    demand.memory,
+                    in_use.memory,
+                    freeing.memory,
+                    allocatable.memory,
+                    short.memory,
+                    unmet.memory,
+                ),
             ),
         }
 
@@ -270,7 +276,7 @@ def plan_resize(
     held_now = pod_requests(old, "other")
     reserved = active_on(reservations, node.name, now, exclude_pod=new.uid)
     usage = node_usage(node, pods, reserved, exclude_uid=new.uid, index=index)
-    ctx = _Context(new, node, demand, usage)
+    ctx = _new(_Context, (new, node, demand, usage))
     name = node.name
 
     # Step 1: requests that can never fit, or need nothing.
@@ -388,7 +394,7 @@ def plan_resize(
             for p in split_by_violation(leaving, budgets, policy.pdb_mode, coverage=coverage)[0]
         }
     victims = [
-        Victim(p.ref, p.priority, chain.amounts[i], p.uid in over)
+        _new(Victim, (p.ref, p.priority, chain.amounts[i], p.uid in over))
         for i, p in zip(chosen, leaving, strict=True)
     ]
 
