@@ -19,7 +19,7 @@ from webhook.core.model import TERMINAL_PHASES, DisruptionBudget, Node, Pod, Pod
 from webhook.core.nodepods import Candidates, NodePods
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.reservation import Reservation, active_on
-from webhook.core.resources import RESOURCE_NAMES, ZERO, ResourceName, Resources, format_amount
+from webhook.core.resources import ZERO, ResourceName, Resources, format_amount
 
 #: Builds amounts in one C call, as :mod:`webhook.core.resources` does.
 _new: Final = tuple.__new__
@@ -121,16 +121,12 @@ def _fits(demand: Resources, used: Resources, allocatable: Resources) -> bool:
     )
 
 
-def _amounts(r: Resources, names: Iterable[ResourceName]) -> str:
-    return ", ".join(f"{n} {format_amount(n, r.get(n))}" for n in names)
-
-
-def _nonzero(r: Resources) -> tuple[ResourceName, ...]:
-    return tuple(n for n in RESOURCE_NAMES if r.get(n))
-
-
-def _short_by(r: Resources) -> str:
-    return ", ".join(f"{n} short by {format_amount(n, r.get(n))}" for n in _nonzero(r))
+def _listed(r: Resources, between: str = " ") -> str:
+    """The non-zero amounts of ``r`` for a message: ``cpu 500m, memory 1Gi`` (``between``
+    goes between a name and its amount)."""
+    cpu = f"cpu{between}{format_amount('cpu', r.cpu)}" if r.cpu else ""
+    memory = f"memory{between}{format_amount('memory', r.memory)}" if r.memory else ""
+    return f"{cpu}, {memory}" if cpu and memory else cpu or memory
 
 
 def _grows(demand: Resources, current: Resources) -> bool:
@@ -317,7 +313,7 @@ def plan_resize(
         return ctx.plan(
             "not-eligible",
             "preemption-policy-never",
-            f"preemptionPolicy is Never; {_short_by(short)} on {name}",
+            f"preemptionPolicy is Never; {_listed(short, ' short by ')} on {name}",
         )
     if node.resize_preemption_disabled or new.resize_preemption_disabled:
         return ctx.plan("not-eligible", "node-opted-out", f"{name} opted out of resize preemption")
@@ -363,7 +359,7 @@ def plan_resize(
             "infeasible",
             "insufficient-after-preemption",
             f"cannot fit on {name} even after preempting every lower-priority pod: "
-            f"{_short_by(unmet)}",
+            f"{_listed(unmet, ' short by ')}",
             unmet=unmet,
         )
 
@@ -422,6 +418,6 @@ def plan_resize(
         "preempt",
         "preempt",
         f"preempting {count} lower-priority pod{'s' if count != 1 else ''} on {name} "
-        f"to free {_amounts(short, _nonzero(short))}",
+        f"to free {_listed(short)}",
         victims=tuple(victims),
     )

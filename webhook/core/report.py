@@ -76,10 +76,11 @@ def warnings_for(plan: Plan, *, enforcing: bool = True) -> list[str]:
         names = ", ".join(plan.victim_keys)
         verb = "preempting" if enforcing else "would preempt"
         count = len(plan.victims)
-        short = plan.shortfall
-        wanted = ", ".join(
-            f"{n} {format_amount(n, plan.requested.get(n))}" for n in RESOURCE_NAMES if short.get(n)
-        )
+        short, requested = plan.shortfall, plan.requested
+        # What the resize asks for, of each resource it is short of.
+        cpu = f"cpu {format_amount('cpu', requested.cpu)}" if short.cpu else ""
+        memory = f"memory {format_amount('memory', requested.memory)}" if short.memory else ""
+        wanted = f"{cpu}, {memory}" if cpu and memory else cpu or memory
         return [
             clip(
                 f"{verb} {count} lower-priority pod{'s' if count != 1 else ''} on {plan.node} "

@@ -91,7 +91,8 @@ def _audit(plan: Plan) -> dict[str, str]:
         "reason": plan.code,
         "node": plan.node,
         "victims": ",".join(plan.victim_keys),
-        "shortfall": ",".join(f"{n}={format_amount(n, short.get(n))}" for n in RESOURCE_NAMES),
+        "shortfall": f"cpu={format_amount('cpu', short.cpu)},"
+        f"memory={format_amount('memory', short.memory)}",
     }
 
 
@@ -236,7 +237,10 @@ class AdmissionEngine:
     def _scene(self, request: AdmissionRequest) -> _Scene | Decision:
         uid = request["uid"]
         new_obj, old_obj = request.get("object"), request.get("oldObject")
-        if not isinstance(new_obj, Mapping) or not isinstance(old_obj, Mapping):
+        # Decoded JSON is plain dicts: told apart before the (slower) ABC check.
+        if not (type(new_obj) is dict or isinstance(new_obj, Mapping)) or not (
+            type(old_obj) is dict or isinstance(old_obj, Mapping)
+        ):
             raise InputError("the request lacks object or oldObject")
         resolver = self.cluster.priority_resolver()
         old = self._stored_pod(old_obj) or parse_pod(old_obj, resolver)
@@ -319,7 +323,7 @@ class AdmissionEngine:
                 if e.review_uid == uid:
                     return None, (self._plan(scene, entries, now), e)
             # 2. Plan against every other live reservation on the node.
-            live = tuple(e for e in entries if e.pod.uid != scene.new.uid and e.expires_at > now)
+            live = tuple([e for e in entries if e.pod.uid != scene.new.uid and e.expires_at > now])
             plan = self._plan(scene, live, now)
             if plan.verdict not in ("fits", "preempt"):
                 # A newer resize supersedes an earlier admitted one of the same pod.
