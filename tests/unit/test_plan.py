@@ -32,6 +32,7 @@ from webhook.core.model import NODE_OPT_OUT_ANNOTATION, DisruptionBudget, Node, 
 from webhook.core.objects import PriorityResolver
 from webhook.core.plan import Plan, ResourceFigures, shortfall
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
+from webhook.core.report import warnings_for
 from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
 
@@ -802,6 +803,62 @@ def test_infeasible_after_preemption_reports_what_is_missing() -> None:
 
     assert Resources(2000, 0) == result.unmet
     assert "cpu short by 2" in result.reason
+
+
+def _growing(cpu: tuple[str, str], memory: tuple[str, str]) -> tuple[Pod, Pod]:
+    return (
+        make_pod("resizing")
+        .priority(HIGH)
+        .requests(cpu=cpu[0], memory=memory[0])
+        .started(50)
+        .admitted()
+        .resize(cpu=cpu[1], memory=memory[1])
+    )
+
+
+def _held(name: str, cpu: str, memory: str, priority: int = LOW) -> Pod:
+    return make_pod(name).priority(priority).requests(cpu=cpu, memory=memory).started(100).build()
+
+
+@pytest.mark.parametrize(
+    "cpu, memory, other_priority, reason, warning",
+    [
+        pytest.param(
+            ("4", "6"),
+            ("4Gi", "10Gi"),
+            LOW,
+            "preempting 1 lower-priority pod on node-1 to free cpu 1, memory 2Gi",
+            "preempting 1 lower-priority pod on node-1 for cpu 6, memory 10Gi: default/other",
+            id="short-of-both",
+        ),
+        pytest.param(
+            ("4", "4"),
+            ("4Gi", "10Gi"),
+            LOW,
+            "preempting 1 lower-priority pod on node-1 to free memory 2Gi",
+            "preempting 1 lower-priority pod on node-1 for memory 10Gi: default/other",
+            id="short-of-memory-only",
+        ),
+        pytest.param(
+            ("4", "6"),
+            ("4Gi", "10Gi"),
+            HIGH,
+            "cannot fit on node-1 even after preempting every lower-priority pod: "
+            "cpu short by 1, memory short by 2Gi",
+            "cannot fit on node-1 even after preempting every lower-priority pod: "
+            "cpu short by 1, memory short by 2Gi",
+            id="infeasible-names-both",
+        ),
+    ],
+)
+def test_messages_name_each_resource_short(
+    cpu: tuple[str, str], memory: tuple[str, str], other_priority: int, reason: str, warning: str
+) -> None:
+    old, new = _growing(cpu, memory)
+    result = Scene(old, new, node8(), [_held("other", "3", "8Gi", other_priority)]).plan()
+
+    assert reason == result.reason
+    assert [warning] == warnings_for(result)
 
 
 def test_exceeds_allocatable_names_the_resource() -> None:
