@@ -9,7 +9,7 @@ from webhook.core.accounting import pod_requests
 from webhook.core.model import TERMINAL_PHASES, Node, Pod, PodRef
 from webhook.core.nodepods import HeldBy, NodePods
 from webhook.core.reservation import Reservation
-from webhook.core.resources import Resources
+from webhook.core.resources import ZERO, Resources
 
 #: Builds amounts in one C call, as :mod:`webhook.core.resources` does.
 _new: Final = tuple.__new__
@@ -104,6 +104,21 @@ def _indexed_usage(
 ) -> NodeUsage:
     """:func:`node_usage` from the index's totals, adjusted for the few pods that differ."""
     in_use, freeing, waiting = index.usage_parts(exclude_uid)
+    if not reservations:
+        # The usual case: nothing reserved on the node, the totals are the answer.
+        if waiting:
+            waiting.sort(key=lambda ref: (ref.namespace, ref.name))
+        return _new(
+            NodeUsage,
+            (
+                node.allocatable,
+                in_use,
+                ZERO,
+                freeing,
+                tuple(waiting),
+                HeldBy(index.held, exclude_uid),
+            ),
+        )
     in_cpu, in_memory = in_use.cpu, in_use.memory
     free_cpu, free_memory = freeing.cpu, freeing.memory
     reserved_cpu = reserved_memory = 0
