@@ -100,6 +100,22 @@ def test_burstable_resize_is_reduced_on_requests_and_stays_burstable() -> None:
     assert result["limits"] == {"cpu": "8", "memory": "1Gi"}  # untouched: still Burstable
 
 
+def test_a_null_limits_section_is_left_alone() -> None:
+    # A container may send "limits": null (nothing declared): only requests are reduced.
+    node, system, low, high = fit_to_node_objects(annotated=True)
+    high = copy.deepcopy(high)
+    resources(high)["limits"] = None
+    high["status"]["qosClass"] = "Burstable"
+    app, _ = app_for((node, system, low, high))
+    new = resized(high, "7", limits=False)
+
+    answer = post(app, "/mutate-resize", review(high, new))
+
+    assert {"requests": {"cpu": "6", "memory": "1Gi"}, "limits": None} == resources(
+        patched(new, answer)
+    )
+
+
 @pytest.mark.parametrize(
     ("annotation", "cpu"),
     [

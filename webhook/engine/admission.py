@@ -34,7 +34,7 @@ from webhook.engine.backlog import After, run_now
 from webhook.engine.config import Config
 from webhook.engine.decision_log import Facts, decision_logger, emit, line
 from webhook.engine.ledger import Ledger, LedgerEntry
-from webhook.engine.metrics import Metrics
+from webhook.engine.metrics import Metrics, observe_all
 from webhook.engine.node_indexes import NodeIndexes
 from webhook.engine.ports import ClusterView
 from webhook.engine.wire import AdmissionRequest, AdmissionReview, is_pod_resize, response
@@ -123,7 +123,7 @@ class AdmissionEngine:
         self.after: After = after or run_now
         self.policy = config.policy()
         self._indexes = NodeIndexes()
-        self._counted: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._counted: dict[tuple[str, str], Any] = {}
 
     # -- entry points ---------------------------------------------------------------
 
@@ -194,43 +194,43 @@ class AdmissionEngine:
         """Count a batch of answered reviews and write their decision-log lines."""
         metrics = self.metrics
         counts: dict[tuple[str, str], int] = {}
-        victims = 0
+        latencies: dict[str, list[float]] = {}
+        victims: list[int] = []
         logging_on = decision_logger.isEnabledFor(logging.INFO)
         lines: list[bytes] = []
         for facts in batch:
             d = facts.decision
             key = (facts.endpoint, d.verdict)
             counts[key] = counts.get(key, 0) + 1
-            self._children(key)[1].observe(facts.elapsed)
+            latencies.setdefault(facts.endpoint, []).append(facts.elapsed)
             entry = d.admitted
             if entry is not None and entry.victims:
-                victims += len(entry.victims)
-                metrics.victims_per_plan.observe(len(entry.victims))
+                victims.append(len(entry.victims))
             if logging_on and d.verdict != "ignored":
                 try:
                     lines.append(line(facts, self.config.mode))
                 except Exception:
                     # A line that cannot be written must not cost the batch its counts.
                     log.exception("decision-log line of review %s", d.uid)
-        # Counters move once per batch: in a worker of several, each move is a write to
-        # a shared file.
+        # Metrics move once per batch (per bucket for histograms): in a worker of
+        # several, each move is a write to a shared file.
         for key, n in counts.items():
-            self._children(key)[0].inc(n)
+            self._counter(key).inc(n)
+        for endpoint, amounts in latencies.items():
+            observe_all(metrics.review_latency.labels(endpoint), amounts)
         if victims:
-            metrics.victims_planned.inc(victims)
+            metrics.victims_planned.inc(sum(victims))
+            observe_all(metrics.victims_per_plan, victims)
         if lines:
             emit(lines)
 
-    def _children(self, key: tuple[str, str]) -> tuple[Any, Any]:
-        """The review counter and latency histogram for (endpoint, verdict)."""
-        counted = self._counted.get(key)
-        if counted is None:
+    def _counter(self, key: tuple[str, str]) -> Any:
+        """The review counter of (endpoint, verdict)."""
+        counter = self._counted.get(key)
+        if counter is None:
             # Looked up once: labels() takes a lock and builds a key each time.
-            counted = self._counted[key] = (
-                self.metrics.reviews.labels(*key),
-                self.metrics.review_latency.labels(key[0]),
-            )
-        return counted
+            counter = self._counted[key] = self.metrics.reviews.labels(*key)
+        return counter
 
     # -- reading the request ----------------------------------------------------------
 
@@ -418,9 +418,13 @@ def _resources_patch(
     for old_c, new_c in zip(before.containers, after.containers, strict=True):
         if old_c == new_c:
             continue
-        raw = by_name[new_c.name].setdefault("resources", {})
+        raw = by_name[new_c.name].get("resources")
         for kind, amounts in (("requests", new_c.requests), ("limits", new_c.limits)):
-            section = raw.setdefault(kind, {})
+            # Only amounts the container declares are rewritten; an absent or null
+            # section declares none.
+            section = raw.get(kind) if isinstance(raw, dict) else None
+            if not isinstance(section, dict):
+                continue
             for name in RESOURCE_NAMES:
                 if name not in section:
                     continue
