@@ -38,9 +38,9 @@ def split_by_violation(
     budgets and mode) saves matching selectors: pod uid -> indexes of the budgets that
     cover the pod and have not counted it yet.
     """
-    allowed = [b.disruptions_allowed for b in budgets]
     if coverage is not None:
-        return _split_covered(candidates, coverage, allowed)
+        return _split_covered(candidates, coverage, budgets)
+    allowed = [b.disruptions_allowed for b in budgets]
     # Only budgets of a pod's own namespace can cover it: index them once, so the walk
     # costs pods x (budgets in their namespace), not pods x all budgets. The entries
     # hold what :func:`budget_matches` reads.
@@ -73,16 +73,21 @@ def split_by_violation(
 
 
 def _split_covered(
-    candidates: Sequence[Pod], coverage: Mapping[str, tuple[int, ...]], allowed: list[int]
+    candidates: Sequence[Pod],
+    coverage: Mapping[str, tuple[int, ...]],
+    budgets: Sequence[DisruptionBudget],
 ) -> tuple[list[Pod], list[Pod]]:
-    """:func:`split_by_violation`'s walk, with the covering budgets already known."""
+    """:func:`split_by_violation`'s walk, with the covering budgets already known (what
+    is left of each is read only for the budgets the walk meets: a plan's few victims)."""
+    allowed: dict[int, int] = {}
     violating: list[Pod] = []
     other: list[Pod] = []
     for pod in candidates:
         violated = False
         for i in coverage.get(pod.uid, ()):
-            allowed[i] -= 1
-            if allowed[i] < 0:
+            left = allowed.get(i)
+            left = allowed[i] = (budgets[i].disruptions_allowed if left is None else left) - 1
+            if left < 0:
                 violated = True
         (violating if violated else other).append(pod)
     return violating, other

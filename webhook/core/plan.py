@@ -139,10 +139,14 @@ class _Context(NamedTuple):
     demand: Resources
     usage: NodeUsage
 
-    def figures(self, unmet: Resources = ZERO) -> dict[ResourceName, ResourceFigures]:
+    def figures(
+        self, unmet: Resources = ZERO, short: Resources | None = None
+    ) -> dict[ResourceName, ResourceFigures]:
+        """The figures of a plan; ``short`` is step 2's shortfall, when it was reached."""
         u, demand = self.usage, self.demand
         in_use, freeing, allocatable = u.in_use, u.freeing, u.allocatable
-        short = shortfall(demand, in_use - freeing, allocatable)
+        if short is None:
+            short = shortfall(demand, in_use - freeing, allocatable)
         # In ResourceFigures' field order: requested, in use, freeing, allocatable,
         # shortfall, unmet.
         return {
@@ -170,6 +174,7 @@ class _Context(NamedTuple):
         reason: str,
         victims: tuple[Victim, ...] = (),
         unmet: Resources = ZERO,
+        short: Resources | None = None,
     ) -> Plan:
         return Plan(
             pod=self.preemptor.ref,
@@ -179,7 +184,7 @@ class _Context(NamedTuple):
             reason=reason,
             requested=self.demand,
             victims=victims,
-            figures=self.figures(unmet),
+            figures=self.figures(unmet, short),
             waiting_for=self.usage.waiting_for,
         )
 
@@ -314,9 +319,15 @@ def plan_resize(
             "not-eligible",
             "preemption-policy-never",
             f"preemptionPolicy is Never; {_listed(short, ' short by ')} on {name}",
+            short=short,
         )
     if node.resize_preemption_disabled or new.resize_preemption_disabled:
-        return ctx.plan("not-eligible", "node-opted-out", f"{name} opted out of resize preemption")
+        return ctx.plan(
+            "not-eligible",
+            "node-opted-out",
+            f"{name} opted out of resize preemption",
+            short=short,
+        )
 
     # Step 4: candidates - strictly lower priority, removable, not already leaving.
     # Under the default policy, with no reservation touching the node's pods, the index
@@ -361,6 +372,7 @@ def plan_resize(
             f"cannot fit on {name} even after preempting every lower-priority pod: "
             f"{_listed(unmet, ' short by ')}",
             unmet=unmet,
+            short=short,
         )
 
     # Step 6: most important first, then split by PodDisruptionBudget violation: done
@@ -403,6 +415,7 @@ def plan_resize(
             f"cannot fit on {name} without violating a PodDisruptionBudget of "
             + ", ".join(v.pod.key for v in blocked),
             unmet=short,
+            short=short,
         )
     limit = policy.max_victims
     if limit is not None and len(victims) > limit:
@@ -411,6 +424,7 @@ def plan_resize(
             "too-many-victims",
             f"would need {len(victims)} victims on {name}, more than the limit of {limit}",
             unmet=short,
+            short=short,
         )
 
     count = len(victims)
@@ -420,4 +434,5 @@ def plan_resize(
         f"preempting {count} lower-priority pod{'s' if count != 1 else ''} on {name} "
         f"to free {_listed(short)}",
         victims=tuple(victims),
+        short=short,
     )
