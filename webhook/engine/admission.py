@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 class Decision(NamedTuple):
     """What to answer, and why. ``verdict`` is the plan's, or ``ignored``/``error``.
 
-    A tuple, as the small values of the core (one per review, built in one call)."""
+    A tuple, as the small values of the core: built for every review, and a frozen
+    dataclass sets each field through ``object.__setattr__``."""
 
     uid: str
     allowed: bool = True
