@@ -14,13 +14,10 @@ A container without status (the pod has not started) counts at its spec.
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Literal
 
 from webhook.core.model import Container, ContainerStatus, Pod
-from webhook.core.resources import ZERO, Resources
-
-#: Builds amounts in one C call, as :mod:`webhook.core.resources` does.
-_new: Final = tuple.__new__
+from webhook.core.resources import ZERO, Resources, tuple_new
 
 Role = Literal["resizing", "other"]
 
@@ -170,7 +167,7 @@ def _requests(pod: Pod, resizing: bool) -> Resources:
         if level.memory and level_memory:
             memory = level_memory
     overhead = pod.overhead
-    return _new(Resources, (cpu + overhead.cpu, memory + overhead.memory))
+    return tuple_new(Resources, (cpu + overhead.cpu, memory + overhead.memory))
 
 
 def declared_requests(pod: Pod) -> Resources:

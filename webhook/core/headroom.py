@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
 from webhook.core.accounting import pod_requests
 from webhook.core.model import TERMINAL_PHASES, Node, Pod, PodRef
 from webhook.core.nodepods import HeldBy, NodePods
 from webhook.core.reservation import Reservation
-from webhook.core.resources import ZERO, Resources
-
-#: Builds amounts in one C call, as :mod:`webhook.core.resources` does.
-_new: Final = tuple.__new__
+from webhook.core.resources import ZERO, Resources, tuple_new
 
 
 class NodeUsage(NamedTuple):
@@ -108,7 +105,7 @@ def _indexed_usage(
         # The usual case: nothing reserved on the node, the totals are the answer.
         if waiting:
             waiting.sort(key=lambda ref: (ref.namespace, ref.name))
-        return _new(
+        return tuple_new(
             NodeUsage,
             (
                 node.allocatable,
@@ -152,13 +149,13 @@ def _indexed_usage(
         free_memory += usage.memory
         waiting.append(pod.ref)
     waiting.sort(key=lambda ref: (ref.namespace, ref.name))
-    return _new(
+    return tuple_new(
         NodeUsage,
         (
             node.allocatable,
-            _new(Resources, (in_cpu, in_memory)),
-            _new(Resources, (reserved_cpu, reserved_memory)),
-            _new(Resources, (free_cpu, free_memory)),
+            tuple_new(Resources, (in_cpu, in_memory)),
+            tuple_new(Resources, (reserved_cpu, reserved_memory)),
+            tuple_new(Resources, (free_cpu, free_memory)),
             tuple(waiting),
             HeldBy(base, exclude_uid, raised),
         ),

@@ -12,10 +12,7 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Final, Literal, NamedTuple
 
-from webhook.core.resources import ZERO, Resources
-
-#: Builds pod refs in one C call, as :mod:`webhook.core.resources` builds amounts.
-_new: Final = tuple.__new__
+from webhook.core.resources import ZERO, Resources, tuple_new
 
 PreemptionPolicyName = Literal["PreemptLowerPriority", "Never"]
 ResizeState = Literal["none", "deferred", "infeasible"]
@@ -123,7 +120,7 @@ class Pod:
 
     @property
     def ref(self) -> PodRef:
-        return _new(PodRef, (self.namespace, self.name, self.uid))
+        return tuple_new(PodRef, (self.namespace, self.name, self.uid))
 
     @property
     def key(self) -> str:

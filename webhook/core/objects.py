@@ -28,10 +28,7 @@ from webhook.core.model import (
     ResizeState,
 )
 from webhook.core.quantity import cpu_millis, memory_bytes
-from webhook.core.resources import ZERO, Resources
-
-#: Builds amounts in one C call, as :mod:`webhook.core.resources` does.
-_new: Final = tuple.__new__
+from webhook.core.resources import ZERO, Resources, tuple_new
 
 Obj = Mapping[str, Any]
 _EMPTY: Obj = {}
@@ -120,7 +117,7 @@ def parse_resources(value: object, where: str, field: str = "") -> Resources:
     cpu, memory = raw.get("cpu"), raw.get("memory")
     if cpu is None and memory is None:
         return ZERO
-    return _new(
+    return tuple_new(
         Resources,
         (
             0 if cpu is None else cpu_millis(cpu, where=where, field=field, name=".cpu"),
@@ -148,7 +145,7 @@ def _container(raw: object, where: str, *, init: bool) -> Container:
     if "memory" not in req_raw and limits.memory:
         requests = requests.replace("memory", limits.memory)
     sidecar = init and c.get("restartPolicy") == "Always"
-    return _new(Container, (name, requests, limits, sidecar))
+    return tuple_new(Container, (name, requests, limits, sidecar))
 
 
 def _status(raw: object, where: str) -> ContainerStatus:

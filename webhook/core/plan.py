@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Final, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from webhook.core.accounting import pod_requests
 from webhook.core.disruption import split_by_violation
@@ -19,10 +19,14 @@ from webhook.core.model import TERMINAL_PHASES, DisruptionBudget, Node, Pod, Pod
 from webhook.core.nodepods import Candidates, NodePods
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.reservation import Reservation, active_on
-from webhook.core.resources import ZERO, ResourceName, Resources, format_amount
-
-#: Builds amounts in one C call, as :mod:`webhook.core.resources` does.
-_new: Final = tuple.__new__
+from webhook.core.resources import (
+    ZERO,
+    ResourceName,
+    Resources,
+    amounts_text,
+    format_amount,
+    tuple_new,
+)
 
 Verdict = Literal["fits", "preempt", "infeasible", "not-eligible"]
 ReasonCode = Literal[
@@ -81,7 +85,7 @@ class Plan:
     def shortfall(self) -> Resources:
         """What preemption must free (``fits``: zero)."""
         f = self.figures or {}
-        return _new(
+        return tuple_new(
             Resources,
             (
                 f["cpu"].shortfall if "cpu" in f else 0,
@@ -93,7 +97,7 @@ class Plan:
     def unmet(self) -> Resources:
         """What is missing even after the plan (non-zero only for infeasible plans)."""
         f = self.figures or {}
-        return _new(
+        return tuple_new(
             Resources,
             (f["cpu"].unmet if "cpu" in f else 0, f["memory"].unmet if "memory" in f else 0),
         )
@@ -111,7 +115,7 @@ def shortfall(demand: Resources, used: Resources, allocatable: Resources) -> Res
     # On plain integers: every decision computes it a few times.
     cpu = demand.cpu + used.cpu - allocatable.cpu if demand.cpu else 0
     memory = demand.memory + used.memory - allocatable.memory if demand.memory else 0
-    return _new(Resources, (cpu if cpu > 0 else 0, memory if memory > 0 else 0))
+    return tuple_new(Resources, (cpu if cpu > 0 else 0, memory if memory > 0 else 0))
 
 
 def _fits(demand: Resources, used: Resources, allocatable: Resources) -> bool:
@@ -119,14 +123,6 @@ def _fits(demand: Resources, used: Resources, allocatable: Resources) -> bool:
     return (not demand.cpu or demand.cpu + used.cpu <= allocatable.cpu) and (
         not demand.memory or demand.memory + used.memory <= allocatable.memory
     )
-
-
-def _listed(r: Resources, between: str = " ") -> str:
-    """The non-zero amounts of ``r`` for a message: ``cpu 500m, memory 1Gi`` (``between``
-    goes between a name and its amount)."""
-    cpu = f"cpu{between}{format_amount('cpu', r.cpu)}" if r.cpu else ""
-    memory = f"memory{between}{format_amount('memory', r.memory)}" if r.memory else ""
-    return f"{cpu}, {memory}" if cpu and memory else cpu or memory
 
 
 def _grows(demand: Resources, current: Resources) -> bool:
@@ -150,11 +146,11 @@ class _Context(NamedTuple):
         # In ResourceFigures' field order: requested, in use, freeing, allocatable,
         # shortfall, unmet.
         return {
-            "cpu": _new(
+            "cpu": tuple_new(
                 ResourceFigures,
                 (demand.cpu, in_use.cpu, freeing.cpu, allocatable.cpu, short.cpu, unmet.cpu),
             ),
-            "memory": _new(
+            "memory": tuple_new(
                 ResourceFigures,
                 (
                     demand.memory,
@@ -277,7 +273,7 @@ def plan_resize(
     held_now = pod_requests(old, "other")
     reserved = active_on(reservations, node.name, now, exclude_pod=new.uid)
     usage = node_usage(node, pods, reserved, exclude_uid=new.uid, index=index)
-    ctx = _new(_Context, (new, node, demand, usage))
+    ctx = tuple_new(_Context, (new, node, demand, usage))
     name = node.name
 
     # Step 1: requests that can never fit, or need nothing.
@@ -318,7 +314,7 @@ def plan_resize(
         return ctx.plan(
             "not-eligible",
             "preemption-policy-never",
-            f"preemptionPolicy is Never; {_listed(short, ' short by ')} on {name}",
+            f"preemptionPolicy is Never; {amounts_text(short, ' short by ')} on {name}",
             short=short,
         )
     if node.resize_preemption_disabled or new.resize_preemption_disabled:
@@ -370,7 +366,7 @@ def plan_resize(
             "infeasible",
             "insufficient-after-preemption",
             f"cannot fit on {name} even after preempting every lower-priority pod: "
-            f"{_listed(unmet, ' short by ')}",
+            f"{amounts_text(unmet, ' short by ')}",
             unmet=unmet,
             short=short,
         )
@@ -402,7 +398,7 @@ def plan_resize(
             for p in split_by_violation(leaving, budgets, policy.pdb_mode, coverage=coverage)[0]
         }
     victims = [
-        _new(Victim, (p.ref, p.priority, chain.amounts[i], p.uid in over))
+        tuple_new(Victim, (p.ref, p.priority, chain.amounts[i], p.uid in over))
         for i, p in zip(chosen, leaving, strict=True)
     ]
 
@@ -432,7 +428,7 @@ def plan_resize(
         "preempt",
         "preempt",
         f"preempting {count} lower-priority pod{'s' if count != 1 else ''} on {name} "
-        f"to free {_listed(short)}",
+        f"to free {amounts_text(short)}",
         victims=tuple(victims),
         short=short,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from webhook.core.plan import Plan
-from webhook.core.resources import RESOURCE_NAMES, format_amount
+from webhook.core.resources import RESOURCE_NAMES, amounts_text, format_amount
 
 #: The API server cuts warnings at 256 characters; kubectl users read ~120 at a glance.
 WARNING_LIMIT: Final = 120
@@ -76,11 +76,8 @@ def warnings_for(plan: Plan, *, enforcing: bool = True) -> list[str]:
         names = ", ".join(plan.victim_keys)
         verb = "preempting" if enforcing else "would preempt"
         count = len(plan.victims)
-        short, requested = plan.shortfall, plan.requested
         # What the resize asks for, of each resource it is short of.
-        cpu = f"cpu {format_amount('cpu', requested.cpu)}" if short.cpu else ""
-        memory = f"memory {format_amount('memory', requested.memory)}" if short.memory else ""
-        wanted = f"{cpu}, {memory}" if cpu and memory else cpu or memory
+        wanted = amounts_text(plan.requested, of=plan.shortfall)
         return [
             clip(
                 f"{verb} {count} lower-priority pod{'s' if count != 1 else ''} on {plan.node} "

@@ -10,10 +10,10 @@ from webhook.core.quantity import format_cpu, format_memory
 ResourceName = Literal["cpu", "memory"]
 RESOURCE_NAMES: Final[tuple[ResourceName, ...]] = ("cpu", "memory")
 
-#: ``_new(Resources, (cpu, memory))``: an amount built in one C call, where calling the
-#: NamedTuple first runs its generated Python ``__new__`` (twice the cost); the planner
-#: builds a few dozen amounts per decision.
-_new: Final = tuple.__new__
+#: ``tupletuple_new(Resources, (cpu, memory))`` builds a NamedTuple of the core in one C call,
+#: where calling the class first runs its generated Python ``__new__``; the hot paths of
+#: a decision, which builds about thirty of them, use it. Every field must be given.
+tuple_new: Final = tuple.__new__
 
 
 class Resources(NamedTuple):
@@ -23,27 +23,27 @@ class Resources(NamedTuple):
     webhook accounts for. A missing request counts as zero, as in the scheduler.
 
     An immutable value like the frozen dataclasses elsewhere, but a tuple: a decision
-    builds about fifteen of them, and a tuple is built in one call where a frozen
-    dataclass sets each field through ``object.__setattr__`` (three times the cost).
-    Only the arithmetic below is defined: ``+`` adds amounts, it does not concatenate.
+    builds dozens of amounts, and a frozen dataclass sets each field through
+    ``object.__setattr__`` (see :data:`tuple_new`; figures in docs/service.md). Only the
+    arithmetic below is defined: ``+`` adds amounts, it does not concatenate.
     """
 
     cpu: int = 0
     memory: int = 0
 
     def __add__(self, other: Resources) -> Resources:  # type: ignore[override]
-        return _new(Resources, (self.cpu + other.cpu, self.memory + other.memory))
+        return tuple_new(Resources, (self.cpu + other.cpu, self.memory + other.memory))
 
     def __sub__(self, other: Resources) -> Resources:
-        return _new(Resources, (self.cpu - other.cpu, self.memory - other.memory))
+        return tuple_new(Resources, (self.cpu - other.cpu, self.memory - other.memory))
 
     def max(self, other: Resources) -> Resources:
         """Per-resource maximum."""
-        return _new(Resources, (max(self.cpu, other.cpu), max(self.memory, other.memory)))
+        return tuple_new(Resources, (max(self.cpu, other.cpu), max(self.memory, other.memory)))
 
     def clamp(self) -> Resources:
         """Negative components raised to zero."""
-        return _new(Resources, (max(self.cpu, 0), max(self.memory, 0)))
+        return tuple_new(Resources, (max(self.cpu, 0), max(self.memory, 0)))
 
     def get(self, name: ResourceName) -> int:
         return self.cpu if name == "cpu" else self.memory
@@ -82,10 +82,19 @@ def format_amount(name: ResourceName, value: int) -> str:
     return format_cpu(value) if name == "cpu" else format_memory(value)
 
 
+def amounts_text(r: Resources, between: str = " ", of: Resources | None = None) -> str:
+    """The amounts of ``r`` for a message, e.g. ``cpu 500m, memory 1Gi``: of each resource
+    non-zero in ``of`` (default: in ``r``), ``between`` going between name and amount."""
+    which = r if of is None else of
+    cpu = f"cpu{between}{format_amount('cpu', r.cpu)}" if which.cpu else ""
+    memory = f"memory{between}{format_amount('memory', r.memory)}" if which.memory else ""
+    return f"{cpu}, {memory}" if cpu and memory else cpu or memory
+
+
 def total(amounts: Iterable[Resources]) -> Resources:
     """Sum of an iterable of :class:`Resources`."""
     cpu = memory = 0
     for amount in amounts:
         cpu += amount.cpu
         memory += amount.memory
-    return _new(Resources, (cpu, memory))
+    return tuple_new(Resources, (cpu, memory))
