@@ -42,8 +42,6 @@ export GOMODCACHE="${GOMODCACHE:-$CACHE/gomod}"
 export GOCACHE="${GOCACHE:-$CACHE/gocache}"
 export GOFLAGS="-mod=mod -buildvcs=false"
 export CGO_ENABLED=0
-export GOPROXY="${GOPROXY:-https://proxy.golang.org}"
-export GONOSUMDB="${GONOSUMDB:-}"
 
 build_etcd() {
   local out=$1
