@@ -28,8 +28,8 @@ binaries:
 	@scripts/build-control-plane.sh >/dev/null
 
 lint: venv
-	$(VENV)/bin/ruff check webhook tests bench
-	$(VENV)/bin/ruff format --check webhook tests bench
+	$(VENV)/bin/ruff check webhook harness tests bench
+	$(VENV)/bin/ruff format --check webhook harness tests bench
 	$(VENV)/bin/mypy webhook
 	$(VENV)/bin/lint-imports
 
@@ -43,13 +43,13 @@ test: lint binaries
 	$(PY) -m pytest -q
 
 cluster: venv binaries
-	@$(PY) -m tests.harness up
+	@$(PY) -m harness up
 
 cluster-down: venv
-	@$(PY) -m tests.harness down
+	@$(PY) -m harness down
 
 demo: venv binaries
-	@$(PY) -m tests.harness demo
+	@$(PY) -m harness demo
 
 bench: venv
 	$(PY) -m bench

@@ -39,9 +39,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.harness.audit import eviction_codes
-from tests.harness.kubeapi import ApiError, KubeClient
-from tests.harness.replicas import Replica, ReplicaSet, start_replicas
+from harness.audit import eviction_codes
+from harness.kubeapi import ApiError, KubeClient
+from harness.replicas import Replica, ReplicaSet, start_replicas
 
 RESULTS = Path(__file__).parent / "results" / "faults.json"
 NODE = "node-1"
@@ -422,9 +422,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = 3 if args.quick else args.runs
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
 
-    from tests.harness.binaries import ensure_binaries
-    from tests.harness.emulator import EmulatorOptions, NodeEmulator, default_nodes
-    from tests.harness.launcher import ControlPlane, ControlPlaneConfig
+    from harness.binaries import ensure_binaries
+    from harness.emulator import EmulatorOptions, NodeEmulator, default_nodes
+    from harness.launcher import ControlPlane, ControlPlaneConfig
 
     binaries = ensure_binaries()
     results: list[RunResult] = []

@@ -23,8 +23,8 @@ from typing import Any
 
 import orjson
 
-from tests.harness import quantity
-from tests.harness.kubeapi import ApiError, KubeClient, WatchExpired
+from harness import quantity
+from harness.kubeapi import ApiError, KubeClient, WatchExpired
 
 #: Logs every request once it completes (watches: also when the stream starts).
 AUDIT_EVERYTHING: dict[str, Any] = {

@@ -43,10 +43,10 @@ import urllib3
 from bench.compare import scenarios as sc
 from bench.compare.measure import AuditCursor, Observations, PodWatcher, count_requests
 from bench.compare.sides import ALL_SIDES, SIDES, Side, make_side
-from tests.harness import quantity
-from tests.harness.kubeapi import ApiError
-from tests.harness.kubelet_objects import NodeSpec
-from tests.harness.processes import install_signal_handlers
+from harness import quantity
+from harness.kubeapi import ApiError
+from harness.kubelet_objects import NodeSpec
+from harness.processes import install_signal_handlers
 from webhook.core.model import NODE_OPT_OUT_ANNOTATION
 
 REPO = Path(__file__).resolve().parents[2]

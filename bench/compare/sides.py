@@ -2,7 +2,7 @@
 
 * ``ours``: kube-apiserver, kube-scheduler and kube-controller-manager v1.37.2 with the
   alpha gate off; the webhook service (``python -m webhook serve``) started and registered
-  for ``pods/resize`` by :func:`tests.harness.webhook_process.start_webhook`.
+  for ``pods/resize`` by :func:`harness.webhook_process.start_webhook`.
 * ``upstream``: the same binaries with ``InPlacePodVerticalScalingSchedulerPreemption=true``
   on every component (the API server must have it too, or it drops
   ``Node.spec.podPreemptionPolicy``); no webhook registered and no service process, so
@@ -25,11 +25,11 @@ from pathlib import Path
 from types import TracebackType
 
 from bench.compare.measure import AUDIT_EVERYTHING
-from tests.harness.binaries import Binaries, ensure_binaries
-from tests.harness.emulator import EmulatorOptions, NodeEmulator
-from tests.harness.kubeapi import ApiError, KubeClient
-from tests.harness.launcher import ControlPlane, ControlPlaneConfig
-from tests.harness.webhook_process import NAMESPACE, WebhookProcess, start_webhook
+from harness.binaries import Binaries, ensure_binaries
+from harness.emulator import EmulatorOptions, NodeEmulator
+from harness.kubeapi import ApiError, KubeClient
+from harness.launcher import ControlPlane, ControlPlaneConfig
+from harness.webhook_process import NAMESPACE, WebhookProcess, start_webhook
 from webhook.kube.client import USER_AGENT
 
 GATE = "InPlacePodVerticalScalingSchedulerPreemption"

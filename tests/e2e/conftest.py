@@ -28,12 +28,12 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from tests.harness.binaries import Binaries, ensure_binaries
-from tests.harness.emulator import EmulatorOptions, NodeEmulator, default_nodes
-from tests.harness.kubeapi import ApiError, KubeClient
-from tests.harness.launcher import ControlPlane, ControlPlaneConfig
-from tests.harness.processes import install_signal_handlers
-from tests.harness.webhook_process import WebhookProcess, start_webhook
+from harness.binaries import Binaries, ensure_binaries
+from harness.emulator import EmulatorOptions, NodeEmulator, default_nodes
+from harness.kubeapi import ApiError, KubeClient
+from harness.launcher import ControlPlane, ControlPlaneConfig
+from harness.processes import install_signal_handlers
+from harness.webhook_process import WebhookProcess, start_webhook
 
 NODE = "node-1"
 GRACE_CAP = 1.0

@@ -16,9 +16,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.kubeapi import ApiError
+from harness.webhook_process import NAMESPACE, WEBHOOK_NAME
 from tests.e2e.conftest import NODE, Cluster, Kubectl
-from tests.harness.kubeapi import ApiError
-from tests.harness.webhook_process import NAMESPACE, WEBHOOK_NAME
 from webhook.core.quantity import cpu_millis
 from webhook.kube.ledger import LEDGER_ANNOTATION, lease_name
 

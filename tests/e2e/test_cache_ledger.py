@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import urllib3
 
+from harness.launcher import ControlPlane, ControlPlaneConfig
 from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
-from tests.harness.launcher import ControlPlane, ControlPlaneConfig
 from webhook.core.model import PodRef
 from webhook.core.resources import Resources
 from webhook.engine.config import Config

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.kubeapi import ApiError
 from tests.e2e.conftest import Cluster, Kubectl
-from tests.harness.kubeapi import ApiError
 from tests.unit.test_manifests import (
     EXPECTED_CLUSTER_PERMISSIONS,
     EXPECTED_NAMESPACE_PERMISSIONS,

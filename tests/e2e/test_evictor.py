@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from harness.kubeapi import ApiError
 from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
-from tests.harness.kubeapi import ApiError
 from webhook.core.model import PodRef
 from webhook.engine.metrics import Metrics
 from webhook.kube.client import make_api_client

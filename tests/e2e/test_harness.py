@@ -15,8 +15,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
+from harness.webhook_process import CONFIGURATION_NAME, CONFIGURATION_PATH, start_webhook
 from tests.e2e.conftest import GRACE_CAP, NODE, Cluster, Kubectl, Waiter
-from tests.harness.webhook_process import CONFIGURATION_NAME, CONFIGURATION_PATH, start_webhook
 
 pytestmark = pytest.mark.e2e
 

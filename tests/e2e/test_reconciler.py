@@ -16,6 +16,10 @@ from typing import Any
 
 import pytest
 
+from harness.audit import eviction_codes
+from harness.kubeapi import ApiError
+from harness.replicas import ReplicaSet, start_replicas
+from harness.webhook_process import unregister
 from tests.e2e.conftest import Cluster, Kubectl, Waiter
 from tests.e2e.service_support import (
     actual_cpu,
@@ -25,10 +29,6 @@ from tests.e2e.service_support import (
     resize_pending,
     run_pods,
 )
-from tests.harness.audit import eviction_codes
-from tests.harness.kubeapi import ApiError
-from tests.harness.replicas import ReplicaSet, start_replicas
-from tests.harness.webhook_process import unregister
 
 pytestmark = pytest.mark.e2e
 

@@ -17,6 +17,15 @@ from typing import Any
 
 import pytest
 
+from harness.kubeapi import ApiError
+from harness.webhook_process import (
+    CONFIGURATION_NAME,
+    CONFIGURATION_PATH,
+    NAMESPACE,
+    WEBHOOK_NAME,
+    WebhookProcess,
+    start_webhook,
+)
 from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
 from tests.e2e.service_support import (
     actual_cpu,
@@ -38,15 +47,6 @@ from tests.e2e.service_support import (
     spec_cpu,
     terminating,
     webhook_audit,
-)
-from tests.harness.kubeapi import ApiError
-from tests.harness.webhook_process import (
-    CONFIGURATION_NAME,
-    CONFIGURATION_PATH,
-    NAMESPACE,
-    WEBHOOK_NAME,
-    WebhookProcess,
-    start_webhook,
 )
 
 pytestmark = pytest.mark.e2e

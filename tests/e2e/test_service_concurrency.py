@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from harness.kubeapi import WatchExpired
+from harness.replicas import ReplicaSet, start_replicas
 from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
 from tests.e2e.service_support import (
     LEASES,
@@ -41,8 +43,6 @@ from tests.e2e.service_support import (
     run_pods,
     terminating,
 )
-from tests.harness.kubeapi import WatchExpired
-from tests.harness.replicas import ReplicaSet, start_replicas
 from webhook.kube.ledger import LEDGER_ANNOTATION, lease_name
 
 pytestmark = pytest.mark.e2e

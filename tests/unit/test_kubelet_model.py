@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from tests.harness import kubelet_model as km
-from tests.harness import quantity
-from tests.harness.kubelet_model import Decision, Outcome, Resources
+from harness import kubelet_model as km
+from harness import quantity
+from harness.kubelet_model import Decision, Outcome, Resources
 
 GI = 2**30
 MI = 2**20

@@ -21,8 +21,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.harness.launcher import free_port
-from tests.harness.processes import ManagedProcess, spawn
+from harness.launcher import free_port
+from harness.processes import ManagedProcess, spawn
 from tests.unit.web_fixtures import (
     TLSFiles,
     client_context,

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from tests.harness.launcher import free_port
-from tests.harness.processes import ManagedProcess, spawn
+from harness.launcher import free_port
+from harness.processes import ManagedProcess, spawn
 from tests.unit.web_fixtures import (
     TLSFiles,
     client_context,

@@ -11,7 +11,7 @@
 * kube-scheduler runs without leader election.
 
 Every port is picked free; every process is stopped by :meth:`ControlPlane.stop`, by the
-context manager, at interpreter exit and on SIGTERM (see :mod:`tests.harness.processes`).
+context manager, at interpreter exit and on SIGTERM (see :mod:`harness.processes`).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any
 
 import yaml
 
-from tests.harness.binaries import Binaries
-from tests.harness.kubeapi import Credentials, KubeClient
-from tests.harness.processes import ManagedProcess, spawn
+from harness.binaries import Binaries
+from harness.kubeapi import Credentials, KubeClient
+from harness.processes import ManagedProcess, spawn
 from webhook import pki
 
 SERVICE_CIDR = "10.0.0.0/24"

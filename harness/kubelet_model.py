@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from tests.harness import quantity
+from harness import quantity
 
 Pod = Mapping[str, Any]
 Node = Mapping[str, Any]

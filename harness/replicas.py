@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.harness.kubeapi import KubeClient
-from tests.harness.launcher import free_port
-from tests.harness.processes import ManagedProcess
-from tests.harness.webhook_process import (
+from harness.kubeapi import KubeClient
+from harness.launcher import free_port
+from harness.processes import ManagedProcess
+from harness.webhook_process import (
     NAMESPACE,
     ensure_namespace,
     launch,

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.harness import kubelet_model as km
-from tests.harness import quantity
+from harness import kubelet_model as km
+from harness import quantity
 
 KUBELET_VERSION = "v1.37.2"
 # Features a default-configured 1.37 kubelet declares (NodeDeclaredFeatures, GA in 1.37);

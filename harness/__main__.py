@@ -1,8 +1,8 @@
-"""Command line of the local cluster: ``python -m tests.harness up|down|status|demo``.
+"""Command line of the local cluster: ``python -m harness up|down|status|demo``.
 
 ``up`` starts a supervisor process in the background that owns the control plane, the node
 emulator and the webhook, waits until everything is ready, and prints shell ``export`` lines
-(``eval "$(python -m tests.harness up)"``). ``down`` stops the supervisor, which stops the
+(``eval "$(python -m harness up)"``). ``down`` stops the supervisor, which stops the
 rest. State (kubeconfig, logs, pids) lives in ``.cluster/`` at the repository root.
 """
 
@@ -21,12 +21,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.harness import processes
-from tests.harness.binaries import REPO_ROOT, Binaries, BinariesUnavailable, ensure_binaries
-from tests.harness.emulator import EmulatorOptions, NodeEmulator, default_nodes
-from tests.harness.kubeapi import ApiError, KubeClient
-from tests.harness.launcher import ControlPlane, ControlPlaneConfig, ControlPlaneError
-from tests.harness.webhook_process import (
+from harness import processes
+from harness.binaries import REPO_ROOT, Binaries, BinariesUnavailable, ensure_binaries
+from harness.emulator import EmulatorOptions, NodeEmulator, default_nodes
+from harness.kubeapi import ApiError, KubeClient
+from harness.launcher import ControlPlane, ControlPlaneConfig, ControlPlaneError
+from harness.webhook_process import (
     CONFIGURATION_PATH,
     WebhookProcess,
     WebhookUnavailable,
@@ -138,7 +138,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     argv = [
         sys.executable,
         "-m",
-        "tests.harness",
+        "harness",
         "_serve",
         "--bin",
         str(binaries.directory),
@@ -333,7 +333,7 @@ def cmd_status(_args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from tests.harness import demo
+    from harness import demo
 
     return demo.run(with_webhook=not args.no_webhook)
 
@@ -346,9 +346,7 @@ def _tail(path: Path, lines: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.harness", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="{up,down,status,demo}")
     up = sub.add_parser("up", help="start the local cluster in the background")
     _add_cluster_options(up)

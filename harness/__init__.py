@@ -3,5 +3,5 @@
 ``launcher`` starts etcd, kube-apiserver, kube-controller-manager (disruption controller
 only) and kube-scheduler from binaries built by ``scripts/build-control-plane.sh``;
 ``emulator`` plays the kubelets of fake nodes, including in-place resize; ``webhook_process``
-runs and registers the webhook service. ``python -m tests.harness`` is the command line.
+runs and registers the webhook service. ``python -m harness`` is the command line.
 """

@@ -4,7 +4,7 @@ There is no kubelet and no container runtime here. The emulator registers Node o
 acts for them against the real API server, the way a kubelet would:
 
 * pods bound to an emulated node are admitted (or rejected) and reported Running;
-* a change of a pod's desired resources is decided with :mod:`tests.harness.kubelet_model`:
+* a change of a pod's desired resources is decided with :mod:`harness.kubelet_model`:
   actuated at once when it fits, otherwise ``PodResizePending`` (``Deferred``) with the
   kubelet's message and a ``ResizeDeferred`` event;
 * deferred resizes are retried, in the kubelet's order, when a pod leaves the node, turns
@@ -30,10 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tests.harness import kubelet_model as km
-from tests.harness import kubelet_objects as ko
-from tests.harness.kubeapi import ApiError, KubeClient, WatchExpired
-from tests.harness.kubelet_objects import NodeSpec
+from harness import kubelet_model as km
+from harness import kubelet_objects as ko
+from harness.kubeapi import ApiError, KubeClient, WatchExpired
+from harness.kubelet_objects import NodeSpec
 
 __all__ = ["EmulatorOptions", "NodeEmulator", "NodeSpec", "default_nodes"]
 

@@ -17,11 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-from tests.harness.binaries import BinariesUnavailable, ensure_binaries
-from tests.harness.emulator import EmulatorOptions, NodeEmulator, default_nodes
-from tests.harness.launcher import ControlPlane
-from tests.harness.processes import install_signal_handlers
-from tests.harness.webhook_process import WebhookProcess, WebhookUnavailable, start_webhook
+from harness.binaries import BinariesUnavailable, ensure_binaries
+from harness.emulator import EmulatorOptions, NodeEmulator, default_nodes
+from harness.launcher import ControlPlane
+from harness.processes import install_signal_handlers
+from harness.webhook_process import WebhookProcess, WebhookUnavailable, start_webhook
 
 MANIFESTS = """\
 apiVersion: scheduling.k8s.io/v1

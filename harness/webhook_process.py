@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.harness.binaries import REPO_ROOT
-from tests.harness.kubeapi import ApiError, KubeClient
-from tests.harness.launcher import free_port
-from tests.harness.processes import ManagedProcess, spawn
+from harness.binaries import REPO_ROOT
+from harness.kubeapi import ApiError, KubeClient
+from harness.launcher import free_port
+from harness.processes import ManagedProcess, spawn
 from webhook import pki
 
 CONFIGURATION_NAME = "resize-preemption-webhook"
