@@ -16,7 +16,8 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from webhook.core.errors import ObjectError
-from webhook.core.model import PodRef
+from webhook.core.model import Pod, PodRef
+from webhook.core.plan import Plan
 from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
 
@@ -24,6 +25,13 @@ R = TypeVar("R")
 
 #: Bump when the JSON form changes incompatibly; readers skip entries they do not know.
 ENTRY_VERSION = 1
+
+
+def desired_requests(pod: Pod) -> tuple[tuple[str, Resources], ...]:
+    """The container requests ``pod``'s spec declares, by container name: what a resize
+    sets, and what an entry admits (compare them as mappings: a decoded entry keeps its
+    containers in name order)."""
+    return tuple((c.name, c.requests) for c in pod.all_containers())
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +55,33 @@ class LedgerEntry:
     handled: frozenset[str] = frozenset()
     #: Set by the worker once the resize is in the pod's spec.
     persisted: bool = False
+
+    @classmethod
+    def for_plan(
+        cls,
+        pod: Pod,
+        plan: Plan,
+        *,
+        review_uid: str,
+        now: float,
+        ttl: float,
+        persisted: bool = False,
+    ) -> LedgerEntry:
+        """The entry admitting ``pod``'s resize as ``plan`` (``fits`` or ``preempt``) has
+        it: the room the plan requested on its node, its victims in eviction order, held
+        for ``ttl`` seconds from ``now``. ``persisted``: the resize is in the pod's spec
+        already (the kubelet deferred it)."""
+        return cls(
+            pod=pod.ref,
+            node=plan.node,
+            review_uid=review_uid,
+            resources=plan.requested,
+            desired=desired_requests(pod),
+            victims=tuple(v.pod for v in plan.victims),
+            admitted_at=now,
+            expires_at=now + ttl,
+            persisted=persisted,
+        )
 
     @property
     def pending_victims(self) -> tuple[PodRef, ...]:

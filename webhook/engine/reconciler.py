@@ -32,7 +32,6 @@ import orjson
 from webhook.core.errors import WebhookError
 from webhook.core.model import Pod
 from webhook.core.plan import Plan, plan_resize
-from webhook.engine.admission import desired_requests
 from webhook.engine.config import Config
 from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.ledger import Ledger, LedgerEntry
@@ -201,15 +200,12 @@ class Reconciler:
                 # Nothing to reserve: room that appears lets the kubelet actuate by itself,
                 # and a reservation without victims would only hold room others may use.
                 return None, (plan, None)
-            entry = LedgerEntry(
-                pod=pod.ref,
-                node=node.name,
+            entry = LedgerEntry.for_plan(
+                pod,
+                plan,
                 review_uid=uid,
-                resources=plan.requested,
-                desired=desired_requests(pod),
-                victims=tuple(v.pod for v in plan.victims),
-                admitted_at=now,
-                expires_at=now + self.config.reservation_ttl,
+                now=now,
+                ttl=self.config.reservation_ttl,
                 persisted=True,  # the kubelet deferred it: it is in the spec already
             )
             return (*live, entry), (plan, entry)
