@@ -168,7 +168,7 @@ def test_validating_endpoint_never_patches_an_annotated_pod() -> None:
 def test_warn_mode_tells_what_the_reduction_would_be_and_patches_nothing() -> None:
     objects = fit_to_node_objects(annotated=True)
     app = create_app(
-        Config().with_mode("warn"),
+        Config(mode="warn"),
         cluster=StaticClusterView.from_objects(objects),
         ledger=InMemoryLedger(),
     )

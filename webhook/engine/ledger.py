@@ -106,9 +106,6 @@ class LedgerEntry:
     def with_persisted(self) -> LedgerEntry:
         return replace(self, persisted=True)
 
-    def with_expiry(self, expires_at: float) -> LedgerEntry:
-        return replace(self, expires_at=expires_at)
-
     def to_json(self) -> dict[str, Any]:
         return {
             "v": ENTRY_VERSION,

@@ -37,9 +37,3 @@ class ClusterView(Protocol):
     def age(self) -> float:
         """Seconds since the cache last heard from the API server."""
         ...
-
-
-class Clock(Protocol):
-    def __call__(self) -> float:
-        """Epoch seconds."""
-        ...

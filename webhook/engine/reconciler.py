@@ -118,8 +118,6 @@ class Reconciler:
         # (pod uid, generation) -> last (verdict, code): a pod left pending is looked at on
         # every pass; its metric, log line and event follow changes only.
         self._last: dict[tuple[str, int], tuple[str, str]] = {}
-        #: Passes completed; tests and probes read it.
-        self.passes = 0
 
     def reconcile(self) -> list[Outcome]:
         """Plan for every deferred resize; returns what was decided, pod by pod."""
@@ -143,7 +141,6 @@ class Reconciler:
                 self._report(pod, outcome)
         for key in set(self._last) - seen:
             del self._last[key]
-        self.passes += 1
         return outcomes
 
     def _report(self, pod: Pod, outcome: Outcome) -> None:
