@@ -17,8 +17,8 @@ from webhook.core.model import Pod, PodRef
 from webhook.engine.ledger import InMemoryLedger
 from webhook.engine.reconciler import Reconciler
 from webhook.engine.static_view import StaticClusterView
+from webhook.engine.worker import PreemptionWorker
 from webhook.engine.worker_logic import Release, next_action
-from webhook.kube.worker import PreemptionWorker
 
 
 class Crash(BaseException):
