@@ -21,12 +21,12 @@ from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
 from webhook.core.resize import apply_resize
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
-from webhook.engine.ledger import InMemoryLedger
 from webhook.engine.metrics import Metrics
 from webhook.engine.worker import PreemptionWorker
 from webhook.kube.cache import BUDGETS, ClusterCache
 from webhook.kube.events import EventRecorder
 from webhook.kube.evictor import Evictor
+from webhook.testing import InMemoryLedger
 
 pytestmark = pytest.mark.e2e
 

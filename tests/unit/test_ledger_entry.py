@@ -16,13 +16,8 @@ from webhook.core.errors import ObjectError
 from webhook.core.model import PodRef
 from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
-from webhook.engine.ledger import (
-    ENTRY_VERSION,
-    InMemoryLedger,
-    LedgerEntry,
-    decode_entries,
-    encode_entries,
-)
+from webhook.engine.ledger import ENTRY_VERSION, LedgerEntry, decode_entries, encode_entries
+from webhook.testing import InMemoryLedger
 
 
 def entry(

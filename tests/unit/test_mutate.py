@@ -21,8 +21,7 @@ from flask import Flask
 from tests.unit.web_fixtures import fit_to_node_objects, resized, review
 from webhook.core.model import FIT_TO_NODE_ANNOTATION
 from webhook.engine.config import Config
-from webhook.engine.ledger import InMemoryLedger
-from webhook.engine.static_view import StaticClusterView
+from webhook.testing import InMemoryLedger, StaticClusterView
 from webhook.web.app import create_app
 
 

@@ -21,10 +21,9 @@ from webhook.core.reservation import active_on
 from webhook.core.resources import Resources
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
-from webhook.engine.ledger import InMemoryLedger
 from webhook.engine.node_indexes import NodeIndexes
 from webhook.engine.reconciler import Reconciler
-from webhook.engine.static_view import StaticClusterView
+from webhook.testing import InMemoryLedger, StaticClusterView
 
 
 def _plan(world: World, pods: tuple[Pod, ...], index: NodePods | None = None) -> Plan:

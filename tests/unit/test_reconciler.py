@@ -25,10 +25,10 @@ from webhook.core.model import NODE_OPT_OUT_ANNOTATION, DisruptionBudget, Node, 
 from webhook.core.plan import Plan
 from webhook.core.resources import Resources
 from webhook.engine.config import Config
-from webhook.engine.ledger import InMemoryLedger, LedgerEntry
+from webhook.engine.ledger import LedgerEntry
 from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler, review_uid_for, skip_reason
-from webhook.engine.static_view import StaticClusterView
+from webhook.testing import InMemoryLedger, StaticClusterView
 
 CONFIG = Config(reservation_ttl=120.0)
 GI = 2**30

@@ -25,11 +25,11 @@ from tests.unit.test_worker_logic import (
 )
 from webhook.core.model import Node, Pod, PodRef
 from webhook.engine.config import Config
-from webhook.engine.ledger import InMemoryLedger, LedgerEntry
+from webhook.engine.ledger import LedgerEntry
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import EvictionResult
-from webhook.engine.static_view import StaticClusterView
 from webhook.engine.worker import PreemptionWorker, remove_entry, update_entry
+from webhook.testing import InMemoryLedger, StaticClusterView
 
 CONFIG = Config(persist_timeout=10.0, reservation_ttl=120.0)
 

@@ -8,7 +8,6 @@ store updates one node's group atomically with optimistic concurrency.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
@@ -200,31 +199,3 @@ class Ledger(Protocol):
         ...
 
     def reachable(self) -> bool: ...
-
-
-class InMemoryLedger:
-    """A :class:`Ledger` in one process's memory: for unit tests, ``plan`` and ``warn``."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._nodes: dict[str, tuple[LedgerEntry, ...]] = {}
-        self.writes = 0
-
-    def entries(self, node: str) -> tuple[LedgerEntry, ...]:
-        with self._lock:
-            return self._nodes.get(node, ())
-
-    def all_entries(self) -> tuple[LedgerEntry, ...]:
-        with self._lock:
-            return tuple(e for group in self._nodes.values() for e in group)
-
-    def update(self, node: str, change: Change[R]) -> R:
-        with self._lock:
-            new, result = change(self._nodes.get(node, ()))
-            if new is not None:
-                self._nodes[node] = new
-                self.writes += 1
-            return result
-
-    def reachable(self) -> bool:
-        return True
