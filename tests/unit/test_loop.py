@@ -86,6 +86,12 @@ READY_CASES = [
 ]
 
 
+def test_a_caller_counting_its_own_retries_gets_the_same_waits() -> None:
+    backoff = Backoff(0.5, 8.0, rng=lambda: 0.0)
+
+    assert [0.25, 0.5, 1.0, 2.0, 4.0, 4.0] == [backoff.jittered(n) for n in range(1, 7)]
+
+
 @pytest.mark.parametrize("case", READY_CASES)
 def test_backoff_ready(case: ReadyCase) -> None:
     clock = FakeClock()

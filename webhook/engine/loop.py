@@ -148,14 +148,18 @@ class Backoff:
         """The wait after ``failures`` failures in a row, before jitter."""
         return min(self.cap, self.base * 2.0 ** max(0, failures - 1))
 
+    def jittered(self, failures: int) -> float:
+        """The wait after ``failures`` failures in a row: :meth:`delay` scaled by a random
+        factor in [0.5, 1]. For a caller that keeps its own count (one call's retries)."""
+        return self.delay(failures) * (0.5 + 0.5 * self._rng())
+
     def failed(self, key: str) -> float:
         """Count one more failure of ``key``; returns when it may be tried again (epoch
         seconds, the clock's)."""
         with self._lock:
             attempts = self._keys.get(key)
             failures = 1 if attempts is None else attempts.failures + 1
-            wait = self.delay(failures) * (0.5 + 0.5 * self._rng())
-            self._keys[key] = _Attempts(failures, self._clock() + wait)
+            self._keys[key] = _Attempts(failures, self._clock() + self.jittered(failures))
             return self._keys[key].not_before
 
     def ready(self, key: str) -> bool:

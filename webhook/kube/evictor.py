@@ -47,6 +47,7 @@ from typing import Any, Final
 
 from webhook.core.model import PodRef
 from webhook.engine.config import EvictionMethod
+from webhook.engine.loop import Backoff
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import EvictionResult
 from webhook.kube.errors import ClusterError, Conflict, NotFound, TooManyRequests
@@ -125,7 +126,7 @@ class Evictor:
         self.backoff_cap = backoff_cap
         self._timeout = request_timeout
         self._sleep = sleep
-        self._rng = rng
+        self._retries = Backoff(backoff_base, backoff_cap, rng=rng)
         self._clock = clock
 
     # -- the one public call ----------------------------------------------------------------
@@ -188,8 +189,7 @@ class Evictor:
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry ``attempt`` (0-based): exponential, capped, with
         full jitter in [50%, 100%] so replicas and victims do not retry in lockstep."""
-        delay = min(self.backoff_cap, self.backoff_base * (2.0**attempt))
-        return delay * (0.5 + 0.5 * self._rng())
+        return self._retries.jittered(attempt + 1)
 
     def _evict_api(self, victim: PodRef, options: dict[str, Any]) -> EvictionResult:
         body = {
