@@ -4,7 +4,6 @@ start after the fork)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable
@@ -30,8 +29,6 @@ from webhook.kube.leader import LeaderElector
 from webhook.kube.ledger import LeaseLedger
 from webhook.web.app import create_app
 from webhook.web.server import WorkerApp
-
-log = logging.getLogger(__name__)
 
 #: Reason of the event the reconciler leaves on a pod whose deferred resize it judged.
 DEFERRED_REASON = "DeferredResizePreemption"
