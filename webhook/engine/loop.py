@@ -182,9 +182,6 @@ class Backoff:
             for key in [k for k in self._keys if k not in kept]:
                 del self._keys[key]
 
-    def __len__(self) -> int:
-        return len(self._keys)
-
 
 class Runnable(Protocol):
     """Something the service starts and stops: a loop, a watch, the leader elector."""
