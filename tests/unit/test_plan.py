@@ -681,6 +681,31 @@ def eviction_order_least_important_first() -> Scene:
     )
 
 
+def cpu_moved_between_containers_needs_no_room() -> Scene:
+    """Upstream ``PodRequests``: max of the aggregates (3 CPU), not the sum of
+    per-container maxima (4 CPU)."""
+    node = make_node(NODE).allocatable(cpu="4", memory="16Gi").build()
+    old, new = (
+        make_pod("p")
+        .priority(1000)
+        .requests(cpu="2", container="c1")
+        .requests(cpu="1", container="c2")
+        .started(50)
+        .admitted()
+        .resize_with(
+            {
+                "spec": {
+                    "containers": [
+                        {"name": "c1", "resources": {"requests": {"cpu": "1"}}},
+                        {"name": "c2", "resources": {"requests": {"cpu": "2"}}},
+                    ]
+                }
+            }
+        )
+    )
+    return Scene(old, new, node, [pod("low", "1", priority=0)])
+
+
 W = "default/"
 CASES: list[tuple[Callable[[], Scene], str, str, tuple[str, ...]]] = [
     (walk, "preempt", "preempt", (W + "low-priority-pod",)),
@@ -754,6 +779,7 @@ CASES: list[tuple[Callable[[], Scene], str, str, tuple[str, ...]]] = [
     (not_bound, "not-eligible", "not-bound", ()),
     (memory_growth_ignores_overcommitted_cpu, "fits", "fits", ()),
     (memory_shortfall_preempts, "preempt", "preempt", (W + "hog",)),
+    (cpu_moved_between_containers_needs_no_room, "not-eligible", "no-growth", ()),
     (
         eviction_order_least_important_first,
         "preempt",

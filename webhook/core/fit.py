@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from webhook.core.accounting import container_requests, pod_requests
+from webhook.core.accounting import container_held, pod_requests
 from webhook.core.headroom import node_usage
 from webhook.core.model import Container, DisruptionBudget, Node, Pod
 from webhook.core.plan import Plan, plan_resize
@@ -57,7 +57,7 @@ def _shrink(new: Pod, name: ResourceName, excess: int) -> Pod | None:
         if excess <= 0:
             break
         c = containers[i]
-        held = container_requests(new, c, "other").get(name)
+        held = container_held(new, c).get(name)
         growth = c.requests.get(name) - held
         if growth <= 0:
             continue

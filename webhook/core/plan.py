@@ -269,7 +269,7 @@ def plan_resize(
     # Step 0: the pod's demand under the kubelet's model. An infeasible resize that this
     # request does not change keeps being ignored, as the kubelet ignores it.
     stale_infeasible = old.resize == "infeasible" and new.same_declared_resources(old)
-    demand = pod_requests(new, "other" if stale_infeasible else "resizing")
+    demand = pod_requests(new, "infeasible" if stale_infeasible else "resizing")
     held_now = pod_requests(old, "other")
     reserved = active_on(reservations, node.name, now, exclude_pod=new.uid)
     usage = node_usage(node, pods, reserved, exclude_uid=new.uid, index=index)
