@@ -236,7 +236,7 @@ def _json(capsys: pytest.CaptureFixture[str], snapshot: Path, *args: str) -> dic
         pytest.param("5", "fits", id="fits"),
         pytest.param("6", "preempt", id="preempt"),
         pytest.param("9", "infeasible", id="infeasible"),
-        pytest.param("2", "not-eligible", id="not-eligible"),
+        pytest.param("2", "fits", id="no-growth"),
     ],
 )
 def test_every_verdict_exits_0(

@@ -281,7 +281,7 @@ def plan_resize(
         return ctx.plan("not-eligible", "not-bound", "pod is not bound to a node")
     if not _grows(demand, held_now):
         return ctx.plan(
-            "not-eligible",
+            "fits",
             "no-growth",
             f"resize does not grow cpu or memory beyond what {name} already holds for it",
         )

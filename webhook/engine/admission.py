@@ -326,8 +326,9 @@ class AdmissionEngine:
             # 2. Plan against every other live reservation on the node.
             live = tuple([e for e in entries if e.pod.uid != scene.new.uid and e.expires_at > now])
             plan = self._plan(scene, live, now)
-            if plan.verdict not in ("fits", "preempt"):
-                # A newer resize supersedes an earlier admitted one of the same pod.
+            if plan.verdict not in ("fits", "preempt") or plan.code == "no-growth":
+                # A newer resize supersedes an earlier admitted one of the same pod; one
+                # that needs no room reserves none.
                 return (live if live != entries else None), (plan, None)
             entry = LedgerEntry(
                 pod=scene.new.ref,

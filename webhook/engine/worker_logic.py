@@ -28,8 +28,8 @@ The rules, in the order they are checked (numbered like the comments below):
    unless the kubelet already deferred the resize: then the entry is released so the
    reconciler plans again with every candidate (room disappeared, or a budget now forbids
    a listed victim; victims already handled are on their way out and count as freeing);
-   no growth left (the kubelet is catching up): wait; not eligible any more (node opted
-   out, preemptionPolicy Never): release.
+   no growth left (verdict ``fits``, code ``no-growth``: the kubelet is catching up):
+   wait; not eligible any more (node opted out, preemptionPolicy Never): release.
 
 Victims already handled, terminating, terminal or gone are never evicted again: they are
 settled (marked handled without an API call).
@@ -245,6 +245,9 @@ def next_action(
         reservations=[o.reservation() for o in others],
         policy=policy,
     )
+    if plan.code == "no-growth":
+        # A ``fits`` that needs no room: the kubelet is catching up; keep the claim.
+        return Wait("actuating", plan.reason, mark_persisted=mark, settle=settle)
     if plan.verdict == "fits":
         return Act(plan, settle=settle, drop=live, mark_persisted=mark)
     if plan.verdict == "preempt":
@@ -259,8 +262,6 @@ def next_action(
             # reconciler re-plans it from scratch (same core, same ledger).
             return Release("replan", f"the admitted victims no longer suffice: {plan.reason}")
         return Wait("cannot-fit", plan.reason, mark_persisted=mark, settle=settle)
-    if plan.code == "no-growth":
-        return Wait("actuating", plan.reason, mark_persisted=mark, settle=settle)
     return Release("not-eligible", plan.reason)
 
 
