@@ -10,11 +10,16 @@ from webhook.core.model import DisruptionBudget, LabelSelector, PdbMode, Pod
 def budget_matches(budget: DisruptionBudget, pod: Pod, mode: PdbMode) -> bool:
     """Whether ``budget`` covers ``pod``.
 
-    kube-scheduler treats a null *or empty* selector as matching nothing. The Eviction API
-    follows policy/v1, where an empty selector matches every pod in the namespace. In
-    ``respect`` mode we predict what the Eviction API will do, so we use the latter.
+    kube-scheduler (``FilterVictimsWithPDBViolation``) never counts a pod without labels
+    and treats a null *or empty* selector as matching nothing: so ``best-effort``. The
+    Eviction API follows policy/v1: an empty selector matches every pod in the
+    namespace, and a selector is matched against the pod's labels, none included (a
+    ``DoesNotExist`` expression matches a pod without labels). In ``respect`` mode we
+    predict what the Eviction API will do, so we use the latter.
     """
     if budget.namespace != pod.namespace or budget.selector is None:
+        return False
+    if mode != "respect" and not pod.labels:
         return False
     if budget.selector.empty:
         return mode == "respect"
@@ -55,7 +60,7 @@ def split_by_violation(
     other: list[Pod] = []
     for pod in candidates:
         covering = by_namespace.get(pod.namespace)
-        if covering is None:
+        if covering is None or (mode != "respect" and not pod.labels):
             other.append(pod)
             continue
         violated = False

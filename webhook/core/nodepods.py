@@ -285,7 +285,7 @@ class NodePods:
         coverage: dict[str, tuple[int, ...]] = {}
         for uid, p in self.by_uid.items():
             covering = by_namespace.get(p.namespace)
-            if not covering:
+            if not covering or (mode != "respect" and not p.labels):
                 continue
             labels, name = p.labels, p.name
             found = tuple(
