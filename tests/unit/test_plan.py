@@ -30,7 +30,7 @@ from tests.unit.builders import (
 )
 from webhook.core.model import NODE_OPT_OUT_ANNOTATION, DisruptionBudget, Node, Pod, PodRef
 from webhook.core.objects import PriorityResolver
-from webhook.core.plan import Plan, ResourceFigures, shortfall
+from webhook.core.plan import Plan, ResourceFigures, fits, shortfall
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.report import warnings_for
 from webhook.core.reservation import Reservation
@@ -989,9 +989,4 @@ def test_shortfall(
     demand: Resources, used: Resources, allocatable: Resources, expected: Resources
 ) -> None:
     assert expected == shortfall(demand, used, allocatable)
-
-
-def test_with_victims_replaces_them() -> None:
-    result = walk().plan()
-
-    assert () == result.with_victims(()).victims
+    assert expected.is_zero() == fits(demand, used, allocatable)

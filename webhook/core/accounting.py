@@ -54,21 +54,7 @@ def aggregate(pod: Pod, amount: Callable[[Container], Resources | None]) -> Reso
 
 def pod_requests(pod: Pod, role: Role = "other") -> Resources:
     """What ``pod`` holds on its node (role ``other``) or needs there (``resizing``,
-    ``infeasible``): upstream ``PodRequests`` with status resources, see the module.
-
-    The ``other`` amount is memoized on the (immutable) pod: it runs for every pod on
-    the node in every decision.
-    """
-    if role == "other":
-        held = pod._held
-        if held is None:
-            held = _requests(pod, role)
-            object.__setattr__(pod, "_held", held)
-        return held
-    return _requests(pod, role)
-
-
-def _requests(pod: Pod, role: Role) -> Resources:
+    ``infeasible``): upstream ``PodRequests`` with status resources, see the module."""
     infeasible = role == "infeasible"
     statuses = pod.statuses
 
@@ -122,11 +108,3 @@ def container_held(pod: Pod, container: Container) -> Resources:
     if status is None or (status.allocated is None and status.actual is None):
         return container.requests
     return (status.allocated or ZERO).max(status.actual or ZERO)
-
-
-def declared_requests(pod: Pod) -> Resources:
-    """The pod's requests from its spec alone (what a scheduler would see)."""
-    total = aggregate(pod, lambda c: c.requests)
-    level = pod.pod_requests
-    total = Resources(level.cpu or total.cpu, level.memory or total.memory)
-    return total + pod.overhead
