@@ -441,6 +441,19 @@ def victim_without_container_status_at_spec() -> Scene:
     return Scene(old, new, node8(), [pending])
 
 
+def unadmittable_pod_does_not_block() -> Scene:
+    """Bound, not admitted, and larger than the node: the kubelet will reject it."""
+    old, new = resizing("4", "6")
+    huge = make_pod("huge").priority(HIGH).requests(cpu="10").phase("Pending").build()
+    return Scene(old, new, node8(), [huge])
+
+
+def unadmittable_pod_is_not_preempted_for_room_it_does_not_hold() -> Scene:
+    old, new = resizing("4", "6")
+    huge = make_pod("huge").priority(LOW).requests(cpu="10").phase("Pending").build()
+    return Scene(old, new, node8(), [huge, pod("low", "1")])
+
+
 def terminal_pods_hold_nothing() -> Scene:
     old, new = resizing("4", "6")
     done = make_pod("done").priority(LOW).requests(cpu="3").phase("Succeeded").build()
@@ -748,6 +761,8 @@ CASES: list[tuple[Callable[[], Scene], str, str, tuple[str, ...]]] = [
     (victim_frees_its_init_peak_and_overhead, "preempt", "preempt", (W + "low",)),
     (pod_level_resize, "preempt", "preempt", (W + "low",)),
     (victim_without_container_status_at_spec, "preempt", "preempt", (W + "pending-low",)),
+    (unadmittable_pod_does_not_block, "fits", "fits", ()),
+    (unadmittable_pod_is_not_preempted_for_room_it_does_not_hold, "fits", "fits", ()),
     (terminal_pods_hold_nothing, "fits", "fits", ()),
     (mirror_pods_are_never_victims, "infeasible", "insufficient-after-preemption", ()),
     (victims_never_on_another_node, "preempt", "preempt", (W + "here",)),

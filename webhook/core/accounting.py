@@ -19,6 +19,19 @@ What goes in depends on the pod's role (:data:`Role`):
   too and may over-preempt. This is where we do better.
 
 A container without status counts at its spec.
+
+**Pods the kubelet has not admitted.** The kubelet's fit check counts only pods that have
+an allocation (``getAllocatedPods`` in ``pkg/kubelet/allocation/allocation_manager.go``).
+A pod bound to the node but not admitted yet shows no container status and no pod-level
+allocation (:func:`admitted`). Two cases, by what the kubelet will do when it sees it:
+
+* its requests alone exceed the node's allocatable: admission (``canAdmitPod``) will
+  reject it, so it never holds anything, and counts as nothing (:func:`holds_on`);
+* otherwise it counts at its spec. The kubelet admits pods as they arrive
+  (``HandlePodAdditions`` runs ``AddPod`` on each new pod) and retries a pending resize
+  only on the pod's next update or on its 30 s / 3 min ticker, so a pod bound before the
+  resize is almost always admitted first and takes its room. Leaving it out would plan a
+  resize the kubelet then defers.
 """
 
 from __future__ import annotations
@@ -108,3 +121,17 @@ def container_held(pod: Pod, container: Container) -> Resources:
     if status is None or (status.allocated is None and status.actual is None):
         return container.requests
     return (status.allocated or ZERO).max(status.actual or ZERO)
+
+
+def admitted(pod: Pod) -> bool:
+    """Whether the kubelet has admitted ``pod``: it reports container statuses or a
+    pod-level allocation only for pods it admitted."""
+    return bool(pod.statuses) or pod.pod_allocated is not None
+
+
+def holds_on(pod: Pod, held: Resources, allocatable: Resources) -> Resources:
+    """What ``pod``, holding ``held`` by :func:`pod_requests`, holds on a node of
+    ``allocatable``: nothing when it is not admitted and can never be (see the module)."""
+    if not admitted(pod) and not held.fits_in(allocatable):
+        return ZERO
+    return held

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from webhook.core.accounting import pod_requests
+from webhook.core.accounting import holds_on, pod_requests
 from webhook.core.model import Node, Pod, PodRef
 from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources, total
@@ -47,14 +47,15 @@ def node_usage(
     its lookup.
     """
     claimed = {uid for r in reservations.values() for uid in r.victims}
+    own: dict[str, Resources] = {}  # what each pod holds, before reservations
     held: dict[str, Resources] = {}
     leaving: list[Pod] = []
     for pod in pods:
         if pod.uid == exclude_uid or pod.node != node.name or pod.terminal:
             continue
-        usage = holds(pod)
+        own[pod.uid] = amount = holds_on(pod, holds(pod), node.allocatable)
         reservation = reservations.get(pod.uid)
-        held[pod.uid] = usage if reservation is None else usage.max(reservation.resources)
+        held[pod.uid] = amount if reservation is None else amount.max(reservation.resources)
         if pod.terminating or pod.uid in claimed:
             leaving.append(pod)
     unseen = [r.resources for u, r in reservations.items() if u not in held and u != exclude_uid]
@@ -63,7 +64,7 @@ def node_usage(
         allocatable=node.allocatable,
         in_use=total(held.values()) + total(unseen),
         # What they hold without reservations: a reservation is room not yet taken.
-        freeing=total(holds(p) for p in leaving),
+        freeing=total(own[p.uid] for p in leaving),
         waiting_for=tuple(p.ref for p in leaving),
         held=held,
     )
