@@ -3,19 +3,36 @@ engine, the worker and the reconciler do with such a plan."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 
 from tests.unit.builders import make_pod
 from tests.unit.test_worker_logic import CONFIG, NODE, NOW, entry, pod
-from tests.unit.web_fixtures import resized, review, walkthrough_objects
+from tests.unit.web_fixtures import resized, review, walkthrough_objects, walkthrough_view
 from webhook.core.resources import Resources
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
-from webhook.engine.ledger import InMemoryLedger
-from webhook.engine.static_view import StaticClusterView
+from webhook.engine.ledger import LedgerEntry
 from webhook.engine.worker_logic import Wait, next_action
+
+
+class Ledger:
+    """One node's entries in memory, written by ``update`` as the engine's ledger is."""
+
+    def __init__(self) -> None:
+        self.written: tuple[LedgerEntry, ...] = ()
+
+    def entries(self, node: str) -> tuple[LedgerEntry, ...]:
+        return self.written
+
+    def update(self, node: str, change: Callable[..., Any]) -> Any:
+        entries, result = change(self.written)
+        if entries is not None:
+            self.written = tuple(entries)
+        return result
 
 
 @dataclass(frozen=True)
@@ -35,15 +52,15 @@ class Review:
     ],
 )
 def test_admission_of_a_resize_without_growth(case: Review) -> None:
-    objects = walkthrough_objects()
-    high = objects[2]
-    ledger = InMemoryLedger()
-    engine = AdmissionEngine(Config(), StaticClusterView.from_objects(objects), ledger)
+    view = walkthrough_view()
+    high = walkthrough_objects()[2]
+    ledger = Ledger()
+    engine = AdmissionEngine(Config(), view, ledger)
 
     decision = engine.validate(review(high, resized(high, case.cpu))["request"])
 
     assert (case.verdict, case.code) == (decision.verdict, decision.plan and decision.plan.code)
-    assert case.reserved == bool(ledger.entries("node-1"))
+    assert case.reserved == bool(ledger.written)
     assert () == decision.warnings
 
 

@@ -28,8 +28,8 @@ The rules, in the order they are checked (numbered like the comments below):
    unless the kubelet already deferred the resize: then the entry is released so the
    reconciler plans again with every candidate (room disappeared, or a budget now forbids
    a listed victim; victims already handled are on their way out and count as freeing);
-   no growth left (verdict ``fits``, code ``no-growth``: the kubelet is catching up):
-   wait; not eligible any more (node opted out, preemptionPolicy Never): release.
+   no growth left (the kubelet is catching up): wait; not eligible any more (node opted
+   out, preemptionPolicy Never): release.
 
 Victims already handled, terminating, terminal or gone are never evicted again: they are
 settled (marked handled without an API call).
@@ -246,7 +246,8 @@ def next_action(
         policy=policy,
     )
     if plan.code == "no-growth":
-        # A ``fits`` that needs no room: the kubelet is catching up; keep the claim.
+        # Judged by its code, whatever verdict the core gives it: the kubelet is catching
+        # up, and the entry's victims stay claimed until it has.
         return Wait("actuating", plan.reason, mark_persisted=mark, settle=settle)
     if plan.verdict == "fits":
         return Act(plan, settle=settle, drop=live, mark_persisted=mark)
