@@ -184,6 +184,17 @@ def test_resources_arithmetic() -> None:
     assert "cpu 1, memory 2Gi" == a.describe()
     assert Resources(7, 2 * Gi) == a.replace("cpu", 7)
     assert Resources().is_zero()
+    assert ("cpu", "memory") == Resources(2000, 1).exceeds_in(Resources(1000, 0))
+
+
+def test_resources_is_a_value_not_a_tuple() -> None:
+    # "Less" between two amounts is fits_in's question; a tuple's order would answer it
+    # element by element.
+    assert (1000, 0) != Resources(1000, 0)
+    with pytest.raises(TypeError):
+        Resources(1000, 0) < Resources(2000, 0)  # type: ignore[operator]  # noqa: B015
+    with pytest.raises(AttributeError):
+        Resources().cpu = 1  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
