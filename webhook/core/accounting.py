@@ -27,11 +27,11 @@ allocation (:func:`admitted`). Two cases, by what the kubelet will do when it se
 
 * its requests alone exceed the node's allocatable: admission (``canAdmitPod``) will
   reject it, so it never holds anything, and counts as nothing (:func:`holds_on`);
-* otherwise it counts at its spec. The kubelet admits pods as they arrive
-  (``HandlePodAdditions`` runs ``AddPod`` on each new pod) and retries a pending resize
-  only on the pod's next update or on its 30 s / 3 min ticker, so a pod bound before the
-  resize is almost always admitted first and takes its room. Leaving it out would plan a
-  resize the kubelet then defers.
+* otherwise it counts at its spec. The kubelet takes pods and their updates in the order
+  they reach it: a pod bound before the resize is admitted (``HandlePodAdditions`` ->
+  ``AddPod``, against the allocated pods) before the resize is handled
+  (``HandlePodUpdates`` -> ``RetryPendingResizes``), so it takes its room first. Leaving
+  it out would plan a resize the kubelet then defers.
 """
 
 from __future__ import annotations
