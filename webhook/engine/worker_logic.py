@@ -245,6 +245,10 @@ def next_action(
         reservations=[o.reservation() for o in others],
         policy=policy,
     )
+    if plan.code == "no-growth":
+        # Judged by its code, whatever verdict the core gives it: the kubelet is catching
+        # up, and the entry's victims stay claimed until it has.
+        return Wait("actuating", plan.reason, mark_persisted=mark, settle=settle)
     if plan.verdict == "fits":
         return Act(plan, settle=settle, drop=live, mark_persisted=mark)
     if plan.verdict == "preempt":
@@ -259,8 +263,6 @@ def next_action(
             # reconciler re-plans it from scratch (same core, same ledger).
             return Release("replan", f"the admitted victims no longer suffice: {plan.reason}")
         return Wait("cannot-fit", plan.reason, mark_persisted=mark, settle=settle)
-    if plan.code == "no-growth":
-        return Wait("actuating", plan.reason, mark_persisted=mark, settle=settle)
     return Release("not-eligible", plan.reason)
 
 
