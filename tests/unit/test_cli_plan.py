@@ -236,7 +236,7 @@ def _json(capsys: pytest.CaptureFixture[str], snapshot: Path, *args: str) -> dic
         pytest.param("5", "fits", id="fits"),
         pytest.param("6", "preempt", id="preempt"),
         pytest.param("9", "infeasible", id="infeasible"),
-        pytest.param("2", "not-eligible", id="not-eligible"),
+        pytest.param("2", "fits", id="no-growth"),
     ],
 )
 def test_every_verdict_exits_0(
@@ -288,6 +288,39 @@ def test_priority_classes_in_the_snapshot(
     )
 
     assert ("not-eligible", "preemption-policy-never") == (data["verdict"], data["code"])
+
+
+def test_moving_cpu_between_containers_preempts_nobody(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The resizing pod counts at the max of its aggregates (upstream ``PodRequests``)."""
+    objects = [
+        make_node("node-1").allocatable(cpu="4", memory="16Gi").obj(),
+        make_pod("p")
+        .priority(1000)
+        .requests(cpu="2", container="c1")
+        .requests(cpu="1", container="c2")
+        .started(50)
+        .admitted()
+        .obj(),
+        make_pod("low").priority(0).requests(cpu="1").started(100).admitted().obj(),
+    ]
+    patch = json.dumps(
+        {
+            "spec": {
+                "containers": [
+                    {"name": "c1", "resources": {"requests": {"cpu": "1"}}},
+                    {"name": "c2", "resources": {"requests": {"cpu": "2"}}},
+                ]
+            }
+        }
+    )
+
+    data = _json(
+        capsys, write_yaml_list(tmp_path, objects), "--pod", "default/p", "--resize", patch
+    )
+
+    assert ([], "3") == (data["victims"], data["resources"]["cpu"]["requested"])
 
 
 def _guarded(tmp_path: Path) -> Path:

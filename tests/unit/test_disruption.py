@@ -16,6 +16,10 @@ def app_pod(name: str, app: str = "db", namespace: str = "default") -> Pod:
     return make_pod(name, namespace).priority(LOW).requests(cpu="1").labels(app=app).build()
 
 
+def unlabelled_pod(name: str) -> Pod:
+    return make_pod(name).priority(LOW).requests(cpu="1").build()
+
+
 @pytest.mark.parametrize(
     ("budget", "pod", "mode", "expected"),
     [
@@ -71,6 +75,30 @@ def app_pod(name: str, app: str = "db", namespace: str = "default") -> Pod:
             "best-effort",
             True,
             id="expression",
+        ),
+        # Upstream's FilterVictimsWithPDBViolation: a pod without labels never counts.
+        pytest.param(
+            make_pdb("p").null_selector().expression("app", "DoesNotExist"),
+            unlabelled_pod("a"),
+            "best-effort",
+            False,
+            id="unlabelled-pod-best-effort-never-covered",
+        ),
+        # The Eviction API (policy/v1) matches the selector against the pod's labels,
+        # none included.
+        pytest.param(
+            make_pdb("p").null_selector().expression("app", "DoesNotExist"),
+            unlabelled_pod("a"),
+            "respect",
+            True,
+            id="unlabelled-pod-respect-matched-as-the-eviction-api-does",
+        ),
+        pytest.param(
+            make_pdb("p").empty_selector(),
+            unlabelled_pod("a"),
+            "respect",
+            True,
+            id="unlabelled-pod-respect-empty-selector-covers-it",
         ),
     ],
 )
@@ -181,6 +209,22 @@ def _split(
             ["a"],
             ["b"],
             id="order-given-is-the-order-walked",
+        ),
+        pytest.param(
+            [unlabelled_pod("a"), app_pod("b")],
+            [make_pdb("not-web").null_selector().expression("app", "NotIn", "web").allowing(0)],
+            "best-effort",
+            ["b"],
+            ["a"],
+            id="best-effort-unlabelled-pod-never-violates",
+        ),
+        pytest.param(
+            [unlabelled_pod("a"), app_pod("b")],
+            [make_pdb("not-web").null_selector().expression("app", "NotIn", "web").allowing(0)],
+            "respect",
+            ["a", "b"],
+            [],
+            id="respect-unlabelled-pod-matched-as-the-eviction-api-does",
         ),
     ],
 )

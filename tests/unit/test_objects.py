@@ -4,9 +4,7 @@
 
 from __future__ import annotations
 
-import copy
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,7 +24,6 @@ from tests.unit.builders import (
     make_priority_class,
     rfc3339,
 )
-from webhook.core.accounting import pod_requests
 from webhook.core.errors import InputError, ObjectError, QuantityError
 from webhook.core.model import (
     NODE_OPT_OUT_ANNOTATION,
@@ -40,7 +37,6 @@ from webhook.core.objects import (
     parse_pdb,
     parse_pod,
     parse_priority_class,
-    parse_resized_pod,
     parse_selector,
     parse_time,
 )
@@ -303,139 +299,6 @@ def test_pod_level_resources_and_overhead() -> None:
     assert Resources(250, 120 * Mi) == pod.overhead
     assert Resources(2000, Gi) == pod.pod_allocated
     assert Resources(2000, Gi) == pod.pod_actual
-
-
-# -- the new object of a resize -----------------------------------------------------
-
-Edit = Callable[[dict[str, Any]], None]
-
-
-def _resized_cpu(cpu: str) -> Edit:
-    def edit(obj: dict[str, Any]) -> None:
-        for section in ("requests", "limits"):
-            obj["spec"]["containers"][0]["resources"][section]["cpu"] = cpu
-        obj["metadata"]["generation"] = 4
-
-    return edit
-
-
-def _set(path: str, value: object) -> Edit:
-    def edit(obj: dict[str, Any]) -> None:
-        *parents, last = path.split(".")
-        target = obj
-        for key in parents:
-            target = target.setdefault(key, {})
-        target[last] = value
-
-    return edit
-
-
-def _stored_pod() -> dict[str, Any]:
-    obj = (
-        make_pod("web")
-        .priority(MID)
-        .requests(cpu="2", memory="1Gi")
-        .limits(cpu="2", memory="1Gi")
-        .sidecar("proxy", cpu="100m")
-        .labels(app="web")
-        .admitted()
-        .obj()
-    )
-    obj["metadata"]["resourceVersion"] = "41"
-    return obj
-
-
-def _edited(obj: dict[str, Any], edit: Edit) -> dict[str, Any]:
-    """A copy of ``obj`` with ``edit`` applied (the new object of a review)."""
-    new = copy.deepcopy(obj)
-    edit(new)
-    return new
-
-
-#: Edits the resize subresource can make: only these are read from the new object.
-RESIZE_ONLY = [
-    pytest.param(_resized_cpu("3"), id="app-container-cpu"),
-    pytest.param(_set("spec.initContainers", []), id="init-containers-changed"),
-    pytest.param(_set("spec.resources", {"requests": {"cpu": "4"}}), id="pod-level-resources"),
-    pytest.param(_set("metadata.generation", 9), id="generation-only"),
-    pytest.param(_set("metadata.managedFields", [{"manager": "kubectl"}]), id="managed-fields"),
-    pytest.param(_set("kind", None), id="kind"),
-]
-
-#: Edits a resize never makes: the new object is then parsed whole.
-OTHER_CHANGES = [
-    pytest.param(_set("status.phase", "Failed"), id="status-phase"),
-    pytest.param(_set("metadata.labels", {"app": "other"}), id="labels"),
-    pytest.param(_set("metadata.annotations", {"kubernetes.io/config.mirror": "x"}), id="mirror"),
-    pytest.param(_set("metadata.deletionTimestamp", rfc3339(T0)), id="deletion"),
-    pytest.param(_set("metadata.uid", "another-uid"), id="uid"),
-    pytest.param(_set("metadata.resourceVersion", "42"), id="another-version"),
-    pytest.param(_set("spec.priority", HIGH), id="priority"),
-    pytest.param(_set("spec.priorityClassName", "critical"), id="priority-class"),
-    pytest.param(_set("spec.preemptionPolicy", "Never"), id="preemption-policy"),
-    pytest.param(_set("spec.nodeName", "node-2"), id="node"),
-    pytest.param(_set("spec.overhead", {"cpu": "250m"}), id="overhead"),
-    pytest.param(_set("metadata", "not-a-map"), id="metadata-not-a-map"),
-    pytest.param(_set("spec", None), id="no-spec"),
-]
-
-
-@pytest.mark.parametrize("edit", RESIZE_ONLY + OTHER_CHANGES)
-def test_resized_pod_is_the_pod_a_whole_parse_gives(edit: Edit) -> None:
-    stored_obj = _stored_pod()
-    new_obj = _edited(stored_obj, edit)
-    stored = parse_pod(stored_obj, CLASSES)
-
-    resized = parse_resized_pod(new_obj, stored_obj, stored)
-
-    if resized is not None:
-        whole = parse_pod(new_obj, CLASSES)
-        assert whole == resized
-        assert whole.resource_version == resized.resource_version
-
-
-@pytest.mark.parametrize("edit", RESIZE_ONLY)
-def test_a_resize_reuses_what_it_cannot_change(edit: Edit) -> None:
-    stored_obj = _stored_pod()
-    new_obj = _edited(stored_obj, edit)
-    stored = parse_pod(stored_obj)
-
-    resized = parse_resized_pod(new_obj, stored_obj, stored)
-
-    # The same objects, not copies: only the declared resources were read again.
-    assert resized is not None
-    assert stored.labels is resized.labels
-    assert stored.statuses is resized.statuses
-
-
-@pytest.mark.parametrize("edit", OTHER_CHANGES)
-def test_anything_else_changed_asks_for_a_whole_parse(edit: Edit) -> None:
-    stored_obj = _stored_pod()
-    new_obj = _edited(stored_obj, edit)
-
-    assert None is parse_resized_pod(new_obj, stored_obj, parse_pod(stored_obj, CLASSES))
-
-
-def test_a_resized_pod_starts_without_the_stored_pods_memo() -> None:
-    # No container status: what the pod holds is read from its spec.
-    stored_obj = make_pod("web").requests(cpu="2").limits(cpu="2").obj()
-    new_obj = _edited(stored_obj, _resized_cpu("3"))
-    stored = parse_pod(stored_obj)
-    assert Resources(2000, 0) == pod_requests(stored)  # memoized on the stored pod
-
-    resized = parse_resized_pod(new_obj, stored_obj, stored)
-
-    assert resized is not None
-    assert Resources(3000, 0) == pod_requests(resized)
-
-
-def test_a_resized_pod_with_a_bad_quantity_names_the_field() -> None:
-    stored_obj = _stored_pod()
-    new_obj = copy.deepcopy(stored_obj)
-    new_obj["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
-
-    with pytest.raises(QuantityError, match=r"pod default/web\.spec\.containers\[0\]"):
-        parse_resized_pod(new_obj, stored_obj, parse_pod(stored_obj))
 
 
 @pytest.mark.parametrize(

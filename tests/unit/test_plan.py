@@ -30,7 +30,7 @@ from tests.unit.builders import (
 )
 from webhook.core.model import NODE_OPT_OUT_ANNOTATION, DisruptionBudget, Node, Pod, PodRef
 from webhook.core.objects import PriorityResolver
-from webhook.core.plan import Plan, ResourceFigures, shortfall
+from webhook.core.plan import Plan, ResourceFigures, fits, shortfall
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.report import warnings_for
 from webhook.core.reservation import Reservation
@@ -441,6 +441,19 @@ def victim_without_container_status_at_spec() -> Scene:
     return Scene(old, new, node8(), [pending])
 
 
+def unadmittable_pod_does_not_block() -> Scene:
+    """Bound, not admitted, and larger than the node: the kubelet will reject it."""
+    old, new = resizing("4", "6")
+    huge = make_pod("huge").priority(HIGH).requests(cpu="10").phase("Pending").build()
+    return Scene(old, new, node8(), [huge])
+
+
+def unadmittable_pod_is_not_preempted_for_room_it_does_not_hold() -> Scene:
+    old, new = resizing("4", "6")
+    huge = make_pod("huge").priority(LOW).requests(cpu="10").phase("Pending").build()
+    return Scene(old, new, node8(), [huge, pod("low", "1")])
+
+
 def terminal_pods_hold_nothing() -> Scene:
     old, new = resizing("4", "6")
     done = make_pod("done").priority(LOW).requests(cpu="3").phase("Succeeded").build()
@@ -681,6 +694,31 @@ def eviction_order_least_important_first() -> Scene:
     )
 
 
+def cpu_moved_between_containers_needs_no_room() -> Scene:
+    """Upstream ``PodRequests``: max of the aggregates (3 CPU), not the sum of
+    per-container maxima (4 CPU)."""
+    node = make_node(NODE).allocatable(cpu="4", memory="16Gi").build()
+    old, new = (
+        make_pod("p")
+        .priority(1000)
+        .requests(cpu="2", container="c1")
+        .requests(cpu="1", container="c2")
+        .started(50)
+        .admitted()
+        .resize_with(
+            {
+                "spec": {
+                    "containers": [
+                        {"name": "c1", "resources": {"requests": {"cpu": "1"}}},
+                        {"name": "c2", "resources": {"requests": {"cpu": "2"}}},
+                    ]
+                }
+            }
+        )
+    )
+    return Scene(old, new, node, [pod("low", "1", priority=0)])
+
+
 W = "default/"
 CASES: list[tuple[Callable[[], Scene], str, str, tuple[str, ...]]] = [
     (walk, "preempt", "preempt", (W + "low-priority-pod",)),
@@ -715,7 +753,7 @@ CASES: list[tuple[Callable[[], Scene], str, str, tuple[str, ...]]] = [
     (infeasible_even_with_every_victim, "infeasible", "insufficient-after-preemption", ()),
     (pending_resize_of_another_pod_not_counted_at_desired, "fits", "fits", ()),
     (resizing_pod_at_max_of_desired_allocated_actual, "preempt", "preempt", (W + "low",)),
-    (stale_infeasible_resize_is_ignored, "not-eligible", "no-growth", ()),
+    (stale_infeasible_resize_is_ignored, "fits", "no-growth", ()),
     (changed_infeasible_resize_is_planned, "preempt", "preempt", (W + "low",)),
     (deferred_resize_already_persisted, "preempt", "preempt", (W + "low",)),
     (sidecar_and_overhead_count_for_the_resizing_pod, "preempt", "preempt", (W + "low",)),
@@ -723,6 +761,8 @@ CASES: list[tuple[Callable[[], Scene], str, str, tuple[str, ...]]] = [
     (victim_frees_its_init_peak_and_overhead, "preempt", "preempt", (W + "low",)),
     (pod_level_resize, "preempt", "preempt", (W + "low",)),
     (victim_without_container_status_at_spec, "preempt", "preempt", (W + "pending-low",)),
+    (unadmittable_pod_does_not_block, "fits", "fits", ()),
+    (unadmittable_pod_is_not_preempted_for_room_it_does_not_hold, "fits", "fits", ()),
     (terminal_pods_hold_nothing, "fits", "fits", ()),
     (mirror_pods_are_never_victims, "infeasible", "insufficient-after-preemption", ()),
     (victims_never_on_another_node, "preempt", "preempt", (W + "here",)),
@@ -748,12 +788,13 @@ CASES: list[tuple[Callable[[], Scene], str, str, tuple[str, ...]]] = [
     (node_opted_out_by_annotation, "not-eligible", "node-opted-out", ()),
     (pod_condition_preemption_disabled, "not-eligible", "node-opted-out", ()),
     (opted_out_node_but_fits, "fits", "fits", ()),
-    (shrink_is_no_growth, "not-eligible", "no-growth", ()),
-    (same_size_is_no_growth, "not-eligible", "no-growth", ()),
-    (limits_only_is_no_growth, "not-eligible", "no-growth", ()),
+    (shrink_is_no_growth, "fits", "no-growth", ()),
+    (same_size_is_no_growth, "fits", "no-growth", ()),
+    (limits_only_is_no_growth, "fits", "no-growth", ()),
     (not_bound, "not-eligible", "not-bound", ()),
     (memory_growth_ignores_overcommitted_cpu, "fits", "fits", ()),
     (memory_shortfall_preempts, "preempt", "preempt", (W + "hog",)),
+    (cpu_moved_between_containers_needs_no_room, "fits", "no-growth", ()),
     (
         eviction_order_least_important_first,
         "preempt",
@@ -963,9 +1004,4 @@ def test_shortfall(
     demand: Resources, used: Resources, allocatable: Resources, expected: Resources
 ) -> None:
     assert expected == shortfall(demand, used, allocatable)
-
-
-def test_with_victims_replaces_them() -> None:
-    result = walk().plan()
-
-    assert () == result.with_victims(()).victims
+    assert expected.is_zero() == fits(demand, used, allocatable)

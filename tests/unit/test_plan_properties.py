@@ -28,6 +28,7 @@ from webhook.core.plan import Plan, plan_resize, shortfall
 from webhook.core.policy import DefaultPolicy, importance_key
 from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import Resources, total
+from webhook.engine.held_amounts import HeldAmounts
 
 # Priority tiers, weighted; HIGH + 1 is above most resizing pods.
 POD_PRIORITIES = (ZERO_PRIORITY, LOW, LOW, MID, MID, HIGH, HIGH + 1)
@@ -246,6 +247,12 @@ def test_victims_are_strictly_lower_priority_pods_on_the_node(world: World) -> N
         assert not any(v.violates_pdb for v in plan.victims)
     if world.new.preemption_policy == "Never":
         assert plan.victims == ()
+    # Every victim frees some of what the resize is short of; a pod without labels never
+    # counts against a budget in best-effort mode (upstream).
+    for v in plan.victims:
+        assert (v.frees.cpu and plan.shortfall.cpu) or (v.frees.memory and plan.shortfall.memory)
+        if world.policy.pdb_mode == "best-effort" and not by_uid[v.pod.uid].labels:
+            assert not v.violates_pdb
     # Evicted least important first.
     keys = [importance_key(by_uid[v.pod.uid], NOW) for v in plan.victims]
     assert sorted(keys, reverse=True) == keys
@@ -298,3 +305,16 @@ def test_plan_is_deterministic_and_independent_of_input_order(world: World, rnd:
 
     assert plan == world.plan()
     assert plan == world.plan(pods, budgets, reservations)
+    # The engine's memo of what pods hold never changes a decision.
+    listed = tuple(pods)
+    assert plan == plan_resize(
+        world.old,
+        world.new,
+        world.node,
+        listed,
+        now=NOW,
+        budgets=budgets,
+        reservations=reservations,
+        policy=world.policy,
+        holds=HeldAmounts().of(NODE, listed),
+    )

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from decimal import Decimal
@@ -183,6 +184,17 @@ def test_resources_arithmetic() -> None:
     assert "cpu 1, memory 2Gi" == a.describe()
     assert Resources(7, 2 * Gi) == a.replace("cpu", 7)
     assert Resources().is_zero()
+    assert ("cpu", "memory") == Resources(2000, 1).exceeds_in(Resources(1000, 0))
+
+
+def test_resources_is_a_value_not_a_tuple() -> None:
+    # "Less" between two amounts is fits_in's question; a tuple's order would answer it
+    # element by element.
+    assert (1000, 0) != Resources(1000, 0)
+    with pytest.raises(TypeError):
+        Resources(1000, 0) < Resources(2000, 0)  # type: ignore[operator]  # noqa: B015
+    with pytest.raises(AttributeError):
+        Resources().cpu = 1  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
@@ -207,3 +219,51 @@ def test_remembered_results_equal_a_fresh_parse(number: int, suffix: str) -> Non
     text = f"{number}{suffix}"
     assert quantity._cpu_millis(text, "cpu") == cpu_millis(text) == cpu_millis(text)
     assert quantity._memory_bytes(text, "memory") == memory_bytes(text) == memory_bytes(text)
+
+
+# -- against the Kubernetes client's parse_quantity ------------------------------------
+# The core cannot use kubernetes.utils.parse_quantity (see webhook/core/quantity.py); on
+# what both accept and the client computes exactly, the two must agree.
+
+SUFFIXES = ("", "n", "u", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+
+
+@st.composite
+def valid_quantities(draw: st.DrawFn) -> str:
+    """Quantities of apimachinery's grammar, short enough that the client's Decimal
+    arithmetic (28 significant digits) stays exact."""
+    sign = draw(st.sampled_from(["", "+", "-"]))
+    whole = draw(st.text("0123456789", max_size=4))
+    fraction = draw(st.one_of(st.none(), st.text("0123456789", max_size=4)))
+    if not whole and not fraction:
+        whole = "0"
+    number = whole if fraction is None else f"{whole}.{fraction}"
+    suffix = draw(
+        st.one_of(
+            st.sampled_from(SUFFIXES),
+            st.builds(
+                "{}{}{}".format,
+                st.sampled_from("eE"),
+                st.sampled_from(["", "+", "-"]),
+                st.integers(0, 9).map(str),
+            ),
+        )
+    )
+    return f"{sign}{number}{suffix}"
+
+
+@given(valid_quantities())
+def test_parse_quantity_agrees_with_the_kubernetes_client(text: str) -> None:
+    from kubernetes.utils import parse_quantity as client_parse_quantity
+
+    assert client_parse_quantity(text) == parse_quantity(text)
+
+
+@given(valid_quantities().filter(lambda t: not t.startswith("-")))
+def test_millicores_and_bytes_are_the_clients_value_rounded_up(text: str) -> None:
+    from kubernetes.utils import parse_quantity as client_parse_quantity
+
+    value = client_parse_quantity(text)
+
+    assert math.ceil(value * 1000) == cpu_millis(text)
+    assert math.ceil(value) == memory_bytes(text)

@@ -6,6 +6,7 @@ kubectl warnings."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -202,7 +203,7 @@ def test_long_warnings_are_clipped_to_one_short_line() -> None:
         Victim(PodRef("a-long-namespace-name", f"pod-with-a-long-name-{i}"), 0, Resources())
         for i in range(20)
     )
-    (warning,) = warnings_for(plan.with_victims(many))
+    (warning,) = warnings_for(replace(plan, victims=many))
 
     assert WARNING_LIMIT == len(warning)
     assert warning.endswith("...")

@@ -27,9 +27,9 @@ def _versioned(obj: dict[str, Any], version: str, **meta: str) -> dict[str, Any]
     ("in_view", "expected"),
     [
         pytest.param({"version": "7"}, "preempt", id="same-version-is-read-from-the-view"),
-        pytest.param({"version": "8"}, "not-eligible", id="other-version-is-parsed"),
-        pytest.param({"version": "7", "uid": "uid-other"}, "not-eligible", id="other-uid"),
-        pytest.param({"version": ""}, "not-eligible", id="view-without-version"),
+        pytest.param({"version": "8"}, "fits", id="other-version-is-parsed"),
+        pytest.param({"version": "7", "uid": "uid-other"}, "fits", id="other-uid"),
+        pytest.param({"version": ""}, "fits", id="view-without-version"),
     ],
 )
 def test_which_stored_pod_a_decision_reads(in_view: dict[str, str], expected: str) -> None:

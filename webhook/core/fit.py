@@ -10,14 +10,15 @@ path would refuse.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
-from webhook.core.accounting import container_requests, pod_requests
+from webhook.core.accounting import container_held, pod_requests
 from webhook.core.headroom import node_usage
-from webhook.core.model import Container, DisruptionBudget, Node, Pod
-from webhook.core.plan import Plan, plan_resize
+from webhook.core.model import DisruptionBudget, Node, Pod
+from webhook.core.plan import Plan, is_candidate, plan_resize
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.reservation import Reservation, active_on
-from webhook.core.resources import RESOURCE_NAMES, ResourceName, Resources
+from webhook.core.resources import RESOURCE_NAMES, ResourceName, Resources, total
 
 _INFEASIBLE_CODES = frozenset({"exceeds-allocatable", "insufficient-after-preemption"})
 
@@ -34,18 +35,10 @@ def _room(
     preempt goes."""
     reserved = active_on(reservations, node.name, now, exclude_pod=new.uid)
     usage = node_usage(node, pods, reserved, exclude_uid=new.uid)
-    claimed = {uid for r in reserved.values() for uid in r.victims}
-    removable = Resources()
-    for p in pods:
-        if (
-            p.node == node.name
-            and p.uid != new.uid
-            and not (p.terminal or p.terminating or p.mirror)
-            and p.uid not in claimed
-            and p.priority < new.priority
-            and policy.may_preempt(p, new)
-        ):
-            removable = removable + usage.held.get(p.uid, Resources())
+    claimed = frozenset(uid for r in reserved.values() for uid in r.victims)
+    removable = total(
+        usage.held[p.uid] for p in pods if is_candidate(p, new, node.name, claimed, policy)
+    )
     stays = usage.in_use - usage.freeing - removable
     return (node.allocatable - stays).clamp()
 
@@ -57,7 +50,7 @@ def _shrink(new: Pod, name: ResourceName, excess: int) -> Pod | None:
         if excess <= 0:
             break
         c = containers[i]
-        held = container_requests(new, c, "other").get(name)
+        held = container_held(new, c).get(name)
         growth = c.requests.get(name) - held
         if growth <= 0:
             continue
@@ -66,7 +59,7 @@ def _shrink(new: Pod, name: ResourceName, excess: int) -> Pod | None:
         limits = c.limits
         if c.limits.get(name) == c.requests.get(name):
             limits = limits.replace(name, wanted)
-        containers[i] = c._replace(requests=c.requests.replace(name, wanted), limits=limits)
+        containers[i] = replace(c, requests=c.requests.replace(name, wanted), limits=limits)
         excess -= cut
     if excess > 0:
         return None
@@ -115,12 +108,3 @@ def largest_fit(
     if reduced.verdict not in ("fits", "preempt"):
         return None
     return candidate, reduced
-
-
-def changed_containers(old: Pod, new: Pod) -> list[tuple[int, Container]]:
-    """(index, container) of ``new.containers`` whose resources differ from ``old``'s."""
-    return [
-        (i, c)
-        for i, (o, c) in enumerate(zip(old.containers, new.containers, strict=False))
-        if o != c
-    ]

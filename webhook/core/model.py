@@ -8,17 +8,15 @@ planner never touches raw JSON. Build them with :mod:`webhook.core.objects`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from operator import attrgetter
-from typing import Final, Literal, NamedTuple
+from dataclasses import dataclass, field, replace
+from typing import Final, Literal
 
-from webhook.core.resources import ZERO, Resources, tuple_new
+from webhook.core.resources import ZERO, Resources
 
 PreemptionPolicyName = Literal["PreemptLowerPriority", "Never"]
 ResizeState = Literal["none", "deferred", "infeasible"]
 PdbMode = Literal["respect", "best-effort"]
 
-PREEMPT_LOWER_PRIORITY: Final = "PreemptLowerPriority"
 NEVER: Final = "Never"
 
 #: Our opt-out for nodes on clusters older than 1.37 (which lack
@@ -30,11 +28,9 @@ MIRROR_POD_ANNOTATION: Final = "kubernetes.io/config.mirror"
 TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
 
-class PodRef(NamedTuple):
-    """A pod's identity: ``namespace/name`` plus the uid that tells incarnations apart.
-
-    A tuple, as :class:`~webhook.core.resources.Resources` and for the same reason:
-    every decision builds a few."""
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    """A pod's identity: ``namespace/name`` plus the uid that tells incarnations apart."""
 
     namespace: str
     name: str
@@ -48,10 +44,9 @@ class PodRef(NamedTuple):
         return self.key
 
 
-class Container(NamedTuple):
-    """A container's declared resources. ``sidecar`` marks a restartable init container.
-
-    A tuple (see :class:`PodRef`): every resize review builds its containers again."""
+@dataclass(frozen=True, slots=True)
+class Container:
+    """A container's declared resources. ``sidecar`` marks a restartable init container."""
 
     name: str
     requests: Resources = ZERO
@@ -113,14 +108,10 @@ class Pod:
     #: ``metadata.resourceVersion``: which version of the object this is. Not compared:
     #: two versions that read the same are the same pod to every decision.
     resource_version: str = field(default="", compare=False)
-    #: What the pod holds on its node by the kubelet's model, memoized by
-    #: :func:`webhook.core.accounting.pod_requests`: a pod is an immutable value read by
-    #: every decision on its node. Not an init argument, so a changed copy starts afresh.
-    _held: Resources | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def ref(self) -> PodRef:
-        return tuple_new(PodRef, (self.namespace, self.name, self.uid))
+        return PodRef(self.namespace, self.name, self.uid)
 
     @property
     def key(self) -> str:
@@ -144,32 +135,7 @@ class Pod:
         self, containers: tuple[Container, ...], init_containers: tuple[Container, ...]
     ) -> Pod:
         """The same pod with other declared container resources (a resize)."""
-        return _changed(self, containers=containers, init_containers=init_containers)
-
-    def with_pod_resources(self, requests: Resources, limits: Resources) -> Pod:
-        return _changed(self, pod_requests=requests, pod_limits=limits)
-
-    def with_declared(
-        self,
-        containers: tuple[Container, ...],
-        init_containers: tuple[Container, ...],
-        pod_requests: Resources,
-        pod_limits: Resources,
-        generation: int,
-    ) -> Pod:
-        """The same pod declaring other resources, at another generation: what a resize
-        changes."""
-        return _changed(
-            self,
-            containers=containers,
-            init_containers=init_containers,
-            pod_requests=pod_requests,
-            pod_limits=pod_limits,
-            generation=generation,
-        )
-
-    def with_resize(self, state: ResizeState) -> Pod:
-        return _changed(self, resize=state)
+        return replace(self, containers=containers, init_containers=init_containers)
 
     def same_declared_resources(self, other: Pod) -> bool:
         """True when the two carry the same requests and limits everywhere."""
@@ -179,22 +145,6 @@ class Pod:
             and self.pod_requests == other.pod_requests
             and self.pod_limits == other.pod_limits
         )
-
-
-#: Pod's init fields in constructor order, read all at once by one C call.
-_POD_FIELDS: Final = tuple(f.name for f in fields(Pod) if f.init)
-_POD_VALUES: Final = attrgetter(*_POD_FIELDS)
-_POD_POSITION: Final = {name: i for i, name in enumerate(_POD_FIELDS)}
-
-
-def _changed(pod: Pod, **changes: object) -> Pod:
-    """``dataclasses.replace(pod, **changes)`` at a third of its cost: the admission path
-    derives the resized pod from the stored one in every review. The memo of what the
-    pod holds is not carried over."""
-    values = list(_POD_VALUES(pod))
-    for name, value in changes.items():
-        values[_POD_POSITION[name]] = value
-    return Pod(*values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final, cast
+from typing import Any, cast
 
 from webhook.core.errors import ObjectError
 from webhook.core.model import (
@@ -28,7 +28,7 @@ from webhook.core.model import (
     ResizeState,
 )
 from webhook.core.quantity import cpu_millis, memory_bytes
-from webhook.core.resources import ZERO, Resources, tuple_new
+from webhook.core.resources import ZERO, Resources
 
 Obj = Mapping[str, Any]
 _EMPTY: Obj = {}
@@ -117,12 +117,9 @@ def parse_resources(value: object, where: str, field: str = "") -> Resources:
     cpu, memory = raw.get("cpu"), raw.get("memory")
     if cpu is None and memory is None:
         return ZERO
-    return tuple_new(
-        Resources,
-        (
-            0 if cpu is None else cpu_millis(cpu, where=where, field=field, name=".cpu"),
-            0 if memory is None else memory_bytes(memory, where=where, field=field, name=".memory"),
-        ),
+    return Resources(
+        0 if cpu is None else cpu_millis(cpu, where=where, field=field, name=".cpu"),
+        0 if memory is None else memory_bytes(memory, where=where, field=field, name=".memory"),
     )
 
 
@@ -145,7 +142,7 @@ def _container(raw: object, where: str, *, init: bool) -> Container:
     if "memory" not in req_raw and limits.memory:
         requests = requests.replace("memory", limits.memory)
     sidecar = init and c.get("restartPolicy") == "Always"
-    return tuple_new(Container, (name, requests, limits, sidecar))
+    return Container(name, requests, limits, sidecar)
 
 
 def _status(raw: object, where: str) -> ContainerStatus:
@@ -315,55 +312,6 @@ def _declared(
     )
 
 
-#: What :func:`parse_pod` reads outside the declared resources, the generation and the
-#: status. The resize subresource writes only declared resources (the API server bumps
-#: the generation), so in a resize every one of these equals the stored object's.
-_KEPT_METADATA: Final = (
-    "namespace",
-    "name",
-    "uid",
-    "resourceVersion",
-    "labels",
-    "annotations",
-    "deletionTimestamp",
-)
-_KEPT_SPEC: Final = ("nodeName", "priority", "priorityClassName", "preemptionPolicy", "overhead")
-
-
-def parse_resized_pod(obj: Obj, stored_obj: Obj, stored: Pod) -> Pod | None:
-    """``obj``, the new object of a resize, as :func:`parse_pod` reads it, built from the
-    stored object ``stored_obj`` and its parse ``stored`` (the cache's copy of that version
-    will do: it differs only in annotations no decision reads).
-
-    When everything :func:`parse_pod` reads outside the declared resources and the
-    generation is equal in both objects - as in every resize the API server sends - only
-    those are read from ``obj``; else None, and ``obj`` is to be parsed whole. Either way
-    the result is the same pod, at about half the cost of a full parse.
-    """
-    meta, stored_meta = obj.get("metadata"), stored_obj.get("metadata")
-    spec, stored_spec = obj.get("spec"), stored_obj.get("spec")
-    if (
-        type(meta) is not dict
-        or type(stored_meta) is not dict
-        or type(spec) is not dict
-        or type(stored_spec) is not dict
-        or obj.get("status") != stored_obj.get("status")
-        # Compared field by field in C (map), not in a loop of lookups.
-        or list(map(meta.get, _KEPT_METADATA)) != list(map(stored_meta.get, _KEPT_METADATA))
-        or list(map(spec.get, _KEPT_SPEC)) != list(map(stored_spec.get, _KEPT_SPEC))
-    ):
-        return None
-    where = f"pod {stored.namespace}/{stored.name}"
-    containers, init_containers, pod_requests, pod_limits = _declared(spec, where)
-    return stored.with_declared(
-        containers,
-        init_containers,
-        pod_requests,
-        pod_limits,
-        _int(meta.get("generation"), where, ".metadata.generation"),
-    )
-
-
 def parse_node(obj: Obj) -> Node:
     """A Node object -> :class:`Node`."""
     meta = _map(obj.get("metadata"), "node.metadata")
@@ -453,7 +401,6 @@ __all__ = [
     "parse_pdb",
     "parse_pod",
     "parse_priority_class",
-    "parse_resized_pod",
     "parse_resources",
     "parse_selector",
     "parse_time",

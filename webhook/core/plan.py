@@ -1,31 +1,32 @@
 """The decision: for this resize of this pod on its node, who (if anyone) must go.
 
-``plan_resize`` is a fixed algorithm after kube-scheduler's DefaultPreemption
-``SelectVictimsOnNode`` (which KEP-5836 reuses for resizes) with the kubelet's fit model;
+:func:`plan_resize` walks fixed, numbered steps; its victim selection,
+:func:`select_victims`, is kube-scheduler's DefaultPreemption ``SelectVictimsOnNode``
+(which KEP-5836 reuses for resizes) on the kubelet's fit model.
 :class:`~webhook.core.policy.PreemptionPolicy` supplies the tunable parts. It is pure:
 same inputs, same :class:`Plan`, whatever order the pods come in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Literal, NamedTuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 from webhook.core.accounting import pod_requests
 from webhook.core.disruption import split_by_violation
 from webhook.core.headroom import NodeUsage, node_usage
-from webhook.core.model import TERMINAL_PHASES, DisruptionBudget, Node, Pod, PodRef
-from webhook.core.nodepods import Candidates, NodePods
+from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import (
+    RESOURCE_NAMES,
     ZERO,
     ResourceName,
     Resources,
     amounts_text,
     format_amount,
-    tuple_new,
+    total,
 )
 
 Verdict = Literal["fits", "preempt", "infeasible", "not-eligible"]
@@ -44,9 +45,9 @@ ReasonCode = Literal[
 ]
 
 
-class ResourceFigures(NamedTuple):
-    """One resource's numbers for the messages a person reads (a tuple, as the other
-    small values a decision builds: see :class:`~webhook.core.resources.Resources`)."""
+@dataclass(frozen=True, slots=True)
+class ResourceFigures:
+    """One resource's numbers for the messages a person reads."""
 
     requested: int  # the resizing pod's new requests
     in_use: int  # held by every other pod and by reservations
@@ -56,7 +57,8 @@ class ResourceFigures(NamedTuple):
     unmet: int = 0  # still missing after the plan's victims (infeasible plans)
 
 
-class Victim(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Victim:
     pod: PodRef
     priority: int
     frees: Resources
@@ -79,31 +81,19 @@ class Plan:
 
     @property
     def victim_keys(self) -> tuple[str, ...]:
-        return tuple([v.pod.key for v in self.victims])
+        return tuple(v.pod.key for v in self.victims)
 
     @property
     def shortfall(self) -> Resources:
         """What preemption must free (``fits``: zero)."""
         f = self.figures or {}
-        return tuple_new(
-            Resources,
-            (
-                f["cpu"].shortfall if "cpu" in f else 0,
-                f["memory"].shortfall if "memory" in f else 0,
-            ),
-        )
+        return Resources(*(f[n].shortfall if n in f else 0 for n in RESOURCE_NAMES))
 
     @property
     def unmet(self) -> Resources:
         """What is missing even after the plan (non-zero only for infeasible plans)."""
         f = self.figures or {}
-        return tuple_new(
-            Resources,
-            (f["cpu"].unmet if "cpu" in f else 0, f["memory"].unmet if "memory" in f else 0),
-        )
-
-    def with_victims(self, victims: tuple[Victim, ...]) -> Plan:
-        return replace(self, victims=victims)
+        return Resources(*(f[n].unmet if n in f else 0 for n in RESOURCE_NAMES))
 
 
 def shortfall(demand: Resources, used: Resources, allocatable: Resources) -> Resources:
@@ -112,127 +102,98 @@ def shortfall(demand: Resources, used: Resources, allocatable: Resources) -> Res
     As the scheduler's and kubelet's fit checks, only resources the pod requests are
     checked: a pod asking for no memory fits an overcommitted node's memory.
     """
-    # On plain integers: every decision computes it a few times.
-    cpu = demand.cpu + used.cpu - allocatable.cpu if demand.cpu else 0
-    memory = demand.memory + used.memory - allocatable.memory if demand.memory else 0
-    return tuple_new(Resources, (cpu if cpu > 0 else 0, memory if memory > 0 else 0))
+    missing = (demand + used - allocatable).clamp()
+    return Resources(missing.cpu if demand.cpu else 0, missing.memory if demand.memory else 0)
 
 
-def _fits(demand: Resources, used: Resources, allocatable: Resources) -> bool:
-    """``shortfall(demand, used, allocatable).is_zero()``, without building amounts."""
+def fits(demand: Resources, used: Resources, allocatable: Resources) -> bool:
+    """True when :func:`shortfall` is zero: ``demand`` fits next to ``used``."""
     return (not demand.cpu or demand.cpu + used.cpu <= allocatable.cpu) and (
         not demand.memory or demand.memory + used.memory <= allocatable.memory
     )
 
 
-def _grows(demand: Resources, current: Resources) -> bool:
-    return demand.cpu > current.cpu or demand.memory > current.memory
+def is_candidate(
+    pod: Pod, preemptor: Pod, node: str, claimed: frozenset[str], policy: PreemptionPolicy
+) -> bool:
+    """Whether ``pod`` may be a victim of ``preemptor``'s resize on ``node``.
+
+    Strictly lower priority (equal priority never preempts), bound to the node, not the
+    preemptor itself, and removable: not finished, not already terminating (the room it
+    frees is on its way), not a mirror pod (the API cannot delete it), not claimed by
+    another admitted resize. The policy may rule out more.
+    """
+    return (
+        pod.priority < preemptor.priority
+        and pod.node == node
+        and pod.uid != preemptor.uid
+        and not (pod.terminal or pod.terminating or pod.mirror)
+        and pod.uid not in claimed
+        and policy.may_preempt(pod, preemptor)
+    )
 
 
-class _Context(NamedTuple):
-    preemptor: Pod
-    node: Node
-    demand: Resources
-    usage: NodeUsage
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """What :func:`select_victims` found: victims in eviction order, or (``unmet``
+    non-zero) that even every candidate would not make room."""
 
-    def figures(
-        self, unmet: Resources = ZERO, short: Resources | None = None
-    ) -> dict[ResourceName, ResourceFigures]:
-        """The figures of a plan; ``short`` is step 2's shortfall, when it was reached."""
-        u, demand = self.usage, self.demand
-        in_use, freeing, allocatable = u.in_use, u.freeing, u.allocatable
-        if short is None:
-            short = shortfall(demand, in_use - freeing, allocatable)
-        # In ResourceFigures' field order: requested, in use, freeing, allocatable,
-        # shortfall, unmet.
-        return {
-            "cpu": tuple_new(
-                ResourceFigures,
-                (demand.cpu, in_use.cpu, freeing.cpu, allocatable.cpu, short.cpu, unmet.cpu),
-            ),
-            "memory": tuple_new(
-                ResourceFigures,
-                (
-                    demand.memory,
-                    in_use.memory,
-                    freeing.memory,
-                    allocatable.memory,
-                    short.memory,
-                    unmet.memory,
-                ),
-            ),
-        }
-
-    def plan(
-        self,
-        verdict: Verdict,
-        code: ReasonCode,
-        reason: str,
-        victims: tuple[Victim, ...] = (),
-        unmet: Resources = ZERO,
-        short: Resources | None = None,
-    ) -> Plan:
-        return Plan(
-            pod=self.preemptor.ref,
-            node=self.node.name,
-            verdict=verdict,
-            code=code,
-            reason=reason,
-            requested=self.demand,
-            victims=victims,
-            figures=self.figures(unmet, short),
-            waiting_for=self.usage.waiting_for,
-        )
+    victims: tuple[Victim, ...] = ()
+    unmet: Resources = ZERO
 
 
-def _candidates(
-    new: Pod,
-    pods: Sequence[Pod],
-    node: str,
-    claimed: set[str],
+def select_victims(
+    preemptor: Pod,
+    demand: Resources,
+    node: Node,
+    pods: Iterable[Pod],
+    usage: NodeUsage,
+    claimed: frozenset[str],
+    budgets: Sequence[DisruptionBudget],
     policy: PreemptionPolicy,
     now: float,
-    index: NodePods | None,
-) -> list[Pod]:
-    """Step 4 the long way: pods of lower priority than ``new`` bound to ``node``, not
-    terminal, terminating, mirror or ``claimed``, that ``policy`` lets it preempt; most
-    important first."""
-    priority, uid, may_preempt = new.priority, new.uid, policy.may_preempt
-    importance = policy.importance
-    # The index ranks pods by the default importance; another ranking sorts here.
-    if index is not None and type(policy).importance is DefaultPolicy.importance:
-        # Already bound here, not terminal, terminating or mirror, and in order.
-        candidates = [
-            p
-            for p in index.ranked_below(priority)
-            if p.uid != uid and p.uid not in claimed and may_preempt(p, new)
-        ]
-        late = [
-            p
-            for p in index.unstarted
-            if p.priority < priority
-            and p.uid != uid
-            and p.uid not in claimed
-            and may_preempt(p, new)
-        ]
-        if late:
-            candidates += late
-            candidates.sort(key=lambda p: importance(p, now))
-        return candidates
-    candidates = [
-        p
-        for p in pods
-        if p.priority < priority
-        and p.node == node
-        and p.uid != uid
-        and p.phase not in TERMINAL_PHASES
-        and not p.terminating
-        and not p.mirror
-        and p.uid not in claimed
-        and may_preempt(p, new)
-    ]
-    candidates.sort(key=lambda p: importance(p, now))
-    return candidates
+) -> Selection:
+    """Upstream ``SelectVictimsOnNode`` for ``demand`` on a node used as ``usage`` says.
+
+    The result is locally minimal: without its victims the resize fits, while keeping
+    any single one of them it does not.
+    """
+    allocatable = node.allocatable
+
+    # 1. Candidates: see is_candidate.
+    candidates = [p for p in pods if is_candidate(p, preemptor, node.name, claimed, policy)]
+
+    # 2. Remove every candidate; if the resize still does not fit, preempt nobody. What
+    #    is already leaving counts as gone.
+    used = usage.in_use - usage.freeing - total(usage.held[p.uid] for p in candidates)
+    unmet = shortfall(demand, used, allocatable)
+    if not unmet.is_zero():
+        return Selection(unmet=unmet)
+
+    # 3. Most important first (MoreImportantPod, made a total order by the policy).
+    candidates.sort(key=lambda p: policy.importance(p, now))
+
+    # 4. Split by PodDisruptionBudget violation, walking in that order.
+    violating, other = split_by_violation(candidates, budgets, policy.pdb_mode)
+
+    # 5. Reprieve: add back the violating pods first, then the others, each in importance
+    #    order; a pod whose return would make the resize not fit becomes a victim.
+    leaving: list[Pod] = []
+    for pod in violating + other:
+        back = used + usage.held[pod.uid]
+        if fits(demand, back, allocatable):
+            used = back
+        else:
+            leaving.append(pod)
+
+    # Evicted least important first. Which victims overspend a budget is decided on the
+    # victims themselves, in that order, as the Eviction API will meet them: step 4
+    # counted every candidate, also more important pods the reprieve kept.
+    leaving.sort(key=lambda p: policy.importance(p, now), reverse=True)
+    over = {p.uid for p in split_by_violation(leaving, budgets, policy.pdb_mode)[0]}
+    return Selection(
+        tuple(Victim(p.ref, p.priority, usage.held[p.uid], p.uid in over) for p in leaving)
+    )
 
 
 def plan_resize(
@@ -245,7 +206,7 @@ def plan_resize(
     budgets: Sequence[DisruptionBudget] = (),
     reservations: Iterable[Reservation] = (),
     policy: PreemptionPolicy | None = None,
-    index: NodePods | None = None,
+    holds: Callable[[Pod], Resources] = pod_requests,
 ) -> Plan:
     """Decide what the resize of ``old`` into ``new`` needs on ``node``.
 
@@ -260,175 +221,124 @@ def plan_resize(
       victims unless its verdict is ``preempt``; and without its victims the resize fits
       while keeping any one of them it does not.
 
-    ``index``, if given, must be ``NodePods(node.name, pods)`` (``pods`` the same tuple):
-    the plan is the same, made without walking, ranking and matching every pod again.
+    ``holds(pod)`` must equal ``pod_requests(pod)`` (what a pod holds by the kubelet's
+    model); the engine passes its memo of those amounts for the node's pods.
     """
     policy = policy or DefaultPolicy()
-    if index is not None and (index.pods is not pods or index.node != node.name or not index.exact):
-        index = None
-    # Step 0: the pod's demand under the kubelet's model. An infeasible resize that this
-    # request does not change keeps being ignored, as the kubelet ignores it.
-    stale_infeasible = old.resize == "infeasible" and new.same_declared_resources(old)
-    demand = pod_requests(new, "other" if stale_infeasible else "resizing")
-    held_now = pod_requests(old, "other")
-    reserved = active_on(reservations, node.name, now, exclude_pod=new.uid)
-    usage = node_usage(node, pods, reserved, exclude_uid=new.uid, index=index)
-    ctx = tuple_new(_Context, (new, node, demand, usage))
-    name = node.name
+    name, allocatable = node.name, node.allocatable
 
-    # Step 1: requests that can never fit, or need nothing.
+    # Step 0: the pod's demand under the kubelet's model, and what the rest of the node
+    # holds. An infeasible resize that this request does not change keeps being
+    # ignored, as the kubelet ignores it.
+    stale_infeasible = old.resize == "infeasible" and new.same_declared_resources(old)
+    demand = pod_requests(new, "infeasible" if stale_infeasible else "resizing")
+    reserved = active_on(reservations, name, now, exclude_pod=new.uid)
+    usage = node_usage(node, pods, reserved, exclude_uid=new.uid, holds=holds)
+    projected = usage.in_use - usage.freeing
+    short = shortfall(demand, projected, allocatable)
+
+    def decide(
+        verdict: Verdict,
+        code: ReasonCode,
+        reason: str,
+        victims: tuple[Victim, ...] = (),
+        unmet: Resources = ZERO,
+    ) -> Plan:
+        figures = {
+            n: ResourceFigures(
+                demand.get(n),
+                usage.in_use.get(n),
+                usage.freeing.get(n),
+                allocatable.get(n),
+                short.get(n),
+                unmet.get(n),
+            )
+            for n in RESOURCE_NAMES
+        }
+        return Plan(
+            new.ref, name, verdict, code, reason, demand, victims, figures, usage.waiting_for
+        )
+
+    # Step 1: not on a node, or needs no room.
     if not new.node:
-        return ctx.plan("not-eligible", "not-bound", "pod is not bound to a node")
-    if not _grows(demand, held_now):
-        return ctx.plan(
-            "not-eligible",
+        return decide("not-eligible", "not-bound", "pod is not bound to a node")
+    if demand.fits_in(pod_requests(old)):
+        return decide(
+            "fits",
             "no-growth",
             f"resize does not grow cpu or memory beyond what {name} already holds for it",
         )
-    too_big = demand.exceeds_in(node.allocatable)
+
+    # Step 2: requests no node of this size can hold.
+    too_big = demand.exceeds_in(allocatable)
     if too_big:
         detail = ", ".join(
-            f"{n} {format_amount(n, demand.get(n))} > {format_amount(n, node.allocatable.get(n))}"
+            f"{n} {format_amount(n, demand.get(n))} > {format_amount(n, allocatable.get(n))}"
             for n in too_big
         )
-        return ctx.plan(
+        return decide(
             "infeasible", "exceeds-allocatable", f"requests exceed {name} allocatable: {detail}"
         )
 
-    # Step 2: fits already, possibly once pods already leaving have gone.
-    projected = usage.in_use - usage.freeing
-    if _fits(demand, projected, node.allocatable):
-        if _fits(demand, usage.in_use, node.allocatable):
-            return ctx.plan("fits", "fits", f"fits on {name} without preemption")
+    # Step 3: fits already, possibly once pods already leaving have gone.
+    if short.is_zero():
+        if fits(demand, usage.in_use, allocatable):
+            return decide("fits", "fits", f"fits on {name} without preemption")
         count = len(usage.waiting_for)
-        return ctx.plan(
+        return decide(
             "fits",
             "fits-once-terminated",
             f"fits on {name} once {count} pod{'s' if count != 1 else ''} already leaving "
             f"{'have' if count != 1 else 'has'} gone",
         )
-    short = shortfall(demand, projected, node.allocatable)
 
-    # Step 3: the pod or node does not allow preemption for it.
+    # Step 4: the pod or the node does not allow preemption for it.
     if new.preemption_policy == "Never":
-        return ctx.plan(
+        return decide(
             "not-eligible",
             "preemption-policy-never",
             f"preemptionPolicy is Never; {amounts_text(short, ' short by ')} on {name}",
-            short=short,
         )
     if node.resize_preemption_disabled or new.resize_preemption_disabled:
-        return ctx.plan(
-            "not-eligible",
-            "node-opted-out",
-            f"{name} opted out of resize preemption",
-            short=short,
-        )
+        return decide("not-eligible", "node-opted-out", f"{name} opted out of resize preemption")
 
-    # Step 4: candidates - strictly lower priority, removable, not already leaving.
-    # Under the default policy, with no reservation touching the node's pods, the index
-    # keeps steps 4 and 6 done for the preemptor's priority.
-    claimed = {uid for r in reserved.values() for uid in r.victims}
-    chain = None
-    if (
-        index is not None
-        and isinstance(policy, DefaultPolicy)
-        and type(policy) is DefaultPolicy
-        and not claimed
-    ):
-        chain = index.candidates(
-            new.priority, policy.protected_namespaces, budgets, policy.pdb_mode
-        )
-        # A candidate's reservation changes what it frees; and a pod is never its own
-        # candidate (the index may hold it at another priority than the review says).
-        if chain is not None and (
-            new.uid in chain.uids or any(uid in chain.uids for uid in reserved)
-        ):
-            chain = None
-    if chain is None:
-        candidates = _candidates(new, pods, name, claimed, policy, now, index)
-        held = usage.held
-        coverage = index.coverage(budgets, policy.pdb_mode) if index is not None else None
-        # Step 6 (split by PodDisruptionBudget violation) is done here too.
-        chain = Candidates.build(
-            candidates,
-            [held.get(p.uid, ZERO) for p in candidates],
-            budgets,
-            policy.pdb_mode,
-            coverage,
-        )
-
-    # Step 5: remove them all; if the resize still does not fit, preempt nobody.
-    used = projected - chain.total
-    if not _fits(demand, used, node.allocatable):
-        unmet = shortfall(demand, used, node.allocatable)
-        return ctx.plan(
+    # Step 5: victim selection.
+    claimed = frozenset(uid for r in reserved.values() for uid in r.victims)
+    selection = select_victims(new, demand, node, pods, usage, claimed, budgets, policy, now)
+    if not selection.unmet.is_zero():
+        return decide(
             "infeasible",
             "insufficient-after-preemption",
             f"cannot fit on {name} even after preempting every lower-priority pod: "
-            f"{amounts_text(unmet, ' short by ')}",
-            unmet=unmet,
-            short=short,
+            f"{amounts_text(selection.unmet, ' short by ')}",
+            unmet=selection.unmet,
         )
+    victims = selection.victims
 
-    # Step 6: most important first, then split by PodDisruptionBudget violation: done
-    # with the candidates (``chain.order``).
-
-    # Step 7: reprieve - add back violating pods first, then the rest, each in importance
-    # order; a pod that no longer lets the resize fit becomes a victim. Only resources the
-    # pod requests are checked (see :func:`shortfall`): room left is allocatable - used.
-    chosen = chain.reprieve(
-        used.cpu,
-        used.memory,
-        node.allocatable.cpu - demand.cpu if demand.cpu else None,
-        node.allocatable.memory - demand.memory if demand.memory else None,
-    )
-
-    # Step 8: evict the least important first. Which victims overspend a budget is
-    # decided on the victims themselves, in that order, as the Eviction API will meet
-    # them: the split above counted every candidate, including more important pods of
-    # the same budget that the reprieve kept and that so spend no disruption.
-    chosen.sort(reverse=True)
-    leaving = [chain.pods[i] for i in chosen]
-    over: set[str] = set()
-    if leaving and budgets:
-        coverage = index.coverage(budgets, policy.pdb_mode) if index is not None else None
-        over = {
-            p.uid
-            for p in split_by_violation(leaving, budgets, policy.pdb_mode, coverage=coverage)[0]
-        }
-    victims = [
-        tuple_new(Victim, (p.ref, p.priority, chain.amounts[i], p.uid in over))
-        for i, p in zip(chosen, leaving, strict=True)
-    ]
-
-    # Step 9: limits the policy sets.
+    # Step 6: limits the policy sets.
     blocked = [v for v in victims if v.violates_pdb]
     if blocked and policy.pdb_mode == "respect":
-        return ctx.plan(
+        return decide(
             "infeasible",
             "pdb-violation",
             f"cannot fit on {name} without violating a PodDisruptionBudget of "
             + ", ".join(v.pod.key for v in blocked),
             unmet=short,
-            short=short,
         )
     limit = policy.max_victims
     if limit is not None and len(victims) > limit:
-        return ctx.plan(
+        return decide(
             "infeasible",
             "too-many-victims",
             f"would need {len(victims)} victims on {name}, more than the limit of {limit}",
             unmet=short,
-            short=short,
         )
 
     count = len(victims)
-    return ctx.plan(
+    return decide(
         "preempt",
         "preempt",
         f"preempting {count} lower-priority pod{'s' if count != 1 else ''} on {name} "
         f"to free {amounts_text(short)}",
-        victims=tuple(victims),
-        short=short,
+        victims=victims,
     )

@@ -7,7 +7,7 @@ how PodDisruptionBudgets bind, and how many victims one resize may take.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from webhook.core.model import PdbMode, Pod
@@ -63,15 +63,4 @@ class DefaultPolicy:
         return victim.namespace not in self.protected_namespaces
 
     def importance(self, pod: Pod, now: float) -> ImportanceKey:
-        # importance_key, inlined: called for every candidate of every decision.
-        start = pod.start_time
-        return (-pod.priority, now if start is None else start, pod.namespace, pod.name)
-
-    def with_pdb_mode(self, mode: PdbMode) -> DefaultPolicy:
-        return replace(self, pdb_mode=mode)
-
-    def with_protected_namespaces(self, namespaces: frozenset[str]) -> DefaultPolicy:
-        return replace(self, protected_namespaces=namespaces)
-
-    def with_max_victims(self, limit: int | None) -> DefaultPolicy:
-        return replace(self, max_victims=limit)
+        return importance_key(pod, now)

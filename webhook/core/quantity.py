@@ -12,6 +12,15 @@ Follows apimachinery's ``resource.ParseQuantity`` grammar::
 Values are held as :class:`~decimal.Decimal` built from the digits (never a float), then
 rounded *up* to integer millicores or bytes, as ``Quantity.MilliValue()`` and
 ``Quantity.Value()`` do.
+
+Why not the client's ``kubernetes.utils.parse_quantity``: the core may not import the
+Kubernetes client (the layering contract keeps it pure and light to load); the client
+computes in Decimal's default context, 28 significant digits, so a long quantity comes
+back rounded, not exact; it hands the number to ``Decimal()`` unchecked, so it accepts
+what the API server rejects (``NaN``, ``Infinity``, ``1_000``) and has no bound on
+exponent or length for hostile input; and it stops at a Decimal, where a decision needs
+integer millicores and bytes rounded up. On what both accept, the two agree
+(tests/unit/test_quantity.py checks it on generated quantities).
 """
 
 from __future__ import annotations

@@ -10,12 +10,13 @@ the victims the plan claimed, whose capacity is therefore already spoken for.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from webhook.core.resources import Resources
 
 
-class Reservation(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Reservation:
     """Room on ``node`` held for pod ``pod_uid`` until ``expires_at`` (epoch seconds)."""
 
     pod_uid: str
@@ -27,12 +28,6 @@ class Reservation(NamedTuple):
 
     def active(self, now: float) -> bool:
         return now < self.expires_at
-
-    def with_expiry(self, expires_at: float) -> Reservation:
-        return self._replace(expires_at=expires_at)
-
-    def with_victims(self, victims: Iterable[str]) -> Reservation:
-        return self._replace(victims=frozenset(victims))
 
 
 def active_on(

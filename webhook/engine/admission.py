@@ -23,19 +23,18 @@ import jsonpatch
 from webhook.core.errors import InputError, WebhookError
 from webhook.core.fit import largest_fit
 from webhook.core.model import FIT_TO_NODE_ANNOTATION, Node, Pod
-from webhook.core.nodepods import NodePods
-from webhook.core.objects import parse_pod, parse_resized_pod
+from webhook.core.objects import parse_pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.quantity import format_cpu, format_memory
 from webhook.core.report import warnings_for
-from webhook.core.resources import RESOURCE_NAMES, format_amount
+from webhook.core.resources import RESOURCE_NAMES, Resources, format_amount
 from webhook.engine.backlog import After, run_now
 from webhook.engine.config import Config
 from webhook.engine.decision import Decision
 from webhook.engine.decision_log import Facts, decision_logger, emit, line
+from webhook.engine.held_amounts import HeldAmounts
 from webhook.engine.ledger import Ledger, LedgerEntry
 from webhook.engine.metrics import Metrics, observe_all
-from webhook.engine.node_indexes import NodeIndexes
 from webhook.engine.ports import ClusterView
 from webhook.engine.wire import AdmissionRequest, AdmissionReview, is_pod_resize, response
 
@@ -53,7 +52,7 @@ class _Scene(NamedTuple):
     node: Node
     pods: tuple[Pod, ...]
     budgets: tuple[Any, ...]
-    node_pods: NodePods
+    holds: Callable[[Pod], Resources]
 
 
 def _audit(plan: Plan) -> dict[str, str]:
@@ -94,7 +93,7 @@ class AdmissionEngine:
         #: at once by default; the service hands it to a :class:`~.backlog.Backlog`.
         self.after: After = after or run_now
         self.policy = config.policy()
-        self._indexes = NodeIndexes()
+        self._held = HeldAmounts()
         self._counted: dict[tuple[str, str], Any] = {}
 
     # -- entry points ---------------------------------------------------------------
@@ -216,7 +215,7 @@ class AdmissionEngine:
             raise InputError("the request lacks object or oldObject")
         resolver = self.cluster.priority_resolver()
         old = self._stored_pod(old_obj) or parse_pod(old_obj, resolver)
-        new = parse_resized_pod(new_obj, old_obj, old) or parse_pod(new_obj, resolver)
+        new = parse_pod(new_obj, resolver)
         node_name = new.node or old.node
         node = self.cluster.node(node_name) if node_name else None
         if node is None:
@@ -230,9 +229,8 @@ class AdmissionEngine:
                 error=f"node {node_name} not in cache",
             )
         pods = tuple(self.cluster.pods_on(node.name))
-        index = self._node_pods(node.name, pods)
-        budgets = tuple(self.cluster.budgets(index.namespaces))
-        return _Scene(old, new, node, pods, budgets, index)
+        budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
+        return _Scene(old, new, node, pods, budgets, self._held.of(node.name, pods))
 
     def _stored_pod(self, obj: Mapping[str, Any]) -> Pod | None:
         """The view's pod when it is this very version of the stored object ``obj`` (same
@@ -258,10 +256,6 @@ class AdmissionEngine:
             return None
         return pod
 
-    def _node_pods(self, node: str, pods: tuple[Pod, ...]) -> NodePods:
-        """The index of ``pods``, built again whenever the view hands out another tuple."""
-        return self._indexes.get(node, pods)
-
     def _plan(self, s: _Scene, entries: tuple[LedgerEntry, ...], now: float) -> Plan:
         return plan_resize(
             s.old,
@@ -272,7 +266,7 @@ class AdmissionEngine:
             budgets=s.budgets,
             reservations=[e.reservation() for e in entries],
             policy=self.policy,
-            index=s.node_pods,
+            holds=s.holds,
         )
 
     # -- validating -------------------------------------------------------------------
@@ -297,8 +291,9 @@ class AdmissionEngine:
             # 2. Plan against every other live reservation on the node.
             live = tuple([e for e in entries if e.pod.uid != scene.new.uid and e.expires_at > now])
             plan = self._plan(scene, live, now)
-            if plan.verdict not in ("fits", "preempt"):
-                # A newer resize supersedes an earlier admitted one of the same pod.
+            if plan.verdict not in ("fits", "preempt") or plan.code == "no-growth":
+                # A newer resize supersedes an earlier admitted one of the same pod; one
+                # that needs no room reserves none.
                 return (live if live != entries else None), (plan, None)
             entry = LedgerEntry.for_plan(
                 scene.new, plan, review_uid=uid, now=now, ttl=self.config.reservation_ttl

@@ -34,10 +34,10 @@ from webhook.core.model import Pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.engine.config import Config
 from webhook.engine.decision_log import decision_logger, plan_fields
+from webhook.engine.held_amounts import HeldAmounts
 from webhook.engine.ledger import Ledger, LedgerEntry
 from webhook.engine.loop import Loop
 from webhook.engine.metrics import Metrics
-from webhook.engine.node_indexes import NodeIndexes
 from webhook.engine.ports import ClusterView
 
 log = logging.getLogger(__name__)
@@ -122,8 +122,8 @@ class Reconciler:
         self.on_admitted = on_admitted
         self.on_decision = on_decision
         self.policy = config.policy()
-        # Deferred pods share nodes, and a pass plans them all: index each node once.
-        self._indexes = NodeIndexes()
+        # Deferred pods share nodes, and a pass plans them all.
+        self._held = HeldAmounts()
         # (pod uid, generation) -> last (verdict, code): a pod left pending is looked at on
         # every pass; its metric, log line and event follow changes only.
         self._last: dict[tuple[str, int], tuple[str, str]] = {}
@@ -204,8 +204,8 @@ class Reconciler:
         if any(e.pod.uid == pod.uid and e.expires_at > now for e in self.ledger.entries(node.name)):
             return None
         pods = tuple(self.cluster.pods_on(node.name))
-        index = self._indexes.get(node.name, pods)
-        budgets = tuple(self.cluster.budgets(index.namespaces))
+        budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
+        holds = self._held.of(node.name, pods)
         uid = review_uid_for(pod)
 
         def change(
@@ -223,7 +223,7 @@ class Reconciler:
                 budgets=budgets,
                 reservations=[e.reservation() for e in live],
                 policy=self.policy,
-                index=index,
+                holds=holds,
             )
             if plan.verdict != "preempt":
                 # Nothing to reserve: room that appears lets the kubelet actuate by itself,
