@@ -1,8 +1,9 @@
 """Leader election over a ``coordination.k8s.io/v1`` Lease, with client-go's semantics.
 
 Only the leader runs the preemption worker and the reconciler: the service hands the
-elector :class:`webhook.engine.loop.Runnables`' ``start_leading`` and ``stop_leading`` as
-its callbacks. This follows client-go's ``tools/leaderelection`` (``LeaderElector`` with a ``LeaseLock`` and ``ReleaseOnCancel``):
+elector the ``start_leading`` and ``stop_leading`` of its
+:class:`webhook.engine.loop.Runnables` as callbacks. This follows client-go's
+``tools/leaderelection`` (``LeaderElector`` with a ``LeaseLock`` and ``ReleaseOnCancel``):
 
 * **acquire**: every ``retry_period`` (jittered by up to 1.2x, ``wait.JitterUntil``) try
   to take the Lease. It is free when it does not exist (create it), when its holder is
