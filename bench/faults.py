@@ -1,14 +1,14 @@
 """Fault injection: SIGKILL a service replica at random points of a 3-victim preemption.
 
 ``python -m bench faults [--runs 20] [--seed N]`` starts a local control plane (the test
-harness's), two ``python -m webhook serve`` replicas behind one front, and repeats:
+harness's), two replicas of the service behind one front (``python -m harness.fault_hooks
+serve``: the service with fault points, armed through ``RPW_FAULT_FILE``), and repeats:
 
 1. node-1 (8 CPUs): ``high`` 2 CPUs (to grow to 5), ``steady`` 2 CPUs (as important:
    never a victim), four 1-CPU low-priority pods: exactly three must go, the fourth stays;
 2. pick a replica (the leader three times in four) and a fault: a random delay after the
-   resize, or an armed point in the service (``RPW_FAULT_FILE``: after the admission's
-   ledger write, after the k-th eviction before it is marked handled, before or after the
-   k-th ledger write);
+   resize, or an armed point in the service (after the admission's ledger write, after
+   the k-th eviction before it is marked handled, before or after the k-th ledger write);
 3. ``kubectl patch --subresource resize`` the pod to 5 CPUs, SIGKILL the replica at the
    fault, restart it on the same port after a random pause;
 4. wait for the outcome and check it from the API server's audit log and state: every
@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import fault_hooks
 from harness.audit import eviction_codes
 from harness.kubeapi import ApiError, KubeClient
 from harness.replicas import Replica, ReplicaSet, start_replicas
@@ -142,6 +143,7 @@ class FaultRig:
                 count=2,
                 namespace=self.service_namespace,
                 extra_args=["--lease-duration", str(LEASE_DURATION)],
+                command=fault_hooks.COMMAND,
             )
         finally:
             if previous is None:

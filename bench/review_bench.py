@@ -367,8 +367,7 @@ def serve_main(argv: Sequence[str]) -> int:
     from webhook.engine.admission import AdmissionEngine
     from webhook.engine.backlog import Backlog
     from webhook.engine.config import Config
-    from webhook.engine.ledger import InMemoryLedger
-    from webhook.engine.static_view import StaticClusterView
+    from webhook.testing import InMemoryLedger, StaticClusterView
     from webhook.web.app import create_app, metrics_of
     from webhook.web.server import WorkerApp, serve
     from webhook.web.tls import CertificateReloader

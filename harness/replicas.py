@@ -31,6 +31,7 @@ from harness.launcher import free_port
 from harness.processes import ManagedProcess
 from harness.webhook_process import (
     NAMESPACE,
+    SERVE_COMMAND,
     ensure_namespace,
     launch,
     register,
@@ -127,6 +128,8 @@ class Replica:
     ca_pem: bytes
     namespace: str
     extra_args: Sequence[str] = ()
+    #: What runs the service (``harness.fault_hooks.COMMAND`` for fault injection).
+    command: Sequence[str] = SERVE_COMMAND
     process: ManagedProcess | None = None
 
     @property
@@ -148,6 +151,7 @@ class Replica:
             metrics_port=self.metrics_port,
             ca_pem=self.ca_pem,
             namespace=self.namespace,
+            command=self.command,
             extra_args=[*self.extra_args, "--identity", self.identity],
             name=self.identity,
         )
@@ -196,6 +200,7 @@ def start_replicas(
     count: int = 2,
     namespace: str = NAMESPACE,
     extra_args: Sequence[str] = (),
+    command: Sequence[str] = SERVE_COMMAND,
     register_webhook: bool = True,
     settle: float = 0.5,
 ) -> ReplicaSet:
@@ -216,6 +221,7 @@ def start_replicas(
             ca_pem=ca_pem,
             namespace=namespace,
             extra_args=tuple(extra_args),
+            command=tuple(command),
         )
         replicas.append(replica)
     front = RoundRobinFront([r.port for r in replicas]).start()

@@ -38,6 +38,8 @@ CONFIGURATION_NAME = "resize-preemption-webhook"
 WEBHOOK_NAME = "validate-resize.resize-preemption.io"
 NAMESPACE = "rpw-system"
 CONFIGURATION_PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+#: The service's own entry point (``harness.fault_hooks.COMMAND`` wraps it).
+SERVE_COMMAND = (sys.executable, "-m", "webhook", "serve")
 
 
 class WebhookUnavailable(RuntimeError):
@@ -159,7 +161,7 @@ def launch(
     metrics_port: int,
     ca_pem: bytes,
     namespace: str = NAMESPACE,
-    command: Sequence[str] = (sys.executable, "-m", "webhook", "serve"),
+    command: Sequence[str] = SERVE_COMMAND,
     extra_args: Sequence[str] = (),
     ready_timeout: float = 30.0,
     name: str = "webhook",
@@ -194,7 +196,7 @@ def start_webhook(
     port: int | None = None,
     metrics_port: int | None = None,
     namespace: str = NAMESPACE,
-    command: Sequence[str] = (sys.executable, "-m", "webhook", "serve"),
+    command: Sequence[str] = SERVE_COMMAND,
     extra_args: Sequence[str] = (),
     ready_timeout: float = 30.0,
     settle: float = 0.5,

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import yaml
@@ -21,6 +21,9 @@ from webhook.core.objects import parse_time
 from webhook.core.policy import DefaultPolicy
 from webhook.core.report import human_report, plan_to_dict
 from webhook.core.snapshot import load_snapshot, plan_snapshot_resize
+
+if TYPE_CHECKING:
+    from webhook.service import Hooks
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -157,7 +160,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     flags = {name: getattr(args, name.replace("-", "_"), None) for name in SETTINGS}
     config = load_config(file=args.config, env=os.environ, flags=flags)
     serve(
-        build(config, args.kubeconfig, workers=args.workers),
+        build(config, args.kubeconfig, workers=args.workers, hooks=args.hooks),
         cert_file=args.tls_cert,
         key_file=args.tls_key,
         host=args.host,
@@ -277,9 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, hooks: Hooks | None = None) -> int:
+    """Run one subcommand. ``hooks`` wrap parts of what ``serve`` builds (a test harness
+    passes them; see :class:`webhook.service.Hooks`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.hooks = hooks
     try:
         code: int = args.func(args)
     except (InputError, LookupFailed) as e:

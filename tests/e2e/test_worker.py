@@ -21,12 +21,12 @@ from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
 from webhook.core.resize import apply_resize
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
-from webhook.engine.ledger import InMemoryLedger
 from webhook.engine.metrics import Metrics
-from webhook.kube.cache import ClusterCache
+from webhook.engine.worker import PreemptionWorker
+from webhook.kube.cache import BUDGETS, ClusterCache
 from webhook.kube.events import EventRecorder
 from webhook.kube.evictor import Evictor
-from webhook.kube.worker import PreemptionWorker
+from webhook.testing import InMemoryLedger
 
 pytestmark = pytest.mark.e2e
 
@@ -62,8 +62,10 @@ def make_service(api_client: k8s.ApiClient, config: Config) -> Service:
     worker = PreemptionWorker(
         cache, ledger, evictor, config, metrics, recorder=recorder, interval=0.2
     )
-    cache.subscribe(worker.wake)
-    engine = AdmissionEngine(config, cache, ledger, metrics=metrics, on_admitted=worker.wake)
+    cache.subscribe(lambda kind, *_: worker.wake(budgets_changed=kind == BUDGETS))
+    engine = AdmissionEngine(
+        config, cache, ledger, metrics=metrics, on_admitted=lambda _entry: worker.wake()
+    )
     return Service(cache, ledger, engine, worker, metrics)
 
 

@@ -19,7 +19,7 @@ from webhook.engine.admission import AdmissionEngine
 from webhook.engine.backlog import Backlog, Job
 from webhook.engine.config import Config
 from webhook.engine.decision_log import Facts
-from webhook.engine.ledger import InMemoryLedger
+from webhook.testing import InMemoryLedger
 
 LOGGER = "webhook.decisions"
 

@@ -13,9 +13,9 @@ from prometheus_client.metrics_core import Metric
 from tests.unit.web_fixtures import walkthrough_review, walkthrough_view
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
-from webhook.engine.ledger import InMemoryLedger
 from webhook.engine.metrics import Metrics
 from webhook.engine.settings import SETTINGS, env_name
+from webhook.testing import InMemoryLedger
 
 SERVICE_DOC = Path(__file__).resolve().parents[2] / "docs" / "service.md"
 

@@ -11,20 +11,13 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.unit.builders import NOW
+from tests.unit.builders import NOW, Gi, plan, uid, walkthrough
 from webhook.core.errors import ObjectError
 from webhook.core.model import PodRef
 from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
-from webhook.engine.ledger import (
-    ENTRY_VERSION,
-    InMemoryLedger,
-    LedgerEntry,
-    decode_entries,
-    encode_entries,
-)
-
-Gi = 2**30
+from webhook.engine.ledger import ENTRY_VERSION, LedgerEntry, decode_entries, encode_entries
+from webhook.testing import InMemoryLedger
 
 
 def entry(
@@ -144,10 +137,36 @@ def test_reservation_claims_only_pending_victims() -> None:
 def test_entry_helpers_return_new_entries() -> None:
     value = entry()
 
-    assert NOW + 1 == value.with_expiry(NOW + 1).expires_at
     assert () == value.with_victims(()).victims
     assert frozenset() == value.handled
     assert not value.persisted
+
+
+@pytest.mark.parametrize(
+    "persisted", [pytest.param(False, id="admitted"), pytest.param(True, id="deferred")]
+)
+def test_entry_for_a_plan_holds_its_room_victims_and_desired_requests(persisted: bool) -> None:
+    old, new, node, pods = walkthrough()
+    walk = plan(old, new, node, pods)
+
+    value = LedgerEntry.for_plan(
+        new, walk, review_uid="review-7", now=NOW, ttl=30.0, persisted=persisted
+    )
+
+    assert (
+        LedgerEntry(
+            pod=PodRef("default", "high-priority-pod", uid("high-priority-pod")),
+            node="node-1",
+            review_uid="review-7",
+            resources=Resources(6000, Gi),
+            desired=(("app", Resources(6000, Gi)),),
+            victims=(PodRef("default", "low-priority-pod", uid("low-priority-pod")),),
+            admitted_at=NOW,
+            expires_at=NOW + 30.0,
+            persisted=persisted,
+        )
+        == value
+    )
 
 
 def test_encode_decode_round_trip() -> None:

@@ -21,8 +21,7 @@ from flask import Flask
 from tests.unit.web_fixtures import fit_to_node_objects, resized, review
 from webhook.core.model import FIT_TO_NODE_ANNOTATION
 from webhook.engine.config import Config
-from webhook.engine.ledger import InMemoryLedger
-from webhook.engine.static_view import StaticClusterView
+from webhook.testing import InMemoryLedger, StaticClusterView
 from webhook.web.app import create_app
 
 
@@ -168,7 +167,7 @@ def test_validating_endpoint_never_patches_an_annotated_pod() -> None:
 def test_warn_mode_tells_what_the_reduction_would_be_and_patches_nothing() -> None:
     objects = fit_to_node_objects(annotated=True)
     app = create_app(
-        Config().with_mode("warn"),
+        Config(mode="warn"),
         cluster=StaticClusterView.from_objects(objects),
         ledger=InMemoryLedger(),
     )

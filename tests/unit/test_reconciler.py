@@ -3,6 +3,7 @@ the in-memory ledger."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +26,10 @@ from webhook.core.model import NODE_OPT_OUT_ANNOTATION, DisruptionBudget, Node, 
 from webhook.core.plan import Plan
 from webhook.core.resources import Resources
 from webhook.engine.config import Config
-from webhook.engine.ledger import InMemoryLedger, LedgerEntry
+from webhook.engine.ledger import LedgerEntry
 from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler, review_uid_for, skip_reason
-from webhook.engine.static_view import StaticClusterView
+from webhook.testing import InMemoryLedger, StaticClusterView
 
 CONFIG = Config(reservation_ttl=120.0)
 GI = 2**30
@@ -356,6 +357,26 @@ def test_a_second_pass_adds_nothing_and_counts_once() -> None:
     sample = metrics.registry.get_sample_value
     assert sample("rpw_reconciler_actions_total", {"verdict": "preempt"}) == 1
     assert sample("rpw_victims_planned_total") == 1
+
+
+def test_started_it_plans_at_once_and_again_when_woken() -> None:
+    pods = [p.build() for p in (high(), *BASE)]
+    view = StaticClusterView([make_node(NODE).build()], pods)
+    ledger = InMemoryLedger()
+    admitted = threading.Semaphore(0)
+    reconciler = Reconciler(
+        CONFIG, view, ledger, clock=lambda: NOW, on_admitted=lambda _e: admitted.release()
+    )
+
+    reconciler.start()
+    try:
+        assert admitted.acquire(timeout=5)  # the cold start's pass
+        ledger.update(NODE, lambda entries: ((), None))  # the entry went away
+        reconciler.wake()
+        assert admitted.acquire(timeout=5)
+    finally:
+        reconciler.stop(5)
+    assert 1 == len(ledger.all_entries())
 
 
 def test_a_pod_left_pending_is_reported_on_changes_only() -> None:

@@ -14,11 +14,10 @@ import pytest
 from tests.unit.test_worker import Clock, Cluster, FakeEvictor, add, make_worker
 from tests.unit.test_worker_logic import ADMITTED, CONFIG, NODE, entry, pod
 from webhook.core.model import Pod, PodRef
-from webhook.engine.ledger import InMemoryLedger
 from webhook.engine.reconciler import Reconciler
-from webhook.engine.static_view import StaticClusterView
+from webhook.engine.worker import PreemptionWorker
 from webhook.engine.worker_logic import Release, next_action
-from webhook.kube.worker import PreemptionWorker
+from webhook.testing import InMemoryLedger, StaticClusterView
 
 
 class Crash(BaseException):

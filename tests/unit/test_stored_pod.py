@@ -12,9 +12,8 @@ from tests.unit.web_fixtures import node, pod, resized, review, walkthrough_obje
 from webhook.core.objects import parse_node, parse_pod
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
-from webhook.engine.ledger import InMemoryLedger
-from webhook.engine.static_view import StaticClusterView
 from webhook.kube.cache import PodCompactor
+from webhook.testing import InMemoryLedger, StaticClusterView
 
 
 def _versioned(obj: dict[str, Any], version: str, **meta: str) -> dict[str, Any]:

@@ -24,10 +24,9 @@ from tests.unit.web_fixtures import (
 )
 from webhook.engine.admission import AdmissionEngine, Endpoint
 from webhook.engine.config import Config, Mode
-from webhook.engine.ledger import InMemoryLedger
 from webhook.engine.metrics import Metrics
-from webhook.engine.static_view import StaticClusterView
 from webhook.engine.wire import AdmissionRequest, AdmissionReview, clean_audit_annotations
+from webhook.testing import InMemoryLedger, StaticClusterView
 from webhook.web import app as app_module
 from webhook.web.app import create_app, engine_of, metrics_of
 

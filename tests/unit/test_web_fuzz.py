@@ -19,8 +19,7 @@ from hypothesis import strategies as st
 
 from tests.unit.web_fixtures import fit_to_node_objects, review, walkthrough_review
 from webhook.engine.config import Config, Mode
-from webhook.engine.ledger import InMemoryLedger
-from webhook.engine.static_view import StaticClusterView
+from webhook.testing import InMemoryLedger, StaticClusterView
 from webhook.web.app import create_app, metrics_of
 
 ENDPOINTS = st.sampled_from(["/validate-resize", "/mutate-resize"])

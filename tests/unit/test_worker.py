@@ -25,12 +25,11 @@ from tests.unit.test_worker_logic import (
 )
 from webhook.core.model import Node, Pod, PodRef
 from webhook.engine.config import Config
-from webhook.engine.ledger import InMemoryLedger, LedgerEntry
+from webhook.engine.ledger import LedgerEntry
 from webhook.engine.metrics import Metrics
-from webhook.engine.static_view import StaticClusterView
-from webhook.kube.cache import BUDGETS
-from webhook.kube.evictor import EvictionResult
-from webhook.kube.worker import PreemptionWorker, remove_entry, update_entry
+from webhook.engine.ports import EvictionResult
+from webhook.engine.worker import PreemptionWorker, remove_entry, update_entry
+from webhook.testing import InMemoryLedger, StaticClusterView
 
 CONFIG = Config(persist_timeout=10.0, reservation_ttl=120.0)
 
@@ -196,7 +195,7 @@ def test_blocked_by_pdb_keeps_the_victim_pending_and_backs_off(
     worker.run_once()  # backing off: no call
     assert len(evictor.calls) == 1
 
-    clock.now += worker.backoff_base
+    clock.now += worker.backoff.base
     evictor.results.clear()
     worker.run_once()
     assert [c[0] for c in evictor.calls] == ["low-a", "low-a", "low-b"]
@@ -210,12 +209,12 @@ def test_a_budget_change_ends_the_backoff(
     evictor.results["low"] = EvictionResult.BLOCKED_BY_PDB
     worker = make_worker(Cluster(HIGH_RESIZED, LOW, MID), ledger, evictor, clock)
     worker.run_once()
-    worker.wake("pods", "MODIFIED", None, None)
+    worker.wake()  # some other change
     worker.run_once()
     assert len(evictor.calls) == 1  # still backing off
 
     evictor.results.clear()
-    worker.wake(BUDGETS, "MODIFIED", None, None)  # e.g. disruptionsAllowed went up
+    worker.wake(budgets_changed=True)  # e.g. disruptionsAllowed went up
     worker.run_once()
 
     assert len(evictor.calls) == 2
@@ -281,7 +280,7 @@ def test_errors_are_counted_and_the_entry_retried(
     assert metrics.registry.get_sample_value("rpw_errors_total", {"where": "worker"}) == 1
 
     evictor.on_evict = None
-    clock.now += worker.backoff_cap
+    clock.now += worker.backoff.cap
     worker.run_once()
     assert only(ledger).handled == {"uid-low"}
 
@@ -330,7 +329,7 @@ def test_the_thread_wakes_works_and_stops(
     worker.start()
     try:
         add(ledger, entry("low"))
-        worker.wake("pods", "MODIFIED", None, None)  # the cache subscriber signature
+        worker.wake()
         assert evictor.called.wait(5)
     finally:
         worker.stop(timeout=5)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import pytest
 
@@ -120,296 +120,287 @@ LOW_A = pod("low-a", cpu="2", start="2024-01-01T00:00:00Z")
 LOW_B = pod("low-b", cpu="2", start="2024-01-01T01:00:00Z")
 
 
-def summary(action: Action) -> tuple[Any, ...]:
-    """A comparable digest: kind, reason and victim names."""
+@dataclass(frozen=True)
+class Expected:
+    """What an action comes to: its kind, its reason (release, wait) and the victims it
+    names, by pod name."""
+
+    kind: Literal["release", "wait", "act"]
+    reason: str = ""
+    evict: tuple[str, ...] = ()
+    settle: tuple[str, ...] = ()
+    drop: tuple[str, ...] = ()
+    mark_persisted: bool = False
+
+
+def digest(action: Action) -> Expected:
     if isinstance(action, Release):
-        return ("release", action.reason)
+        return Expected("release", action.reason)
     if isinstance(action, Wait):
-        return (
+        return Expected(
             "wait",
             action.reason,
-            tuple(v.name for v in action.settle),
-            action.mark_persisted,
+            settle=tuple(v.name for v in action.settle),
+            mark_persisted=action.mark_persisted,
         )
     assert isinstance(action, Act)
-    return (
+    return Expected(
         "act",
-        tuple(v.name for v in action.evict),
-        tuple(v.name for v in action.settle),
-        tuple(v.name for v in action.drop),
-        action.mark_persisted,
+        evict=tuple(v.name for v in action.evict),
+        settle=tuple(v.name for v in action.settle),
+        drop=tuple(v.name for v in action.drop),
+        mark_persisted=action.mark_persisted,
     )
 
+
+@dataclass(frozen=True)
+class Case:
+    """An admitted entry, the resizing pod and its node as the cache shows them, and what
+    the worker must do next."""
+
+    entry: LedgerEntry
+    pod: Pod | None
+    expected: Expected
+    node: Node | None = NODE
+    pods: tuple[Pod, ...] = SCENE
+    now: float = NOW
+    budgets: tuple[DisruptionBudget, ...] = ()
+    others: tuple[LedgerEntry, ...] = ()
+
+
+LOW_PDB = DisruptionBudget("default", "low-pdb", LabelSelector((("app", "low"),)), 0)
+OTHER = entry(pod_name="other", review="review-2", desired_cpu=2000)
 
 CASES = [
     # -- 1. expiry -----------------------------------------------------------------------
     pytest.param(
-        entry("low", expires_at=NOW),
-        HIGH_RESIZED,
-        NODE,
-        SCENE,
-        {},
-        ("release", "expired"),
+        Case(entry("low", expires_at=NOW), HIGH_RESIZED, Expected("release", "expired")),
         id="expired-reservation-evicts-nobody",
     ),
     # -- 2. the pod -------------------------------------------------------------------------
     pytest.param(
-        entry("low"),
-        None,
-        NODE,
-        (LOW, MID),
-        {},
-        ("release", "pod-gone"),
+        Case(entry("low"), None, Expected("release", "pod-gone"), pods=(LOW, MID)),
         id="pod-deleted",
     ),
     pytest.param(
-        entry("low"),
-        pod("high", cpu="6", priority=1000, uid="uid-new"),
-        NODE,
-        SCENE,
-        {},
-        ("release", "pod-gone"),
+        Case(
+            entry("low"),
+            pod("high", cpu="6", priority=1000, uid="uid-new"),
+            Expected("release", "pod-gone"),
+        ),
         id="pod-replaced-by-new-uid",
     ),
     pytest.param(
-        entry("low"),
-        replace(HIGH_RESIZED, terminating=True),
-        NODE,
-        SCENE,
-        {},
-        ("release", "pod-gone"),
+        Case(
+            entry("low"), replace(HIGH_RESIZED, terminating=True), Expected("release", "pod-gone")
+        ),
         id="pod-terminating",
     ),
     pytest.param(
-        entry("low"),
-        replace(HIGH_RESIZED, phase="Failed"),
-        NODE,
-        SCENE,
-        {},
-        ("release", "pod-gone"),
+        Case(entry("low"), replace(HIGH_RESIZED, phase="Failed"), Expected("release", "pod-gone")),
         id="pod-terminal",
     ),
     # -- 3. persistence -------------------------------------------------------------------
     pytest.param(
-        entry("low"),
-        HIGH_BEFORE,
-        NODE,
-        (HIGH_BEFORE, LOW, MID),
-        {},
-        ("wait", "not-persisted-yet", (), False),
+        Case(
+            entry("low"),
+            HIGH_BEFORE,
+            Expected("wait", "not-persisted-yet"),
+            pods=(HIGH_BEFORE, LOW, MID),
+        ),
         id="not-persisted-yet-waits",
     ),
     pytest.param(
-        entry("low"),
-        HIGH_BEFORE,
-        NODE,
-        (HIGH_BEFORE, LOW, MID),
-        {"now": ADMITTED + 10.0},
-        ("release", "not-persisted"),
+        Case(
+            entry("low"),
+            HIGH_BEFORE,
+            Expected("release", "not-persisted"),
+            pods=(HIGH_BEFORE, LOW, MID),
+            now=ADMITTED + 10.0,
+        ),
         id="never-persisted-is-released-without-eviction",
     ),
     pytest.param(
-        entry("low", persisted=True),
-        HIGH_BEFORE,
-        NODE,
-        (HIGH_BEFORE, LOW, MID),
-        {},
-        ("release", "superseded"),
+        Case(
+            entry("low", persisted=True),
+            HIGH_BEFORE,
+            Expected("release", "superseded"),
+            pods=(HIGH_BEFORE, LOW, MID),
+        ),
         id="spec-changed-after-persisting",
     ),
     # -- 4. actuated or refused by the kubelet ----------------------------------------------
     pytest.param(
-        entry("low", persisted=True),
-        pod("high", cpu="6", priority=1000),
-        NODE,
-        (LOW, MID),
-        {},
-        ("release", "actuated"),
+        Case(
+            entry("low", persisted=True),
+            pod("high", cpu="6", priority=1000),
+            Expected("release", "actuated"),
+            pods=(LOW, MID),
+        ),
         id="actuated",
     ),
     pytest.param(
-        entry(handled=("low",), persisted=True),
-        pod("high", cpu="6", allocated="8", priority=1000),
-        NODE,
-        (MID,),
-        {},
-        ("release", "actuated"),
+        Case(
+            entry(handled=("low",), persisted=True),
+            pod("high", cpu="6", allocated="8", priority=1000),
+            Expected("release", "actuated"),
+            pods=(MID,),
+        ),
         id="allocated-above-desired-counts-as-actuated",
     ),
     pytest.param(
-        entry("low"),
-        pod("high", cpu="6", allocated="2", priority=1000, resize="Infeasible"),
-        NODE,
-        SCENE,
-        {},
-        ("release", "infeasible-resize"),
+        Case(
+            entry("low"),
+            pod("high", cpu="6", allocated="2", priority=1000, resize="Infeasible"),
+            Expected("release", "infeasible-resize"),
+        ),
         id="kubelet-says-infeasible",
     ),
     # -- 5. re-plan on fresh state ------------------------------------------------------------
     pytest.param(
-        entry("low"),
-        HIGH_RESIZED,
-        NODE,
-        SCENE,
-        {},
-        ("act", ("low",), (), (), True),
+        Case(entry("low"), HIGH_RESIZED, Expected("act", evict=("low",), mark_persisted=True)),
         id="persisted-evicts-the-planned-victim",
     ),
     pytest.param(
-        entry("low", persisted=True),
-        HIGH_RESIZED,
-        NODE,
-        SCENE,
-        {},
-        ("act", ("low",), (), (), False),
+        Case(entry("low", persisted=True), HIGH_RESIZED, Expected("act", evict=("low",))),
         id="persisted-flag-written-once",
     ),
     pytest.param(
-        entry("low", persisted=True),
-        HIGH_RESIZED,
-        replace(NODE, allocatable=Resources(12000, 16 * GI)),
-        SCENE,
-        {},
-        ("act", (), (), ("low",), False),
+        Case(
+            entry("low", persisted=True),
+            HIGH_RESIZED,
+            Expected("act", drop=("low",)),
+            node=replace(NODE, allocatable=Resources(12000, 16 * GI)),
+        ),
         id="room-appeared-evicts-nobody-and-unclaims",
     ),
     pytest.param(
-        entry("low-a", "low-b", persisted=True),
-        HIGH_RESIZED,
-        NODE,
-        (HIGH_RESIZED, LOW_A, LOW_B, MID),
-        {},
-        ("act", ("low-a", "low-b"), (), (), False),
+        Case(
+            entry("low-a", "low-b", persisted=True),
+            HIGH_RESIZED,
+            Expected("act", evict=("low-a", "low-b")),
+            pods=(HIGH_RESIZED, LOW_A, LOW_B, MID),
+        ),
         id="both-victims-still-needed-in-entry-order",
     ),
     pytest.param(
-        entry("low-a", "low-b", persisted=True),
-        HIGH_RESIZED,
-        NODE,
-        (HIGH_RESIZED, LOW_A, LOW_B),
-        {},
-        ("act", ("low-b",), (), ("low-a",), False),
+        Case(
+            entry("low-a", "low-b", persisted=True),
+            HIGH_RESIZED,
+            Expected("act", evict=("low-b",), drop=("low-a",)),
+            pods=(HIGH_RESIZED, LOW_A, LOW_B),
+        ),
         id="fewer-victims-when-room-appeared",
     ),
     pytest.param(
-        entry("low", persisted=True),
-        HIGH_RESIZED,
-        NODE,
-        (HIGH_RESIZED, MID),
-        {},
-        ("act", (), ("low",), (), False),
+        Case(
+            entry("low", persisted=True),
+            HIGH_RESIZED,
+            Expected("act", settle=("low",)),
+            pods=(HIGH_RESIZED, MID),
+        ),
         id="victim-gone-is-settled-not-evicted",
     ),
     pytest.param(
-        entry("low", persisted=True),
-        HIGH_RESIZED,
-        NODE,
-        (HIGH_RESIZED, replace(LOW, terminating=True), MID),
-        {},
-        ("act", (), ("low",), (), False),
+        Case(
+            entry("low", persisted=True),
+            HIGH_RESIZED,
+            Expected("act", settle=("low",)),
+            pods=(HIGH_RESIZED, replace(LOW, terminating=True), MID),
+        ),
         id="victim-terminating-is-settled-not-evicted",
     ),
     pytest.param(
-        entry("low", persisted=True),
-        HIGH_RESIZED,
-        NODE,
-        (HIGH_RESIZED, pod("low", cpu="4", uid="uid-low-2"), MID),
-        {},
-        ("wait", "cannot-fit", ("low",), False),
+        Case(
+            entry("low", persisted=True),
+            HIGH_RESIZED,
+            Expected("wait", "cannot-fit", settle=("low",)),
+            pods=(HIGH_RESIZED, pod("low", cpu="4", uid="uid-low-2"), MID),
+        ),
         id="new-pod-with-victims-name-is-never-evicted",
     ),
     pytest.param(
-        entry("low-a", "low-b", handled=("low-a",), persisted=True),
-        HIGH_RESIZED,
-        NODE,
-        (HIGH_RESIZED, LOW_A, LOW_B, MID),
-        {},
-        ("act", ("low-b",), (), (), False),
+        Case(
+            entry("low-a", "low-b", handled=("low-a",), persisted=True),
+            HIGH_RESIZED,
+            Expected("act", evict=("low-b",)),
+            pods=(HIGH_RESIZED, LOW_A, LOW_B, MID),
+        ),
         id="handled-victim-not-evicted-again-even-if-cache-lags",
     ),
     pytest.param(
         # Asking for 5 CPUs: either 3-CPU pod would do. A fresh unrestricted plan would
         # take "late" (lower priority, appeared after admission); only "low" was named.
-        entry("low", persisted=True, desired_cpu=5000),
-        HIGH_5,
-        NODE,
-        (HIGH_5, pod("low", cpu="3", priority=100), pod("late", cpu="3")),
-        {},
-        ("act", ("low",), (), (), False),
+        Case(
+            entry("low", persisted=True, desired_cpu=5000),
+            HIGH_5,
+            Expected("act", evict=("low",)),
+            pods=(HIGH_5, pod("low", cpu="3", priority=100), pod("late", cpu="3")),
+        ),
         id="never-a-victim-the-admitted-plan-did-not-name",
     ),
     pytest.param(
-        entry("low", persisted=True),
-        HIGH_RESIZED,
-        NODE,
-        SCENE,
-        {"budgets": (DisruptionBudget("default", "low-pdb", LabelSelector((("app", "low"),)), 0),)},
-        ("wait", "cannot-fit", (), False),
+        Case(
+            entry("low", persisted=True),
+            HIGH_RESIZED,
+            Expected("wait", "cannot-fit"),
+            budgets=(LOW_PDB,),
+        ),
         id="pdb-now-forbids-it-waits",
     ),
     pytest.param(
-        entry("low", persisted=True),
-        HIGH_RESIZED,
-        NODE,
-        SCENE,
-        {"others": (entry(pod_name="other", review="review-2", desired_cpu=2000),)},
-        ("wait", "cannot-fit", (), False),
+        Case(
+            entry("low", persisted=True),
+            HIGH_RESIZED,
+            Expected("wait", "cannot-fit"),
+            others=(OTHER,),
+        ),
         id="another-reservation-took-the-room-waits",
     ),
     pytest.param(
-        entry("low", persisted=True),
-        HIGH_RESIZED,
-        NODE,
-        SCENE,
-        {
-            "others": (
-                entry(pod_name="other", review="review-2", expires_at=NOW - 1, desired_cpu=2000),
-            )
-        },
-        ("act", ("low",), (), (), False),
+        Case(
+            entry("low", persisted=True),
+            HIGH_RESIZED,
+            Expected("act", evict=("low",)),
+            others=(replace(OTHER, expires_at=NOW - 1),),
+        ),
         id="expired-reservations-of-others-do-not-count",
     ),
     pytest.param(
-        entry("low", persisted=True),
-        HIGH_RESIZED,
-        replace(NODE, resize_preemption_disabled=True),
-        SCENE,
-        {},
-        ("release", "not-eligible"),
+        Case(
+            entry("low", persisted=True),
+            HIGH_RESIZED,
+            Expected("release", "not-eligible"),
+            node=replace(NODE, resize_preemption_disabled=True),
+        ),
         id="node-opted-out-after-admission",
     ),
     pytest.param(
-        entry("low"),
-        HIGH_RESIZED,
-        None,
-        SCENE,
-        {},
-        ("wait", "node-unknown", (), True),
+        Case(
+            entry("low"),
+            HIGH_RESIZED,
+            Expected("wait", "node-unknown", mark_persisted=True),
+            node=None,
+        ),
         id="node-not-cached",
     ),
 ]
 
 
-@pytest.mark.parametrize(("the_entry", "the_pod", "node", "pods", "extra", "expected"), CASES)
-def test_next_action(
-    the_entry: LedgerEntry,
-    the_pod: Pod | None,
-    node: Node | None,
-    pods: tuple[Pod, ...],
-    extra: dict[str, Any],
-    expected: tuple[Any, ...],
-) -> None:
+@pytest.mark.parametrize("case", CASES)
+def test_next_action(case: Case) -> None:
     action = next_action(
-        the_entry,
-        the_pod,
-        node,
-        pods,
-        now=extra.get("now", NOW),
+        case.entry,
+        case.pod,
+        case.node,
+        case.pods,
+        now=case.now,
         config=CONFIG,
-        budgets=extra.get("budgets", ()),
-        others=extra.get("others", ()),
+        budgets=case.budgets,
+        others=case.others,
     )
-    assert summary(action) == expected
+
+    assert case.expected == digest(action)
 
 
 def test_next_action_is_pure() -> None:
@@ -436,7 +427,7 @@ def test_own_reservation_is_not_counted_against_itself() -> None:
     # The entry reserves 6 CPUs for "high"; if it counted against itself nothing would fit.
     own = entry("low", persisted=True)
     action = next_action(own, HIGH_RESIZED, NODE, SCENE, now=NOW, config=CONFIG, others=(own,))
-    assert summary(action) == ("act", ("low",), (), (), False)
+    assert Expected("act", evict=("low",)) == digest(action)
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ import orjson
 
 from webhook import pki
 from webhook.core.model import FIT_TO_NODE_ANNOTATION
-from webhook.engine.static_view import StaticClusterView
+from webhook.testing import StaticClusterView
 
 NODE = "node-1"
 START = "2025-01-01T00:00:00Z"
@@ -258,7 +258,7 @@ def _serve_main() -> None:
             (lifecycle / event).write_text(str(os.getpid()))
 
     from webhook.engine.config import Config
-    from webhook.engine.ledger import InMemoryLedger
+    from webhook.testing import InMemoryLedger
     from webhook.web.app import create_app, metrics_of
     from webhook.web.server import WorkerApp, serve
     from webhook.web.tls import CertificateReloader

@@ -16,7 +16,6 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
 import jsonpatch
@@ -31,6 +30,7 @@ from webhook.core.report import warnings_for
 from webhook.core.resources import RESOURCE_NAMES, Resources, format_amount
 from webhook.engine.backlog import After, run_now
 from webhook.engine.config import Config
+from webhook.engine.decision import Decision
 from webhook.engine.decision_log import Facts, decision_logger, emit, line
 from webhook.engine.held_amounts import HeldAmounts
 from webhook.engine.ledger import Ledger, LedgerEntry
@@ -44,30 +44,6 @@ PREFIX = "resize-preemption: "
 log = logging.getLogger(__name__)
 
 
-class Decision(NamedTuple):
-    """What to answer, and why. ``verdict`` is the plan's, or ``ignored``/``error``.
-
-    A tuple, as the small values of the core: built for every review, and a frozen
-    dataclass sets each field through ``object.__setattr__``."""
-
-    uid: str
-    allowed: bool = True
-    verdict: str = "ignored"
-    plan: Plan | None = None
-    warnings: tuple[str, ...] = ()
-    audit: Mapping[str, str] = MappingProxyType({})
-    code: int | None = None
-    message: str = ""
-    patch: list[dict[str, Any]] | None = None
-    #: The ledger entry this review holds (new, or the one a retried review wrote).
-    admitted: LedgerEntry | None = None
-    error: str = ""
-
-    @property
-    def reserved(self) -> bool:
-        return self.admitted is not None
-
-
 class _Scene(NamedTuple):
     """Everything a decision reads, taken from the cache once."""
 
@@ -77,11 +53,6 @@ class _Scene(NamedTuple):
     pods: tuple[Pod, ...]
     budgets: tuple[Any, ...]
     holds: Callable[[Pod], Resources]
-
-
-def desired_requests(pod: Pod) -> tuple[tuple[str, Any], ...]:
-    """The container requests a resize asks for, by name (for the ledger entry)."""
-    return tuple((c.name, c.requests) for c in pod.all_containers())
 
 
 def _audit(plan: Plan) -> dict[str, str]:
@@ -324,15 +295,8 @@ class AdmissionEngine:
                 # A newer resize supersedes an earlier admitted one of the same pod; one
                 # that needs no room reserves none.
                 return (live if live != entries else None), (plan, None)
-            entry = LedgerEntry(
-                pod=scene.new.ref,
-                node=scene.node.name,
-                review_uid=uid,
-                resources=plan.requested,
-                desired=desired_requests(scene.new),
-                victims=tuple(v.pod for v in plan.victims),
-                admitted_at=now,
-                expires_at=now + self.config.reservation_ttl,
+            entry = LedgerEntry.for_plan(
+                scene.new, plan, review_uid=uid, now=now, ttl=self.config.reservation_ttl
             )
             return (*live, entry), (plan, entry)
 

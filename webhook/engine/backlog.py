@@ -21,12 +21,13 @@ anyway; the decision log loses its last lines).
 from __future__ import annotations
 
 import logging
-import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
+
+from webhook.engine.loop import Loop
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +50,8 @@ def run_now(job: Job, argument: Any) -> None:
 
 
 class Backlog:
-    """Runs submitted jobs from one background thread, in batches (:meth:`submit` is an
-    :data:`After`).
+    """Runs submitted jobs from one background :class:`~webhook.engine.loop.Loop`, in
+    batches (:meth:`submit` is an :data:`After`).
 
     :meth:`submit` is thread-safe, takes no lock and does no I/O. Work submitted before
     :meth:`start` waits for it. A job that raises is logged, and loses that batch (a job
@@ -69,8 +70,7 @@ class Backlog:
         self._pending: deque[tuple[Job, Any]] = deque()
         # Approximate under contention (no lock on the review path); reported only.
         self._dropped = 0
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Loop(name, lambda _stop: self.flush(), period=interval)
 
     def submit(self, job: Job, argument: Any) -> None:
         if len(self._pending) >= self.limit:
@@ -79,15 +79,11 @@ class Backlog:
         self._pending.append((job, argument))  # deque.append is atomic
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-            self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread, then run every job still pending."""
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._loop.stop(timeout)
         self.flush()
 
     def flush(self) -> None:
@@ -106,10 +102,6 @@ class Backlog:
         dropped, self._dropped = self._dropped, 0
         if dropped:
             log.warning("%s behind: %d jobs dropped", self.name, dropped)
-
-    def _run(self) -> None:
-        while not self._stopping.wait(self.interval):
-            self.flush()
 
 
 __all__ = ["FLUSH_INTERVAL", "PENDING_LIMIT", "After", "Backlog", "Job", "run_now"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from webhook.core.model import PdbMode
@@ -42,7 +42,6 @@ class Config:
     #: Largest AdmissionReview body accepted, bytes.
     max_body_bytes: int = 3 * 1024 * 1024
     scheduler_name: str = "resize-preemption-webhook"
-    extra: dict[str, str] = field(default_factory=dict)
 
     def policy(self) -> DefaultPolicy:
         return DefaultPolicy(
@@ -50,6 +49,3 @@ class Config:
             max_victims=self.max_victims,
             protected_namespaces=self.protected_namespaces,
         )
-
-    def with_mode(self, mode: Mode) -> Config:
-        return replace(self, mode=mode)

@@ -10,15 +10,13 @@ logs messages alone (``%(message)s``), so the output is the same lines, written 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 
 from webhook.core.plan import Plan
 from webhook.core.resources import format_amount
-
-if TYPE_CHECKING:
-    from webhook.engine.admission import Decision
+from webhook.engine.decision import Decision
 
 decision_logger = logging.getLogger("webhook.decisions")
 

@@ -8,7 +8,6 @@ store updates one node's group atomically with optimistic concurrency.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
@@ -16,7 +15,8 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from webhook.core.errors import ObjectError
-from webhook.core.model import PodRef
+from webhook.core.model import Pod, PodRef
+from webhook.core.plan import Plan
 from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
 
@@ -24,6 +24,13 @@ R = TypeVar("R")
 
 #: Bump when the JSON form changes incompatibly; readers skip entries they do not know.
 ENTRY_VERSION = 1
+
+
+def desired_requests(pod: Pod) -> tuple[tuple[str, Resources], ...]:
+    """The container requests ``pod``'s spec declares, by container name: what a resize
+    sets, and what an entry admits (compare them as mappings: a decoded entry keeps its
+    containers in name order)."""
+    return tuple((c.name, c.requests) for c in pod.all_containers())
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +55,33 @@ class LedgerEntry:
     #: Set by the worker once the resize is in the pod's spec.
     persisted: bool = False
 
+    @classmethod
+    def for_plan(
+        cls,
+        pod: Pod,
+        plan: Plan,
+        *,
+        review_uid: str,
+        now: float,
+        ttl: float,
+        persisted: bool = False,
+    ) -> LedgerEntry:
+        """The entry admitting ``pod``'s resize as ``plan`` (``fits`` or ``preempt``) has
+        it: the room the plan requested on its node, its victims in eviction order, held
+        for ``ttl`` seconds from ``now``. ``persisted``: the resize is in the pod's spec
+        already (the kubelet deferred it)."""
+        return cls(
+            pod=pod.ref,
+            node=plan.node,
+            review_uid=review_uid,
+            resources=plan.requested,
+            desired=desired_requests(pod),
+            victims=tuple(v.pod for v in plan.victims),
+            admitted_at=now,
+            expires_at=now + ttl,
+            persisted=persisted,
+        )
+
     @property
     def pending_victims(self) -> tuple[PodRef, ...]:
         return tuple(v for v in self.victims if v.uid not in self.handled)
@@ -70,9 +104,6 @@ class LedgerEntry:
 
     def with_persisted(self) -> LedgerEntry:
         return replace(self, persisted=True)
-
-    def with_expiry(self, expires_at: float) -> LedgerEntry:
-        return replace(self, expires_at=expires_at)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -168,31 +199,3 @@ class Ledger(Protocol):
         ...
 
     def reachable(self) -> bool: ...
-
-
-class InMemoryLedger:
-    """A :class:`Ledger` in one process's memory: for unit tests, ``plan`` and ``warn``."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._nodes: dict[str, tuple[LedgerEntry, ...]] = {}
-        self.writes = 0
-
-    def entries(self, node: str) -> tuple[LedgerEntry, ...]:
-        with self._lock:
-            return self._nodes.get(node, ())
-
-    def all_entries(self) -> tuple[LedgerEntry, ...]:
-        with self._lock:
-            return tuple(e for group in self._nodes.values() for e in group)
-
-    def update(self, node: str, change: Change[R]) -> R:
-        with self._lock:
-            new, result = change(self._nodes.get(node, ()))
-            if new is not None:
-                self._nodes[node] = new
-                self.writes += 1
-            return result
-
-    def reachable(self) -> bool:
-        return True

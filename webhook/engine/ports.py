@@ -1,15 +1,19 @@
-"""What the admission engine and the worker need from the cluster, as protocols.
+"""What the admission engine and the preemption worker need from the cluster, as
+protocols (the ledger's is :class:`webhook.engine.ledger.Ledger`).
 
-``webhook.kube.cache.ClusterCache`` implements :class:`ClusterView` from list+watch;
-tests may implement it over a fixed set of objects.
+``webhook.kube`` implements them against the API server: ``ClusterCache`` is a
+:class:`ClusterView` from list+watch, ``Evictor`` a :class:`VictimEvictor`,
+``EventRecorder`` the :class:`PreemptionEvents`. ``webhook.testing`` has a
+:class:`ClusterView` over a fixed set of objects.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from enum import StrEnum
 from typing import Protocol
 
-from webhook.core.model import DisruptionBudget, Node, Pod
+from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
 from webhook.core.objects import PriorityResolver
 
 
@@ -39,7 +43,32 @@ class ClusterView(Protocol):
         ...
 
 
-class Clock(Protocol):
-    def __call__(self) -> float:
-        """Epoch seconds."""
-        ...
+class EvictionResult(StrEnum):
+    """What happened to one victim. All but ``blocked-by-pdb`` and ``failed`` are final."""
+
+    EVICTED = "evicted"
+    DELETED = "deleted"
+    GONE = "gone"
+    SKIPPED_TERMINATING = "skipped-terminating"
+    BLOCKED_BY_PDB = "blocked-by-pdb"
+    FAILED = "failed"
+
+    @property
+    def done(self) -> bool:
+        """True when the victim is leaving or gone: never act on it again."""
+        return self not in (EvictionResult.BLOCKED_BY_PDB, EvictionResult.FAILED)
+
+
+class VictimEvictor(Protocol):
+    """Removes one victim for a preemptor, idempotently; never raises (API failures are
+    ``failed``). ``seen_live``: the caller has just seen the victim live under this uid."""
+
+    def evict(
+        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
+    ) -> EvictionResult: ...
+
+
+class PreemptionEvents(Protocol):
+    """Tells the resizing pod which victims were acted on for it; never raises."""
+
+    def preempting(self, preemptor: PodRef, victims: Sequence[PodRef], node: str) -> bool: ...

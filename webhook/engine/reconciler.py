@@ -32,15 +32,20 @@ import orjson
 from webhook.core.errors import WebhookError
 from webhook.core.model import Pod
 from webhook.core.plan import Plan, plan_resize
-from webhook.engine.admission import desired_requests
 from webhook.engine.config import Config
 from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.held_amounts import HeldAmounts
 from webhook.engine.ledger import Ledger, LedgerEntry
+from webhook.engine.loop import Loop
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import ClusterView
 
 log = logging.getLogger(__name__)
+
+#: Seconds between passes when nothing wakes the reconciler earlier.
+PERIOD = 5.0
+#: Changes arrive in bursts (a deletion is several watch events): one pass per burst.
+DEBOUNCE = 0.05
 
 
 class DeferredView(ClusterView, Protocol):
@@ -91,8 +96,9 @@ def skip_reason(pod: Pod) -> str:
 class Reconciler:
     """One pass (:meth:`reconcile`) plans for every deferred resize without a live entry.
 
-    Run by the leader only, beside the preemption worker; call it on pod, node and PDB
-    changes and on a timer. Thread-safe as long as one thread runs passes.
+    Run by the leader only, beside the preemption worker: :meth:`start` runs passes in a
+    :class:`~webhook.engine.loop.Loop`, woken (:meth:`wake`) on pod, node, PDB and ledger
+    changes, and every ``period`` seconds. Thread-safe as long as one thread runs passes.
     """
 
     def __init__(
@@ -105,6 +111,8 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
         on_admitted: Callable[[LedgerEntry], None] | None = None,
         on_decision: DecisionHook | None = None,
+        period: float = PERIOD,
+        debounce: float = DEBOUNCE,
     ) -> None:
         self.config = config
         self.cluster = cluster
@@ -119,8 +127,25 @@ class Reconciler:
         # (pod uid, generation) -> last (verdict, code): a pod left pending is looked at on
         # every pass; its metric, log line and event follow changes only.
         self._last: dict[tuple[str, int], tuple[str, str]] = {}
-        #: Passes completed; tests and probes read it.
-        self.passes = 0
+        self._loop = Loop(
+            "reconciler",
+            lambda _stop: self.reconcile(),
+            period=period,
+            debounce=debounce,
+            on_error=self._count_error,
+        )
+
+    def start(self) -> None:
+        """Run passes in a thread (idempotent); the first one at once: every deferred
+        resize, on a cold start."""
+        self._loop.start()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        self._loop.stop(timeout)
+
+    def wake(self) -> None:
+        """Ask for a pass soon (cheap, thread-safe)."""
+        self._loop.wake()
 
     def reconcile(self) -> list[Outcome]:
         """Plan for every deferred resize; returns what was decided, pod by pod."""
@@ -137,15 +162,18 @@ class Reconciler:
                 outcome = self._reconcile_pod(pod)
             except WebhookError as e:
                 log.warning("deferred resize of %s not planned: %s", pod.key, e)
-                self.metrics.errors.labels("reconciler").inc()
+                self._count_error()
                 continue
             if outcome is not None:
                 outcomes.append(outcome)
                 self._report(pod, outcome)
         for key in set(self._last) - seen:
             del self._last[key]
-        self.passes += 1
         return outcomes
+
+    def _count_error(self) -> None:
+        # The series appears with the first error, not before.
+        self.metrics.errors.labels("reconciler").inc()
 
     def _report(self, pod: Pod, outcome: Outcome) -> None:
         key = (pod.uid, pod.generation)
@@ -201,15 +229,12 @@ class Reconciler:
                 # Nothing to reserve: room that appears lets the kubelet actuate by itself,
                 # and a reservation without victims would only hold room others may use.
                 return None, (plan, None)
-            entry = LedgerEntry(
-                pod=pod.ref,
-                node=node.name,
+            entry = LedgerEntry.for_plan(
+                pod,
+                plan,
                 review_uid=uid,
-                resources=plan.requested,
-                desired=desired_requests(pod),
-                victims=tuple(v.pod for v in plan.victims),
-                admitted_at=now,
-                expires_at=now + self.config.reservation_ttl,
+                now=now,
+                ttl=self.config.reservation_ttl,
                 persisted=True,  # the kubelet deferred it: it is in the spec already
             )
             return (*live, entry), (plan, entry)

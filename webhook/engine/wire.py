@@ -15,10 +15,11 @@ from typing import Any, Final, Literal, NotRequired, TypedDict, cast
 import orjson
 
 from webhook.core.errors import InputError
+from webhook.core.report import WARNING_LIMIT, clip
 
 API_VERSIONS: Final = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 MAX_WARNINGS_CHARS: Final = 4096
-MAX_WARNING_CHARS: Final = 120
+MAX_WARNING_CHARS: Final = WARNING_LIMIT
 # An audit annotation key: a qualified name's name part (no prefix; the API server adds
 # the webhook's name as prefix), at most 63 characters.
 _AUDIT_KEY: Final = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
@@ -115,9 +116,7 @@ def clean_warnings(warnings: Sequence[str]) -> list[str]:
     out: list[str] = []
     used = 0
     for w in warnings:
-        line = " ".join(str(w).split())
-        if len(line) > MAX_WARNING_CHARS:
-            line = line[: MAX_WARNING_CHARS - 3] + "..."
+        line = clip(str(w), MAX_WARNING_CHARS)
         if not line or used + len(line) > MAX_WARNINGS_CHARS:
             continue
         out.append(line)

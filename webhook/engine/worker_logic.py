@@ -8,7 +8,7 @@ shows them, and the time, and answers with one of three actions:
 * :class:`Act` - bookkeeping for the ledger and, maybe, victims to evict in order.
 
 No I/O and no clock reads happen here, so every branch is testable with plain objects.
-The worker (``webhook.kube.worker``) carries the actions out.
+The worker (:mod:`webhook.engine.worker`) carries the actions out.
 
 The rules, in the order they are checked (numbered like the comments below):
 
@@ -44,9 +44,8 @@ from typing import Literal
 from webhook.core.model import DisruptionBudget, Node, PdbMode, Pod, PodRef
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.policy import ImportanceKey, PreemptionPolicy
-from webhook.core.resources import Resources
 from webhook.engine.config import Config
-from webhook.engine.ledger import LedgerEntry
+from webhook.engine.ledger import LedgerEntry, desired_requests
 
 ReleaseReason = Literal[
     "expired",
@@ -132,14 +131,9 @@ class ListedOnly:
         return self.base.importance(pod, now)
 
 
-def spec_requests(pod: Pod) -> dict[str, Resources]:
-    """The pod's declared container requests by container name (what a resize sets)."""
-    return {c.name: c.requests for c in pod.all_containers()}
-
-
 def is_persisted(entry: LedgerEntry, pod: Pod) -> bool:
     """True when the pod's spec carries exactly the container requests the entry admitted."""
-    return spec_requests(pod) == dict(entry.desired)
+    return dict(desired_requests(pod)) == dict(entry.desired)
 
 
 def is_actuated(entry: LedgerEntry, pod: Pod) -> bool:
@@ -277,5 +271,4 @@ __all__ = [
     "is_actuated",
     "is_persisted",
     "next_action",
-    "spec_requests",
 ]

@@ -121,9 +121,6 @@ class IndexedStore(Generic[V]):
     def group(self, index: str, key: str) -> tuple[V, ...]:
         return self._groups[index].get(key, ())
 
-    def group_keys(self, index: str) -> tuple[str, ...]:
-        return tuple(self._groups[index])
-
     def by(self, index: str, key: str) -> V | None:
         return self._unique[index].get(key)
 
@@ -508,9 +505,6 @@ class ClusterCache:
     def all_pods(self) -> tuple[Pod, ...]:
         """Every cached pod (a snapshot tuple; O(n) - not for the admission path)."""
         return self.pods.values()
-
-    def all_nodes(self) -> tuple[Node, ...]:
-        return self.nodes.values()
 
     def pending_resizes(self) -> tuple[Pod, ...]:
         """Pods whose ``PodResizePending`` is Deferred or Infeasible."""

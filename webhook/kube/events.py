@@ -118,8 +118,6 @@ class EventRecorder:
         self._last_nanos = 0
         #: Events that could not be recorded since this recorder was made.
         self.failures = 0
-        #: Events recorded since this recorder was made.
-        self.recorded = 0
 
     # -- the events -----------------------------------------------------------------------
 
@@ -212,8 +210,6 @@ class EventRecorder:
         except Exception as e:  # an event must never break the caller
             self._failed(regarding, reason, f"{type(e).__name__}: {e}")
             return False
-        with self._lock:
-            self.recorded += 1
         return True
 
     def _failed(self, regarding: PodRef, reason: str, error: str) -> None:

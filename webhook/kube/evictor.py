@@ -43,12 +43,13 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from enum import StrEnum
 from typing import Any, Final
 
 from webhook.core.model import PodRef
 from webhook.engine.config import EvictionMethod
+from webhook.engine.loop import Backoff
 from webhook.engine.metrics import Metrics
+from webhook.engine.ports import EvictionResult
 from webhook.kube.errors import ClusterError, Conflict, NotFound, TooManyRequests
 from webhook.kube.events import EventRecorder, rfc3339
 from webhook.kube.jsonapi import STRATEGIC_MERGE_PATCH, request_json
@@ -60,22 +61,6 @@ PREEMPTION_BY_SCHEDULER: Final = "PreemptionByScheduler"
 DISRUPTION_TARGET: Final = "DisruptionTarget"
 #: The API's default ``terminationGracePeriodSeconds``.
 DEFAULT_GRACE_SECONDS: Final = 30
-
-
-class EvictionResult(StrEnum):
-    """What happened to one victim. All but ``blocked-by-pdb`` and ``failed`` are final."""
-
-    EVICTED = "evicted"
-    DELETED = "deleted"
-    GONE = "gone"
-    SKIPPED_TERMINATING = "skipped-terminating"
-    BLOCKED_BY_PDB = "blocked-by-pdb"
-    FAILED = "failed"
-
-    @property
-    def done(self) -> bool:
-        """True when the victim is leaving or gone: never act on it again."""
-        return self not in (EvictionResult.BLOCKED_BY_PDB, EvictionResult.FAILED)
 
 
 def preemption_message(scheduler_name: str) -> str:
@@ -141,7 +126,7 @@ class Evictor:
         self.backoff_cap = backoff_cap
         self._timeout = request_timeout
         self._sleep = sleep
-        self._rng = rng
+        self._retries = Backoff(backoff_base, backoff_cap, rng=rng)
         self._clock = clock
 
     # -- the one public call ----------------------------------------------------------------
@@ -204,8 +189,7 @@ class Evictor:
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry ``attempt`` (0-based): exponential, capped, with
         full jitter in [50%, 100%] so replicas and victims do not retry in lockstep."""
-        delay = min(self.backoff_cap, self.backoff_base * (2.0**attempt))
-        return delay * (0.5 + 0.5 * self._rng())
+        return self._retries.jittered(attempt + 1)
 
     def _evict_api(self, victim: PodRef, options: dict[str, Any]) -> EvictionResult:
         body = {

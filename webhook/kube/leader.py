@@ -1,6 +1,8 @@
 """Leader election over a ``coordination.k8s.io/v1`` Lease, with client-go's semantics.
 
-Only the leader runs the preemption worker. This follows client-go's
+Only the leader runs the preemption worker and the reconciler: the service hands the
+elector the ``start_leading`` and ``stop_leading`` of its
+:class:`webhook.engine.loop.Runnables` as callbacks. This follows client-go's
 ``tools/leaderelection`` (``LeaderElector`` with a ``LeaseLock`` and ``ReleaseOnCancel``):
 
 * **acquire**: every ``retry_period`` (jittered by up to 1.2x, ``wait.JitterUntil``) try

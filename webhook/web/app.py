@@ -37,10 +37,9 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, Reque
 from webhook.core.errors import InputError
 from webhook.engine.admission import PREFIX, AdmissionEngine, Endpoint
 from webhook.engine.config import Config
-from webhook.engine.ledger import InMemoryLedger, Ledger
+from webhook.engine.ledger import Ledger
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import ClusterView
-from webhook.engine.static_view import StaticClusterView
 from webhook.engine.wire import AdmissionRequest, AdmissionReview, parse_review, response
 
 if TYPE_CHECKING:
@@ -86,8 +85,9 @@ def create_app(
     """Build the webhook's WSGI app from its dependencies.
 
     ``engine`` wins over ``cluster``/``ledger``/``clock``; without it an engine is built
-    over ``cluster`` (default: an empty :class:`StaticClusterView`) and ``ledger``
-    (default: an :class:`InMemoryLedger`). ``metrics`` defaults to the engine's, so
+    over ``cluster`` and ``ledger``; without them (tests), over the test doubles of
+    :mod:`webhook.testing`: an empty :class:`~webhook.testing.StaticClusterView` and an
+    :class:`~webhook.testing.InMemoryLedger`. ``metrics`` defaults to the engine's, so
     web-level errors land in the same registry as the engine's counters.
 
     ``readiness`` supplies ``/readyz``'s checks (the service passes TLS loaded, cache
@@ -99,6 +99,9 @@ def create_app(
     """
     config = config or Config()
     if engine is None:
+        # Test doubles only when the caller brings nothing: the service passes both.
+        from webhook.testing import InMemoryLedger, StaticClusterView
+
         engine = AdmissionEngine(
             config,
             cluster if cluster is not None else StaticClusterView(),

@@ -1,9 +1,10 @@
 """The preemption worker: carries out admitted plans from the ledger. Leader only.
 
 The admission path writes a ledger entry per admitted resize (its reservation and its
-plan) and answers at once; this worker does the slow part. It wakes on :meth:`wake` (the
-cache's change notifications and the admission path poke it) or every ``interval``
-seconds, and walks every entry: up to ``NODE_PARALLELISM`` nodes side by side, each
+plan) and answers at once; this worker does the slow part. It runs as a
+:class:`~webhook.engine.loop.Loop`: woken by :meth:`~PreemptionWorker.wake` (the service
+calls it on every change of the cache or the ledger, and on every admission), or every
+``interval`` seconds, it walks every entry: up to ``NODE_PARALLELISM`` nodes side by side, each
 node's entries one after another, oldest admission first. For each it asks
 :func:`webhook.engine.worker_logic.next_action` what to do and does it:
 
@@ -13,8 +14,8 @@ node's entries one after another, oldest admission first. For each it asks
    victims in order; each is marked handled in the ledger right after it is done (the
    first mark also carries the rest of the bookkeeping: persisted, victims found gone).
    ``blocked-by-pdb`` or ``failed`` stops the entry's turn and it is retried later with
-   exponential backoff, or at once when a PodDisruptionBudget changes (it may allow the
-   eviction now).
+   exponential backoff (:class:`~webhook.engine.loop.Backoff`), or at once when a
+   PodDisruptionBudget changes (it may allow the eviction now).
 
 Guarantees:
 
@@ -33,7 +34,10 @@ Guarantees:
 * errors are logged, counted (``rpw_errors{where="worker"}``) and retried; they never end
   the thread.
 
-Only the leader must run it: see :class:`webhook.kube.leader.LeaderElector`.
+Only the leader must run it: the service registers it with
+:class:`~webhook.engine.loop.Runnables` as needing leader election. It reaches the
+cluster only through its ports (:mod:`webhook.engine.ports`): the cache, the ledger, an
+evictor and an event sink, which ``webhook.kube`` provides.
 """
 
 from __future__ import annotations
@@ -45,18 +49,14 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Protocol
 
 from webhook.core.model import PodRef
 from webhook.engine.config import Config
 from webhook.engine.ledger import Ledger, LedgerEntry
+from webhook.engine.loop import Backoff, Loop
 from webhook.engine.metrics import Metrics
-from webhook.engine.ports import ClusterView
+from webhook.engine.ports import ClusterView, EvictionResult, PreemptionEvents, VictimEvictor
 from webhook.engine.worker_logic import Act, Action, Release, Wait, next_action
-from webhook.kube.cache import BUDGETS
-from webhook.kube.events import EventRecorder
-from webhook.kube.evictor import EvictionResult
 
 log = logging.getLogger(__name__)
 
@@ -66,20 +66,6 @@ log = logging.getLogger(__name__)
 NODE_PARALLELISM = 8
 
 EntryChange = tuple[tuple[LedgerEntry, ...] | None, bool]
-
-
-class VictimEvictor(Protocol):
-    """What the worker needs from :class:`webhook.kube.evictor.Evictor`."""
-
-    def evict(
-        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
-    ) -> EvictionResult: ...
-
-
-@dataclass(slots=True)
-class _Backoff:
-    attempts: int = 0
-    not_before: float = 0.0
 
 
 # -- pure ledger changes (a store may call them again after a conflict) ----------------------
@@ -129,7 +115,8 @@ def update_entry(
 
 
 class PreemptionWorker:
-    """Runs admitted plans; ``start``/``stop`` it when this replica gains/loses leadership."""
+    """Runs admitted plans; the service starts it when this replica gains leadership and
+    stops it when it loses it."""
 
     def __init__(
         self,
@@ -140,7 +127,7 @@ class PreemptionWorker:
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
         *,
-        recorder: EventRecorder | None = None,
+        recorder: PreemptionEvents | None = None,
         interval: float = 1.0,
         backoff_base: float = 1.0,
         backoff_cap: float = 30.0,
@@ -161,47 +148,32 @@ class PreemptionWorker:
         self.metrics = metrics
         self.clock = clock
         self.recorder = recorder
-        self.interval = interval
-        self.backoff_base = backoff_base
-        self.backoff_cap = backoff_cap
-        self._rng = rng
-        self._wake = threading.Event()
-        self._stop = threading.Event()
+        #: Entries whose last step failed (a refused or failed eviction, an error), by
+        #: review uid.
+        self.backoff = Backoff(backoff_base, backoff_cap, clock=clock, rng=rng)
+        self._loop = Loop(
+            "preemption-worker",
+            self.run_once,
+            period=interval,
+            error_pause=interval,
+            on_error=self._count_error,
+        )
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._backoff: dict[str, _Backoff] = {}
         self._announced: set[str] = set()  # review uids whose pod got its event
         self._budgets_changed = False
-        #: Passes completed; tests and probes read it.
-        self.passes = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the worker thread (idempotent)."""
-        with self._lock:
-            if self._thread is not None and self._thread.is_alive():
-                return
-            # A fresh stop flag per thread: a thread that outlived stop()'s join (in a
-            # long eviction call) still sees its own flag set and ends.
-            self._stop = threading.Event()
-            self._wake.set()  # first pass at once: resume whatever the ledger holds
-            self._thread = threading.Thread(
-                target=self._run, args=(self._stop,), name="preemption-worker", daemon=True
-            )
-            self._thread.start()
+        """Start the worker thread (idempotent); its first pass resumes whatever the
+        ledger holds."""
+        self._loop.start()
         log.info("preemption worker started")
 
     def stop(self, timeout: float | None = 30.0) -> None:
-        """Stop after the victim in progress (never mid-call); waits up to ``timeout``."""
-        self._stop.set()
-        self._wake.set()
-        with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is None:
-            return  # not running (stopping is idempotent: leadership loss, then exit)
-        if thread is not threading.current_thread():
-            thread.join(timeout)
+        """Stop after the victim in progress (never mid-call); waits up to ``timeout``.
+        Idempotent: leadership loss, then exit."""
+        self._loop.stop(timeout)
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
@@ -211,41 +183,27 @@ class PreemptionWorker:
 
     @property
     def running(self) -> bool:
-        thread = self._thread
-        return thread is not None and thread.is_alive() and not self._stop.is_set()
+        return self._loop.running
 
-    def wake(self, kind: object = None, *_: Any, **__: Any) -> None:
-        """Ask for a pass soon; cheap, thread-safe, usable directly as a cache subscriber
-        (``kind, event_type, old, new``). A PodDisruptionBudget change also ends every
-        backoff: an eviction it refused may be allowed now."""
-        if kind == BUDGETS:
+    def wake(self, *, budgets_changed: bool = False) -> None:
+        """Ask for a pass soon; cheap and thread-safe. ``budgets_changed``: a
+        PodDisruptionBudget changed, which also ends every backoff (an eviction it refused
+        may be allowed now)."""
+        if budgets_changed:
             self._budgets_changed = True
-        self._wake.set()
-
-    def _run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self._wake.wait(self.interval)
-            self._wake.clear()
-            if stop.is_set():
-                break
-            try:
-                self.run_once(stop)
-            except Exception:
-                self.metrics.errors.labels("worker").inc()
-                log.exception("preemption worker pass failed; retrying")
-                stop.wait(self.interval)
+        self._loop.wake()
 
     # -- one pass --------------------------------------------------------------------------------
 
     def run_once(self, stop: threading.Event | None = None) -> None:
-        """One pass over every ledger entry (what the thread runs on each wake-up); ends
-        early, between two victims at the latest, once ``stop`` is set."""
-        stop = stop or self._stop
+        """One pass over every ledger entry (the loop's step); ends early, between two
+        victims at the latest, once ``stop`` is set."""
+        stop = stop or threading.Event()
         if not self.cluster.synced():
             return  # an empty cache would make every pod look gone
         if self._budgets_changed:
             self._budgets_changed = False
-            self._backoff.clear()
+            self.backoff.reset()
         groups: dict[str, list[LedgerEntry]] = defaultdict(list)
         for entry in self.ledger.all_entries():
             groups[entry.node].append(entry)
@@ -271,10 +229,8 @@ class PreemptionWorker:
         if stop.is_set():
             return
         # Forget state of entries no longer in the ledger.
-        for uid in set(self._backoff) - live:
-            del self._backoff[uid]
+        self.backoff.retain(live)
         self._announced &= live
-        self.passes += 1
 
     def _process_node(self, entries: list[LedgerEntry], stop: threading.Event) -> None:
         for entry in sorted(entries, key=lambda e: (e.admitted_at, e.review_uid)):
@@ -283,9 +239,13 @@ class PreemptionWorker:
             try:
                 self.process(entry, stop)
             except Exception:
-                self.metrics.errors.labels("worker").inc()
+                self._count_error()
                 log.exception("processing the resize of %s failed", entry.pod.key)
-                self._defer(entry.review_uid)
+                self.backoff.failed(entry.review_uid)
+
+    def _count_error(self) -> None:
+        # The series appears with the first error, not before.
+        self.metrics.errors.labels("worker").inc()
 
     def _node_pool(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -317,21 +277,20 @@ class PreemptionWorker:
 
     def process(self, entry: LedgerEntry, stop: threading.Event | None = None) -> Action | None:
         """Decide and carry out one step for ``entry``; ``None`` when backing off."""
-        backoff = self._backoff.get(entry.review_uid)
-        if backoff is not None and self.clock() < backoff.not_before:
+        if not self.backoff.ready(entry.review_uid):
             return None
         action = self.decide(entry)
         if isinstance(action, Release):
             # 1. Nothing more to do for this resize: its room is released.
             self.ledger.update(entry.node, remove_entry(entry.review_uid))
-            self._backoff.pop(entry.review_uid, None)
+            self.backoff.succeeded(entry.review_uid)
             log.info("released %s on %s: %s", entry.pod.key, entry.node, action.detail)
         elif isinstance(action, Wait):
             # 2. Bookkeeping only.
             if action.mark_persisted or action.settle:
                 self._settle(entry, action.settle, persisted=action.mark_persisted)
         else:
-            self._act(entry, action, stop or self._stop)
+            self._act(entry, action, stop or threading.Event())
         return action
 
     def _settle(
@@ -410,7 +369,7 @@ class PreemptionWorker:
                     entry.pod.key,
                     result.value,
                 )
-                self._defer(entry.review_uid)
+                self.backoff.failed(entry.review_uid)
                 break
             # A crash right here loses only this mark: the victim is terminating or gone,
             # and the next leader settles it from the cache without another API call.
@@ -429,7 +388,7 @@ class PreemptionWorker:
             # Nobody was evicted after all: the bookkeeping still has to be written.
             self._settle(entry, action.settle, persisted=action.mark_persisted)
         if acted:
-            self._backoff.pop(entry.review_uid, None)
+            self.backoff.succeeded(entry.review_uid)
             self._announce(entry, acted)
 
     def _announce(self, entry: LedgerEntry, victims: list[PodRef]) -> None:
@@ -446,11 +405,5 @@ class PreemptionWorker:
         log.info("not leading any more: no eviction until leadership is back")
         return False
 
-    def _defer(self, review_uid: str) -> None:
-        state = self._backoff.setdefault(review_uid, _Backoff())
-        delay = min(self.backoff_cap, self.backoff_base * (2.0**state.attempts))
-        state.attempts += 1
-        state.not_before = self.clock() + delay * (0.5 + 0.5 * self._rng())
 
-
-__all__ = ["PreemptionWorker", "VictimEvictor", "remove_entry", "update_entry"]
+__all__ = ["NODE_PARALLELISM", "PreemptionWorker", "remove_entry", "update_entry"]

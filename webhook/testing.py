@@ -1,19 +1,26 @@
-"""A :class:`~webhook.engine.ports.ClusterView` over a fixed set of objects.
+"""Test doubles of the engine's ports: a cluster view over a fixed set of objects and a
+ledger in one process's memory.
 
-For unit tests, benchmarks and offline use (planning against a snapshot): every answer
-comes from dictionaries built once in the constructor, so reads are as cheap as the live
-cache's and the view is safe to share between threads (nothing changes after
-construction).
+For unit tests, benchmarks and offline use (planning against a snapshot). The running
+service never uses them (``webhook.service`` wires the watch-fed cache and the Lease
+ledger); ``webhook.web.app.create_app`` falls back to them only when it is built without
+a cluster or a ledger, as tests build it.
+
+:class:`StaticClusterView` answers from dictionaries built once in its constructor, so
+reads are as cheap as the live cache's and it is safe to share between threads (nothing
+changes after construction).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from webhook.core.model import DisruptionBudget, Node, Pod, PriorityClass
 from webhook.core.objects import PriorityResolver
 from webhook.core.snapshot import Snapshot, load_snapshot
+from webhook.engine.ledger import Change, LedgerEntry, R
 
 
 class StaticClusterView:
@@ -109,3 +116,34 @@ class StaticClusterView:
     def pending_resizes(self) -> Sequence[Pod]:
         """Pods whose ``PodResizePending`` is Deferred or Infeasible (as the live cache)."""
         return self._pending
+
+
+class InMemoryLedger:
+    """A :class:`Ledger` in one process's memory: for unit tests, ``plan`` and ``warn``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nodes: dict[str, tuple[LedgerEntry, ...]] = {}
+        self.writes = 0
+
+    def entries(self, node: str) -> tuple[LedgerEntry, ...]:
+        with self._lock:
+            return self._nodes.get(node, ())
+
+    def all_entries(self) -> tuple[LedgerEntry, ...]:
+        with self._lock:
+            return tuple(e for group in self._nodes.values() for e in group)
+
+    def update(self, node: str, change: Change[R]) -> R:
+        with self._lock:
+            new, result = change(self._nodes.get(node, ()))
+            if new is not None:
+                self._nodes[node] = new
+                self.writes += 1
+            return result
+
+    def reachable(self) -> bool:
+        return True
+
+
+__all__ = ["InMemoryLedger", "StaticClusterView"]

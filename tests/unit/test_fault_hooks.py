@@ -1,0 +1,78 @@
+"""The harness's fault points: which ones a ledger write and an eviction reach, in order."""
+
+# House style puts the expected value on the left of ==.
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from harness.fault_hooks import FaultEvictor, FaultLedger, fault_hooks
+from tests.unit.test_worker_logic import entry, ref
+from webhook.engine.ledger import Change, LedgerEntry
+from webhook.engine.ports import EvictionResult
+from webhook.engine.worker import remove_entry, update_entry
+from webhook.service import Hooks
+from webhook.testing import InMemoryLedger
+
+
+@dataclass
+class Points:
+    """Stands in for a Fault: records the points reached instead of killing anyone."""
+
+    reached_in_order: list[str] = field(default_factory=list)
+
+    def reached(self, point: str) -> None:
+        self.reached_in_order.append(point)
+
+
+def add(new: LedgerEntry) -> Change[None]:
+    return lambda entries: ((*entries, new), None)
+
+
+@pytest.mark.parametrize(
+    ("change", "points"),
+    [
+        pytest.param(
+            add(entry("low", review="review-2")),
+            ["ledger-before", "ledger-write", "admitted"],
+            id="a-new-entry-is-an-admission",
+        ),
+        pytest.param(
+            update_entry("review-1", handled=("uid-low",)),
+            ["ledger-before", "ledger-write"],
+            id="a-mark-is-a-write",
+        ),
+        pytest.param(remove_entry("review-1"), ["ledger-before", "ledger-write"], id="a-release"),
+        pytest.param(remove_entry("nobody"), [], id="no-change-writes-nothing"),
+    ],
+)
+def test_ledger_points(change: Change[object], points: list[str]) -> None:
+    store = InMemoryLedger()
+    store.update("node-1", add(entry("low")))
+    seen = Points()
+
+    FaultLedger(store, seen).update("node-1", change)  # type: ignore[arg-type]
+
+    assert points == seen.reached_in_order
+
+
+def test_an_eviction_is_a_point_after_the_call() -> None:
+    seen = Points()
+
+    class Evictor:
+        def evict(self, *_: object, **__: object) -> EvictionResult:
+            seen.reached("call")
+            return EvictionResult.EVICTED
+
+    result = FaultEvictor(Evictor(), seen).evict(ref("low"), ref("high"), "node-1")  # type: ignore[arg-type]
+
+    assert (EvictionResult.EVICTED, ["call", "evicted"]) == (result, seen.reached_in_order)
+
+
+def test_nothing_armed_keeps_the_service_as_built() -> None:
+    assert Hooks() == fault_hooks({})
+    store = InMemoryLedger()
+    armed = fault_hooks({"RPW_FAULT_FILE": "/nonexistent/{identity}"})
+    assert isinstance(armed.ledger(store, "replica-0"), FaultLedger)

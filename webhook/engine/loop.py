@@ -1,0 +1,256 @@
+"""The service's background work: one loop, one backoff, and what runs while this replica
+leads.
+
+* :class:`Loop` - a daemon thread that calls one step when woken, or after a period of
+  quiet. The preemption worker, the reconciler and the after-review backlog are each one.
+* :class:`Backoff` - exponential backoff with jitter, per key: how long something that
+  failed waits before it is tried again.
+* :class:`Runnables` - everything the service starts, started in order and stopped in
+  reverse; the ones that need leader election run only while this replica leads.
+
+No Kubernetes client and no HTTP here: what a step does is its owner's business.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+#: A loop's step: called with the stop flag of the thread running it, so a long step can
+#: end early once it is set.
+Step = Callable[[threading.Event], object]
+
+
+class Loop:
+    """Runs ``step`` on a daemon thread: once at start, then whenever :meth:`wake` is
+    called, and at the latest ``period`` seconds after the last step.
+
+    ``debounce``: seconds to wait after being woken before the step runs, so a burst of
+    changes (one deletion is several watch events) costs one step. A step that raises is
+    logged and reported to ``on_error`` (which counts it); the loop then waits
+    ``error_pause`` seconds and goes on: a failure never ends the thread.
+
+    :meth:`start` and :meth:`stop` may be called any number of times, in any order
+    (leadership comes and goes). Each thread gets its own stop flag: a thread that
+    outlived :meth:`stop`'s wait (in a long step) still sees its own flag set and ends,
+    while a new one started meanwhile runs with a fresh flag.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        step: Step,
+        *,
+        period: float,
+        debounce: float = 0.0,
+        error_pause: float = 0.0,
+        on_error: Callable[[], object] | None = None,
+    ) -> None:
+        self.name = name
+        self.period = period
+        self.debounce = debounce
+        self.error_pause = error_pause
+        self._step = step
+        self._on_error = on_error
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def wake(self) -> None:
+        """Ask for a step soon. Cheap and thread-safe: wakes that come while a step runs
+        are folded into one more step after it."""
+        self._wake.set()
+
+    def start(self) -> None:
+        """Start the thread unless it runs (idempotent); the first step runs at once."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop = threading.Event()
+            self._wake.set()
+            self._thread = threading.Thread(
+                target=self._run, args=(self._stop,), name=self.name, daemon=True
+            )
+            self._thread.start()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Stop after the step in progress; waits up to ``timeout`` seconds for it."""
+        with self._lock:
+            self._stop.set()
+            self._wake.set()
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive() and not self._stop.is_set()
+
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._wake.wait(self.period)
+            if self.debounce:
+                stop.wait(self.debounce)
+            self._wake.clear()
+            if stop.is_set():
+                return
+            try:
+                self._step(stop)
+            except Exception:
+                if self._on_error is not None:
+                    self._on_error()
+                log.exception("%s: step failed; trying again", self.name)
+                stop.wait(self.error_pause)
+
+
+@dataclass(slots=True)
+class _Attempts:
+    failures: int
+    not_before: float
+
+
+class Backoff:
+    """Exponential backoff with jitter, per key (client-go's ``wait.Backoff`` with factor 2).
+
+    After the n-th failure in a row a key waits ``base * 2**(n-1)`` seconds, at most
+    ``cap``, scaled by a random factor in [0.5, 1] so that keys failing together do not
+    come back together. :meth:`succeeded` forgets a key; :meth:`reset` forgets them all
+    (something changed that may let every one of them through now). Thread-safe.
+    """
+
+    def __init__(
+        self,
+        base: float,
+        cap: float,
+        *,
+        clock: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        if base <= 0 or cap < base:
+            raise ValueError("backoff needs 0 < base <= cap")
+        self.base = base
+        self.cap = cap
+        self._clock = clock
+        self._rng = rng
+        self._lock = threading.Lock()
+        self._keys: dict[str, _Attempts] = {}
+
+    def delay(self, failures: int) -> float:
+        """The wait after ``failures`` failures in a row, before jitter."""
+        return min(self.cap, self.base * 2.0 ** max(0, failures - 1))
+
+    def jittered(self, failures: int) -> float:
+        """The wait after ``failures`` failures in a row: :meth:`delay` scaled by a random
+        factor in [0.5, 1]. For a caller that keeps its own count (one call's retries)."""
+        return self.delay(failures) * (0.5 + 0.5 * self._rng())
+
+    def failed(self, key: str) -> float:
+        """Count one more failure of ``key``; returns when it may be tried again (epoch
+        seconds, the clock's)."""
+        with self._lock:
+            attempts = self._keys.get(key)
+            failures = 1 if attempts is None else attempts.failures + 1
+            self._keys[key] = _Attempts(failures, self._clock() + self.jittered(failures))
+            return self._keys[key].not_before
+
+    def ready(self, key: str) -> bool:
+        """True when ``key`` is not waiting (never failed, or its wait is over)."""
+        attempts = self._keys.get(key)
+        return attempts is None or self._clock() >= attempts.not_before
+
+    def succeeded(self, key: str) -> None:
+        with self._lock:
+            self._keys.pop(key, None)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._keys.clear()
+
+    def retain(self, keys: Iterable[str]) -> None:
+        """Forget every key not in ``keys`` (their work is gone)."""
+        kept = set(keys)
+        with self._lock:
+            for key in [k for k in self._keys if k not in kept]:
+                del self._keys[key]
+
+
+class Runnable(Protocol):
+    """Something the service starts and stops: a loop, a watch, the leader elector."""
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Registered:
+    runnable: Runnable
+    stop_timeout: float
+
+
+class Runnables:
+    """Everything the service runs, registered in one place (after controller-runtime's
+    manager and its ``LeaderElectionRunnable``).
+
+    A runnable added with ``leader_election=True`` runs only while this replica leads:
+    :meth:`start_leading` and :meth:`stop_leading` are the leader elector's callbacks. The
+    others run from :meth:`start` to :meth:`stop`. Each group starts in the order added
+    and stops in reverse. :meth:`stop` stops the leader's runnables first, so nothing acts
+    for this replica once its shutdown began, and none starts again after it.
+    """
+
+    def __init__(self) -> None:
+        self._always: list[_Registered] = []
+        self._leader: list[_Registered] = []
+        self._lock = threading.Lock()
+        self._leading = False
+        self._closed = False
+
+    def add(
+        self, runnable: Runnable, *, leader_election: bool = False, stop_timeout: float = 10.0
+    ) -> None:
+        """Register ``runnable``; ``stop_timeout`` is what its :meth:`stop` may wait."""
+        group = self._leader if leader_election else self._always
+        group.append(_Registered(runnable, stop_timeout))
+
+    def start(self) -> None:
+        for registered in self._always:
+            registered.runnable.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._closed = True
+        self.stop_leading()
+        for registered in reversed(self._always):
+            registered.runnable.stop(registered.stop_timeout)
+
+    def start_leading(self) -> None:
+        """This replica leads now: start the runnables that need leader election."""
+        with self._lock:
+            if self._leading or self._closed:
+                return
+            self._leading = True
+            for registered in self._leader:
+                registered.runnable.start()
+
+    def stop_leading(self) -> None:
+        """This replica stopped leading (or shuts down): stop them, newest first.
+        Idempotent."""
+        with self._lock:
+            if not self._leading:
+                return
+            self._leading = False
+            for registered in reversed(self._leader):
+                registered.runnable.stop(registered.stop_timeout)
+
+
+__all__ = ["Backoff", "Loop", "Runnable", "Runnables", "Step"]
