@@ -2,7 +2,9 @@
 
 :func:`plan_resize` walks fixed, numbered steps; its victim selection,
 :func:`select_victims`, is kube-scheduler's DefaultPreemption ``SelectVictimsOnNode``
-(which KEP-5836 reuses for resizes) on the kubelet's fit model.
+(which KEP-5836 reuses for resizes) on the kubelet's fit model, with lending: pods that
+opted in shrink in place to their floors before anyone is evicted
+(:mod:`webhook.core.lending`, docs/lending.md).
 :class:`~webhook.core.policy.PreemptionPolicy` supplies the tunable parts. It is pure:
 same inputs, same :class:`Plan`, whatever order the pods come in.
 """
@@ -16,6 +18,7 @@ from typing import Literal
 from webhook.core.accounting import pod_requests
 from webhook.core.disruption import split_by_violation
 from webhook.core.headroom import NodeUsage, node_usage
+from webhook.core.lending import Loan, borrow, room
 from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.reservation import Reservation, active_on
@@ -34,6 +37,7 @@ ReasonCode = Literal[
     "fits",
     "fits-once-terminated",
     "preempt",
+    "lend",
     "exceeds-allocatable",
     "insufficient-after-preemption",
     "pdb-violation",
@@ -78,10 +82,21 @@ class Plan:
     victims: tuple[Victim, ...] = ()  # in eviction order, least important first
     figures: Mapping[ResourceName, ResourceFigures] | None = None
     waiting_for: tuple[PodRef, ...] = ()  # terminating or already-claimed pods
+    loans: tuple[Loan, ...] = ()  # in the order taken, least important lender first
 
     @property
     def victim_keys(self) -> tuple[str, ...]:
         return tuple(v.pod.key for v in self.victims)
+
+    @property
+    def lender_keys(self) -> tuple[str, ...]:
+        """The lenders, each once, in the order their loans were taken."""
+        return lender_keys(self.loans)
+
+    @property
+    def lent(self) -> Resources:
+        """What the loans free together."""
+        return lent(self.loans)
 
     @property
     def shortfall(self) -> Resources:
@@ -94,6 +109,19 @@ class Plan:
         """What is missing even after the plan (non-zero only for infeasible plans)."""
         f = self.figures or {}
         return Resources(*(f[n].unmet if n in f else 0 for n in RESOURCE_NAMES))
+
+
+def lender_keys(loans: Iterable[Loan]) -> tuple[str, ...]:
+    """The pods ``loans`` borrow from, each once, in the order given."""
+    return tuple(dict.fromkeys(loan.pod.key for loan in loans))
+
+
+def lent(loans: Iterable[Loan]) -> Resources:
+    """What ``loans`` free together."""
+    freed = ZERO
+    for loan in loans:
+        freed = freed.replace(loan.resource, freed.get(loan.resource) + loan.frees)
+    return freed
 
 
 def shortfall(demand: Resources, used: Resources, allocatable: Resources) -> Resources:
@@ -135,11 +163,25 @@ def is_candidate(
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """What :func:`select_victims` found: victims in eviction order, or (``unmet``
-    non-zero) that even every candidate would not make room."""
+    """What :func:`select_victims` found: victims in eviction order and loans, or
+    (``unmet`` non-zero) that even every candidate would not make room."""
 
     victims: tuple[Victim, ...] = ()
     unmet: Resources = ZERO
+    loans: tuple[Loan, ...] = ()
+
+
+def _borrow(lenders: Iterable[Pod], needed: Resources) -> tuple[Loan, ...]:
+    """Loans covering ``needed``, taken from ``lenders`` in the order given, each lender
+    lending only what is still needed after the ones before it."""
+    loans: list[Loan] = []
+    for pod in lenders:
+        if needed.is_zero():
+            break
+        taken, freed = borrow(pod, needed)
+        loans += taken
+        needed = (needed - freed).clamp()
+    return tuple(loans)
 
 
 def select_victims(
@@ -152,11 +194,16 @@ def select_victims(
     budgets: Sequence[DisruptionBudget],
     policy: PreemptionPolicy,
     now: float,
+    reserved: frozenset[str] = frozenset(),
 ) -> Selection:
-    """Upstream ``SelectVictimsOnNode`` for ``demand`` on a node used as ``usage`` says.
+    """Upstream ``SelectVictimsOnNode`` for ``demand`` on a node used as ``usage`` says,
+    with lending (steps L1 and L2).
 
-    The result is locally minimal: without its victims the resize fits, while keeping
-    any single one of them it does not.
+    Lenders are candidates with floors, when the policy lends, other than pods holding a
+    reservation of their own (``reserved``: their size is promised to their own resize).
+    The result is locally minimal: without its victims, and with its loans, the resize
+    fits; keeping any single victim it does not, even with every kept lender at its
+    floors. Loans free no more than the resize is short of.
     """
     allocatable = node.allocatable
 
@@ -173,18 +220,47 @@ def select_victims(
     # 3. Most important first (MoreImportantPod, made a total order by the policy).
     candidates.sort(key=lambda p: policy.importance(p, now))
 
+    # What each lender holds once it lends every floor. A pod that holds nothing (never
+    # admitted) has nothing to lend.
+    at_floor: dict[str, Resources] = {}
+    if policy.lending:
+        for p in candidates:
+            if p.floors and p.uid not in reserved and not usage.held[p.uid].is_zero():
+                lendable = room(p)
+                if not lendable.is_zero():
+                    at_floor[p.uid] = usage.held[p.uid] - lendable
+    lenders = [p for p in reversed(candidates) if p.uid in at_floor]  # least important first
+
+    # L1. If lending alone covers the shortfall, evict nobody: borrow from the least
+    #     important lenders first, each only as much as is still needed.
+    projected = usage.in_use - usage.freeing
+    if lenders:
+        all_lent = projected - total(usage.held[p.uid] - at_floor[p.uid] for p in lenders)
+        if fits(demand, all_lent, allocatable):
+            return Selection(loans=_borrow(lenders, shortfall(demand, projected, allocatable)))
+
     # 4. Split by PodDisruptionBudget violation, walking in that order.
     violating, other = split_by_violation(candidates, budgets, policy.pdb_mode)
 
     # 5. Reprieve: add back the violating pods first, then the others, each in importance
-    #    order; a pod whose return would make the resize not fit becomes a victim.
+    #    order; a pod whose return would make the resize not fit becomes a victim. A
+    #    lender comes back at its floors.
     leaving: list[Pod] = []
     for pod in violating + other:
-        back = used + usage.held[pod.uid]
+        back = used + at_floor.get(pod.uid, usage.held[pod.uid])
         if fits(demand, back, allocatable):
             used = back
         else:
             leaving.append(pod)
+
+    # L2. What is still missing with the kept lenders at their full size, borrowed from
+    #     them least important first.
+    loans: tuple[Loan, ...] = ()
+    if lenders:
+        gone = {p.uid for p in leaving}
+        kept = [p for p in lenders if p.uid not in gone]
+        whole = used + total(usage.held[p.uid] - at_floor[p.uid] for p in kept)
+        loans = _borrow(kept, shortfall(demand, whole, allocatable))
 
     # Evicted least important first. Which victims overspend a budget is decided on the
     # victims themselves, in that order, as the Eviction API will meet them: step 4
@@ -192,7 +268,8 @@ def select_victims(
     leaving.sort(key=lambda p: policy.importance(p, now), reverse=True)
     over = {p.uid for p in split_by_violation(leaving, budgets, policy.pdb_mode)[0]}
     return Selection(
-        tuple(Victim(p.ref, p.priority, usage.held[p.uid], p.uid in over) for p in leaving)
+        tuple(Victim(p.ref, p.priority, usage.held[p.uid], p.uid in over) for p in leaving),
+        loans=loans,
     )
 
 
@@ -216,10 +293,12 @@ def plan_resize(
     * ``pods`` are the pods bound to ``node`` (the resizing pod may be among them; pods
       bound elsewhere are ignored, so victims are never on another node);
     * ``reservations`` may hold any node's; only active ones on ``node`` of other pods count;
-    * the result never names a victim with priority >= the resizing pod's, a mirror pod,
-      a terminating pod, or a pod another admitted resize already claimed; it has no
-      victims unless its verdict is ``preempt``; and without its victims the resize fits
-      while keeping any one of them it does not.
+    * the result never names a victim or lender with priority >= the resizing pod's, a
+      mirror pod, a terminating pod, or a pod another admitted resize already claimed; it
+      has no victims or loans unless its verdict is ``preempt``; without its victims and
+      with its loans the resize fits, while keeping any one victim it does not (even
+      with every kept lender at its floors); no loan goes below a floor, and the loans
+      free no more than the resize is short of.
 
     ``holds(pod)`` must equal ``pod_requests(pod)`` (what a pod holds by the kubelet's
     model); the engine passes its memo of those amounts for the node's pods.
@@ -243,6 +322,7 @@ def plan_resize(
         reason: str,
         victims: tuple[Victim, ...] = (),
         unmet: Resources = ZERO,
+        loans: tuple[Loan, ...] = (),
     ) -> Plan:
         figures = {
             n: ResourceFigures(
@@ -256,7 +336,16 @@ def plan_resize(
             for n in RESOURCE_NAMES
         }
         return Plan(
-            new.ref, name, verdict, code, reason, demand, victims, figures, usage.waiting_for
+            new.ref,
+            name,
+            verdict,
+            code,
+            reason,
+            demand,
+            victims,
+            figures,
+            usage.waiting_for,
+            loans,
         )
 
     # Step 1: not on a node, or needs no room.
@@ -302,9 +391,11 @@ def plan_resize(
     if node.resize_preemption_disabled or new.resize_preemption_disabled:
         return decide("not-eligible", "node-opted-out", f"{name} opted out of resize preemption")
 
-    # Step 5: victim selection.
+    # Step 5: victim selection, with lending.
     claimed = frozenset(uid for r in reserved.values() for uid in r.victims)
-    selection = select_victims(new, demand, node, pods, usage, claimed, budgets, policy, now)
+    selection = select_victims(
+        new, demand, node, pods, usage, claimed, budgets, policy, now, frozenset(reserved)
+    )
     if not selection.unmet.is_zero():
         return decide(
             "infeasible",
@@ -334,11 +425,23 @@ def plan_resize(
             unmet=short,
         )
 
+    loans = selection.loans
+    lenders = len(lender_keys(loans))
+    borrowing = f"borrowing {amounts_text(lent(loans))} from {lenders}"
+    if not victims:
+        return decide(
+            "preempt",
+            "lend",
+            f"{borrowing} lower-priority pod{'s' if lenders != 1 else ''} on {name}",
+            loans=loans,
+        )
     count = len(victims)
     return decide(
         "preempt",
         "preempt",
         f"preempting {count} lower-priority pod{'s' if count != 1 else ''} on {name} "
-        f"to free {amounts_text(short)}",
+        + (f"and {borrowing} " if loans else "")
+        + f"to free {amounts_text(short)}",
         victims=victims,
+        loans=loans,
     )
