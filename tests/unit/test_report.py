@@ -56,6 +56,7 @@ def test_json_contract_for_the_walkthrough() -> None:
             },
         },
         "waitingFor": [],
+        "loans": [],
     }
 
     assert expected == plan_to_dict(walk().plan())
