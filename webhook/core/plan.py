@@ -197,7 +197,7 @@ def select_victims(
     reserved: frozenset[str] = frozenset(),
 ) -> Selection:
     """Upstream ``SelectVictimsOnNode`` for ``demand`` on a node used as ``usage`` says,
-    with lending (steps L1 and L2).
+    with lending (steps 5 and 6).
 
     Lenders are candidates with floors, when the policy lends, other than pods holding a
     reservation of their own (``reserved``: their size is promised to their own resize).
@@ -231,20 +231,13 @@ def select_victims(
                     at_floor[p.uid] = usage.held[p.uid] - lendable
     lenders = [p for p in reversed(candidates) if p.uid in at_floor]  # least important first
 
-    # L1. If lending alone covers the shortfall, evict nobody: borrow from the least
-    #     important lenders first, each only as much as is still needed.
-    projected = usage.in_use - usage.freeing
-    if lenders:
-        all_lent = projected - total(usage.held[p.uid] - at_floor[p.uid] for p in lenders)
-        if fits(demand, all_lent, allocatable):
-            return Selection(loans=_borrow(lenders, shortfall(demand, projected, allocatable)))
-
     # 4. Split by PodDisruptionBudget violation, walking in that order.
     violating, other = split_by_violation(candidates, budgets, policy.pdb_mode)
 
     # 5. Reprieve: add back the violating pods first, then the others, each in importance
     #    order; a pod whose return would make the resize not fit becomes a victim. A
-    #    lender comes back at its floors.
+    #    lender comes back at its floors, so when lending alone covers the shortfall
+    #    every pod comes back and nobody is evicted.
     leaving: list[Pod] = []
     for pod in violating + other:
         back = used + at_floor.get(pod.uid, usage.held[pod.uid])
@@ -253,8 +246,8 @@ def select_victims(
         else:
             leaving.append(pod)
 
-    # L2. What is still missing with the kept lenders at their full size, borrowed from
-    #     them least important first.
+    # 6. Loans: what is still missing with the kept lenders at their full size, borrowed
+    #    from them least important first, each only as much as is still needed.
     loans: tuple[Loan, ...] = ()
     if lenders:
         gone = {p.uid for p in leaving}
@@ -262,7 +255,7 @@ def select_victims(
         whole = used + total(usage.held[p.uid] - at_floor[p.uid] for p in kept)
         loans = _borrow(kept, shortfall(demand, whole, allocatable))
 
-    # Evicted least important first. Which victims overspend a budget is decided on the
+    # 7. Evicted least important first. Which victims overspend a budget is decided on the
     # victims themselves, in that order, as the Eviction API will meet them: step 4
     # counted every candidate, also more important pods the reprieve kept.
     leaving.sort(key=lambda p: policy.importance(p, now), reverse=True)
