@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.unit.builders import (
     HIGH,
@@ -23,7 +26,7 @@ from tests.unit.builders import (
     make_reservation,
     plan,
 )
-from webhook.core.lending import Loan, borrow, room
+from webhook.core.lending import Loan, borrow, held, lowered, room
 from webhook.core.model import Node, Pod
 from webhook.core.plan import Plan
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
@@ -338,3 +341,40 @@ def test_borrow_takes_only_what_is_needed_and_never_below_the_floor() -> None:
     loans, freed = borrow(pod, Resources(5000, 5 * 2**30))
     assert Resources(2000, 3 * 2**30) == freed
     assert [("cpu", 1000), ("memory", 2**30)] == [(x.resource, x.after) for x in loans]
+
+
+SHAPES = st.tuples(
+    st.integers(200, 4000),  # app cpu, millicores
+    st.sampled_from((None, 100, 1500, 5000)),  # second app container
+    st.sampled_from((None, "init", "sidecar")),
+    st.integers(0, 6000),  # its cpu
+    st.sampled_from((None, 0.5, 1.0, 1.5)),  # allocated, as a share of the spec
+    st.integers(1, 4000),  # floor
+    st.integers(1, 6000),  # wanted
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(SHAPES)
+def test_a_loan_is_the_highest_amount_freeing_what_is_wanted(shape: tuple[Any, ...]) -> None:
+    # Checked against every amount from the request down to the floor.
+    app, second, extra, extra_cpu, allocated, floor, want = shape
+    b = make_pod("lender").priority(LOW).requests(cpu=f"{app}m").floor(cpu=f"{floor}m")
+    if second is not None:
+        b.requests(cpu=f"{second}m", container="second")
+    if extra is not None:
+        b.init_container("extra", cpu=f"{extra_cpu}m", sidecar=extra == "sidecar")
+    if allocated is not None:
+        b.admitted().status("app", allocated={"cpu": f"{int(app * allocated)}m"})
+    pod = b.build()
+    base = held(pod).cpu
+
+    def frees(after: int) -> int:
+        return base - held(lowered(pod, "app", "cpu", after)).cpu
+
+    loans, freed = borrow(pod, Resources(want, 0))
+    amounts = range(app - 1, floor - 1, -1)  # highest first
+    target = min(want, frees(floor)) if floor < app else 0
+    best = next((a for a in amounts if frees(a) >= target), None) if target > 0 else None
+    assert best == (loans[0].after if loans else None)
+    assert (frees(best) if best is not None else 0) == freed.cpu

@@ -136,27 +136,30 @@ def borrow(pod: Pod, needed: Resources) -> tuple[tuple[Loan, ...], Resources]:
     return tuple(loans), freed
 
 
+#: An amount larger than any a pod holds: where a container's share dominates its pod's.
+_HUGE = 2**62
+
+
 def _loan(pod: Pod, floor: Floor, want: int) -> Loan | None:
-    """The smallest loan of ``floor`` freeing ``want`` (or all it can), if it frees any."""
+    """The smallest loan of ``floor`` freeing ``want`` (or all it can), if it frees any.
+
+    What the pod holds of the resource, as a function of the container's amount ``a``,
+    is ``max(C, K + a)``: every term of ``PodRequests`` (the sum of the app containers
+    and sidecars, each init container's peak, in each of the three aggregates) counts
+    the container at most once, and the rest (other containers, pod-level requests,
+    overhead) does not depend on it. ``K`` is read off at a huge amount, where the
+    container's terms dominate; then the highest amount freeing ``target`` is
+    ``base - target - K``.
+    """
     before = _request(pod, floor)
     if floor.amount >= before:
         return None
     name, resource = floor.container, floor.resource
     base = held(pod).get(resource)
-
-    def frees(after: int) -> int:
-        return base - held(lowered(pod, name, resource, after)).get(resource)
-
-    target = min(want, frees(floor.amount))
+    target = min(want, base - held(lowered(pod, name, resource, floor.amount)).get(resource))
     if target <= 0:
         return None
-    # The highest amount that still frees the target: what a loan frees only grows as
-    # the amount falls, and by at most what it falls.
-    low, high = floor.amount, before - 1
-    while low < high:
-        middle = (low + high + 1) // 2
-        if frees(middle) >= target:
-            low = middle
-        else:
-            high = middle - 1
-    return Loan(pod.ref, pod.priority, name, resource, before, low, frees(low), guaranteed(pod))
+    rest = held(lowered(pod, name, resource, _HUGE)).get(resource) - _HUGE  # K
+    after = min(before - 1, base - target - rest)
+    frees = base - held(lowered(pod, name, resource, after)).get(resource)
+    return Loan(pod.ref, pod.priority, name, resource, before, after, frees, guaranteed(pod))
