@@ -220,16 +220,16 @@ def select_victims(
     # 3. Most important first (MoreImportantPod, made a total order by the policy).
     candidates.sort(key=lambda p: policy.importance(p, now))
 
-    # What each lender holds once it lends every floor. A pod that holds nothing (never
-    # admitted) has nothing to lend.
+    # Lenders, least important first, and what each holds once it lends every floor. A
+    # pod that holds nothing (never admitted) has nothing to lend.
+    lenders: list[Pod] = []
     at_floor: dict[str, Resources] = {}
-    if policy.lending:
-        for p in candidates:
-            if p.floors and p.uid not in reserved and not usage.held[p.uid].is_zero():
-                lendable = room(p)
-                if not lendable.is_zero():
-                    at_floor[p.uid] = usage.held[p.uid] - lendable
-    lenders = [p for p in reversed(candidates) if p.uid in at_floor]  # least important first
+    for p in [p for p in reversed(candidates) if p.floors] if policy.lending else []:
+        lendable = room(p)
+        if p.uid not in reserved and not usage.held[p.uid].is_zero() and not lendable.is_zero():
+            lenders.append(p)
+            at_floor[p.uid] = usage.held[p.uid] - lendable
+    comes_back = {**usage.held, **at_floor} if at_floor else usage.held
 
     # 4. Split by PodDisruptionBudget violation, walking in that order.
     violating, other = split_by_violation(candidates, budgets, policy.pdb_mode)
@@ -240,7 +240,7 @@ def select_victims(
     #    every pod comes back and nobody is evicted.
     leaving: list[Pod] = []
     for pod in violating + other:
-        back = used + at_floor.get(pod.uid, usage.held[pod.uid])
+        back = used + comes_back[pod.uid]
         if fits(demand, back, allocatable):
             used = back
         else:
