@@ -419,22 +419,24 @@ def plan_resize(
         )
 
     loans = selection.loans
-    lenders = len(lender_keys(loans))
-    borrowing = f"borrowing {amounts_text(lent(loans))} from {lenders}"
-    if not victims:
-        return decide(
-            "preempt",
-            "lend",
-            f"{borrowing} lower-priority pod{'s' if lenders != 1 else ''} on {name}",
-            loans=loans,
-        )
     count = len(victims)
+    preempting = f"preempting {count} lower-priority pod{'s' if count != 1 else ''} on {name}"
+    freeing = f"to free {amounts_text(short)}"
+    if loans:
+        lenders = len(lender_keys(loans))
+        borrowing = f"borrowing {amounts_text(lent(loans))} from {lenders}"
+        if not victims:
+            return decide(
+                "preempt",
+                "lend",
+                f"{borrowing} lower-priority pod{'s' if lenders != 1 else ''} on {name}",
+                loans=loans,
+            )
+        freeing = f"and {borrowing} {freeing}"
     return decide(
         "preempt",
         "preempt",
-        f"preempting {count} lower-priority pod{'s' if count != 1 else ''} on {name} "
-        + (f"and {borrowing} " if loans else "")
-        + f"to free {amounts_text(short)}",
+        f"{preempting} {freeing}",
         victims=victims,
         loans=loans,
     )
