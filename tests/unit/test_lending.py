@@ -331,6 +331,17 @@ def test_room_is_what_the_kubelet_stops_counting(expected: Resources, pod: PodBu
     assert expected == room(pod.build())
 
 
+def test_a_malformed_floor_is_named_in_the_plan() -> None:
+    result = malformed_floor_is_an_ordinary_candidate().plan()
+
+    assert [("default/bad-floor", "annotation resize-preemption.io/floor is not valid JSON")] == [
+        (ref.key, error) for ref, error in result.floor_errors
+    ]
+    scene = malformed_floor_is_an_ordinary_candidate()
+    scene.policy = DefaultPolicy(lending=False)
+    assert () == scene.plan().floor_errors
+
+
 def test_borrow_takes_only_what_is_needed_and_never_below_the_floor() -> None:
     pod = lender("a", "3", "4Gi").floor(cpu="1", memory="1Gi").admitted().build()
 

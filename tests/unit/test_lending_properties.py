@@ -268,4 +268,4 @@ def test_lending_off_is_the_plan_without_floors(world: World) -> None:
     without = world.plan(policy=replace(world.policy, lending=False))
 
     assert () == without.loans
-    assert without == world.plan([replace(p, floors=()) for p in world.pods])
+    assert without == world.plan([replace(p, floors=(), floor_error="") for p in world.pods])

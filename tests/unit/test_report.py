@@ -58,6 +58,7 @@ def test_json_contract_for_the_walkthrough() -> None:
         },
         "waitingFor": [],
         "loans": [],
+        "floorErrors": [],
     }
 
     assert expected == plan_to_dict(walk().plan())
@@ -300,3 +301,22 @@ def test_human_report_lists_loans() -> None:
         "  default/batch-1  priority 1000  container worker  cpu 3->1  frees cpu 2",
         "  default/batch-2  priority 1000  container worker  cpu 3->1, limit too  frees cpu 2",
     ] == lines[-3:]
+
+
+def test_malformed_floors_are_listed() -> None:
+    plan = Plan(
+        PodRef("default", "web"),
+        "node-1",
+        "preempt",
+        "preempt",
+        "preempting",
+        floor_errors=((PodRef("default", "batch-1"), "annotation ... is not valid JSON"),),
+    )
+
+    assert [{"pod": "default/batch-1", "error": "annotation ... is not valid JSON"}] == (
+        plan_to_dict(plan)["floorErrors"]
+    )
+    assert [
+        "floor annotations not used (these pods lend nothing):",
+        "  default/batch-1: annotation ... is not valid JSON",
+    ] == human_report(plan).splitlines()[-2:]

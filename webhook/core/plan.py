@@ -83,6 +83,8 @@ class Plan:
     figures: Mapping[ResourceName, ResourceFigures] | None = None
     waiting_for: tuple[PodRef, ...] = ()  # terminating or already-claimed pods
     loans: tuple[Loan, ...] = ()  # in the order taken, least important lender first
+    #: Candidates whose floor annotation is malformed, with why: they lent nothing.
+    floor_errors: tuple[tuple[PodRef, str], ...] = ()
 
     @property
     def victim_keys(self) -> tuple[str, ...]:
@@ -169,6 +171,7 @@ class Selection:
     victims: tuple[Victim, ...] = ()
     unmet: Resources = ZERO
     loans: tuple[Loan, ...] = ()
+    floor_errors: tuple[tuple[PodRef, str], ...] = ()
 
 
 def _borrow(lenders: Iterable[Pod], needed: Resources) -> tuple[Loan, ...]:
@@ -220,11 +223,14 @@ def select_victims(
     # 3. Most important first (MoreImportantPod, made a total order by the policy).
     candidates.sort(key=lambda p: policy.importance(p, now))
 
-    # Lenders, least important first, and what each holds once it lends every floor. A
-    # pod that holds nothing (never admitted) has nothing to lend.
+    # Lenders, least important first, and what each holds once it lends every floor (a
+    # pod that holds nothing, never admitted, has nothing to lend). Candidates whose
+    # floor annotation is malformed lend nothing and are named in the plan.
+    annotated = [p for p in candidates if p.floors or p.floor_error] if policy.lending else []
+    floor_errors = tuple((p.ref, p.floor_error) for p in annotated if p.floor_error)
     lenders: list[Pod] = []
     at_floor: dict[str, Resources] = {}
-    for p in [p for p in reversed(candidates) if p.floors] if policy.lending else []:
+    for p in reversed(annotated):
         lendable = room(p)
         if p.uid not in reserved and not usage.held[p.uid].is_zero() and not lendable.is_zero():
             lenders.append(p)
@@ -263,6 +269,7 @@ def select_victims(
     return Selection(
         tuple(Victim(p.ref, p.priority, usage.held[p.uid], p.uid in over) for p in leaving),
         loans=loans,
+        floor_errors=floor_errors,
     )
 
 
@@ -316,6 +323,7 @@ def plan_resize(
         victims: tuple[Victim, ...] = (),
         unmet: Resources = ZERO,
         loans: tuple[Loan, ...] = (),
+        floor_errors: tuple[tuple[PodRef, str], ...] = (),
     ) -> Plan:
         figures = {
             n: ResourceFigures(
@@ -339,6 +347,7 @@ def plan_resize(
             figures,
             usage.waiting_for,
             loans,
+            floor_errors,
         )
 
     # Step 1: not on a node, or needs no room.
@@ -398,6 +407,7 @@ def plan_resize(
             unmet=selection.unmet,
         )
     victims = selection.victims
+    floor_errors = selection.floor_errors
 
     # Step 6: limits the policy sets.
     blocked = [v for v in victims if v.violates_pdb]
@@ -408,6 +418,7 @@ def plan_resize(
             f"cannot fit on {name} without violating a PodDisruptionBudget of "
             + ", ".join(v.pod.key for v in blocked),
             unmet=short,
+            floor_errors=floor_errors,
         )
     limit = policy.max_victims
     if limit is not None and len(victims) > limit:
@@ -416,6 +427,7 @@ def plan_resize(
             "too-many-victims",
             f"would need {len(victims)} victims on {name}, more than the limit of {limit}",
             unmet=short,
+            floor_errors=floor_errors,
         )
 
     loans = selection.loans
@@ -431,6 +443,7 @@ def plan_resize(
                 "lend",
                 f"{borrowing} lower-priority pod{'s' if lenders != 1 else ''} on {name}",
                 loans=loans,
+                floor_errors=floor_errors,
             )
         freeing = f"and {borrowing} {freeing}"
     return decide(
@@ -439,4 +452,5 @@ def plan_resize(
         f"{preempting} {freeing}",
         victims=victims,
         loans=loans,
+        floor_errors=floor_errors,
     )

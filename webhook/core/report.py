@@ -43,6 +43,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             }
             for loan in plan.loans
         ],
+        "floorErrors": [{"pod": ref.key, "error": error} for ref, error in plan.floor_errors],
     }
 
 
@@ -85,6 +86,9 @@ def human_report(plan: Plan) -> str:
                 f"{_change(loan)}{limits}  frees {loan.resource} "
                 f"{format_amount(loan.resource, loan.frees)}"
             )
+    if plan.floor_errors:
+        lines += ["", "floor annotations not used (these pods lend nothing):"]
+        lines += [f"  {ref.key}: {error}" for ref, error in plan.floor_errors]
     if plan.waiting_for:
         lines += ["", "already leaving: " + ", ".join(r.key for r in plan.waiting_for)]
     return "\n".join(lines)
