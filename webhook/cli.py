@@ -87,6 +87,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         pdb_mode=args.pdb_mode,
         max_victims=args.max_victims,
         protected_namespaces=frozenset(args.protected_namespace or ()),
+        lending=args.lending,
     )
     plan = plan_snapshot_resize(
         snapshot, _pod_key(args.pod), _read_patch(args.resize), now=now, policy=policy
@@ -201,6 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--pdb-mode", choices=("respect", "best-effort"), default="respect")
     plan.add_argument("--max-victims", type=_non_negative_int, default=None)
     plan.add_argument("--protected-namespace", action="append", metavar="NAMESPACE")
+    plan.add_argument(
+        "--no-lending",
+        dest="lending",
+        action="store_false",
+        help="plan evictions only: pods with a floor annotation do not lend",
+    )
     plan.add_argument("--now", metavar="RFC3339", help="evaluate as of this time")
     plan.set_defaults(func=cmd_plan)
 

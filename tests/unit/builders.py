@@ -12,11 +12,12 @@ Pods, nodes, budgets and priority classes are written as the Kubernetes objects
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from webhook.core.model import DisruptionBudget, Node, Pod, PriorityClass
+from webhook.core.model import FLOOR_ANNOTATION, DisruptionBudget, Node, Pod, PriorityClass
 from webhook.core.objects import (
     PriorityResolver,
     parse_node,
@@ -189,6 +190,33 @@ class PodBuilder:
 
     def sidecar(self, name: str, cpu: object = None, memory: object = None) -> PodBuilder:
         return self.init_container(name, cpu, memory, sidecar=True)
+
+    def floor(
+        self, cpu: object = None, memory: object = None, *, container: str = "app"
+    ) -> PodBuilder:
+        """Add ``container``'s floor to the pod's floor annotation (lending opt-in)."""
+        meta = self._obj["metadata"]
+        floors = json.loads(meta.get("annotations", {}).get(FLOOR_ANNOTATION, "{}"))
+        floors[container] = resource_list(cpu, memory)
+        return self.annotate(FLOOR_ANNOTATION, json.dumps(floors))
+
+    def resize_policy(
+        self, resource: str, policy: str = "RestartContainer", *, container: str = "app"
+    ) -> PodBuilder:
+        c = self._container("containers", container)
+        c.setdefault("resizePolicy", []).append({"resourceName": resource, "restartPolicy": policy})
+        return self
+
+    def qos(self, qos_class: str) -> PodBuilder:
+        """``status.qosClass`` as the kubelet reports it (the builder's default is
+        Burstable); ``Guaranteed`` also sets every container's limits to its requests."""
+        self._obj["status"]["qosClass"] = qos_class
+        if qos_class == "Guaranteed":
+            for field in ("initContainers", "containers"):
+                for c in self._obj["spec"].get(field, []):
+                    resources = c.setdefault("resources", {})
+                    resources["limits"] = dict(resources.get("requests", {}))
+        return self
 
     def overhead(self, cpu: object = None, memory: object = None) -> PodBuilder:
         self._obj["spec"]["overhead"] = resource_list(cpu, memory)

@@ -549,3 +549,55 @@ def test_bad_input_exits_2_with_one_clear_line(
     assert (2, "") == (code, out)
     assert 1 == len(err.splitlines())
     assert err.startswith(message)
+
+
+# -- lending -------------------------------------------------------------------------------
+
+
+def lending_objects() -> list[dict[str, Any]]:
+    """The walkthrough with low-priority-pod opting in to lend down to 1 CPU."""
+    objects = walkthrough_objects()
+    objects[1]["metadata"]["annotations"] = {"resize-preemption.io/floor": '{"app": {"cpu": "1"}}'}
+    return objects
+
+
+def test_loans_in_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = write_yaml_list(tmp_path, lending_objects())
+
+    data = _json(capsys, snapshot, "--pod", "high-priority-pod", "--resize", WALKTHROUGH_PATCH)
+
+    assert ("preempt", "lend", []) == (data["verdict"], data["code"], data["victims"])
+    assert [
+        {"pod": "default/low-priority-pod", "container": "app", "resource": "cpu", "from": "3",
+         "to": "2"}
+    ] == data["loans"]  # fmt: skip
+    assert "borrowing cpu 1 from 1 lower-priority pod on node-1" == data["reason"]
+
+
+def test_no_lending_flag_evicts_instead(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = write_yaml_list(tmp_path, lending_objects())
+
+    data = _json(
+        capsys, snapshot, "--pod", "high-priority-pod", "--resize", WALKTHROUGH_PATCH,
+        "--no-lending",
+    )  # fmt: skip
+
+    assert ("preempt", ["default/low-priority-pod"], []) == (
+        data["code"],
+        data["victims"],
+        data["loans"],
+    )
+
+
+def test_loans_in_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = write_yaml_list(tmp_path, lending_objects())
+
+    code, out, err = plan_in_process(
+        capsys, snapshot, "--pod", "high-priority-pod", "--resize", WALKTHROUGH_PATCH
+    )
+
+    assert (0, "") == (code, err)
+    assert [
+        "loans, in the order taken:",
+        "  default/low-priority-pod  priority 1000  container app  cpu 3->2  frees cpu 1",
+    ] == out.splitlines()[-2:]

@@ -575,3 +575,78 @@ def test_requirement_values_are_a_set() -> None:
     )
     assert parsed is not None
     assert (Requirement("a", "In", frozenset({"x", "y"})),) == parsed.match_expressions
+
+
+# -- the floor annotation (lending opt-in) -------------------------------------------------
+
+FLOOR = "resize-preemption.io/floor"
+
+
+def _meshed() -> Any:
+    """A pod with an app container "worker", a sidecar "proxy" and an init "setup"."""
+    return (
+        make_pod("lender")
+        .requests(cpu="3", memory="1Gi", container="worker")
+        .sidecar("proxy", cpu="1")
+        .init_container("setup", cpu="1")
+    )
+
+
+@pytest.mark.parametrize(
+    ("expected", "annotation", "restarts"),
+    [
+        pytest.param(
+            [("worker", "cpu", 1000), ("worker", "memory", 512 * Mi)],
+            '{"worker": {"cpu": "1", "memory": "512Mi"}}',
+            (),
+            id="cpu-and-memory",
+        ),
+        pytest.param([("worker", "cpu", 500)], '{"worker": {"cpu": 0.5}}', (), id="json-number"),
+        pytest.param([("proxy", "cpu", 100)], '{"proxy": {"cpu": "100m"}}', (), id="sidecar"),
+        pytest.param(
+            [("worker", "memory", Gi // 2)],
+            '{"worker": {"cpu": "1", "memory": "512Mi"}}',
+            ("cpu",),
+            id="restart-container-cpu-does-not-lend",
+        ),
+        pytest.param([], '{"worker": {"cpu": "1"}}', ("cpu",), id="nothing-left-to-lend"),
+        pytest.param([], "{}", (), id="empty"),
+    ],
+)
+def test_floor_annotation(
+    expected: list[tuple[str, str, int]], annotation: str, restarts: tuple[str, ...]
+) -> None:
+    b = _meshed().annotate(FLOOR, annotation)
+    for resource in restarts:
+        b.resize_policy(resource, container="worker")
+    pod = b.build()
+
+    assert expected == [(f.container, f.resource, f.amount) for f in pod.floors]
+    assert "" == pod.floor_error
+
+
+@pytest.mark.parametrize(
+    ("fragment", "annotation"),
+    [
+        pytest.param("is not valid JSON", '{"worker": {cpu: 1}}', id="not-json"),
+        pytest.param("must be a JSON object", '["worker"]', id="not-an-object"),
+        pytest.param("'worker' must map cpu and/or memory", '{"worker": "1"}', id="not-a-map"),
+        pytest.param("'worker' must map cpu and/or memory", '{"worker": {"gpu": "1"}}', id="gpu"),
+        pytest.param("worker.cpu: 'lots' is not a valid", '{"worker": {"cpu": "lots"}}', id="qty"),
+        pytest.param("worker.memory must be more than 0", '{"worker": {"memory": 0}}', id="zero"),
+        pytest.param("no container (or sidecar) named 'web'", '{"web": {"cpu": "1"}}', id="web"),
+        pytest.param("named 'setup' can be resized", '{"setup": {"cpu": "1"}}', id="init"),
+    ],
+)
+def test_malformed_floor_lends_nothing_and_says_why(fragment: str, annotation: str) -> None:
+    pod = _meshed().annotate(FLOOR, annotation).build()
+
+    assert () == pod.floors
+    assert fragment in pod.floor_error
+    assert pod.floor_error.startswith(f"annotation {FLOOR}")
+
+
+def test_pod_without_floor_annotation() -> None:
+    pod = _meshed().build()
+
+    assert ((), "") == (pod.floors, pod.floor_error)

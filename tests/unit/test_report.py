@@ -23,8 +23,9 @@ from tests.unit.test_plan import (
     two_victims_needed,
     walk,
 )
+from webhook.core.lending import Loan
 from webhook.core.model import PodRef
-from webhook.core.plan import Plan, Victim
+from webhook.core.plan import Plan, ResourceFigures, Victim
 from webhook.core.report import WARNING_LIMIT, clip, human_report, plan_to_dict, warnings_for
 from webhook.core.resources import Resources
 
@@ -56,6 +57,8 @@ def test_json_contract_for_the_walkthrough() -> None:
             },
         },
         "waitingFor": [],
+        "loans": [],
+        "floorErrors": [],
     }
 
     assert expected == plan_to_dict(walk().plan())
@@ -221,3 +224,99 @@ def test_long_warnings_are_clipped_to_one_short_line() -> None:
 )
 def test_clip(text: str, limit: int, expected: str) -> None:
     assert expected == clip(text, limit=limit)
+
+
+# -- loans -------------------------------------------------------------------------------
+
+
+def _loans_plan(victims: tuple[Victim, ...] = (), *, count: int = 1) -> Plan:
+    """A plan borrowing cpu 2 from ``count`` pods (3 -> 1 each, the last Guaranteed)."""
+    loans = tuple(
+        Loan(PodRef("default", f"batch-{i}"), 1000, "worker", "cpu", 3000, 1000, 2000, i == count)
+        for i in range(1, count + 1)
+    )
+    return Plan(
+        PodRef("default", "web"),
+        "node-1",
+        "preempt",
+        "preempt" if victims else "lend",
+        "borrowing",
+        Resources(6000),
+        victims,
+        {"cpu": ResourceFigures(6000, 4000, 0, 8000, 2 * count)},
+        loans=loans,
+    )
+
+
+def test_json_lists_loans() -> None:
+    assert [
+        {"pod": "default/batch-1", "container": "worker", "resource": "cpu", "from": "3",
+         "to": "1"}
+    ] == plan_to_dict(_loans_plan())["loans"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("plan", "enforcing", "expected"),
+    [
+        pytest.param(
+            _loans_plan(),
+            True,
+            ["borrowing cpu 2 from 1 lower-priority pod on node-1: default/batch-1 (cpu 3->1)"],
+            id="loans-only",
+        ),
+        pytest.param(
+            _loans_plan(),
+            False,
+            ["would borrow cpu 2 from 1 lower-priority pod on node-1: default/batch-1 (cpu 3->1)"],
+            id="loans-not-enforcing",
+        ),
+        pytest.param(
+            _loans_plan((Victim(PodRef("default", "old"), 0, Resources(1000)),)),
+            True,
+            [
+                "preempting 1 lower-priority pod on node-1 for cpu 6: default/old",
+                "borrowing cpu 2 from 1 lower-priority pod on node-1: default/batch-1 (cpu 3->1)",
+            ],
+            id="eviction-and-loan",
+        ),
+    ],
+)
+def test_loan_warnings(plan: Plan, enforcing: bool, expected: list[str]) -> None:
+    assert expected == warnings_for(plan, enforcing=enforcing)
+
+
+def test_loan_warning_stays_one_short_line() -> None:
+    (warning,) = warnings_for(_loans_plan(count=12))
+
+    assert WARNING_LIMIT == len(warning)
+    assert warning.startswith("borrowing cpu 24 from 12 lower-priority pods on node-1: ")
+    assert warning.endswith("...")
+
+
+def test_human_report_lists_loans() -> None:
+    lines = human_report(_loans_plan(count=2)).splitlines()
+
+    assert [
+        "loans, in the order taken:",
+        "  default/batch-1  priority 1000  container worker  cpu 3->1  frees cpu 2",
+        "  default/batch-2  priority 1000  container worker  cpu 3->1, limit too  frees cpu 2",
+    ] == lines[-3:]
+
+
+def test_malformed_floors_are_listed() -> None:
+    plan = Plan(
+        PodRef("default", "web"),
+        "node-1",
+        "preempt",
+        "preempt",
+        "preempting",
+        floor_errors=((PodRef("default", "batch-1"), "annotation ... is not valid JSON"),),
+    )
+
+    assert [{"pod": "default/batch-1", "error": "annotation ... is not valid JSON"}] == (
+        plan_to_dict(plan)["floorErrors"]
+    )
+    assert [
+        "floor annotations not used (these pods lend nothing):",
+        "  default/batch-1: annotation ... is not valid JSON",
+    ] == human_report(plan).splitlines()[-2:]

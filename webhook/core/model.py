@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
-from webhook.core.resources import ZERO, Resources
+from webhook.core.resources import ZERO, ResourceName, Resources
 
 PreemptionPolicyName = Literal["PreemptLowerPriority", "Never"]
 ResizeState = Literal["none", "deferred", "infeasible"]
@@ -25,6 +25,9 @@ NODE_OPT_OUT_ANNOTATION: Final = "resize-preemption.io/disable-resize-preemption
 #: Opt-in for the mutating endpoint: shrink an unfittable resize to what fits.
 FIT_TO_NODE_ANNOTATION: Final = "resize-preemption.io/fit-to-node"
 MIRROR_POD_ANNOTATION: Final = "kubernetes.io/config.mirror"
+#: Opt-in to lending: a JSON object mapping container names to the least each can run
+#: with, e.g. ``{"worker": {"cpu": "1", "memory": "512Mi"}}`` (docs/lending.md).
+FLOOR_ANNOTATION: Final = "resize-preemption.io/floor"
 TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
 
@@ -69,6 +72,19 @@ class ContainerStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class Floor:
+    """The least one container's resource may be lowered to when its pod lends.
+
+    Only floors a loan may use are kept: the container is resizable in place (an app
+    container or a sidecar) and its ``resizePolicy`` for the resource does not restart it.
+    """
+
+    container: str
+    resource: ResourceName
+    amount: int
+
+
+@dataclass(frozen=True, slots=True)
 class Pod:
     """The parts of a Pod that resource accounting and victim selection read."""
 
@@ -104,6 +120,11 @@ class Pod:
     #: The kubelet set ``PodResizePreemptionDisabled=True`` (node opted out, 1.37+).
     resize_preemption_disabled: bool = False
     qos_class: str = ""
+    #: From :data:`FLOOR_ANNOTATION`, in container order, cpu before memory.
+    floors: tuple[Floor, ...] = ()
+    #: Why the floor annotation was not used (malformed); empty when it was, or is absent.
+    #: The pod is then an ordinary candidate; the message is for a warning event on it.
+    floor_error: str = ""
     generation: int = 0
     #: ``metadata.resourceVersion``: which version of the object this is. Not compared:
     #: two versions that read the same are the same pod to every decision.

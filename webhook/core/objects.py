@@ -7,18 +7,21 @@ fields take the API's defaults.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from webhook.core.errors import ObjectError
+from webhook.core.errors import InputError, ObjectError
 from webhook.core.model import (
+    FLOOR_ANNOTATION,
     MIRROR_POD_ANNOTATION,
     NEVER,
     NODE_OPT_OUT_ANNOTATION,
     Container,
     ContainerStatus,
     DisruptionBudget,
+    Floor,
     LabelSelector,
     Node,
     Pod,
@@ -28,7 +31,7 @@ from webhook.core.model import (
     ResizeState,
 )
 from webhook.core.quantity import cpu_millis, memory_bytes
-from webhook.core.resources import ZERO, Resources
+from webhook.core.resources import RESOURCE_NAMES, ZERO, Resources
 
 Obj = Mapping[str, Any]
 _EMPTY: Obj = {}
@@ -247,6 +250,8 @@ def parse_pod(obj: Obj, priorities: PriorityResolver = _NO_CLASSES) -> Pod:
             statuses[st.name] = st
     pod_status_resources = _map(status.get("resources"), where, ".status.resources")
     resize, since, disabled = _resize_state(status, where)
+    floor_text = annotations.get(FLOOR_ANNOTATION)
+    floors, floor_error = ((), "") if floor_text is None else parse_floors(floor_text, spec)
     return Pod(
         namespace=namespace,
         name=name,
@@ -277,8 +282,70 @@ def parse_pod(obj: Obj, priorities: PriorityResolver = _NO_CLASSES) -> Pod:
         resize_pending_since=since,
         resize_preemption_disabled=disabled,
         qos_class=_str(status.get("qosClass"), where, ".status.qosClass"),
+        floors=floors,
+        floor_error=floor_error,
         generation=_int(meta.get("generation"), where, ".metadata.generation"),
         resource_version=_str(meta.get("resourceVersion"), where, ".metadata.resourceVersion"),
+    )
+
+
+def parse_floors(text: str, spec: Obj) -> tuple[tuple[Floor, ...], str]:
+    """The floors of :data:`FLOOR_ANNOTATION` ``text`` on a pod of ``spec``, and ``""``;
+    or no floors and why the annotation cannot be used.
+
+    A malformed annotation never fails anything: the pod simply does not lend. A floor of
+    a resource whose ``resizePolicy`` is ``RestartContainer`` is left out, not an error:
+    lowering it would restart the container, a disruption its owner did not agree to.
+    """
+    where = f"annotation {FLOOR_ANNOTATION}"
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return (), f"{where} is not valid JSON"
+    if not isinstance(raw, dict):
+        return (), f'{where} must be a JSON object like {{"app": {{"cpu": "1"}}}}'
+    resizable: dict[str, Obj] = {}
+    try:
+        for i, c in enumerate(_list(spec.get("initContainers"), "spec", ".initContainers")):
+            c = _map(c, "spec", f".initContainers[{i}]")
+            if c.get("restartPolicy") == "Always":
+                resizable[_str(c.get("name"), "spec", f".initContainers[{i}].name")] = c
+        for i, c in enumerate(_list(spec.get("containers"), "spec", ".containers")):
+            c = _map(c, "spec", f".containers[{i}]")
+            resizable[_str(c.get("name"), "spec", f".containers[{i}].name")] = c
+        floors: list[Floor] = []
+        for name, c in resizable.items():
+            amounts = raw.get(name)
+            if amounts is None:
+                continue
+            if not isinstance(amounts, dict) or set(amounts) - set(RESOURCE_NAMES):
+                return (), f"{where}: {name!r} must map cpu and/or memory to quantities"
+            restarts = _restarting(c.get("resizePolicy"))
+            for resource in RESOURCE_NAMES:
+                value = amounts.get(resource)
+                if value is None:
+                    continue
+                parse = cpu_millis if resource == "cpu" else memory_bytes
+                amount = parse(value, where=where, field=f".{name}", name=f".{resource}")
+                if amount <= 0:
+                    # A request lowered to zero could turn a Burstable pod BestEffort.
+                    return (), f"{where}: {name}.{resource} must be more than 0"
+                if resource not in restarts:
+                    floors.append(Floor(name, resource, amount))
+    except InputError as e:
+        return (), str(e)
+    unknown = sorted(set(raw) - set(resizable))
+    if unknown:
+        return (), f"{where}: no container (or sidecar) named {unknown[0]!r} can be resized"
+    return tuple(floors), ""
+
+
+def _restarting(policy: object) -> frozenset[str]:
+    """Resources whose ``resizePolicy`` restarts the container (``NotRequired`` default)."""
+    return frozenset(
+        str(p.get("resourceName"))
+        for p in _list(policy, "spec", ".resizePolicy")
+        if isinstance(p, dict) and p.get("restartPolicy") == "RestartContainer"
     )
 
 
@@ -397,6 +464,7 @@ def parse_priority_class(obj: Obj) -> PriorityClass:
 __all__ = [
     "ZERO",
     "PriorityResolver",
+    "parse_floors",
     "parse_node",
     "parse_pdb",
     "parse_pod",

@@ -2,7 +2,9 @@
 
 :func:`plan_resize` walks fixed, numbered steps; its victim selection,
 :func:`select_victims`, is kube-scheduler's DefaultPreemption ``SelectVictimsOnNode``
-(which KEP-5836 reuses for resizes) on the kubelet's fit model.
+(which KEP-5836 reuses for resizes) on the kubelet's fit model, with lending: pods that
+opted in shrink in place to their floors before anyone is evicted
+(:mod:`webhook.core.lending`, docs/lending.md).
 :class:`~webhook.core.policy.PreemptionPolicy` supplies the tunable parts. It is pure:
 same inputs, same :class:`Plan`, whatever order the pods come in.
 """
@@ -16,6 +18,7 @@ from typing import Literal
 from webhook.core.accounting import pod_requests
 from webhook.core.disruption import split_by_violation
 from webhook.core.headroom import NodeUsage, node_usage
+from webhook.core.lending import Loan, borrow, room
 from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.reservation import Reservation, active_on
@@ -34,6 +37,7 @@ ReasonCode = Literal[
     "fits",
     "fits-once-terminated",
     "preempt",
+    "lend",
     "exceeds-allocatable",
     "insufficient-after-preemption",
     "pdb-violation",
@@ -78,10 +82,23 @@ class Plan:
     victims: tuple[Victim, ...] = ()  # in eviction order, least important first
     figures: Mapping[ResourceName, ResourceFigures] | None = None
     waiting_for: tuple[PodRef, ...] = ()  # terminating or already-claimed pods
+    loans: tuple[Loan, ...] = ()  # in the order taken, least important lender first
+    #: Candidates whose floor annotation is malformed, with why: they lent nothing.
+    floor_errors: tuple[tuple[PodRef, str], ...] = ()
 
     @property
     def victim_keys(self) -> tuple[str, ...]:
         return tuple(v.pod.key for v in self.victims)
+
+    @property
+    def lender_keys(self) -> tuple[str, ...]:
+        """The lenders, each once, in the order their loans were taken."""
+        return lender_keys(self.loans)
+
+    @property
+    def lent(self) -> Resources:
+        """What the loans free together."""
+        return lent(self.loans)
 
     @property
     def shortfall(self) -> Resources:
@@ -94,6 +111,19 @@ class Plan:
         """What is missing even after the plan (non-zero only for infeasible plans)."""
         f = self.figures or {}
         return Resources(*(f[n].unmet if n in f else 0 for n in RESOURCE_NAMES))
+
+
+def lender_keys(loans: Iterable[Loan]) -> tuple[str, ...]:
+    """The pods ``loans`` borrow from, each once, in the order given."""
+    return tuple(dict.fromkeys(loan.pod.key for loan in loans))
+
+
+def lent(loans: Iterable[Loan]) -> Resources:
+    """What ``loans`` free together."""
+    freed = ZERO
+    for loan in loans:
+        freed = freed.replace(loan.resource, freed.get(loan.resource) + loan.frees)
+    return freed
 
 
 def shortfall(demand: Resources, used: Resources, allocatable: Resources) -> Resources:
@@ -135,11 +165,26 @@ def is_candidate(
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """What :func:`select_victims` found: victims in eviction order, or (``unmet``
-    non-zero) that even every candidate would not make room."""
+    """What :func:`select_victims` found: victims in eviction order and loans, or
+    (``unmet`` non-zero) that even every candidate would not make room."""
 
     victims: tuple[Victim, ...] = ()
     unmet: Resources = ZERO
+    loans: tuple[Loan, ...] = ()
+    floor_errors: tuple[tuple[PodRef, str], ...] = ()
+
+
+def _borrow(lenders: Iterable[Pod], needed: Resources) -> tuple[Loan, ...]:
+    """Loans covering ``needed``, taken from ``lenders`` in the order given, each lender
+    lending only what is still needed after the ones before it."""
+    loans: list[Loan] = []
+    for pod in lenders:
+        if needed.is_zero():
+            break
+        taken, freed = borrow(pod, needed)
+        loans += taken
+        needed = (needed - freed).clamp()
+    return tuple(loans)
 
 
 def select_victims(
@@ -152,11 +197,16 @@ def select_victims(
     budgets: Sequence[DisruptionBudget],
     policy: PreemptionPolicy,
     now: float,
+    reserved: frozenset[str] = frozenset(),
 ) -> Selection:
-    """Upstream ``SelectVictimsOnNode`` for ``demand`` on a node used as ``usage`` says.
+    """Upstream ``SelectVictimsOnNode`` for ``demand`` on a node used as ``usage`` says,
+    with lending (steps 5 and 6).
 
-    The result is locally minimal: without its victims the resize fits, while keeping
-    any single one of them it does not.
+    Lenders are candidates with floors, when the policy lends, other than pods holding a
+    reservation of their own (``reserved``: their size is promised to their own resize).
+    The result is locally minimal: without its victims, and with its loans, the resize
+    fits; keeping any single victim it does not, even with every kept lender at its
+    floors. Loans free no more than the resize is short of.
     """
     allocatable = node.allocatable
 
@@ -173,26 +223,53 @@ def select_victims(
     # 3. Most important first (MoreImportantPod, made a total order by the policy).
     candidates.sort(key=lambda p: policy.importance(p, now))
 
+    # Lenders, least important first, and what each holds once it lends every floor (a
+    # pod that holds nothing, never admitted, has nothing to lend). Candidates whose
+    # floor annotation is malformed lend nothing and are named in the plan.
+    annotated = [p for p in candidates if p.floors or p.floor_error] if policy.lending else []
+    floor_errors = tuple((p.ref, p.floor_error) for p in annotated if p.floor_error)
+    lenders: list[Pod] = []
+    at_floor: dict[str, Resources] = {}
+    for p in reversed(annotated):
+        lendable = room(p)
+        if p.uid not in reserved and not usage.held[p.uid].is_zero() and not lendable.is_zero():
+            lenders.append(p)
+            at_floor[p.uid] = usage.held[p.uid] - lendable
+    comes_back = {**usage.held, **at_floor} if at_floor else usage.held
+
     # 4. Split by PodDisruptionBudget violation, walking in that order.
     violating, other = split_by_violation(candidates, budgets, policy.pdb_mode)
 
     # 5. Reprieve: add back the violating pods first, then the others, each in importance
-    #    order; a pod whose return would make the resize not fit becomes a victim.
+    #    order; a pod whose return would make the resize not fit becomes a victim. A
+    #    lender comes back at its floors, so when lending alone covers the shortfall
+    #    every pod comes back and nobody is evicted.
     leaving: list[Pod] = []
     for pod in violating + other:
-        back = used + usage.held[pod.uid]
+        back = used + comes_back[pod.uid]
         if fits(demand, back, allocatable):
             used = back
         else:
             leaving.append(pod)
 
-    # Evicted least important first. Which victims overspend a budget is decided on the
+    # 6. Loans: what is still missing with the kept lenders at their full size, borrowed
+    #    from them least important first, each only as much as is still needed.
+    loans: tuple[Loan, ...] = ()
+    if lenders:
+        gone = {p.uid for p in leaving}
+        kept = [p for p in lenders if p.uid not in gone]
+        whole = used + total(usage.held[p.uid] - at_floor[p.uid] for p in kept)
+        loans = _borrow(kept, shortfall(demand, whole, allocatable))
+
+    # 7. Evicted least important first. Which victims overspend a budget is decided on the
     # victims themselves, in that order, as the Eviction API will meet them: step 4
     # counted every candidate, also more important pods the reprieve kept.
     leaving.sort(key=lambda p: policy.importance(p, now), reverse=True)
     over = {p.uid for p in split_by_violation(leaving, budgets, policy.pdb_mode)[0]}
     return Selection(
-        tuple(Victim(p.ref, p.priority, usage.held[p.uid], p.uid in over) for p in leaving)
+        tuple(Victim(p.ref, p.priority, usage.held[p.uid], p.uid in over) for p in leaving),
+        loans=loans,
+        floor_errors=floor_errors,
     )
 
 
@@ -216,10 +293,12 @@ def plan_resize(
     * ``pods`` are the pods bound to ``node`` (the resizing pod may be among them; pods
       bound elsewhere are ignored, so victims are never on another node);
     * ``reservations`` may hold any node's; only active ones on ``node`` of other pods count;
-    * the result never names a victim with priority >= the resizing pod's, a mirror pod,
-      a terminating pod, or a pod another admitted resize already claimed; it has no
-      victims unless its verdict is ``preempt``; and without its victims the resize fits
-      while keeping any one of them it does not.
+    * the result never names a victim or lender with priority >= the resizing pod's, a
+      mirror pod, a terminating pod, or a pod another admitted resize already claimed; it
+      has no victims or loans unless its verdict is ``preempt``; without its victims and
+      with its loans the resize fits, while keeping any one victim it does not (even
+      with every kept lender at its floors); no loan goes below a floor, and the loans
+      free no more than the resize is short of.
 
     ``holds(pod)`` must equal ``pod_requests(pod)`` (what a pod holds by the kubelet's
     model); the engine passes its memo of those amounts for the node's pods.
@@ -243,6 +322,8 @@ def plan_resize(
         reason: str,
         victims: tuple[Victim, ...] = (),
         unmet: Resources = ZERO,
+        loans: tuple[Loan, ...] = (),
+        floor_errors: tuple[tuple[PodRef, str], ...] = (),
     ) -> Plan:
         figures = {
             n: ResourceFigures(
@@ -256,7 +337,17 @@ def plan_resize(
             for n in RESOURCE_NAMES
         }
         return Plan(
-            new.ref, name, verdict, code, reason, demand, victims, figures, usage.waiting_for
+            new.ref,
+            name,
+            verdict,
+            code,
+            reason,
+            demand,
+            victims,
+            figures,
+            usage.waiting_for,
+            loans,
+            floor_errors,
         )
 
     # Step 1: not on a node, or needs no room.
@@ -302,9 +393,11 @@ def plan_resize(
     if node.resize_preemption_disabled or new.resize_preemption_disabled:
         return decide("not-eligible", "node-opted-out", f"{name} opted out of resize preemption")
 
-    # Step 5: victim selection.
+    # Step 5: victim selection, with lending.
     claimed = frozenset(uid for r in reserved.values() for uid in r.victims)
-    selection = select_victims(new, demand, node, pods, usage, claimed, budgets, policy, now)
+    selection = select_victims(
+        new, demand, node, pods, usage, claimed, budgets, policy, now, frozenset(reserved)
+    )
     if not selection.unmet.is_zero():
         return decide(
             "infeasible",
@@ -314,6 +407,7 @@ def plan_resize(
             unmet=selection.unmet,
         )
     victims = selection.victims
+    floor_errors = selection.floor_errors
 
     # Step 6: limits the policy sets.
     blocked = [v for v in victims if v.violates_pdb]
@@ -324,6 +418,7 @@ def plan_resize(
             f"cannot fit on {name} without violating a PodDisruptionBudget of "
             + ", ".join(v.pod.key for v in blocked),
             unmet=short,
+            floor_errors=floor_errors,
         )
     limit = policy.max_victims
     if limit is not None and len(victims) > limit:
@@ -332,13 +427,30 @@ def plan_resize(
             "too-many-victims",
             f"would need {len(victims)} victims on {name}, more than the limit of {limit}",
             unmet=short,
+            floor_errors=floor_errors,
         )
 
+    loans = selection.loans
     count = len(victims)
+    preempting = f"preempting {count} lower-priority pod{'s' if count != 1 else ''} on {name}"
+    freeing = f"to free {amounts_text(short)}"
+    if loans:
+        lenders = len(lender_keys(loans))
+        borrowing = f"borrowing {amounts_text(lent(loans))} from {lenders}"
+        if not victims:
+            return decide(
+                "preempt",
+                "lend",
+                f"{borrowing} lower-priority pod{'s' if lenders != 1 else ''} on {name}",
+                loans=loans,
+                floor_errors=floor_errors,
+            )
+        freeing = f"and {borrowing} {freeing}"
     return decide(
         "preempt",
         "preempt",
-        f"preempting {count} lower-priority pod{'s' if count != 1 else ''} on {name} "
-        f"to free {amounts_text(short)}",
+        f"{preempting} {freeing}",
         victims=victims,
+        loans=loans,
+        floor_errors=floor_errors,
     )

@@ -2,7 +2,8 @@
 
 The algorithm in :mod:`webhook.core.plan` is fixed; what an operator may tune goes through
 a :class:`PreemptionPolicy`: which pods may ever be victims, how importance is ranked,
-how PodDisruptionBudgets bind, and how many victims one resize may take.
+how PodDisruptionBudgets bind, how many victims one resize may take, and whether pods
+that opted in lend part of their resources before anyone is evicted.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ class PreemptionPolicy(Protocol):
         """Upper bound on victims for one resize; ``None`` for no bound."""
         ...
 
+    @property
+    def lending(self) -> bool:
+        """Whether candidates with a floor annotation lend down to their floors before
+        (and besides) victims are chosen (docs/lending.md). Only annotated pods lend."""
+        ...
+
     def may_preempt(self, victim: Pod, preemptor: Pod) -> bool:
         """Extra eligibility on top of the fixed rules (lower priority, same node, not a
         mirror pod, not already terminating)."""
@@ -53,11 +60,13 @@ class PreemptionPolicy(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class DefaultPolicy:
-    """Upstream ranking; PDBs respected; victims from any namespace not protected."""
+    """Upstream ranking; PDBs respected; victims from any namespace not protected;
+    annotated pods lend."""
 
     pdb_mode: PdbMode = "respect"
     max_victims: int | None = None
     protected_namespaces: frozenset[str] = frozenset()
+    lending: bool = True
 
     def may_preempt(self, victim: Pod, preemptor: Pod) -> bool:
         return victim.namespace not in self.protected_namespaces

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from webhook.core.lending import Loan
 from webhook.core.plan import Plan
 from webhook.core.resources import RESOURCE_NAMES, amounts_text, format_amount
 
@@ -32,7 +33,24 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "reason": plan.reason,
         "resources": resources,
         "waitingFor": [ref.key for ref in plan.waiting_for],
+        "loans": [
+            {
+                "pod": loan.pod.key,
+                "container": loan.container,
+                "resource": loan.resource,
+                "from": format_amount(loan.resource, loan.before),
+                "to": format_amount(loan.resource, loan.after),
+            }
+            for loan in plan.loans
+        ],
+        "floorErrors": [{"pod": ref.key, "error": error} for ref, error in plan.floor_errors],
     }
+
+
+def _change(loan: Loan) -> str:
+    """``cpu 3->1``: a loan as a warning names it."""
+    r = loan.resource
+    return f"{r} {format_amount(r, loan.before)}->{format_amount(r, loan.after)}"
 
 
 def human_report(plan: Plan) -> str:
@@ -59,9 +77,35 @@ def human_report(plan: Plan) -> str:
         lines += ["", "victims, in eviction order:"]
         for v in plan.victims:
             lines.append(f"  {v.pod.key}  priority {v.priority}  frees {v.frees.describe()}")
+    if plan.loans:
+        lines += ["", "loans, in the order taken:"]
+        for loan in plan.loans:
+            limits = ", limit too" if loan.limits else ""
+            lines.append(
+                f"  {loan.pod.key}  priority {loan.priority}  container {loan.container}  "
+                f"{_change(loan)}{limits}  frees {loan.resource} "
+                f"{format_amount(loan.resource, loan.frees)}"
+            )
+    if plan.floor_errors:
+        lines += ["", "floor annotations not used (these pods lend nothing):"]
+        lines += [f"  {ref.key}: {error}" for ref, error in plan.floor_errors]
     if plan.waiting_for:
         lines += ["", "already leaving: " + ", ".join(r.key for r in plan.waiting_for)]
     return "\n".join(lines)
+
+
+def _borrowing(plan: Plan, enforcing: bool) -> str:
+    """``borrowing cpu 2 from 1 lower-priority pod on node-1: default/batch-1 (cpu 3->1)``"""
+    changes: dict[str, list[str]] = {}
+    for loan in plan.loans:
+        changes.setdefault(loan.pod.key, []).append(_change(loan))
+    count = len(changes)
+    verb = "borrowing" if enforcing else "would borrow"
+    lenders = ", ".join(f"{key} ({', '.join(c)})" for key, c in changes.items())
+    return (
+        f"{verb} {amounts_text(plan.lent)} from {count} lower-priority "
+        f"pod{'s' if count != 1 else ''} on {plan.node}: {lenders}"
+    )
 
 
 def clip(text: str, limit: int = WARNING_LIMIT) -> str:
@@ -73,17 +117,22 @@ def clip(text: str, limit: int = WARNING_LIMIT) -> str:
 def warnings_for(plan: Plan, *, enforcing: bool = True) -> list[str]:
     """kubectl warnings for a plan; each one line of at most :data:`WARNING_LIMIT`."""
     if plan.verdict == "preempt":
-        names = ", ".join(plan.victim_keys)
-        verb = "preempting" if enforcing else "would preempt"
-        count = len(plan.victims)
-        # What the resize asks for, of each resource it is short of.
-        wanted = amounts_text(plan.requested, of=plan.shortfall)
-        return [
-            clip(
-                f"{verb} {count} lower-priority pod{'s' if count != 1 else ''} on {plan.node} "
-                f"for {wanted}: {names}"
+        out = []
+        if plan.victims:
+            names = ", ".join(plan.victim_keys)
+            verb = "preempting" if enforcing else "would preempt"
+            count = len(plan.victims)
+            # What the resize asks for, of each resource it is short of.
+            wanted = amounts_text(plan.requested, of=plan.shortfall)
+            out.append(
+                clip(
+                    f"{verb} {count} lower-priority pod{'s' if count != 1 else ''} on "
+                    f"{plan.node} for {wanted}: {names}"
+                )
             )
-        ]
+        if plan.loans:
+            out.append(clip(_borrowing(plan, enforcing)))
+        return out
     if plan.verdict == "infeasible":
         return [clip(plan.reason)]
     if plan.verdict == "not-eligible" and plan.code in (

@@ -124,6 +124,11 @@ class ListedOnly:
     def max_victims(self) -> int | None:
         return self.base.max_victims
 
+    @property
+    def lending(self) -> bool:
+        # The ledger lists victims only, and the worker carries out no loans yet.
+        return False
+
     def may_preempt(self, victim: Pod, preemptor: Pod) -> bool:
         return victim.uid in self.allowed and self.base.may_preempt(victim, preemptor)
 

@@ -1,0 +1,165 @@
+"""Lending: the room a pod that opted in frees by shrinking in place to its floors.
+
+A pod opts in with the floor annotation (:data:`~webhook.core.model.FLOOR_ANNOTATION`,
+parsed into :attr:`Pod.floors <webhook.core.model.Pod.floors>`). A loan lowers one
+container's request of one resource, never below its floor, and keeps the QoS class:
+a Guaranteed pod's limit goes down with its request, a Burstable pod's limit stays.
+
+What a loan frees is what the kubelet counts (:func:`~webhook.core.accounting.pod_requests`):
+once it is actuated the container's request, allocation and actuated request are all the
+lowered amount, so the room freed is what the pod holds now minus what it holds then. That
+is not always the amount lowered: a pod whose init container needs more than its app
+containers holds the init container's peak, and lowering an app container under that
+peak frees nothing. Loans are therefore sized on the model, never by subtraction.
+
+See docs/lending.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from webhook.core.accounting import pod_requests
+from webhook.core.model import Container, ContainerStatus, Floor, Pod, PodRef
+from webhook.core.resources import ZERO, ResourceName, Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Loan:
+    """One container's ``resource`` lowered in place from ``before`` to ``after``.
+
+    ``before`` is the container's request (what a give-back restores); ``frees`` the room
+    it frees on the node by the kubelet's model; ``limits`` is True for a Guaranteed pod,
+    whose limit is lowered to ``after`` as well.
+    """
+
+    pod: PodRef
+    priority: int
+    container: str
+    resource: ResourceName
+    before: int
+    after: int
+    frees: int
+    limits: bool = False
+
+
+def guaranteed(pod: Pod) -> bool:
+    """Whether ``pod`` is of QoS class Guaranteed: as the kubelet reported it, else as
+    the API server derives it (every container limits cpu and memory to its requests)."""
+    if pod.qos_class:
+        return pod.qos_class == "Guaranteed"
+    containers = pod.all_containers()
+    return bool(containers) and all(
+        c.limits.cpu and c.limits.memory and c.requests == c.limits for c in containers
+    )
+
+
+def held(pod: Pod) -> Resources:
+    """What ``pod`` holds by its containers, as loans are measured against.
+
+    The kubelet's pod-level status aggregates (``status.allocatedResources``) say
+    nothing about one container; without them the amount comes from the container
+    statuses, before a loan and after it alike. Pod-level *spec* requests still replace
+    the container aggregate, so lowering a container frees none of those.
+    """
+    if pod.pod_allocated is None and pod.pod_actual is None:
+        return pod_requests(pod)
+    return pod_requests(replace(pod, pod_allocated=None, pod_actual=None))
+
+
+def lowered(pod: Pod, container: str, resource: ResourceName, amount: int) -> Pod:
+    """``pod`` once a loan lowering ``container``'s ``resource`` to ``amount`` is
+    actuated: request, allocation and actuated request at ``amount`` (and the limit too
+    for a Guaranteed pod)."""
+    limits_too = guaranteed(pod)
+
+    def lower(c: Container) -> Container:
+        if c.name != container:
+            return c
+        limits = c.limits.replace(resource, amount) if limits_too else c.limits
+        return replace(c, requests=c.requests.replace(resource, amount), limits=limits)
+
+    statuses = dict(pod.statuses)
+    status = statuses.get(container)
+    if status is not None:
+        statuses[container] = ContainerStatus(
+            status.name,
+            None if status.allocated is None else status.allocated.replace(resource, amount),
+            None if status.actual is None else status.actual.replace(resource, amount),
+        )
+    return replace(
+        pod,
+        containers=tuple(lower(c) for c in pod.containers),
+        init_containers=tuple(lower(c) for c in pod.init_containers),
+        statuses=statuses,
+        pod_allocated=None,
+        pod_actual=None,
+    )
+
+
+def _request(pod: Pod, floor: Floor) -> int:
+    c = pod.container(floor.container)
+    return 0 if c is None else c.requests.get(floor.resource)
+
+
+def at_floors(pod: Pod) -> Pod:
+    """``pod`` with every floor it declares lent in full."""
+    for floor in pod.floors:
+        if floor.amount < _request(pod, floor):
+            pod = lowered(pod, floor.container, floor.resource, floor.amount)
+    return pod
+
+
+def room(pod: Pod) -> Resources:
+    """What lending every floor of ``pod`` in full frees on its node (zero without floors)."""
+    if not pod.floors:
+        return ZERO
+    return (held(pod) - held(at_floors(pod))).clamp()
+
+
+def borrow(pod: Pod, needed: Resources) -> tuple[tuple[Loan, ...], Resources]:
+    """Loans from ``pod`` covering as much of ``needed`` as its floors allow, each only as
+    much as is still needed, and what they free together.
+
+    Contract: every loan stays at or above its floor and below the request; what the
+    loans free is at most ``needed`` per resource and at most :func:`room`.
+    """
+    loans: list[Loan] = []
+    freed = ZERO
+    for floor in pod.floors:
+        want = needed.get(floor.resource) - freed.get(floor.resource)
+        loan = _loan(pod, floor, want) if want > 0 else None
+        if loan is not None:
+            loans.append(loan)
+            freed = freed.replace(loan.resource, freed.get(loan.resource) + loan.frees)
+            pod = lowered(pod, loan.container, loan.resource, loan.after)
+    return tuple(loans), freed
+
+
+#: An amount larger than any a pod holds: where a container's share dominates its pod's.
+_HUGE = 2**62
+
+
+def _loan(pod: Pod, floor: Floor, want: int) -> Loan | None:
+    """The smallest loan of ``floor`` freeing ``want`` (or all it can), if it frees any.
+
+    What the pod holds of the resource, as a function of the container's amount ``a``,
+    is ``max(C, K + a)``: every term of ``PodRequests`` (the sum of the app containers
+    and sidecars, each init container's peak, in each of the three aggregates) counts
+    the container at most once, and the rest (other containers, pod-level requests,
+    overhead) does not depend on it. ``K`` is read off at a huge amount, where the
+    container's terms dominate; then the highest amount freeing ``target`` is
+    ``base - target - K``.
+    """
+    before = _request(pod, floor)
+    if floor.amount >= before:
+        return None
+    name, resource = floor.container, floor.resource
+    base = held(pod).get(resource)
+    target = min(want, base - held(lowered(pod, name, resource, floor.amount)).get(resource))
+    if target <= 0:
+        return None
+    rest = held(lowered(pod, name, resource, _HUGE)).get(resource) - _HUGE  # K
+    after = min(before - 1, base - target - rest)
+    frees = base - held(lowered(pod, name, resource, after)).get(resource)
+    return Loan(pod.ref, pod.priority, name, resource, before, after, frees, guaranteed(pod))
