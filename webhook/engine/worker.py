@@ -66,7 +66,7 @@ from dataclasses import replace
 
 from webhook.core.model import PodRef
 from webhook.engine.config import Config
-from webhook.engine.ledger import Ledger, LedgerEntry
+from webhook.engine.ledger import Ledger, LedgerEntry, counting
 from webhook.engine.loop import Backoff, Loop
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import ClusterView, EvictionResult, PreemptionEvents, VictimEvictor
@@ -219,7 +219,10 @@ class PreemptionWorker:
         groups: dict[str, list[LedgerEntry]] = defaultdict(list)
         for entry in self.ledger.all_entries():
             groups[entry.node].append(entry)
-        self.metrics.ledger_entries.set(sum(len(g) for g in groups.values()))
+        now = self.clock()
+        self.metrics.ledger_entries.set(
+            sum(len(counting(g, self.cluster.pods_on(n), now)) for n, g in groups.items())
+        )
         live = {e.review_uid for g in groups.values() for e in g}
         nodes = sorted(groups, key=lambda n: min(e.admitted_at for e in groups[n]))
         if len(nodes) == 1 or self.parallelism <= 1:
