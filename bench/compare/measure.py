@@ -161,13 +161,19 @@ IDLE_LABEL = "leader election (idle, not in the total)"
 
 
 def count_requests(
-    cursor: AuditCursor, user_agent_prefix: str, start: float, end: float
+    cursor: AuditCursor,
+    user_agent_prefix: str,
+    start: float,
+    end: float,
+    *,
+    leader_apart: bool = True,
 ) -> tuple[int, dict[str, int]]:
     """Distinct requests (audit IDs) whose user agent starts with ``user_agent_prefix`` and
     that the API server received between ``start`` and ``end`` (wall clock, seconds).
     Returns the total and a breakdown by ``verb resource[/subresource]``. Requests on a
     leader-election Lease (:data:`LEADER_LEASES`) are in the breakdown under
-    :data:`IDLE_LABEL` and not in the total."""
+    :data:`IDLE_LABEL` and not in the total, unless ``leader_apart`` is false (counting
+    the traffic at rest, which is mostly theirs)."""
     seen: dict[str, str] = {}
     for event in cursor.events():
         if not str(event.get("userAgent", "")).startswith(user_agent_prefix):
@@ -179,7 +185,7 @@ def count_requests(
         what = ref.get("resource", event.get("requestURI", "?"))
         if ref.get("subresource"):
             what += "/" + ref["subresource"]
-        if what == "leases" and ref.get("name") in LEADER_LEASES:
+        if leader_apart and what == "leases" and ref.get("name") in LEADER_LEASES:
             seen[event["auditID"]] = IDLE_LABEL
             continue
         seen[event["auditID"]] = f"{event.get('verb', '?')} {what}"

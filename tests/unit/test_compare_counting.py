@@ -46,3 +46,14 @@ def test_leader_renewals_are_in_the_breakdown_and_not_in_the_total(tmp_path: Pat
         "create pods/eviction": 1,
         IDLE_LABEL: 2,
     } == breakdown
+
+
+def test_at_rest_leader_renewals_count(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    log.write_bytes(line("1", "update", "leases", "resize-preemption-webhook-leader"))
+
+    counted = count_requests(
+        AuditCursor(log), "resize-preemption-webhook/", 0, 2e9, leader_apart=False
+    )
+
+    assert (1, {"update leases": 1}) == counted
