@@ -52,6 +52,10 @@ CASES = [
     pytest.param(Case(None, False), id="pod-not-seen-keeps-counting"),
     pytest.param(Case(high(), False), id="persisted-not-actuated-counts"),
     pytest.param(Case(high(holding="6"), True), id="actuated-is-spent"),
+    pytest.param(
+        Case(high(generation=5), False),
+        id="the-reserved-spec-at-a-later-generation-still-counts",
+    ),
     pytest.param(Case(high(holding="8"), True), id="allocated-above-the-demand-is-spent"),
     pytest.param(Case(high("2", holding="2", generation=2), False), id="not-persisted-yet-counts"),
     pytest.param(
@@ -66,7 +70,7 @@ CASES = [
         Case(
             make_pod("high")
             .uid("uid-high")
-            .requests(cpu="6")
+            .requests(cpu="6", memory="1Gi")
             .holding(cpu="2")
             .generation(3)
             .resize_pending("Infeasible")

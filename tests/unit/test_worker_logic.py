@@ -223,7 +223,7 @@ CASES = [
         Case(
             entry("low", persisted=True),
             HIGH_BEFORE,
-            Expected("release", "superseded"),
+            Expected("release", "superseded", write=True),
             pods=(HIGH_BEFORE, LOW, MID),
         ),
         id="spec-changed-after-persisting",

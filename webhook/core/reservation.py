@@ -85,28 +85,27 @@ def spent(reservation: Reservation, pod: Pod | None, now: float) -> bool:
     and one that is gone is the preemption worker's to release. Spent when the pod
 
     * is terminating or finished (it will never use the room);
-    * has a later spec than the resize (``generation`` beyond the reserved one: a newer
-      resize or edit superseded it, and has its own reservation if it needs room);
+    * has another spec than the resize and a later ``generation`` than the reserved one (a
+      newer resize or edit superseded it, and has its own reservation if it needs room);
     * still lacks the resize in its spec at ``persist_by`` (a later webhook or the API
       server refused it);
     * was marked Infeasible by the kubelet for this spec;
     * has it actuated: the kubelet allocated the demand, so the pod itself now holds the
       room and the kubelet's own accounting counts it.
 
-    The order of the rules makes the answer stable: once spent, a later shrink of the pod
-    raises its generation, so the reservation never counts again.
+    The answer is stable: once spent, a later resize of the pod to other requests raises
+    its generation past the reserved one (or comes after ``persist_by``), so the
+    reservation does not count again.
     """
     if pod is None or pod.uid != reservation.pod_uid:
         return False
     if pod.terminating or pod.terminal:
         return True
-    if reservation.generation and pod.generation:
-        if pod.generation > reservation.generation:
+    if not in_spec(reservation, pod):
+        # Not persisted yet, refused, or superseded: the generation tells the last apart
+        # at once (the spec alone cannot: before persisting it differs too).
+        if reservation.generation and pod.generation > reservation.generation:
             return True
-        persisted = pod.generation == reservation.generation
-    else:
-        persisted = in_spec(reservation, pod)
-    if not persisted:
         return bool(reservation.persist_by) and now >= reservation.persist_by
     return pod.resize == "infeasible" or actuated(reservation.desired, pod)
 

@@ -16,8 +16,8 @@ The rules, in the order they are checked (numbered like the comments below):
 2. a pod that is gone (not cached, another uid, terminating, terminal) is released;
 3. a resize not yet in the pod's spec is waited for, at most ``persist_timeout`` after
    admission; later the entry is released (a later webhook or the API server refused it);
-   a pod whose spec changed again since (its generation moved past the entry's) was
-   superseded and is released;
+   a pod whose spec changed again since (another spec, its generation past the entry's)
+   was superseded and is released;
 4. an actuated resize (allocated >= desired for every container) is released, and so is
    one the kubelet marked Infeasible;
 5. otherwise the resize is planned again on fresh state with
@@ -184,16 +184,15 @@ def next_action(
     if pod.terminating or pod.terminal:
         return Release("pod-gone", f"pod {entry.pod.key} is terminating or finished")
 
-    # 3. Wait until the resize is in the pod's spec.
-    if entry.generation and pod.generation:
-        if pod.generation > entry.generation:
-            return Release("superseded", "the pod's spec changed again after the resize")
-        persisted = pod.generation == entry.generation
-    else:
-        persisted = is_persisted(entry, pod)
-        if not persisted and entry.persisted:
-            return Release("superseded", "the pod's spec changed again after the resize")
-    if not persisted:
+    # 3. Wait until the resize is in the pod's spec; another spec at a later generation
+    #    (or, for an entry written persisted, any other spec) superseded it.
+    if not is_persisted(entry, pod):
+        later = bool(entry.generation) and pod.generation > entry.generation
+        if entry.persisted or later:
+            # Readers see a later generation themselves; without one, the worker removes it.
+            return Release(
+                "superseded", "the pod's spec changed again after the resize", write=not later
+            )
         deadline = entry.admitted_at + config.persist_timeout
         if now >= deadline:
             # Written unless the entry carries its own deadline (older entries do not).
