@@ -38,7 +38,8 @@ SCHEDULER_AGENT = "kube-scheduler/"
 
 def _count(audit: Path, start: float, end: float) -> dict[str, tuple[int, dict[str, int]]]:
     return {
-        name: count_requests(AuditCursor(audit), prefix, start, end)
+        # Everything counts at rest, leader election included: it is what is measured.
+        name: count_requests(AuditCursor(audit), prefix, start, end, leader_apart=False)
         for name, prefix in (("webhook", USER_AGENT), ("kube-scheduler", SCHEDULER_AGENT))
     }
 

@@ -14,7 +14,7 @@ worker the master would fork again). Nothing is armed unless the environment say
 
 Points: ``admitted`` (a ledger write just recorded a new entry - an admission or the
 reconciler's - before the answer or the worker's turn), ``evicted`` (an eviction call
-returned, before the victim is marked handled), ``ledger-before`` (a ledger write is about
+returned, before the worker goes on), ``ledger-before`` (a ledger write is about
 to be sent) and ``ledger-write`` (a ledger write returned, before its caller goes on).
 """
 

@@ -58,19 +58,16 @@ class Hooks:
 
 
 def _decision_event(recorder: EventRecorder) -> Callable[[Pod, Plan, bool], None]:
-    """Events for the reconciler's decisions: what a kubectl warning is for an admission."""
+    """The event for a plan the reconciler made: what a kubectl warning is for an
+    admission (the reconciler calls it only when it planned victims)."""
 
     def record(pod: Pod, plan: Plan, admitted: bool) -> None:
-        if admitted:
-            note = f"Deferred resize: {plan.reason}: {', '.join(plan.victim_keys)}"
-        else:
-            note = f"Deferred resize not preempted for: {plan.reason}"
         recorder.record(
             pod.ref,
-            type_="Normal" if plan.verdict in ("preempt", "fits") else "Warning",
+            type_="Normal",
             reason=DEFERRED_REASON,
-            action="Preempting" if admitted else "Planning",
-            note=note,
+            action="Preempting",
+            note=f"Deferred resize: {plan.reason}: {', '.join(plan.victim_keys)}",
         )
 
     return record
@@ -125,7 +122,9 @@ def build(
         metrics = Metrics()
         identity = process_identity(config.identity, workers, os.getpid())
         cache = ClusterCache(make_api_client(kubeconfig), config, metrics=metrics)
-        lease_ledger = LeaseLedger(make_api_client(kubeconfig), config, metrics=metrics)
+        lease_ledger = LeaseLedger(
+            make_api_client(kubeconfig), config, metrics=metrics, pods_on=cache.pods_on
+        )
         ledger = hooks.ledger(lease_ledger, identity)
         act_api = make_api_client(kubeconfig)
         recorder = EventRecorder(act_api, controller=config.scheduler_name, instance=identity)

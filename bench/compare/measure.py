@@ -7,7 +7,10 @@
   reaches the size asked for.
 * :func:`count_requests` counts the API requests of one component in the API server's
   audit log (every request is logged at ``Metadata`` level by the comparison's audit
-  policy) by user agent, within a wall-clock window.
+  policy) by user agent, within a wall-clock window. Leader election's Lease traffic is
+  left out of the total: it is the same whether a scenario runs or not (``bench.idle``
+  measures it at rest, for both sides), and the comparison runs kube-scheduler with
+  ``--leader-elect=false``, so counting ours would compare renewals with nothing.
 """
 
 from __future__ import annotations
@@ -151,12 +154,26 @@ class AuditCursor:
                         continue  # a line still being written
 
 
+#: Leader-election Leases (ours, and kube-scheduler's when it elects): idle traffic.
+LEADER_LEASES = frozenset({"resize-preemption-webhook-leader", "kube-scheduler"})
+#: The breakdown's label for them.
+IDLE_LABEL = "leader election (idle, not in the total)"
+
+
 def count_requests(
-    cursor: AuditCursor, user_agent_prefix: str, start: float, end: float
+    cursor: AuditCursor,
+    user_agent_prefix: str,
+    start: float,
+    end: float,
+    *,
+    leader_apart: bool = True,
 ) -> tuple[int, dict[str, int]]:
     """Distinct requests (audit IDs) whose user agent starts with ``user_agent_prefix`` and
     that the API server received between ``start`` and ``end`` (wall clock, seconds).
-    Returns the total and a breakdown by ``verb resource[/subresource]``."""
+    Returns the total and a breakdown by ``verb resource[/subresource]``. Requests on a
+    leader-election Lease (:data:`LEADER_LEASES`) are in the breakdown under
+    :data:`IDLE_LABEL` and not in the total, unless ``leader_apart`` is false (counting
+    the traffic at rest, which is mostly theirs)."""
     seen: dict[str, str] = {}
     for event in cursor.events():
         if not str(event.get("userAgent", "")).startswith(user_agent_prefix):
@@ -168,8 +185,12 @@ def count_requests(
         what = ref.get("resource", event.get("requestURI", "?"))
         if ref.get("subresource"):
             what += "/" + ref["subresource"]
+        if leader_apart and what == "leases" and ref.get("name") in LEADER_LEASES:
+            seen[event["auditID"]] = IDLE_LABEL
+            continue
         seen[event["auditID"]] = f"{event.get('verb', '?')} {what}"
     breakdown: dict[str, int] = {}
     for what in seen.values():
         breakdown[what] = breakdown.get(what, 0) + 1
-    return len(seen), dict(sorted(breakdown.items()))
+    total = sum(n for what, n in breakdown.items() if what != IDLE_LABEL)
+    return total, dict(sorted(breakdown.items()))

@@ -194,7 +194,7 @@ def test_a_victim_the_caller_saw_live_is_evicted_on_the_uid_precondition_alone(
     assert 1 == count(metrics, "evicted")
 
 
-def test_the_resizing_pod_gets_one_event_naming_its_victims(
+def test_a_plan_given_up_on_gets_one_warning_naming_the_victims_left(
     cluster: Cluster,
     namespace: str,
     kubectl: Kubectl,
@@ -203,12 +203,13 @@ def test_the_resizing_pod_gets_one_event_naming_its_victims(
     preemptor = create_pod(cluster, namespace, pod_body("high-priority-pod"))
     victim = PodRef(namespace, "low-priority-pod", "uid-1")
 
-    assert recorder.preempting(preemptor, [victim], NODE)
+    assert recorder.abandoned(preemptor, [victim], NODE, "reservation expired 0.5s ago")
 
     [event] = kubectl_events(kubectl, preemptor.name)
-    assert event["reason"] == "PreemptingForResize"
+    assert ("ResizePreemptionAbandoned", "Warning") == (event["reason"], event["type"])
     assert event["message"] == (
-        f"Preempting 1 lower-priority pod on {NODE} for this resize: {namespace}/low-priority-pod"
+        f"Stopped preempting on {NODE} for this resize (reservation expired 0.5s ago); "
+        f"not evicted: {namespace}/low-priority-pod"
     )
 
 
@@ -218,11 +219,11 @@ def test_an_overlong_note_is_cut_to_the_api_limit(
     preemptor = create_pod(cluster, namespace, pod_body("high-priority-pod"))
     victims = [PodRef(namespace, f"victim-{i:03d}-{'x' * 40}", f"u{i}") for i in range(60)]
 
-    assert recorder.preempting(preemptor, victims, NODE)
+    assert recorder.abandoned(preemptor, victims, NODE, "replan")
 
     [event] = kubectl_events(kubectl, preemptor.name)
     assert len(event["message"].encode()) <= NOTE_LIMIT
-    assert event["message"].startswith(f"Preempting 60 lower-priority pods on {NODE}")
+    assert event["message"].startswith(f"Stopped preempting on {NODE}")
     assert event["message"].endswith(" ...")
 
 

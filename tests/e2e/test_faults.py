@@ -39,9 +39,9 @@ def rig(cluster: Cluster) -> Iterator[FaultRig]:
     [
         # Between two evictions: the second was made, the ledger does not know it yet.
         pytest.param("leader", "evicted:2", id="leader-killed-between-evictions"),
-        # The first ledger write (the admission's entry, or the worker's first mark) never
-        # reaches the API server.
-        pytest.param("leader", "ledger-before:2", id="leader-killed-during-a-ledger-update"),
+        # Right after the first eviction: nothing in the ledger says it happened (nothing
+        # ever does; the successor reads the victim terminating).
+        pytest.param("leader", "evicted:1", id="leader-killed-right-after-an-eviction"),
         pytest.param("follower", "delay 0.3s", id="follower-killed-after-admission"),
     ],
 )

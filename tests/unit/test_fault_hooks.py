@@ -40,9 +40,9 @@ def add(new: LedgerEntry) -> Change[None]:
             id="a-new-entry-is-an-admission",
         ),
         pytest.param(
-            update_entry("review-1", handled=("uid-low",)),
+            update_entry("review-1", drop=("uid-low",)),
             ["ledger-before", "ledger-write"],
-            id="a-mark-is-a-write",
+            id="a-drop-is-a-write",
         ),
         pytest.param(remove_entry("review-1"), ["ledger-before", "ledger-write"], id="a-release"),
         pytest.param(remove_entry("nobody"), [], id="no-change-writes-nothing"),

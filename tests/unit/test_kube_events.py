@@ -6,8 +6,8 @@ from webhook.core.model import PodRef
 from webhook.kube.events import (
     NOTE_LIMIT,
     EventRecorder,
+    abandoned_note,
     micro_time,
-    resize_note,
     truncate_note,
 )
 
@@ -26,13 +26,15 @@ def test_truncation_counts_bytes_and_never_splits_a_character() -> None:
     assert truncate_note("short") == "short"
 
 
-def test_resize_note_names_the_victims() -> None:
+def test_abandoned_note_names_the_victims_left_alone() -> None:
     victims = [PodRef("default", "low-priority-pod", "u1")]
-    assert resize_note(victims, "node-1") == (
-        "Preempting 1 lower-priority pod on node-1 for this resize: default/low-priority-pod"
-    )
+    assert (
+        "Stopped preempting on node-1 for this resize (reservation expired 0.5s ago); "
+        "not evicted: default/low-priority-pod"
+    ) == abandoned_note(victims, "node-1", "reservation expired 0.5s ago")
     two = [*victims, PodRef("batch", "job-1", "u2")]
-    assert resize_note(two, "node-1").startswith("Preempting 2 lower-priority pods on node-1")
+    assert abandoned_note(two, "node-1", "x").endswith("default/low-priority-pod, batch/job-1")
+    assert abandoned_note([], "node-1", "x").endswith("not evicted: none")
 
 
 def test_the_preempted_event_matches_upstream() -> None:

@@ -40,8 +40,8 @@ def entry(
     "value",
     [
         pytest.param(entry(), id="fresh"),
-        pytest.param(entry().with_handled("uid-job-2"), id="one-victim-handled"),
-        pytest.param(entry().with_persisted(), id="persisted"),
+        pytest.param(entry(handled=frozenset({"uid-job-2"})), id="one-victim-handled"),
+        pytest.param(entry(persisted=True, generation=3), id="persisted"),
         pytest.param(entry(victims=(), desired=()), id="no-victims"),
         pytest.param(entry(resources=Resources(10**15, 2**62)), id="huge-amounts"),
         pytest.param(entry(name="ü-名前"), id="non-ascii-name"),
@@ -69,9 +69,14 @@ def test_wire_form() -> None:
         "expires": NOW + 60.5,
         "handled": ["uid-job-1"],
         "persisted": True,
+        "generation": 7,
+        "persist_by": NOW + 10.0,
     }
+    value = entry(
+        handled=frozenset({"uid-job-1"}), persisted=True, generation=7, persist_by=NOW + 10.0
+    )
 
-    assert expected == entry().with_handled("uid-job-1").with_persisted().to_json()
+    assert expected == value.to_json()
 
 
 def test_victims_keep_their_eviction_order() -> None:
@@ -82,11 +87,16 @@ def test_victims_keep_their_eviction_order() -> None:
 
 def test_older_entries_without_optional_fields() -> None:
     data = entry().to_json()
-    del data["handled"], data["persisted"]
+    del data["handled"], data["persisted"], data["generation"], data["persist_by"]
 
     decoded = LedgerEntry.from_json(data)
 
-    assert (frozenset(), False) == (decoded.handled, decoded.persisted)
+    assert (frozenset(), False, 0, 0.0) == (
+        decoded.handled,
+        decoded.persisted,
+        decoded.generation,
+        decoded.persist_by,
+    )
 
 
 @pytest.mark.parametrize(
@@ -118,7 +128,7 @@ def test_malformed_entries_are_refused(mutate: Any, fragment: str) -> None:
 
 
 def test_reservation_claims_only_pending_victims() -> None:
-    value = entry().with_handled("uid-job-2")
+    value = entry(handled=frozenset({"uid-job-2"}))
 
     assert (
         Reservation(
@@ -128,6 +138,7 @@ def test_reservation_claims_only_pending_victims() -> None:
             resources=Resources(6000, 2 * Gi),
             victims=frozenset({"uid-job-1"}),
             expires_at=NOW + 60.5,
+            desired=(("app", Resources(5500, Gi)), ("proxy", Resources(500, Gi))),
         )
         == value.reservation()
     )

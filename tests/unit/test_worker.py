@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -25,7 +24,7 @@ from tests.unit.test_worker_logic import (
 )
 from webhook.core.model import Node, Pod, PodRef
 from webhook.engine.config import Config
-from webhook.engine.ledger import LedgerEntry
+from webhook.engine.ledger import LedgerEntry, counting
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import EvictionResult
 from webhook.engine.worker import PreemptionWorker, remove_entry, update_entry
@@ -69,7 +68,7 @@ class FakeRecorder:
     def __init__(self) -> None:
         self.events: list[tuple[str, tuple[str, ...], str]] = []
 
-    def preempting(self, preemptor: PodRef, victims: list[PodRef], node: str) -> bool:
+    def abandoned(self, preemptor: PodRef, victims: list[PodRef], node: str, detail: str) -> bool:
         self.events.append((preemptor.name, tuple(v.name for v in victims), node))
         return True
 
@@ -138,31 +137,54 @@ def only(ledger: InMemoryLedger) -> LedgerEntry:
     return e
 
 
-def test_evicts_the_victim_once_marks_it_and_tells_the_resizing_pod(
+def test_evicts_the_victim_once_and_writes_nothing(
     ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock, recorder: FakeRecorder
 ) -> None:
     add(ledger, entry("low"))
+    written_before = ledger.writes
     worker = make_worker(Cluster(HIGH_RESIZED, LOW, MID), ledger, evictor, clock, recorder)
 
     worker.run_once()
     worker.run_once()  # the cache still shows "low" running: never evicted again
 
-    assert evictor.calls == [("low", "high", "node-1")]
-    assert only(ledger).handled == {"uid-low"}
-    assert only(ledger).persisted
-    assert recorder.events == [("high", ("low",), "node-1")]
+    assert [("low", "high", "node-1")] == evictor.calls
+    assert 0 == ledger.writes - written_before
+    # The plan was told by the kubectl warning; the victim's Preempted event is the
+    # evictor's. Nothing more on the resizing pod.
+    assert [] == recorder.events
 
 
-def test_actuated_resize_releases_the_entry(
+def test_an_actuated_resize_is_released_without_a_write(
     ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
 ) -> None:
-    add(ledger, entry("low", handled=("low",), persisted=True))
-    worker = make_worker(Cluster(pod("high", cpu="6", priority=1000), MID), ledger, evictor, clock)
+    add(ledger, entry("low", persisted=True))
+    written_before = ledger.writes
+    actuated = pod("high", cpu="6", priority=1000)
+    worker = make_worker(Cluster(actuated, MID), ledger, evictor, clock)
 
     worker.run_once()
 
-    assert ledger.all_entries() == ()
-    assert evictor.calls == []
+    assert [] == evictor.calls
+    assert 0 == ledger.writes - written_before
+    # Left for the next write to drop; no reader counts it any more.
+    assert () == counting(ledger.all_entries(), (actuated, MID), clock.now)
+
+
+def test_a_plan_given_up_on_tells_the_resizing_pod_once(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock, recorder: FakeRecorder
+) -> None:
+    add(ledger, entry("low", persisted=True))
+    evictor.results["low"] = EvictionResult.BLOCKED_BY_PDB
+    worker = make_worker(Cluster(HIGH_RESIZED, LOW, MID), ledger, evictor, clock, recorder)
+    worker.run_once()
+    assert [] == recorder.events
+
+    clock.now = ADMITTED + CONFIG.reservation_ttl
+    worker.run_once()
+    worker.run_once()
+
+    assert [("high", ("low",), "node-1")] == recorder.events
+    assert 1 == len(evictor.calls)
 
 
 def test_not_persisted_waits_then_releases_evicting_nobody(
@@ -199,7 +221,8 @@ def test_blocked_by_pdb_keeps_the_victim_pending_and_backs_off(
     evictor.results.clear()
     worker.run_once()
     assert [c[0] for c in evictor.calls] == ["low-a", "low-a", "low-b"]
-    assert only(ledger).pending_victims == ()
+    worker.run_once()  # both evicted, the cache a watch delay behind: no call again
+    assert 3 == len(evictor.calls)
 
 
 def test_a_budget_change_ends_the_backoff(
@@ -218,7 +241,6 @@ def test_a_budget_change_ends_the_backoff(
     worker.run_once()
 
     assert len(evictor.calls) == 2
-    assert only(ledger).handled == {"uid-low"}
 
 
 def test_a_superseded_entry_stops_between_victims(
@@ -246,10 +268,13 @@ def test_victims_found_leaving_in_the_cache_are_settled_without_a_call(
     cluster = Cluster(HIGH_RESIZED, replace(LOW, terminating=True), MID)
     worker = make_worker(cluster, ledger, evictor, clock, metrics=metrics)
 
+    written_before = ledger.writes
+
+    worker.run_once()
     worker.run_once()
 
     assert evictor.calls == []
-    assert only(ledger).handled == {"uid-low"}
+    assert 0 == ledger.writes - written_before
     sample = metrics.registry.get_sample_value
     assert sample("rpw_preemptions_total", {"result": "skipped-terminating"}) == 1
 
@@ -282,7 +307,8 @@ def test_errors_are_counted_and_the_entry_retried(
     evictor.on_evict = None
     clock.now += worker.backoff.cap
     worker.run_once()
-    assert only(ledger).handled == {"uid-low"}
+    worker.run_once()
+    assert ["low", "low"] == [c[0] for c in evictor.calls]
 
 
 def test_entries_run_in_admitted_order_and_claims_prevent_extra_evictions(
@@ -319,7 +345,7 @@ def test_entries_run_in_admitted_order_and_claims_prevent_extra_evictions(
     assert [c[0] for c in evictor.calls] == ["low-b"]
     by_review = {e.review_uid: e for e in ledger.all_entries()}
     assert by_review["r1"].victims == ()
-    assert by_review["r2"].handled == {"uid-low-b"}
+    assert (LOW_B.ref,) == by_review["r2"].victims
 
 
 def test_the_thread_wakes_works_and_stops(
@@ -334,44 +360,38 @@ def test_the_thread_wakes_works_and_stops(
     finally:
         worker.stop(timeout=5)
     assert not worker.running
-    deadline = time.monotonic() + 1
-    while time.monotonic() < deadline and not only(ledger).handled:
-        time.sleep(0.01)
-    assert only(ledger).handled == {"uid-low"}
+    assert [("low", "high", "node-1")] == evictor.calls
 
 
-def test_the_first_eviction_waits_for_no_ledger_write_and_its_mark_carries_the_rest(
+def test_a_plan_carried_out_costs_no_ledger_write_before_or_after_the_eviction(
     ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
 ) -> None:
-    add(ledger, entry("low"))  # admitted, not yet marked persisted
+    add(ledger, entry("low"))  # as admitted
     written_before = ledger.writes
-    at_eviction: list[tuple[int, bool]] = []
-    evictor.on_evict = lambda _: at_eviction.append(
-        (ledger.writes - written_before, only(ledger).persisted)
-    )
+    at_eviction: list[int] = []
+    evictor.on_evict = lambda _: at_eviction.append(ledger.writes - written_before)
     worker = make_worker(Cluster(HIGH_RESIZED, LOW, MID), ledger, evictor, clock)
 
     worker.run_once()
+    worker.run_once()
 
-    assert [(0, False)] == at_eviction
-    assert 1 == ledger.writes - written_before
-    assert only(ledger).persisted
-    assert {"uid-low"} == only(ledger).handled
+    assert [0] == at_eviction
+    assert 0 == ledger.writes - written_before
     # The worker had just seen the victim live in its cache, and says so.
     assert [True] == evictor.seen_live
 
 
-def test_bookkeeping_is_written_even_when_the_eviction_is_refused(
+def test_a_refused_eviction_writes_nothing(
     ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
 ) -> None:
     add(ledger, entry("low"))
+    written_before = ledger.writes
     evictor.results["low"] = EvictionResult.BLOCKED_BY_PDB
     worker = make_worker(Cluster(HIGH_RESIZED, LOW, MID), ledger, evictor, clock)
 
     worker.run_once()
 
-    assert only(ledger).persisted
-    assert frozenset() == only(ledger).handled
+    assert 0 == ledger.writes - written_before
 
 
 def test_victims_no_longer_needed_leave_the_claim_before_anyone_is_evicted(
@@ -423,20 +443,18 @@ def test_nodes_are_worked_on_side_by_side(
     assert {("low", "high", "node-1"), ("low-2", "high-2", "node-2")} == set(evictor.calls)
     assert not together.broken
     assert None is metrics.registry.get_sample_value("rpw_errors_total", {"where": "worker"})
-    assert {"node-1": {"uid-low"}, "node-2": {"uid-low-2"}} == {
-        e.node: set(e.handled) for e in ledger.all_entries()
-    }
     worker.stop()
 
 
 def test_ledger_changes_are_pure_and_report_presence() -> None:
     e = entry("low-a", "low-b")
-    change = update_entry(e.review_uid, handled=("uid-low-a",), drop=("uid-low-b",))
+    change = update_entry(e.review_uid, drop=("uid-low-b",))
     first = change((e,))
     assert first == change((e,))
     new, found = first
     assert found and new is not None
-    assert new[0].handled == {"uid-low-a"} and new[0].victims == (LOW_A.ref,)
-    assert update_entry("other", persisted=True)((e,)) == (None, False)
+    assert (LOW_A.ref,) == new[0].victims
+    assert (None, True) == update_entry(e.review_uid, drop=("uid-nobody",))((e,))
+    assert update_entry("other", drop=("uid-low-a",))((e,)) == (None, False)
     assert remove_entry(e.review_uid)((e,)) == ((), True)
     assert remove_entry("other")((e,)) == (None, False)

@@ -130,18 +130,18 @@ class Expected:
     evict: tuple[str, ...] = ()
     settle: tuple[str, ...] = ()
     drop: tuple[str, ...] = ()
-    mark_persisted: bool = False
+    #: A release the worker must write (readers would still count the entry).
+    write: bool = False
 
 
 def digest(action: Action) -> Expected:
     if isinstance(action, Release):
-        return Expected("release", action.reason)
+        return Expected("release", action.reason, write=action.write)
     if isinstance(action, Wait):
         return Expected(
             "wait",
             action.reason,
             settle=tuple(v.name for v in action.settle),
-            mark_persisted=action.mark_persisted,
         )
     assert isinstance(action, Act)
     return Expected(
@@ -149,7 +149,6 @@ def digest(action: Action) -> Expected:
         evict=tuple(v.name for v in action.evict),
         settle=tuple(v.name for v in action.settle),
         drop=tuple(v.name for v in action.drop),
-        mark_persisted=action.mark_persisted,
     )
 
 
@@ -179,14 +178,14 @@ CASES = [
     ),
     # -- 2. the pod -------------------------------------------------------------------------
     pytest.param(
-        Case(entry("low"), None, Expected("release", "pod-gone"), pods=(LOW, MID)),
+        Case(entry("low"), None, Expected("release", "pod-gone", write=True), pods=(LOW, MID)),
         id="pod-deleted",
     ),
     pytest.param(
         Case(
             entry("low"),
             pod("high", cpu="6", priority=1000, uid="uid-new"),
-            Expected("release", "pod-gone"),
+            Expected("release", "pod-gone", write=True),
         ),
         id="pod-replaced-by-new-uid",
     ),
@@ -214,7 +213,7 @@ CASES = [
         Case(
             entry("low"),
             HIGH_BEFORE,
-            Expected("release", "not-persisted"),
+            Expected("release", "not-persisted", write=True),
             pods=(HIGH_BEFORE, LOW, MID),
             now=ADMITTED + 10.0,
         ),
@@ -224,10 +223,47 @@ CASES = [
         Case(
             entry("low", persisted=True),
             HIGH_BEFORE,
-            Expected("release", "superseded"),
+            Expected("release", "superseded", write=True),
             pods=(HIGH_BEFORE, LOW, MID),
         ),
         id="spec-changed-after-persisting",
+    ),
+    pytest.param(
+        Case(
+            replace(entry("low"), generation=3),
+            replace(HIGH_BEFORE, generation=2),
+            Expected("wait", "not-persisted-yet"),
+            pods=(replace(HIGH_BEFORE, generation=2), LOW, MID),
+        ),
+        id="generation-not-reached-yet-waits",
+    ),
+    pytest.param(
+        Case(
+            replace(entry("low"), generation=3),
+            replace(HIGH_BEFORE, generation=4),
+            Expected("release", "superseded"),
+            pods=(replace(HIGH_BEFORE, generation=4), LOW, MID),
+        ),
+        id="a-later-generation-supersedes-without-the-persisted-flag",
+    ),
+    pytest.param(
+        Case(
+            replace(entry("low"), persist_by=ADMITTED + 10.0),
+            HIGH_BEFORE,
+            Expected("release", "not-persisted"),
+            pods=(HIGH_BEFORE, LOW, MID),
+            now=ADMITTED + 10.0,
+        ),
+        id="never-persisted-with-its-own-deadline-needs-no-write",
+    ),
+    pytest.param(
+        Case(
+            replace(entry("low"), generation=3),
+            replace(HIGH_RESIZED, generation=3),
+            Expected("act", evict=("low",)),
+            pods=(replace(HIGH_RESIZED, generation=3), LOW, MID),
+        ),
+        id="generation-reached-is-persisted",
     ),
     # -- 4. actuated or refused by the kubelet ----------------------------------------------
     pytest.param(
@@ -258,12 +294,12 @@ CASES = [
     ),
     # -- 5. re-plan on fresh state ------------------------------------------------------------
     pytest.param(
-        Case(entry("low"), HIGH_RESIZED, Expected("act", evict=("low",), mark_persisted=True)),
+        Case(entry("low"), HIGH_RESIZED, Expected("act", evict=("low",))),
         id="persisted-evicts-the-planned-victim",
     ),
     pytest.param(
         Case(entry("low", persisted=True), HIGH_RESIZED, Expected("act", evict=("low",))),
-        id="persisted-flag-written-once",
+        id="persisted-by-the-reconciler-evicts-the-planned-victim",
     ),
     pytest.param(
         Case(
@@ -370,7 +406,7 @@ CASES = [
         Case(
             entry("low", persisted=True),
             HIGH_RESIZED,
-            Expected("release", "not-eligible"),
+            Expected("release", "not-eligible", write=True),
             node=replace(NODE, resize_preemption_disabled=True),
         ),
         id="node-opted-out-after-admission",
@@ -379,7 +415,7 @@ CASES = [
         Case(
             entry("low"),
             HIGH_RESIZED,
-            Expected("wait", "node-unknown", mark_persisted=True),
+            Expected("wait", "node-unknown"),
             node=None,
         ),
         id="node-not-cached",
@@ -419,8 +455,8 @@ def test_act_carries_the_fresh_plan() -> None:
     action = next_action(entry("low"), HIGH_RESIZED, NODE, SCENE, now=NOW, config=CONFIG)
     assert isinstance(action, Act)
     assert action.plan.verdict == "preempt"
-    assert [v.pod.key for v in action.plan.victims] == ["default/low"]
-    assert action.bookkeeping  # the persisted flag
+    assert ["default/low"] == [v.pod.key for v in action.plan.victims]
+    assert () == action.drop  # nothing to write before the eviction
 
 
 def test_own_reservation_is_not_counted_against_itself() -> None:

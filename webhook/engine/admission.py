@@ -33,7 +33,7 @@ from webhook.engine.config import Config
 from webhook.engine.decision import Decision
 from webhook.engine.decision_log import Facts, decision_logger, emit, line
 from webhook.engine.held_amounts import HeldAmounts
-from webhook.engine.ledger import Ledger, LedgerEntry
+from webhook.engine.ledger import Ledger, LedgerEntry, counting
 from webhook.engine.metrics import Metrics, observe_all
 from webhook.engine.ports import ClusterView
 from webhook.engine.wire import AdmissionRequest, AdmissionReview, is_pod_resize, response
@@ -264,7 +264,7 @@ class AdmissionEngine:
             s.pods,
             now=now,
             budgets=s.budgets,
-            reservations=[e.reservation() for e in entries],
+            reservations=[e.reservation() for e in counting(entries, s.pods, now)],
             policy=self.policy,
             holds=s.holds,
         )
@@ -288,16 +288,26 @@ class AdmissionEngine:
             for e in entries:
                 if e.review_uid == uid:
                     return None, (self._plan(scene, entries, now), e)
-            # 2. Plan against every other live reservation on the node.
-            live = tuple([e for e in entries if e.pod.uid != scene.new.uid and e.expires_at > now])
+            # 2. Plan against every other reservation still holding room on the node. A
+            #    newer resize supersedes an earlier admitted one of the same pod.
+            live = counting((e for e in entries if e.pod.uid != scene.new.uid), scene.pods, now)
             plan = self._plan(scene, live, now)
             if plan.verdict not in ("fits", "preempt") or plan.code == "no-growth":
-                # A newer resize supersedes an earlier admitted one of the same pod; one
-                # that needs no room reserves none.
-                return (live if live != entries else None), (plan, None)
+                # One that needs no room reserves none, and writes nothing: an earlier
+                # entry of this pod stops counting by itself once the API server persists
+                # this spec (its generation moves past the entry's), and the kubectl
+                # warning is what tells a person, not an event.
+                return None, (plan, None)
             entry = LedgerEntry.for_plan(
-                scene.new, plan, review_uid=uid, now=now, ttl=self.config.reservation_ttl
+                scene.new,
+                plan,
+                review_uid=uid,
+                now=now,
+                ttl=self.config.reservation_ttl,
+                persist_timeout=self.config.persist_timeout,
             )
+            # Entries that expired or were spent are dropped with this write: the one
+            # write a plan costs also clears what nobody reads any more.
             return (*live, entry), (plan, entry)
 
         plan, entry = self.ledger.update(scene.node.name, change)
@@ -341,7 +351,7 @@ class AdmissionEngine:
         if isinstance(scene, Decision):
             return scene
         now = self.clock()
-        entries = tuple(e for e in self.ledger.entries(scene.node.name) if e.expires_at > now)
+        entries = counting(self.ledger.entries(scene.node.name), scene.pods, now)
         fitted = largest_fit(
             scene.old,
             scene.new,

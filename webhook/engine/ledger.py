@@ -17,7 +17,7 @@ import orjson
 from webhook.core.errors import ObjectError
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import Plan
-from webhook.core.reservation import Reservation
+from webhook.core.reservation import Reservation, spent
 from webhook.core.resources import Resources
 
 R = TypeVar("R")
@@ -40,7 +40,9 @@ class LedgerEntry:
     ``desired`` are the container requests the webhook admitted (by container name), so
     the worker can tell when the resize is persisted in the pod's spec. ``victims`` are in
     eviction order, with uids: the worker never evicts a later pod of the same name.
-    ``handled`` are the victim uids already evicted, deleted or found gone.
+    ``handled`` are victim uids recorded as done by older versions; nothing writes them
+    now (a victim evicted is terminating or gone in the cluster, which is read instead).
+    ``generation`` and ``persist_by``: see :class:`~webhook.core.reservation.Reservation`.
     """
 
     pod: PodRef
@@ -52,8 +54,10 @@ class LedgerEntry:
     admitted_at: float
     expires_at: float
     handled: frozenset[str] = frozenset()
-    #: Set by the worker once the resize is in the pod's spec.
+    #: The resize was in the pod's spec when the entry was written (the reconciler's).
     persisted: bool = False
+    generation: int = 0
+    persist_by: float = 0.0
 
     @classmethod
     def for_plan(
@@ -65,11 +69,15 @@ class LedgerEntry:
         now: float,
         ttl: float,
         persisted: bool = False,
+        persist_timeout: float = 0.0,
     ) -> LedgerEntry:
         """The entry admitting ``pod``'s resize as ``plan`` (``fits`` or ``preempt``) has
         it: the room the plan requested on its node, its victims in eviction order, held
-        for ``ttl`` seconds from ``now``. ``persisted``: the resize is in the pod's spec
-        already (the kubelet deferred it)."""
+        for ``ttl`` seconds from ``now``, and the spec generation of ``pod`` (the object
+        being admitted carries the generation its resize will have). ``persisted``: the
+        resize is in the pod's spec already (the kubelet deferred it).
+        ``persist_timeout``: seconds after which a resize not in the spec is taken as
+        refused (0: never)."""
         return cls(
             pod=pod.ref,
             node=plan.node,
@@ -80,6 +88,8 @@ class LedgerEntry:
             admitted_at=now,
             expires_at=now + ttl,
             persisted=persisted,
+            generation=pod.generation,
+            persist_by=now + persist_timeout if persist_timeout and not persisted else 0.0,
         )
 
     @property
@@ -94,16 +104,18 @@ class LedgerEntry:
             resources=self.resources,
             victims=frozenset(v.uid for v in self.pending_victims),
             expires_at=self.expires_at,
+            desired=self.desired,
+            generation=self.generation,
+            persist_by=self.persist_by,
         )
 
-    def with_handled(self, uid: str) -> LedgerEntry:
-        return replace(self, handled=self.handled | {uid})
+    def counts(self, pods: Mapping[str, Pod], now: float) -> bool:
+        """Whether the entry still holds room: not expired and not spent, judged on the
+        cached ``pods`` of its node by uid."""
+        return self.expires_at > now and not spent(self.reservation(), pods.get(self.pod.uid), now)
 
     def with_victims(self, victims: Sequence[PodRef]) -> LedgerEntry:
         return replace(self, victims=tuple(victims))
-
-    def with_persisted(self) -> LedgerEntry:
-        return replace(self, persisted=True)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -120,6 +132,8 @@ class LedgerEntry:
             "expires": self.expires_at,
             "handled": sorted(self.handled),
             "persisted": self.persisted,
+            "generation": self.generation,
+            "persist_by": self.persist_by,
         }
 
     @staticmethod
@@ -147,9 +161,22 @@ class LedgerEntry:
                 expires_at=float(data["expires"]),
                 handled=frozenset(str(u) for u in data.get("handled", ())),
                 persisted=bool(data.get("persisted", False)),
+                generation=int(data.get("generation", 0)),
+                persist_by=float(data.get("persist_by", 0.0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ObjectError(f"malformed ledger entry: {e!r}") from None
+
+
+def counting(
+    entries: Iterable[LedgerEntry], pods: Iterable[Pod], now: float
+) -> tuple[LedgerEntry, ...]:
+    """The entries among ``entries`` that still hold room on a node whose cached pods are
+    ``pods``: what every reader plans against. Entries that expired or were spent stay in
+    the ledger until the next write to their node drops them; nobody writes to remove
+    them."""
+    by_uid = {p.uid: p for p in pods}
+    return tuple(e for e in entries if e.counts(by_uid, now))
 
 
 def encode_entries(entries: Iterable[LedgerEntry]) -> str:

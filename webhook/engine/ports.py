@@ -69,6 +69,12 @@ class VictimEvictor(Protocol):
 
 
 class PreemptionEvents(Protocol):
-    """Tells the resizing pod which victims were acted on for it; never raises."""
+    """Tells the resizing pod when its admitted plan was given up on; never raises.
 
-    def preempting(self, preemptor: PodRef, victims: Sequence[PodRef], node: str) -> bool: ...
+    A plan carried out needs no event on the resizing pod: the kubectl warning (or the
+    reconciler's event) named the victims, and each victim gets upstream's ``Preempted``
+    event, related to the resizing pod."""
+
+    def abandoned(
+        self, preemptor: PodRef, victims: Sequence[PodRef], node: str, detail: str
+    ) -> bool: ...

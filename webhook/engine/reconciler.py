@@ -35,7 +35,7 @@ from webhook.core.plan import Plan, plan_resize
 from webhook.engine.config import Config
 from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.held_amounts import HeldAmounts
-from webhook.engine.ledger import Ledger, LedgerEntry
+from webhook.engine.ledger import Ledger, LedgerEntry, counting
 from webhook.engine.loop import Loop
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import ClusterView
@@ -189,7 +189,11 @@ class Reconciler:
             self.metrics.victims_planned.inc(len(plan.victims))
             self.metrics.victims_per_plan.observe(len(plan.victims))
         _log_decision(pod, plan, outcome.admitted)
-        if self.on_decision is not None:
+        # An event only when the reconciler acts: nobody was told of this plan (no
+        # review, no kubectl warning). A pod it cannot help is in the decision log and the
+        # metrics; its resize was answered with a warning when it was made, and the
+        # kubelet's PodResizePending condition says it waits.
+        if outcome.admitted and self.on_decision is not None:
             try:
                 self.on_decision(pod, plan, outcome.admitted)
             except Exception:
@@ -200,10 +204,10 @@ class Reconciler:
         node = self.cluster.node(pod.node)
         if node is None:
             return None
-        # Cheap pre-check on the cached ledger; the update below decides atomically.
-        if any(e.pod.uid == pod.uid and e.expires_at > now for e in self.ledger.entries(node.name)):
-            return None
         pods = tuple(self.cluster.pods_on(node.name))
+        # Cheap pre-check on the cached ledger; the update below decides atomically.
+        if any(e.pod.uid == pod.uid for e in counting(self.ledger.entries(node.name), pods, now)):
+            return None
         budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
         holds = self._held.of(node.name, pods)
         uid = review_uid_for(pod)
@@ -211,9 +215,9 @@ class Reconciler:
         def change(
             entries: tuple[LedgerEntry, ...],
         ) -> tuple[tuple[LedgerEntry, ...] | None, tuple[Plan | None, LedgerEntry | None]]:
-            if any(e.pod.uid == pod.uid and e.expires_at > now for e in entries):
+            live = counting(entries, pods, now)
+            if any(e.pod.uid == pod.uid for e in live):
                 return None, (None, None)  # another replica or the admission path got here
-            live = tuple(e for e in entries if e.expires_at > now)
             plan = plan_resize(
                 pod,
                 pod,

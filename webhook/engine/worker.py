@@ -8,19 +8,28 @@ calls it on every change of the cache or the ledger, and on every admission), or
 node's entries one after another, oldest admission first. For each it asks
 :func:`webhook.engine.worker_logic.next_action` what to do and does it:
 
-1. ``Release`` - remove the entry (its room is no longer held); evict nobody;
-2. ``Wait`` - write pending bookkeeping (persisted flag, victims found gone), nothing more;
-3. ``Act`` - take victims no longer needed off the claim first, then evict the listed
-   victims in order; each is marked handled in the ledger right after it is done (the
-   first mark also carries the rest of the bookkeeping: persisted, victims found gone).
-   ``blocked-by-pdb`` or ``failed`` stops the entry's turn and it is retried later with
-   exponential backoff (:class:`~webhook.engine.loop.Backoff`), or at once when a
-   PodDisruptionBudget changes (it may allow the eviction now).
+1. ``Release`` - evict nobody; the entry is removed from the ledger only when readers
+   would still count it (``Release.write``: its pod is gone from the cache, or the plan
+   was given up on). An entry whose resize was actuated, superseded or refused is
+   already ignored by every reader (:func:`webhook.core.reservation.spent`), as is an
+   expired one; the next write to its node drops it;
+2. ``Wait`` - nothing;
+3. ``Act`` - take victims no longer needed off the claim first (a ledger write, only when
+   room appeared), then evict the listed victims in order. ``blocked-by-pdb`` or
+   ``failed`` stops the entry's turn and it is retried later with exponential backoff
+   (:class:`~webhook.engine.loop.Backoff`), or at once when a PodDisruptionBudget changes
+   (it may allow the eviction now).
+
+So a plan carried out as admitted costs no ledger write here: the admission's write is
+the only one. Which victims are done is read from the cluster (terminating, gone, or
+another uid), not written: the victims this worker evicted are remembered in memory only
+until its cache shows them leaving, a watch delay later.
 
 Guarantees:
 
-* never evicts a victim twice: victims handled, terminating or gone are skipped (and the
-  evictor itself reads the victim before acting, by uid);
+* never evicts a victim twice: victims terminating or gone in the cache, or evicted by
+  this worker and not yet seen leaving, are skipped; the eviction carries the victim's
+  uid as a precondition;
 * never evicts a pod the admitted plan did not name (``next_action`` re-plans restricted
   to the entry's own pending victims, and evicts fewer when room appeared);
 * before each eviction the entry must still be in the ledger with the victim pending, and
@@ -30,14 +39,18 @@ Guarantees:
   Lease stops acting before another can have taken over (renew deadline < lease
   duration);
 * a crash at any point loses nothing: the ledger is the state; on restart the leader
-  resumes from it, and a victim evicted just before the crash is found terminating;
+  resumes from it, and a victim evicted before the crash is found terminating (a new
+  leader acts only after the old one's Lease ran out, seconds after its last eviction
+  reached every watch);
 * errors are logged, counted (``rpw_errors{where="worker"}``) and retried; they never end
   the thread.
 
 Only the leader must run it: the service registers it with
 :class:`~webhook.engine.loop.Runnables` as needing leader election. It reaches the
 cluster only through its ports (:mod:`webhook.engine.ports`): the cache, the ledger, an
-evictor and an event sink, which ``webhook.kube`` provides.
+evictor and an event sink, which ``webhook.kube`` provides. The event sink hears only of
+plans given up on with victims left (``abandoned``); a plan carried out is told by the
+victims' ``Preempted`` events, as upstream's.
 """
 
 from __future__ import annotations
@@ -49,14 +62,19 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from webhook.core.model import PodRef
 from webhook.engine.config import Config
-from webhook.engine.ledger import Ledger, LedgerEntry
+from webhook.engine.ledger import Ledger, LedgerEntry, counting
 from webhook.engine.loop import Backoff, Loop
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import ClusterView, EvictionResult, PreemptionEvents, VictimEvictor
 from webhook.engine.worker_logic import Act, Action, Release, Wait, next_action
+
+#: Releases that give up on a plan: victims still live then were never evicted for it,
+#: and nobody else tells the resizing pod's owner so.
+ABANDONING = frozenset({"expired", "replan", "not-eligible"})
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +100,10 @@ def remove_entry(review_uid: str) -> Callable[[tuple[LedgerEntry, ...]], EntryCh
 
 
 def update_entry(
-    review_uid: str,
-    *,
-    handled: tuple[str, ...] = (),
-    drop: tuple[str, ...] = (),
-    persisted: bool = False,
+    review_uid: str, *, drop: tuple[str, ...]
 ) -> Callable[[tuple[LedgerEntry, ...]], EntryChange]:
-    """Change: mark victims handled, take victims off, and/or mark the resize persisted in
-    the entry admitted by ``review_uid``; result: whether the entry was there."""
+    """Change: take the victims ``drop`` (uids) off the entry admitted by ``review_uid``,
+    so its reservation stops claiming them; result: whether the entry was there."""
 
     def change(entries: tuple[LedgerEntry, ...]) -> EntryChange:
         found = False
@@ -97,14 +111,7 @@ def update_entry(
         for e in entries:
             if e.review_uid == review_uid:
                 found = True
-                new = e
-                for uid in handled:
-                    new = new.with_handled(uid)
-                if drop:
-                    new = new.with_victims([v for v in new.victims if v.uid not in drop])
-                if persisted and not new.persisted:
-                    new = new.with_persisted()
-                e = new
+                e = e.with_victims([v for v in e.victims if v.uid not in drop])
             out.append(e)
         if not found:
             return None, False
@@ -159,7 +166,12 @@ class PreemptionWorker:
             on_error=self._count_error,
         )
         self._lock = threading.Lock()
-        self._announced: set[str] = set()  # review uids whose pod got its event
+        #: Victim uids this worker evicted that the cache may not show leaving yet.
+        self._evicted: set[str] = set()
+        #: (review uid, victim uid) found leaving and counted once.
+        self._settled: set[tuple[str, str]] = set()
+        #: Review uids released (logged, told) once; the entry may stay in the ledger.
+        self._released: set[str] = set()
         self._budgets_changed = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -207,7 +219,10 @@ class PreemptionWorker:
         groups: dict[str, list[LedgerEntry]] = defaultdict(list)
         for entry in self.ledger.all_entries():
             groups[entry.node].append(entry)
-        self.metrics.ledger_entries.set(sum(len(g) for g in groups.values()))
+        now = self.clock()
+        self.metrics.ledger_entries.set(
+            sum(len(counting(g, self.cluster.pods_on(n), now)) for n, g in groups.items())
+        )
         live = {e.review_uid for g in groups.values() for e in g}
         nodes = sorted(groups, key=lambda n: min(e.admitted_at for e in groups[n]))
         if len(nodes) == 1 or self.parallelism <= 1:
@@ -228,9 +243,18 @@ class PreemptionWorker:
                 future.result()
         if stop.is_set():
             return
-        # Forget state of entries no longer in the ledger.
+        # Forget state of entries no longer in the ledger, and evictions the cache shows.
         self.backoff.retain(live)
-        self._announced &= live
+        self._released &= live
+        self._settled = {k for k in self._settled if k[0] in live}
+        with self._lock:
+            self._evicted = {
+                v.uid
+                for g in groups.values()
+                for e in g
+                for v in e.victims
+                if v.uid in self._evicted and self._live(v)
+            }
 
     def _process_node(self, entries: list[LedgerEntry], stop: threading.Event) -> None:
         for entry in sorted(entries, key=lambda e: (e.admitted_at, e.review_uid)):
@@ -255,6 +279,21 @@ class PreemptionWorker:
                 )
             return self._pool
 
+    def _live(self, victim: PodRef) -> bool:
+        cached = self.cluster.pod(victim.namespace, victim.name)
+        return (
+            cached is not None
+            and cached.uid == victim.uid
+            and not (cached.terminating or cached.terminal)
+        )
+
+    def _with_evicted(self, entry: LedgerEntry) -> LedgerEntry:
+        """``entry`` as this worker knows it: its victims evicted here count as handled,
+        whether or not the cache has seen them leave yet (never written)."""
+        with self._lock:
+            done = {v.uid for v in entry.victims if v.uid in self._evicted}
+        return replace(entry, handled=entry.handled | done) if done else entry
+
     def decide(self, entry: LedgerEntry) -> Action:
         """``next_action`` for ``entry`` on the cache's current state."""
         pod = self.cluster.pod(entry.pod.namespace, entry.pod.name)
@@ -262,10 +301,12 @@ class PreemptionWorker:
         pods = tuple(self.cluster.pods_on(entry.node))
         budgets = tuple(self.cluster.budgets({p.namespace for p in pods}))
         others = tuple(
-            e for e in self.ledger.entries(entry.node) if e.review_uid != entry.review_uid
+            self._with_evicted(e)
+            for e in self.ledger.entries(entry.node)
+            if e.review_uid != entry.review_uid
         )
         return next_action(
-            entry,
+            self._with_evicted(entry),
             pod,
             node,
             pods,
@@ -281,57 +322,55 @@ class PreemptionWorker:
             return None
         action = self.decide(entry)
         if isinstance(action, Release):
-            # 1. Nothing more to do for this resize: its room is released.
-            self.ledger.update(entry.node, remove_entry(entry.review_uid))
-            self.backoff.succeeded(entry.review_uid)
-            log.info("released %s on %s: %s", entry.pod.key, entry.node, action.detail)
+            # 1. Nothing more to do for this resize.
+            self._release(entry, action)
         elif isinstance(action, Wait):
-            # 2. Bookkeeping only.
-            if action.mark_persisted or action.settle:
-                self._settle(entry, action.settle, persisted=action.mark_persisted)
+            # 2. Nothing to write: victims found leaving are read from the cluster.
+            self._count_settled(entry, action.settle)
         else:
             self._act(entry, action, stop or threading.Event())
         return action
 
-    def _settle(
-        self,
-        entry: LedgerEntry,
-        settle: tuple[PodRef, ...],
-        *,
-        persisted: bool,
-        drop: tuple[PodRef, ...] = (),
-        handled: tuple[PodRef, ...] = (),
-    ) -> bool:
+    def _release(self, entry: LedgerEntry, action: Release) -> None:
+        if action.write:
+            self.ledger.update(entry.node, remove_entry(entry.review_uid))
+        self.backoff.succeeded(entry.review_uid)
+        if entry.review_uid in self._released:
+            return
+        self._released.add(entry.review_uid)
+        log.info("released %s on %s: %s", entry.pod.key, entry.node, action.detail)
+        if action.reason not in ABANDONING or self.recorder is None:
+            return
+        left = [v for v in self._with_evicted(entry).pending_victims if self._live(v)]
+        if left:
+            self.recorder.abandoned(entry.pod, left, entry.node, action.detail)
+
+    def _count_settled(self, entry: LedgerEntry, settle: tuple[PodRef, ...]) -> None:
+        """Counts each victim found leaving or gone once per entry; no API call."""
         for victim in settle:
-            # Found leaving or gone in the cache: done without an API call.
+            key = (entry.review_uid, victim.uid)
+            if key in self._settled:
+                continue
+            self._settled.add(key)
+            with self._lock:
+                if victim.uid in self._evicted:
+                    continue  # counted when it was evicted
             cached = self.cluster.pod(victim.namespace, victim.name)
             leaving = cached is not None and cached.uid == victim.uid
             result = EvictionResult.SKIPPED_TERMINATING if leaving else EvictionResult.GONE
             self.metrics.preemptions.labels(result.value).inc()
             log.info("victim %s of %s: %s", victim.key, entry.pod.key, result.value)
-        for victim in drop:
-            log.info("victim %s no longer needed by %s", victim.key, entry.pod.key)
-        present: bool = self.ledger.update(
-            entry.node,
-            update_entry(
-                entry.review_uid,
-                handled=tuple(v.uid for v in (*settle, *handled)),
-                drop=tuple(v.uid for v in drop),
-                persisted=persisted,
-            ),
-        )
-        return present
 
     def _still_needed(self, entry: LedgerEntry, victim: PodRef, first: bool) -> bool:
         """Whether ``victim`` must still go for ``entry``, judged on the ledger and cache
-        as they are now: the entry may have been released or superseded, the victim
-        handled, or room may have appeared since the action was decided (the victims
-        before it are marked handled, so they count as leaving)."""
+        as they are now: the entry may have been released or superseded, or room may
+        have appeared since the action was decided (the victims evicted before it count
+        as leaving)."""
         current = next(
             (e for e in self.ledger.entries(entry.node) if e.review_uid == entry.review_uid),
             None,
         )
-        if current is None or victim not in current.pending_victims:
+        if current is None or victim not in self._with_evicted(current).pending_victims:
             return False
         if first:
             return True  # decided a moment ago on this very state
@@ -339,22 +378,19 @@ class PreemptionWorker:
         return isinstance(action, Act) and victim in action.evict
 
     def _act(self, entry: LedgerEntry, action: Act, stop: threading.Event) -> None:
+        self._count_settled(entry, action.settle)
         # 3a. Victims no longer needed leave the claim before anyone is evicted: a claimed
-        # victim counts as freeing room for every other resize on the node. The rest of
-        # the bookkeeping (persisted, victims found leaving) changes nothing another
-        # decision reads, so it rides on the first victim's mark instead of costing a
-        # ledger write before the first eviction.
-        carried = action.bookkeeping and not action.drop and bool(action.evict)
-        if (
-            action.bookkeeping
-            and not carried
-            and not self._settle(
-                entry, action.settle, persisted=action.mark_persisted, drop=action.drop
-            )
-        ):
-            return  # the entry went away meanwhile
-        # 3b. Victims in order; each marked handled right after it is done.
-        acted: list[PodRef] = []
+        # victim counts as freeing room for every other resize on the node.
+        if action.drop:
+            for victim in action.drop:
+                log.info("victim %s no longer needed by %s", victim.key, entry.pod.key)
+            dropped = update_entry(entry.review_uid, drop=tuple(v.uid for v in action.drop))
+            if not self.ledger.update(entry.node, dropped):
+                return  # the entry went away meanwhile
+        # 3b. Victims in order. Nothing is written after an eviction: a crash right after
+        # one loses only this process's memory of it, and the victim is terminating or
+        # gone in every cache by the time another leader may act.
+        acted = False
         for i, victim in enumerate(action.evict):
             if stop.is_set() or not self._may_act():
                 break
@@ -371,33 +407,11 @@ class PreemptionWorker:
                 )
                 self.backoff.failed(entry.review_uid)
                 break
-            # A crash right here loses only this mark: the victim is terminating or gone,
-            # and the next leader settles it from the cache without another API call.
-            if carried:
-                carried = False
-                self._settle(
-                    entry, action.settle, persisted=action.mark_persisted, handled=(victim,)
-                )
-            else:
-                self.ledger.update(
-                    entry.node, update_entry(entry.review_uid, handled=(victim.uid,))
-                )
-            if result in (EvictionResult.EVICTED, EvictionResult.DELETED):
-                acted.append(victim)
-        if carried:
-            # Nobody was evicted after all: the bookkeeping still has to be written.
-            self._settle(entry, action.settle, persisted=action.mark_persisted)
+            with self._lock:
+                self._evicted.add(victim.uid)
+            acted = True
         if acted:
             self.backoff.succeeded(entry.review_uid)
-            self._announce(entry, acted)
-
-    def _announce(self, entry: LedgerEntry, victims: list[PodRef]) -> None:
-        """One event on the resizing pod, when its first victims are acted on."""
-        if entry.review_uid in self._announced:
-            return
-        self._announced.add(entry.review_uid)
-        if self.recorder is not None:
-            self.recorder.preempting(entry.pod, victims, entry.node)
 
     def _may_act(self) -> bool:
         if self.may_act is None or self.may_act():
@@ -406,4 +420,4 @@ class PreemptionWorker:
         return False
 
 
-__all__ = ["NODE_PARALLELISM", "PreemptionWorker", "remove_entry", "update_entry"]
+__all__ = ["ABANDONING", "NODE_PARALLELISM", "PreemptionWorker", "remove_entry", "update_entry"]

@@ -5,7 +5,7 @@ shows them, and the time, and answers with one of three actions:
 
 * :class:`Release` - remove the entry (and its reservation); evict nobody more;
 * :class:`Wait` - nothing to do now; look again on the next change or at ``recheck_at``;
-* :class:`Act` - bookkeeping for the ledger and, maybe, victims to evict in order.
+* :class:`Act` - victims to evict in order, and victims to take off the claim.
 
 No I/O and no clock reads happen here, so every branch is testable with plain objects.
 The worker (:mod:`webhook.engine.worker`) carries the actions out.
@@ -16,7 +16,8 @@ The rules, in the order they are checked (numbered like the comments below):
 2. a pod that is gone (not cached, another uid, terminating, terminal) is released;
 3. a resize not yet in the pod's spec is waited for, at most ``persist_timeout`` after
    admission; later the entry is released (a later webhook or the API server refused it);
-   an entry once persisted whose spec changed again was superseded and is released;
+   a pod whose spec changed again since (another spec, its generation past the entry's)
+   was superseded and is released;
 4. an actuated resize (allocated >= desired for every container) is released, and so is
    one the kubelet marked Infeasible;
 5. otherwise the resize is planned again on fresh state with
@@ -32,7 +33,12 @@ The rules, in the order they are checked (numbered like the comments below):
    out, preemptionPolicy Never): release.
 
 Victims already handled, terminating, terminal or gone are never evicted again: they are
-settled (marked handled without an API call).
+settled, which is read from the cluster and written nowhere.
+
+Most releases need no ledger write: :func:`webhook.core.reservation.spent` already makes
+every reader ignore an entry whose resize was actuated, superseded, refused or marked
+Infeasible, or whose pod is leaving, and an expired entry counts nowhere either.
+:attr:`Release.write` says when the worker must remove the entry itself.
 """
 
 from __future__ import annotations
@@ -44,8 +50,9 @@ from typing import Literal
 from webhook.core.model import DisruptionBudget, Node, PdbMode, Pod, PodRef
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.policy import ImportanceKey, PreemptionPolicy
+from webhook.core.reservation import actuated
 from webhook.engine.config import Config
-from webhook.engine.ledger import LedgerEntry, desired_requests
+from webhook.engine.ledger import LedgerEntry, counting, desired_requests
 
 ReleaseReason = Literal[
     "expired",
@@ -62,21 +69,23 @@ WaitReason = Literal["not-persisted-yet", "node-unknown", "cannot-fit", "actuati
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """Remove the entry from the ledger; evict nobody (more)."""
+    """The entry holds nothing any more; evict nobody (more). ``write``: readers still
+    count it (the pod is gone from the cache, or the plan was given up on), so the worker
+    removes it from the ledger; otherwise it is left for the next write to drop."""
 
     reason: ReleaseReason
     detail: str
+    write: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """Nothing to evict now. ``settle``/``mark_persisted`` are ledger bookkeeping to do
-    anyway; ``recheck_at`` (epoch seconds) is when the answer changes by itself, if known."""
+    """Nothing to evict now. ``settle``: pending victims found leaving (nothing to do for
+    them); ``recheck_at`` (epoch seconds) is when the answer changes by itself, if known."""
 
     reason: WaitReason
     detail: str
     recheck_at: float | None = None
-    mark_persisted: bool = False
     settle: tuple[PodRef, ...] = ()
 
 
@@ -84,23 +93,17 @@ class Wait:
 class Act:
     """Carry out the plan.
 
-    ``settle``: pending victims already terminating, terminal or gone - mark them handled,
+    ``settle``: pending victims already terminating, terminal or gone - nothing to do,
     no API call. ``drop``: pending victims the fresh plan no longer needs - take them off
-    the entry so its reservation stops claiming them. ``evict``: victims to act on, in the
-    entry's order; mark each handled right after it is done. ``evict`` may be empty (the
-    resize fits now; the entry stays until the kubelet actuates it or it expires).
+    the entry (a ledger write) so its reservation stops claiming them. ``evict``: victims
+    to act on, in the entry's order. ``evict`` may be empty (the resize fits now; the
+    entry counts until the kubelet actuates it or it expires).
     """
 
     plan: Plan
     evict: tuple[PodRef, ...] = ()
     settle: tuple[PodRef, ...] = ()
     drop: tuple[PodRef, ...] = ()
-    mark_persisted: bool = False
-
-    @property
-    def bookkeeping(self) -> bool:
-        """True when the ledger entry must be written before any eviction."""
-        return bool(self.settle or self.drop or self.mark_persisted)
 
 
 Action = Release | Wait | Act
@@ -142,25 +145,9 @@ def is_persisted(entry: LedgerEntry, pod: Pod) -> bool:
 
 
 def is_actuated(entry: LedgerEntry, pod: Pod) -> bool:
-    """True when the kubelet allocated at least the admitted requests to every container.
-
-    ``allocatedResources`` is read, or ``resources`` (what the runtime applied) where the
-    kubelet does not report allocations. Init containers that are not sidecars ran to
-    completion and are not resized; they are skipped.
-    """
-    for name, wanted in entry.desired:
-        container = pod.container(name)
-        if container is None:
-            return False
-        if container in pod.init_containers and not container.sidecar:
-            continue
-        status = pod.statuses.get(name)
-        if status is None:
-            return False
-        granted = status.allocated if status.allocated is not None else status.actual
-        if granted is None or not wanted.fits_in(granted):
-            return False
-    return True
+    """True when the kubelet allocated at least the admitted requests to every container
+    (:func:`webhook.core.reservation.actuated`, the rule that makes a reservation spent)."""
+    return actuated(entry.desired, pod)
 
 
 def _victim_state(victim: PodRef, by_uid: Mapping[str, Pod]) -> Literal["live", "leaving"]:
@@ -192,27 +179,34 @@ def next_action(
     if entry.expires_at <= now:
         return Release("expired", f"reservation expired {now - entry.expires_at:.1f}s ago")
 
-    # 2. The pod the room was reserved for is gone, replaced or leaving.
+    # 2. The pod the room was reserved for is gone, replaced or leaving. Only a pod the
+    #    cache no longer has needs the entry removed: a reservation of a pod not seen is
+    #    kept by every reader (the cache may lag an admission).
     if pod is None:
-        return Release("pod-gone", f"pod {entry.pod.key} no longer exists")
+        return Release("pod-gone", f"pod {entry.pod.key} no longer exists", write=True)
     if pod.uid != entry.pod.uid:
-        return Release("pod-gone", f"pod {entry.pod.key} was replaced (uid {pod.uid})")
+        return Release("pod-gone", f"pod {entry.pod.key} was replaced (uid {pod.uid})", write=True)
     if pod.terminating or pod.terminal:
         return Release("pod-gone", f"pod {entry.pod.key} is terminating or finished")
 
-    # 3. Wait until the resize is in the pod's spec.
-    persisted = is_persisted(entry, pod)
-    if not persisted:
-        if entry.persisted:
-            return Release("superseded", "the pod's spec changed again after the resize")
+    # 3. Wait until the resize is in the pod's spec; another spec at a later generation
+    #    (or, for an entry written persisted, any other spec) superseded it.
+    if not is_persisted(entry, pod):
+        later = bool(entry.generation) and pod.generation > entry.generation
+        if entry.persisted or later:
+            # Readers see a later generation themselves; without one, the worker removes it.
+            return Release(
+                "superseded", "the pod's spec changed again after the resize", write=not later
+            )
         deadline = entry.admitted_at + config.persist_timeout
         if now >= deadline:
+            # Written unless the entry carries its own deadline (older entries do not).
             return Release(
                 "not-persisted",
                 f"resize not in the pod's spec {config.persist_timeout:g}s after admission",
+                write=not entry.persist_by,
             )
         return Wait("not-persisted-yet", "waiting for the resize to persist", deadline)
-    mark = not entry.persisted
 
     # 4. Done, or the kubelet will never do it.
     if is_actuated(entry, pod):
@@ -220,11 +214,11 @@ def next_action(
     if pod.resize == "infeasible":
         return Release("infeasible-resize", "the kubelet marked the resize Infeasible")
     if node is None:
-        return Wait("node-unknown", f"node {entry.node} not in the cache", mark_persisted=mark)
+        return Wait("node-unknown", f"node {entry.node} not in the cache")
 
     # 5. Plan again on fresh state. Victims any entry already handled are on their way out
     #    even if the cache has not seen their deletion yet.
-    others = tuple(o for o in others if o.review_uid != entry.review_uid)
+    others = counting((o for o in others if o.review_uid != entry.review_uid), pods, now)
     handled = set(entry.handled).union(*(o.handled for o in others))
     view = tuple(
         replace(p, terminating=True) if p.uid in handled and not p.terminating else p for p in pods
@@ -247,22 +241,24 @@ def next_action(
     if plan.code == "no-growth":
         # Judged by its code, whatever verdict the core gives it: the kubelet is catching
         # up, and the entry's victims stay claimed until it has.
-        return Wait("actuating", plan.reason, mark_persisted=mark, settle=settle)
+        return Wait("actuating", plan.reason, settle=settle)
     if plan.verdict == "fits":
-        return Act(plan, settle=settle, drop=live, mark_persisted=mark)
+        return Act(plan, settle=settle, drop=live)
     if plan.verdict == "preempt":
         needed = {v.pod.uid for v in plan.victims}
         evict = tuple(v for v in live if v.uid in needed)
         drop = tuple(v for v in live if v.uid not in needed)
-        return Act(plan, evict=evict, settle=settle, drop=drop, mark_persisted=mark)
+        return Act(plan, evict=evict, settle=settle, drop=drop)
     if plan.verdict == "infeasible":
         if pod.resize == "deferred":
             # The listed victims are not enough any more and the kubelet has given up for
             # now; holding the room until expiry would only delay the resize. The
             # reconciler re-plans it from scratch (same core, same ledger).
-            return Release("replan", f"the admitted victims no longer suffice: {plan.reason}")
-        return Wait("cannot-fit", plan.reason, mark_persisted=mark, settle=settle)
-    return Release("not-eligible", plan.reason)
+            return Release(
+                "replan", f"the admitted victims no longer suffice: {plan.reason}", write=True
+            )
+        return Wait("cannot-fit", plan.reason, settle=settle)
+    return Release("not-eligible", plan.reason, write=True)
 
 
 __all__ = [

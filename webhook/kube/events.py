@@ -12,7 +12,11 @@ microseconds and ``reportingController``/``reportingInstance`` set. The API serv
 it as a ``core/v1`` Event too, so ``kubectl get events --field-selector
 involvedObject.name=<victim>`` finds it.
 
-We record the same event, plus one on the resizing pod naming its victims.
+We record the same event, and that is the one event of a preemption carried out: the
+resizing pod's owner was told of the plan by the kubectl warning (or, for a resize the
+reconciler planned, by its ``DeferredResizePreemption`` event). A plan given up on before
+all its victims went (it expired, or the victims no longer sufficed) gets one Warning
+``ResizePreemptionAbandoned`` on the resizing pod: nobody else would say so.
 
 Contract: recording never raises to the caller. A failure is logged and counted
 (:attr:`EventRecorder.failures` and the ``rpw_errors{where="event"}`` metric) - an event
@@ -46,7 +50,7 @@ INSTANCE_LIMIT: Final = 128
 
 PREEMPTED_REASON: Final = "Preempted"
 PREEMPTING_ACTION: Final = "Preempting"
-RESIZE_REASON: Final = "PreemptingForResize"
+ABANDONED_REASON: Final = "ResizePreemptionAbandoned"
 
 _TRUNCATED: Final = " ..."
 
@@ -79,14 +83,12 @@ def pod_reference(pod: PodRef) -> dict[str, str]:
     return ref
 
 
-def resize_note(victims: Sequence[PodRef], node: str) -> str:
-    """The note on the resizing pod, e.g. ``Preempting 1 lower-priority pod on node-1 for
-    this resize: default/low-priority-pod``, cut to the API's limit."""
-    count = len(victims)
-    names = ", ".join(v.key for v in victims)
-    noun = "pod" if count == 1 else "pods"
+def abandoned_note(victims: Sequence[PodRef], node: str, detail: str) -> str:
+    """The note on the resizing pod, e.g. ``Stopped preempting on node-1 for this resize
+    (reservation expired 0.3s ago); not evicted: default/low``, cut to the API's limit."""
+    names = ", ".join(v.key for v in victims) or "none"
     return truncate_note(
-        f"Preempting {count} lower-priority {noun} on {node} for this resize: {names}"
+        f"Stopped preempting on {node} for this resize ({detail}); not evicted: {names}"
     )
 
 
@@ -132,15 +134,18 @@ class EventRecorder:
             note=f"Preempted by pod {preemptor.uid} on node {node}",
         )
 
-    def preempting(self, preemptor: PodRef, victims: Sequence[PodRef], node: str) -> bool:
-        """One event on the resizing pod naming the victims acted on for its resize."""
+    def abandoned(
+        self, preemptor: PodRef, victims: Sequence[PodRef], node: str, detail: str
+    ) -> bool:
+        """The Warning on the resizing pod whose admitted plan was given up on, naming the
+        victims left alone."""
         return self.record(
             preemptor,
             related=victims[0] if victims else None,
-            type_="Normal",
-            reason=RESIZE_REASON,
+            type_="Warning",
+            reason=ABANDONED_REASON,
             action=PREEMPTING_ACTION,
-            note=resize_note(victims, node),
+            note=abandoned_note(victims, node, detail),
         )
 
     # -- the generic call ---------------------------------------------------------------------
@@ -221,14 +226,14 @@ class EventRecorder:
 
 
 __all__ = [
+    "ABANDONED_REASON",
     "NOTE_LIMIT",
     "PREEMPTED_REASON",
     "PREEMPTING_ACTION",
-    "RESIZE_REASON",
     "EventRecorder",
+    "abandoned_note",
     "micro_time",
     "pod_reference",
-    "resize_note",
     "rfc3339",
     "truncate_note",
 ]

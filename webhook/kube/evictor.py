@@ -28,8 +28,8 @@ Contract - idempotent, safe to call again after a crash or by another replica:
   say so (``seen_live``): for the ``evict`` method without a grace-period cap nothing
   else is needed from the pod, so the read is skipped and the uid precondition alone
   guards the eviction (upstream's executor likewise acts on its cached pod). The cache
-  is a watch delay behind; the preemption worker never evicts a victim it marked
-  handled, and a new leader starts only after the old one's lease ran out, seconds after
+  is a watch delay behind; the preemption worker never evicts a victim it has
+  evicted already, and a new leader starts only after the old one's lease ran out, seconds after
   its last eviction reached the watch;
 * NotFound (or a uid precondition conflict) at any later step -> ``gone``;
 * ``evicted``/``deleted`` are followed by the upstream ``Preempted`` event on the victim;

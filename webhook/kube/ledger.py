@@ -31,7 +31,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -39,8 +39,16 @@ from typing import Any, Final
 from kubernetes.client import CoordinationV1Api
 
 from webhook.core.errors import ObjectError
+from webhook.core.model import Pod
 from webhook.engine.config import Config
-from webhook.engine.ledger import Change, LedgerEntry, R, decode_entries, encode_entries
+from webhook.engine.ledger import (
+    Change,
+    LedgerEntry,
+    R,
+    counting,
+    decode_entries,
+    encode_entries,
+)
 from webhook.engine.metrics import Metrics
 from webhook.kube import reflector as rf
 from webhook.kube.errors import ClusterError, Conflict, NotFound
@@ -205,8 +213,11 @@ class LeaseLedger:
         close_client: bool = False,
         max_attempts: int = MAX_ATTEMPTS,
         timeout: tuple[float, float] = WRITE_TIMEOUT,
+        pods_on: Callable[[str], Sequence[Pod]] | None = None,
     ) -> None:
         self.config = config or Config()
+        #: The cached pods of a node, to leave spent entries out of the gauge.
+        self._pods_on = pods_on
         self.namespace = self.config.namespace
         self._api = api
         self._metrics = metrics
@@ -233,8 +244,8 @@ class LeaseLedger:
             resync_period=self.config.resync_period,
         )
         if metrics is not None:
-            # Read at every scrape: always the entries as last seen, expired ones left out
-            # even when nobody has written the Lease since they expired.
+            # Read at every scrape: always the entries as last seen, expired and spent
+            # ones left out even when nobody has written the Lease since.
             metrics.ledger_entries.set_function(self.live_entry_count)
 
     # -- reads (the Ledger protocol) -----------------------------------------------------
@@ -248,9 +259,14 @@ class LeaseLedger:
         return tuple(e for s in self._store.states() for e in s.entries)
 
     def live_entry_count(self) -> int:
-        """Entries holding a reservation now: seen in the Leases and not yet expired."""
+        """Entries holding a reservation now: seen in the Leases, not yet expired, and
+        (with ``pods_on``) not spent."""
         now = self._clock()
-        return sum(1 for e in self.all_entries() if e.expires_at > now)
+        if self._pods_on is None:
+            return sum(1 for e in self.all_entries() if e.expires_at > now)
+        return sum(
+            len(counting(s.entries, self._pods_on(s.node), now)) for s in self._store.states()
+        )
 
     def reachable(self) -> bool:
         """The last request to the API server succeeded, or the Lease watch is healthy."""

@@ -1,0 +1,88 @@
+"""What a review writes to the ledger: one write for an admitted plan, none otherwise."""
+
+# House style puts the expected value on the left of ==.
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import pytest
+
+from tests.unit.web_fixtures import pod, resized, review, walkthrough_objects, walkthrough_view
+from webhook.core.resources import Resources
+from webhook.engine.admission import AdmissionEngine
+from webhook.engine.config import Config
+from webhook.engine.ledger import LedgerEntry
+from webhook.testing import InMemoryLedger, StaticClusterView
+
+GI = 1024**3
+NOW = 1000.0
+
+
+def at_generation(obj: dict, generation: int) -> dict:  # type: ignore[type-arg]
+    out = copy.deepcopy(obj)
+    out["metadata"]["generation"] = generation
+    return out
+
+
+@dataclass(frozen=True)
+class Case:
+    cpu: str
+    verdict: str
+    writes: int
+    never: bool = False  # preemptionPolicy: Never
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(Case("6", "preempt", 1), id="a-preempting-plan-is-one-write"),
+        pytest.param(Case("5", "fits", 1), id="growth-that-fits-is-one-write"),
+        pytest.param(Case("99", "infeasible", 0), id="infeasible-writes-nothing"),
+        pytest.param(
+            Case("6", "not-eligible", 0, never=True),
+            id="not-eligible-writes-nothing",
+        ),
+        pytest.param(Case("2", "fits", 0), id="no-growth-writes-nothing"),
+    ],
+)
+def test_ledger_writes_per_review(case: Case) -> None:
+    ledger = InMemoryLedger()
+    engine = AdmissionEngine(Config(), walkthrough_view(), ledger, clock=lambda: NOW)
+    high = walkthrough_objects()[2]
+    if case.never:
+        high["spec"]["preemptionPolicy"] = "Never"
+
+    decision = engine.validate(review(high, resized(high, case.cpu))["request"])
+
+    assert (case.verdict, case.writes) == (decision.verdict, ledger.writes)
+
+
+def test_an_admitted_entry_records_its_generation_and_drops_spent_entries() -> None:
+    # "peer" was admitted earlier and its resize is actuated now: spent, nobody counts it.
+    node, low, high = walkthrough_objects()
+    peer = pod("peer", "1", 1_000_000)
+    view = StaticClusterView.from_objects((node, low, at_generation(high, 2), peer))
+    ledger = InMemoryLedger()
+    spent_entry = LedgerEntry(
+        pod=view.pod("default", "peer").ref,  # type: ignore[union-attr]
+        node="node-1",
+        review_uid="review-0",
+        resources=Resources(1000, GI),
+        desired=(("app", Resources(1000, GI)),),
+        victims=(),
+        admitted_at=NOW - 5,
+        expires_at=NOW + 100,
+    )
+    ledger.update("node-1", lambda es: ((*es, spent_entry), None))
+    engine = AdmissionEngine(Config(), view, ledger, clock=lambda: NOW)
+    before = ledger.writes
+
+    decision = engine.validate(
+        review(at_generation(high, 2), at_generation(resized(high, "6"), 3))["request"]
+    )
+
+    [written] = ledger.entries("node-1")
+    assert ("preempt", 1) == (decision.verdict, ledger.writes - before)
+    assert (3, NOW + Config().persist_timeout) == (written.generation, written.persist_by)
