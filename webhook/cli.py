@@ -150,22 +150,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
     from webhook.engine.settings import SETTINGS, load_config
-    from webhook.service import build
-    from webhook.web.server import DEFAULT_THREADS, serve
+    from webhook.web.server import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
     flags = {name: getattr(args, name.replace("-", "_"), None) for name in SETTINGS}
     config = load_config(file=args.config, env=os.environ, flags=flags)
+
+    def factory(tls: Any) -> Any:
+        # Imported in the worker, after it made the standard library cooperative: the
+        # Kubernetes client keeps the ssl classes it finds at import (webhook.web.worker).
+        from webhook.service import build
+
+        return build(config, args.kubeconfig, workers=args.workers)(tls)
+
     serve(
-        build(config, args.kubeconfig, workers=args.workers),
+        factory,
         cert_file=args.tls_cert,
         key_file=args.tls_key,
         host=args.host,
         port=args.port,
         workers=args.workers,
-        threads=args.threads or DEFAULT_THREADS,
         metrics_port=args.metrics_port or None,
         log_level=args.log_level,
+        max_body_bytes=config.max_body_bytes,
     )
 
 
@@ -212,13 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, default=8443)
     srv.add_argument("--metrics-port", type=int, default=9090, help="0 disables /metrics")
     srv.add_argument(
-        "--threads", type=int, help="gunicorn threads (default 4; see webhook/web/server.py)"
-    )
-    srv.add_argument(
         "--workers",
         type=_positive_int,
-        default=1,
-        help="worker processes (default 1; more use more cores, each with its own cache)",
+        default=2,
+        help="worker processes (default 2, two cores' worth of reviews; each keeps its own "
+        "cluster cache: see webhook/web/server.py)",
     )
     srv.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
     srv.add_argument("--config", metavar="FILE", help="YAML file of settings")

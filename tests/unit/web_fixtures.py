@@ -12,7 +12,9 @@ walkthrough cluster with the real gunicorn server (used by the TLS tests).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import math
 import os
 import socket
 import ssl
@@ -247,6 +249,8 @@ def _serve_main() -> None:
     parser.add_argument("--metrics-port", type=int, default=None)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--check-interval", type=float, default=0.0)
+    for deadline in ("handshake", "header", "body"):
+        parser.add_argument(f"--{deadline}-timeout", type=float, default=10.0)
     parser.add_argument(
         "--lifecycle-dir", help="record which process built the app and ran the services"
     )
@@ -290,12 +294,150 @@ def _serve_main() -> None:
         host="127.0.0.1",
         port=args.port,
         workers=args.workers,
-        threads=4,
         metrics_port=args.metrics_port,
         metrics_host="127.0.0.1",
         tls_check_interval=args.check_interval,
         log_level="warning",
+        handshake_timeout=args.handshake_timeout,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
     )
+
+
+# -- clients that hold connections open without finishing a request ----------------------
+
+
+@dataclass(slots=True)
+class HostileClients:
+    """Connections that hold the server's port without completing a request.
+
+    ``idle``: connected (TLS handshake done unless ``tls=False``) and silent.
+    ``trickling``: sending a request one byte per ``interval`` seconds; ``step()`` sends
+    the next byte on each. ``handshakes_failed`` counts connections whose handshake the
+    server did not complete in time (a server with every thread taken cannot).
+    """
+
+    idle: list[socket.socket]
+    trickling: list[tuple[socket.socket, bytes]]
+    handshakes_failed: int = 0
+    sent: int = 0
+
+    def step(self) -> int:
+        """One more byte on every trickling connection still open; returns how many
+        connections are still open (a server that gave up on one closes it)."""
+        open_ = 0
+        for sock, data in self.trickling:
+            if self.sent >= len(data):
+                continue
+            try:
+                sock.sendall(data[self.sent : self.sent + 1])
+                open_ += 1
+            except OSError:
+                pass
+        self.sent += 1
+        return open_
+
+    def close(self) -> None:
+        for sock in [*self.idle, *(s for s, _ in self.trickling)]:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def _connect(port: int, ca_file: Path, *, tls: bool) -> tuple[socket.socket, bool]:
+    raw = socket.create_connection(("127.0.0.1", port), timeout=2)
+    if not tls:
+        return raw, True
+    wrapped = client_context(ca_file).wrap_socket(
+        raw, server_hostname="127.0.0.1", do_handshake_on_connect=False
+    )
+    try:
+        wrapped.do_handshake()
+        return wrapped, True
+    except OSError:
+        return wrapped, False
+
+
+def slow_request(body_bytes: int, *, headers_only: bool = False) -> bytes:
+    """A review request as a slow client sends it: its headers announce ``body_bytes``;
+    ``headers_only`` stops before the blank line ending the headers."""
+    head = (
+        "POST /validate-resize HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {body_bytes}\r\n"
+    )
+    if headers_only:
+        return (head + "X-Padding: " + "a" * 4000).encode()
+    return (head + "\r\n").encode() + b"{" + b" " * (body_bytes - 1)
+
+
+def open_hostile_clients(
+    port: int,
+    ca_file: Path,
+    *,
+    idle: int = 0,
+    slow_headers: int = 0,
+    slow_bodies: int = 0,
+    tls: bool = True,
+) -> HostileClients:
+    """Open the connections at once; slow bodies send their headers whole, then the body
+    a byte per :meth:`HostileClients.step`."""
+    clients = HostileClients([], [])
+    for _ in range(idle):
+        sock, ok = _connect(port, ca_file, tls=tls)
+        clients.idle.append(sock)
+        clients.handshakes_failed += not ok
+    for count, data in (
+        (slow_headers, slow_request(10_000, headers_only=True)),
+        (slow_bodies, slow_request(10_000)),
+    ):
+        for _ in range(count):
+            sock, ok = _connect(port, ca_file, tls=tls)
+            clients.handshakes_failed += not ok
+            clients.trickling.append((sock, data))
+    if slow_bodies:
+        # The bodies' headers go out whole: the server has a request it cannot finish.
+        head = len(slow_request(10_000)) - 10_000
+        for sock, data in clients.trickling[slow_headers:]:
+            with contextlib.suppress(OSError):
+                sock.sendall(data[:head])
+        for i, (sock, data) in enumerate(clients.trickling[slow_headers:], slow_headers):
+            clients.trickling[i] = (sock, data[head:])
+    return clients
+
+
+def review_latency(port: int, ca_file: Path, *, uid: str, timeout: float = 5.0) -> float:
+    """Seconds for one review on a new connection (handshake included), as the API
+    server sends it; ``inf`` when it is not answered 200 within ``timeout``."""
+    body = dumps(walkthrough_review(uid=uid))
+    request = (
+        "POST /validate-resize HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    t0 = time.monotonic()
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw,
+            client_context(ca_file).wrap_socket(raw, server_hostname="127.0.0.1") as conn,
+        ):
+            conn.settimeout(max(0.01, timeout - (time.monotonic() - t0)))
+            conn.sendall(request)
+            data = b""
+            while uid.encode() not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return math.inf
+                data += chunk
+    except OSError:
+        return math.inf
+    if not data.startswith(b"HTTP/1.1 200"):
+        return math.inf
+    return time.monotonic() - t0
+
+
+def p99(samples: list[float]) -> float:
+    """The 99th centile (nearest rank): with under 100 samples, the largest."""
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 def dumps(obj: Any) -> bytes:
