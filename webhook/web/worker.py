@@ -143,6 +143,14 @@ class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
         Meanwhile the connection counts as idle: a stopping worker closes it."""
         first = self._connection.requests == 0
         self._connection.requests += 1
+        if not first:
+            # Take turns: a kept-alive client that sends its next review while this one is
+            # still being finished would otherwise be served again at once, for as long as
+            # it keeps up, while the other connections' reviews wait. Measured at
+            # saturation, 4 connections, one worker: p99 13 to 26 ms without the turn,
+            # 2 to 7 ms with it, the same reviews/s (p50 goes from 0.4 to 1.5 ms: the
+            # other three reviews in between).
+            gevent.sleep(0)
         current = gevent.getcurrent()
         self._idle.add(current)
         try:
