@@ -20,7 +20,9 @@ admission path runs.
 A second server runs the replica's default two-core configuration, ``serve --workers
 2``: two worker processes, two GILs, each with its own view and in-memory ledger (in a cluster
 they share the ledger Leases). Both endpoints are driven from the same 4 connections,
-then from 8. The targets are checked for both servers.
+then from 8, then from 4 again while :data:`UNDER_FIRE` connections hold the port without
+finishing a request (:mod:`bench.hostile_clients`). The targets are checked for both
+servers.
 
 Run ``python -m bench review`` (or ``python -m bench.review_bench``). An endpoint's p50
 and p99 are taken over all its answers, its reviews/s and CPU time per review (server
@@ -57,6 +59,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.hostile_clients import held_open
+
 RESULTS = Path(__file__).resolve().parent / "results" / "review.json"
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,6 +68,9 @@ TARGET_P99_MS = 10.0
 TARGET_RPS = 1000.0
 #: validate over noop, server CPU per review (issue 14: at most 2x).
 TARGET_RATIO = 2.0
+
+#: Held against the port during the measurement under fire, per kind.
+UNDER_FIRE = {"idle": 300, "slow_headers": 50, "slow_bodies": 50}
 
 VALIDATE = "/validate-resize"
 NOOP = "/noop"
@@ -778,12 +785,20 @@ def run(pairs: int, slice_seconds: float, threads: int, two_workers: bool = True
                 wide = _compare(
                     port, ca_file, review_file, 2 * threads, pairs, slice_seconds, workers
                 )
+                # The same drive with the port under fire (issue 15): idle connections
+                # and requests sent a byte a second, opened anew every 5 s so that the
+                # server's 10 s deadlines never clear them away.
+                with held_open(port, files["ca.crt"], renew_every=5.0, **UNDER_FIRE):
+                    fire = _compare(
+                        port, ca_file, review_file, threads, pairs, slice_seconds, workers
+                    )
             two_summary = {
                 "server": "gunicorn, the webhook's gevent worker, 2 workers (serve's default), TLS",
                 "client_threads": threads,
                 **two,
                 "targets_met": _met(two["validate"], two["ratio_validate_over_noop"]),
                 "wider": {"client_threads": 2 * threads, **wide},
+                "under_fire": {"held_open": UNDER_FIRE, **fire},
             }
     return {
         "benchmark": "review_round_trip",
@@ -874,6 +889,18 @@ def table(result: dict[str, Any]) -> str:
                     f"{row['reviews_per_s']:>10.1f}   {'':>10} {'':>10}"
                     f"   {row['server_cpu_ms']:>13.3f} {row['client_cpu_ms']:>13.3f}"
                 )
+        fire = two["under_fire"]
+        lines.append(
+            f"serve --workers 2, {two['client_threads']} connections, while "
+            + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in fire["held_open"].items())
+            + " connections are held open:"
+        )
+        for name, row in (("/validate-resize", fire["validate"]), ("/noop", fire["noop"])):
+            lines.append(
+                f"{name:<18} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} "
+                f"{row['reviews_per_s']:>10.1f}   {'':>10} {'':>10}"
+                f"   {row['server_cpu_ms']:>13.3f} {row['client_cpu_ms']:>13.3f}"
+            )
         r2 = two["ratio_validate_over_noop"]
         lines.append(
             f"validate/noop with 2 workers: p50 x{r2['p50']}, p99 x{r2['p99']}, "

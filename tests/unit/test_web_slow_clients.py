@@ -20,14 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.hostile_clients import HostileClients, open_hostile_clients
 from harness.launcher import free_port
 from harness.processes import ManagedProcess, spawn
 from tests.unit.web_fixtures import (
-    HostileClients,
     TLSFiles,
     client_context,
     make_tls_files,
-    open_hostile_clients,
     p99,
     review_latency,
     wait_for_tls,
