@@ -17,8 +17,8 @@ the JSON decision-log line is written (to ``/dev/null``, or to the file named by
 ``RPW_BENCH_DECISIONS``, whose ``latencyMs`` is the engine's own time) - every step of the
 admission path runs.
 
-A second server runs the replica's default two-core configuration, ``serve --workers
-2``: two worker processes, two GILs, each with its own view and in-memory ledger (in a cluster
+A second server runs a two-core replica's configuration, ``serve --workers 2``: two
+worker processes, two GILs, each with its own view and in-memory ledger (in a cluster
 they share the ledger Leases). Both endpoints are driven from the same 4 connections,
 then from 8, then from 4 again while :data:`UNDER_FIRE` connections hold the port without
 finishing a request (:mod:`bench.hostile_clients`). The targets are checked for both
@@ -793,7 +793,8 @@ def run(pairs: int, slice_seconds: float, threads: int, two_workers: bool = True
                         port, ca_file, review_file, threads, pairs, slice_seconds, workers
                     )
             two_summary = {
-                "server": "gunicorn, the webhook's gevent worker, 2 workers (serve's default), TLS",
+                "server": "gunicorn, the webhook's gevent worker, 2 workers "
+                "(serve --workers 2), TLS",
                 "client_threads": threads,
                 **two,
                 "targets_met": _met(two["validate"], two["ratio_validate_over_noop"]),
@@ -807,7 +808,7 @@ def run(pairs: int, slice_seconds: float, threads: int, two_workers: bool = True
         "cpus": os.cpu_count(),
         # Other work on the machine skews every figure: note how busy it was.
         "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0]},
-        "server": "gunicorn, the webhook's gevent worker, 1 worker (serve --workers 1), TLS",
+        "server": "gunicorn, the webhook's gevent worker, 1 worker (serve's default), TLS",
         "client": f"{threads} threads, one persistent HTTPS connection each (ssl sockets, "
         "requests built once around a fresh uid, answers checked for status and uid)",
         "pods_on_node": PODS_ON_NODE,

@@ -221,9 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--workers",
         type=_positive_int,
-        default=2,
-        help="worker processes (default 2, two cores' worth of reviews; each keeps its own "
-        "cluster cache: see webhook/web/server.py)",
+        default=1,
+        help="worker processes (default 1; 2 for a 2-core replica: each keeps its own "
+        "cluster cache, see webhook/web/server.py)",
     )
     srv.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
     srv.add_argument("--config", metavar="FILE", help="YAML file of settings")

@@ -54,7 +54,7 @@ def test_gunicorn_settings(tmp_path: Path) -> None:
 
     assert not built  # nothing is built in the master
     assert cfg.worker_class_str == "webhook.web.worker.ReviewWorker"
-    assert (cfg.workers, cfg.worker_connections) == (2, 1000)
+    assert (cfg.workers, cfg.worker_connections) == (1, 1000)
     assert cfg.keepalive > 90  # longer than the API server's idle-connection timeout
     assert cfg.preload_app is False
     assert cfg.is_ssl

@@ -18,10 +18,10 @@ Every request goes through Flask, reviews included: one path, whatever the reque
 The raw-WSGI shortcut that answered the API server's reviews before Flask saw them went
 on the review benchmark's figures (``python -m bench review``, ``docs/service.md``):
 it and the earlier thread worker together cost about 0.15 ms of CPU per review less than
-this path under the gevent worker, but with the default ``serve --workers 2`` the
-Flask path answers 1,820 reviews/s at saturation on 2 shared cores, 1.8 times the 1,000
-a 2-core replica must reach, so a second copy of the review step buys no figure a user
-sees.
+this path under the gevent worker, but with ``serve --workers 2`` the Flask path
+answers 1,820 reviews/s at saturation on 2 shared cores (one worker 1,316), 1.8 times the
+1,000 a 2-core replica must reach, so a second copy of the review step buys no figure a
+user sees.
 """
 
 from __future__ import annotations

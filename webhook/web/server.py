@@ -8,13 +8,13 @@ connection as a greenlet (gevent, :mod:`webhook.web.worker`). Why:
   only once a request is whole (the deadlines are :class:`ServerOptions`'s);
 * the review path is CPU under the GIL (about 0.6 ms with TLS): threads added no
   throughput, only hand-offs, and one event loop per process serves as many;
-* **two workers by default**: a replica gets two cores' worth of reviews (one process
-  does not reach 1,000 reviews/s on this path; ``docs/service.md`` has the figures).
-  Each process keeps its own cluster cache - one list and one watch per kind against the
-  API server, and the memory of every pod - and they share the ledger (the API server),
-  elect the preemption worker's leader among themselves like replicas do, and count
-  metrics into one view that the gunicorn master serves (:mod:`webhook.web.shared_metrics`).
-  ``serve --workers 1`` halves the cache's memory where the review rate is low.
+* one worker process by default, ``--workers 2`` for a 2-core replica (as
+  ``docs/service.md`` recommends): one process reached 1,316 reviews/s at saturation in
+  the last measurement, two 1,820. Each process keeps its own cluster cache - one list
+  and one watch per kind against the API server, and the memory of every pod - and they
+  share the ledger (the API server), elect the preemption worker's leader among
+  themselves like replicas do (each under ``identity-<pid>``), and count metrics into
+  one view that the gunicorn master serves (:mod:`webhook.web.shared_metrics`).
 
 The app is built **inside the worker process** (gunicorn calls
 :meth:`WebhookServer.load` after the fork): the cache's watches and the preemption
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Worker processes of a replica: see the module docstring.
-DEFAULT_WORKERS: Final = 2
+DEFAULT_WORKERS: Final = 1
 #: Connections one worker holds at once (gunicorn's default). Past it, new connections
 #: wait in the listen backlog: the one limit of the serving model that is a count, not
 #: a deadline. Each costs a greenlet and a TLS buffer, some tens of kB.
