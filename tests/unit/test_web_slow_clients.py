@@ -176,15 +176,14 @@ def test_deadlines_close_connections_that_never_finish_a_request(tmp_path: Path)
         tls = open_hostile_clients(s.port, s.files.ca_file, idle=1)
         slow = open_hostile_clients(s.port, s.files.ca_file, slow_headers=1, slow_bodies=1)
         try:
-            t0 = time.monotonic()
             with trickling(slow, interval=0.2):
                 # No handshake, no request after the handshake, a request whose headers
-                # or body never end: each is closed once its deadline has passed.
-                assert _closed_by_server(tcp.idle[0], within=3)
-                assert _closed_by_server(tls.idle[0], within=3)
+                # or body never end: each is closed once its deadline has passed - well
+                # before the 10 s defaults (the bounds leave room for a busy machine).
+                assert _closed_by_server(tcp.idle[0], within=6)
+                assert _closed_by_server(tls.idle[0], within=6)
                 for sock, _ in slow.trickling:
-                    assert _closed_by_server(sock, within=4)
-            assert time.monotonic() - t0 < 6
+                    assert _closed_by_server(sock, within=6)
             assert_reviews_keep_flowing(latencies(s, count=10))
         finally:
             for c in (tcp, tls, slow):
