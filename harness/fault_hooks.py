@@ -3,7 +3,7 @@
     python -m harness.fault_hooks serve <the flags of python -m webhook serve>
 
 runs the service exactly as ``python -m webhook serve`` does, through the service's
-:class:`webhook.service.Hooks`: its ledger and its evictor are wrapped so that reaching an
+:class:`webhook.engine.hooks.Hooks`: its ledger and its evictor are wrapped so that reaching an
 armed point SIGKILLs the process group (gunicorn's master included: a dead pod, not a
 worker the master would fork again). Nothing is armed unless the environment says so:
 
@@ -30,9 +30,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from webhook.core.model import PodRef
+from webhook.engine.hooks import Hooks
 from webhook.engine.ledger import Change, Ledger, LedgerEntry, R
 from webhook.engine.ports import EvictionResult, VictimEvictor
-from webhook.service import Hooks
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from webhook.core.report import human_report, plan_to_dict
 from webhook.core.snapshot import load_snapshot, plan_snapshot_resize
 
 if TYPE_CHECKING:
-    from webhook.service import Hooks
+    from webhook.engine.hooks import Hooks
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -154,22 +154,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
     from webhook.engine.settings import SETTINGS, load_config
-    from webhook.service import build
-    from webhook.web.server import DEFAULT_THREADS, serve
+    from webhook.web.server import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
     flags = {name: getattr(args, name.replace("-", "_"), None) for name in SETTINGS}
     config = load_config(file=args.config, env=os.environ, flags=flags)
+
+    def factory(tls: Any) -> Any:
+        # Imported in the worker, after it made the standard library cooperative: the
+        # Kubernetes client keeps the ssl classes it finds at import (webhook.web.worker).
+        from webhook.service import build
+
+        return build(config, args.kubeconfig, workers=args.workers, hooks=args.hooks)(tls)
+
     serve(
-        build(config, args.kubeconfig, workers=args.workers, hooks=args.hooks),
+        factory,
         cert_file=args.tls_cert,
         key_file=args.tls_key,
         host=args.host,
         port=args.port,
         workers=args.workers,
-        threads=args.threads or DEFAULT_THREADS,
         metrics_port=args.metrics_port or None,
         log_level=args.log_level,
+        max_body_bytes=config.max_body_bytes,
     )
 
 
@@ -222,13 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, default=8443)
     srv.add_argument("--metrics-port", type=int, default=9090, help="0 disables /metrics")
     srv.add_argument(
-        "--threads", type=int, help="gunicorn threads (default 4; see webhook/web/server.py)"
-    )
-    srv.add_argument(
         "--workers",
         type=_positive_int,
         default=1,
-        help="worker processes (default 1; more use more cores, each with its own cache)",
+        help="worker processes (default 1; 2 for a 2-core replica: each keeps its own "
+        "cluster cache, see webhook/web/server.py)",
     )
     srv.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
     srv.add_argument("--config", metavar="FILE", help="YAML file of settings")
@@ -289,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, *, hooks: Hooks | None = None) -> int:
     """Run one subcommand. ``hooks`` wrap parts of what ``serve`` builds (a test harness
-    passes them; see :class:`webhook.service.Hooks`)."""
+    passes them; see :class:`webhook.engine.hooks.Hooks`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.hooks = hooks

@@ -7,18 +7,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from webhook.core.model import Pod
 from webhook.core.plan import Plan
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.backlog import Backlog
 from webhook.engine.config import Config
-from webhook.engine.ledger import Ledger
+from webhook.engine.hooks import Hooks
 from webhook.engine.loop import Runnables
 from webhook.engine.metrics import Metrics
-from webhook.engine.ports import VictimEvictor
 from webhook.engine.reconciler import Reconciler
 from webhook.engine.worker import PreemptionWorker
 from webhook.kube.cache import BUDGETS, ClusterCache
@@ -32,29 +30,6 @@ from webhook.web.server import WorkerApp
 
 #: Reason of the event the reconciler leaves on a pod whose deferred resize it judged.
 DEFERRED_REASON = "DeferredResizePreemption"
-
-T = TypeVar("T")
-
-
-def _keep(built: T, identity: str) -> T:
-    return built
-
-
-@dataclass(frozen=True, slots=True)
-class Hooks:
-    """Seams for a program that runs the service with some of its parts wrapped (the test
-    harness's fault injection, ``harness.fault_hooks``). Each hook is called once per
-    worker process with what the service built and the process's identity, and returns
-    what the service uses in its place; a wrapper must keep the contract of what it
-    wraps. The defaults keep what was built; the product sets none.
-
-    ``ledger``: the store every ledger read and write goes through (admission, worker,
-    reconciler); readiness and the watch stay on the store itself. ``evictor``: what the
-    preemption worker evicts with.
-    """
-
-    ledger: Callable[[Ledger, str], Ledger] = _keep
-    evictor: Callable[[VictimEvictor, str], VictimEvictor] = _keep
 
 
 def _decision_event(recorder: EventRecorder) -> Callable[[Pod, Plan, bool], None]:

@@ -10,10 +10,10 @@ import pytest
 
 from harness.fault_hooks import FaultEvictor, FaultLedger, fault_hooks
 from tests.unit.test_worker_logic import entry, ref
+from webhook.engine.hooks import Hooks
 from webhook.engine.ledger import Change, LedgerEntry
 from webhook.engine.ports import EvictionResult
 from webhook.engine.worker import remove_entry, update_entry
-from webhook.service import Hooks
 from webhook.testing import InMemoryLedger
 
 

@@ -7,6 +7,7 @@ webhook's URL or Service resolves to an IP.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import ssl
@@ -29,6 +30,7 @@ from tests.unit.web_fixtures import (
     make_tls_files,
     peer_serial,
     replace_file,
+    review_latency,
     serial_of,
     wait_for_tls,
     walkthrough_review,
@@ -398,3 +400,42 @@ def test_plain_http_refused_by_fixed_context_server(
 ) -> None:
     server, _ = fixed_server
     _assert_plain_http_refused(server.port)
+
+
+def test_rotation_under_load_fails_no_review_and_serves_the_new_certificate_at_once(
+    tls_files: TLSFiles, tmp_path: Path
+) -> None:
+    # Reviews flow from 4 clients, a new connection each (each handshake picks the pair
+    # in service), while the pair is replaced 3 times - certificate first, then key, as
+    # a writer that is not a Secret volume does: a moment of mismatch included.
+    with running_server(tls_files, tmp_path) as (port, _):
+        answered: list[float] = []
+        stop = threading.Event()
+
+        def load(client: int) -> None:
+            i = 0
+            while not stop.is_set() and i < 2000:
+                answered.append(review_latency(port, tls_files.ca_file, uid=f"load-{client}-{i}"))
+                i += 1
+
+        clients = [threading.Thread(target=load, args=(k,)) for k in range(4)]
+        for t in clients:
+            t.start()
+        took: list[float] = []
+        try:
+            for _ in range(3):
+                time.sleep(0.5)
+                rotated = tls_files.rotate()
+                t0 = time.monotonic()
+                while peer_serial(port, tls_files.ca_file) != rotated:
+                    assert time.monotonic() - t0 < 10, "the new certificate is not served"
+                    time.sleep(0.01)
+                took.append(time.monotonic() - t0)
+            time.sleep(0.5)
+        finally:
+            stop.set()
+            for t in clients:
+                t.join(30)
+    failed = sum(1 for x in answered if x == math.inf)
+    assert (0, True) == (failed, len(answered) > 100), f"{failed} of {len(answered)} failed"
+    assert max(took) < 2.0, took

@@ -13,6 +13,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
+from bench.noop_endpoint import add_noop_endpoint
 from tests.unit.web_fixtures import (
     fit_to_node_objects,
     pod,
@@ -455,8 +456,8 @@ def test_unknown_path_is_404(path: str) -> None:
     assert "/validate-resize" in assert_json(resp)["error"]
 
 
-def test_noop_endpoint_only_when_enabled() -> None:
-    app = create_app(cluster=walkthrough_view(), noop_endpoint=True)
+def test_the_benchmarks_noop_endpoint_takes_the_review_path() -> None:
+    app = add_noop_endpoint(create_app(cluster=walkthrough_view()))
     client = app.test_client()
     resp = client.post(
         "/noop", data=orjson.dumps(walkthrough_review(uid="n-1")), content_type="application/json"
@@ -508,7 +509,7 @@ def test_an_exception_before_the_review_was_read_is_400(monkeypatch: pytest.Monk
     assert counter(app, "rpw_errors_total", where="web") == 1
 
 
-#: How a review is sent -> whether it takes the way around Flask (the API server's way).
+#: Ways of sending a review; the API server's first.
 DELIVERIES = {
     "as the API server sends it": {"content_type": "application/json"},
     "with a charset": {"content_type": "application/json; charset=utf-8"},
@@ -535,8 +536,8 @@ def _send(app: Flask, path: str, body: bytes, delivery: dict[str, Any]) -> TestR
 def test_every_way_of_sending_a_review_gets_the_same_answer(
     path: str, delivery: dict[str, Any]
 ) -> None:
-    reference = create_app(cluster=walkthrough_view(), clock=lambda: NOW, noop_endpoint=True)
-    app = create_app(cluster=walkthrough_view(), clock=lambda: NOW, noop_endpoint=True)
+    reference = add_noop_endpoint(create_app(cluster=walkthrough_view(), clock=lambda: NOW))
+    app = add_noop_endpoint(create_app(cluster=walkthrough_view(), clock=lambda: NOW))
     body = orjson.dumps(walkthrough_review(uid="same"))
     expected = _send(reference, path, body, DELIVERIES["as the API server sends it"])
     resp = _send(app, path, body, delivery)

@@ -31,8 +31,9 @@ from tests.unit.web_fixtures import (
 from webhook.service import process_identity
 from webhook.web.app import create_app
 from webhook.web.metrics_server import start_metrics_server
-from webhook.web.server import DEFAULT_THREADS, ServerOptions, WebhookServer, WorkerApp
+from webhook.web.server import ServerOptions, WebhookServer, WorkerApp
 from webhook.web.tls import CertificateReloader
+from webhook.web.worker import HandshakeDeadline
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,23 +53,28 @@ def test_gunicorn_settings(tmp_path: Path) -> None:
     cfg = server.cfg
 
     assert not built  # nothing is built in the master
-    assert cfg.worker_class_str == "gthread"
-    assert (cfg.workers, cfg.threads) == (1, DEFAULT_THREADS) == (1, 4)
+    assert cfg.worker_class_str == "webhook.web.worker.ReviewWorker"
+    assert (cfg.workers, cfg.worker_connections) == (1, 1000)
     assert cfg.keepalive > 90  # longer than the API server's idle-connection timeout
     assert cfg.preload_app is False
     assert cfg.is_ssl
     assert cfg.bind == ["0.0.0.0:8443"]
     assert cfg.control_socket_disable is True
     assert settings["accesslog"] is None
-    # The per-connection hook hands out the reloading context.
-    assert cfg.ssl_context(cfg, lambda: None) is tls.context()
+    # The server's wrapper hands each connection the reloader's context, under a deadline.
+    wrapper = cfg.ssl_context(cfg, lambda: None)
+    assert isinstance(wrapper, HandshakeDeadline)
+    assert (wrapper.tls, wrapper.timeout) == (tls, 10.0)
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         ({"workers": 0}, "at least 1"),
-        ({"threads": 0}, "at least 1"),
+        ({"worker_connections": 0}, "at least 1"),
+        ({"body_timeout": 0.0}, "must be positive"),
+        ({"handshake_timeout": -1.0}, "must be positive"),
+        ({"max_body_bytes": 0}, "at least 1"),
     ],
 )
 def test_impossible_options_are_refused(
@@ -264,3 +270,22 @@ def test_a_worker_of_several_waits_for_its_cache_and_keeps_its_heartbeat() -> No
 
     assert 3 == len(heartbeats)
     assert [] == list(answers)  # it asked until the cache was synced, and no more
+
+
+def test_a_client_library_imported_before_the_patch_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # urllib3 keeps the SSLContext class it found at import; the original one would
+    # hand the Kubernetes client blocking sockets inside a gevent worker.
+    import ssl
+    import types
+
+    from webhook.web.worker import CooperativeError, check_cooperative
+
+    stale = types.ModuleType("urllib3.util.ssl_")
+    stale.SSLContext = type("SSLContext", (), {})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "urllib3.util.ssl_", stale)
+    with pytest.raises(CooperativeError, match="import it in the app factory"):
+        check_cooperative()
+    stale.SSLContext = ssl.SSLContext  # type: ignore[attr-defined]
+    check_cooperative()

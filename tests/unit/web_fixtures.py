@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import socket
 import ssl
@@ -247,6 +248,8 @@ def _serve_main() -> None:
     parser.add_argument("--metrics-port", type=int, default=None)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--check-interval", type=float, default=0.0)
+    for deadline in ("handshake", "header", "body"):
+        parser.add_argument(f"--{deadline}-timeout", type=float, default=10.0)
     parser.add_argument(
         "--lifecycle-dir", help="record which process built the app and ran the services"
     )
@@ -290,12 +293,49 @@ def _serve_main() -> None:
         host="127.0.0.1",
         port=args.port,
         workers=args.workers,
-        threads=4,
         metrics_port=args.metrics_port,
         metrics_host="127.0.0.1",
         tls_check_interval=args.check_interval,
         log_level="warning",
+        handshake_timeout=args.handshake_timeout,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
     )
+
+
+def review_latency(port: int, ca_file: Path, *, uid: str, timeout: float = 5.0) -> float:
+    """Seconds for one review on a new connection (handshake included), as the API
+    server sends it; ``inf`` when it is not answered 200 within ``timeout``."""
+    body = dumps(walkthrough_review(uid=uid))
+    request = (
+        "POST /validate-resize HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    t0 = time.monotonic()
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw,
+            client_context(ca_file).wrap_socket(raw, server_hostname="127.0.0.1") as conn,
+        ):
+            conn.settimeout(max(0.01, timeout - (time.monotonic() - t0)))
+            conn.sendall(request)
+            data = b""
+            while uid.encode() not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return math.inf
+                data += chunk
+    except OSError:
+        return math.inf
+    if not data.startswith(b"HTTP/1.1 200"):
+        return math.inf
+    return time.monotonic() - t0
+
+
+def p99(samples: list[float]) -> float:
+    """The 99th centile (nearest rank): with under 100 samples, the largest."""
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 def dumps(obj: Any) -> bytes:

@@ -14,12 +14,14 @@ Contract of the review endpoints (``POST /validate-resize``, ``POST /mutate-resi
 The app holds no global state: everything it uses is injected into :func:`create_app`,
 so several apps (tests, benchmarks) live side by side in one process.
 
-What the API server sends (``POST`` of ``application/json`` with a Content-Length within
-the limit) is answered before Flask sees it (:func:`_fast_reviews`): Flask's request
-context, routing and response object cost about as much CPU per review as the rest of
-the review path outside the engine. Everything else - other content types, chunked
-bodies, errors, probes - goes through Flask, and both ways answer through
-:func:`_review_answer`, so a review gets the same answer either way.
+Every request goes through Flask, reviews included: one path, whatever the request.
+The raw-WSGI shortcut that answered the API server's reviews before Flask saw them went
+on the review benchmark's figures (``python -m bench review``, ``docs/service.md``):
+it and the earlier thread worker together cost about 0.15 ms of CPU per review less than
+this path under the gevent worker, but with ``serve --workers 2`` the Flask path
+answers 1,820 reviews/s at saturation on 2 shared cores (one worker 1,316), 1.8 times the
+1,000 a 2-core replica must reach, so a second copy of the review step buys no figure a
+user sees.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
@@ -80,7 +82,6 @@ def create_app(
     engine: AdmissionEngine | None = None,
     metrics: Metrics | None = None,
     readiness: Readiness | None = None,
-    noop_endpoint: bool = False,
 ) -> Flask:
     """Build the webhook's WSGI app from its dependencies.
 
@@ -92,10 +93,6 @@ def create_app(
 
     ``readiness`` supplies ``/readyz``'s checks (the service passes TLS loaded, cache
     synced, ledger reachable); by default the engine's cluster view and ledger are asked.
-
-    ``noop_endpoint`` adds ``POST /noop``, an allow-all webhook (read, parse, allow with
-    the uid): the benchmark's baseline for what serving a review costs without the
-    engine's decision. It is off by default and must stay off in production.
     """
     config = config or Config()
     if engine is None:
@@ -117,77 +114,16 @@ def create_app(
             return {"cache": view.synced(), "ledger": store.reachable()}
 
     checks = readiness
-    max_body = config.max_body_bytes
     web_errors = metrics.errors.labels("web")
-    answer = engine.answer
 
     app = Flask(__name__)
     # Also bounds what any other route could read (the review routes check themselves).
-    app.config["MAX_CONTENT_LENGTH"] = max_body
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.config["RPW_ENGINE"] = engine
     app.config["RPW_METRICS"] = metrics
 
-    answers: dict[str, Answer] = {
-        path: _engine_answer(answer, e) for path, e in REVIEW_PATHS.items()
-    }
-    if noop_endpoint:
-        answers["/noop"] = _noop_answer
-
-    def review(path: str) -> Response:
-        mimetype = request.mimetype
-        # The API server always sends application/json. No content type at all is
-        # tolerated (curl without -H); anything else is almost surely not a review.
-        if mimetype and not _is_json(mimetype):
-            return _error(
-                415,
-                f"Content-Type {mimetype} is not supported; send an AdmissionReview as {_JSON}",
-            )
-        body = _read_body()
-        if body is None:
-            return _too_large(request.content_length)
-        status, payload = _review_answer(answers[path], body, web_errors.inc)
-        return Response(payload, status=status, mimetype=_JSON)
-
-    def _read_body() -> bytes | None:
-        """The request body, or None when it is larger than ``max_body``."""
-        # The server's input stream is read directly, in one call: Werkzeug's guarded
-        # stream reads it in pieces through two more layers (about 0.2 ms more per
-        # 10 kB review under gunicorn). Safe because the length is bounded first, and
-        # gunicorn never reads past a body (Content-Length or the chunked end).
-        length = request.content_length
-        if length is not None:
-            return None if length > max_body else request.input_stream.read(length)
-        if not request.environ.get("wsgi.input_terminated"):
-            return b""  # no length and not chunked: no body (RFC 9112 6.3)
-        # Chunked: read one byte past the limit to tell a body at the limit from one
-        # over it (Werkzeug's own limit would silently cut the body at the limit).
-        data = request.input_stream.read(max_body + 1)
-        return None if len(data) > max_body else data
-
-    def _too_large(length: int | None) -> Response:
-        size = f"{length} bytes" if length is not None else "the body"
-        return _error(413, f"{size} exceeds the limit of {max_body} bytes for an AdmissionReview")
-
     for path, endpoint in REVIEW_PATHS.items():
-        app.add_url_rule(
-            path,
-            endpoint=endpoint,
-            view_func=lambda path=path: review(path),
-            methods=["POST"],
-            # OPTIONS is no more valid here than GET: answer it 405 like any other.
-            provide_automatic_options=False,
-        )
-
-    if noop_endpoint:
-        # An allow-all webhook: the body is read and parsed as the review endpoints do,
-        # and the review allowed; only the engine's decision is left out.
-        app.add_url_rule(
-            "/noop",
-            endpoint="noop",
-            view_func=lambda: review("/noop"),
-            methods=["POST"],
-            provide_automatic_options=False,
-        )
+        route_review(app, path, _engine_answer(engine.answer, endpoint))
 
     @app.get("/livez")
     def livez() -> Response:
@@ -213,7 +149,7 @@ def create_app(
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(e: RequestEntityTooLarge) -> Response:
-        return _too_large(request.content_length)
+        return _too_large(request.content_length, app.config["MAX_CONTENT_LENGTH"])
 
     @app.errorhandler(NotFound)
     def not_found(e: NotFound) -> Response:
@@ -249,9 +185,62 @@ def create_app(
         log.error("error before the review was read: %r", e, exc_info=e)
         return _error(400, "the request could not be read as an AdmissionReview")
 
-    fast = _fast_reviews(app.wsgi_app, answers, max_body, web_errors.inc)
-    app.wsgi_app = _last_resort(fast, web_errors.inc)  # type: ignore[method-assign,assignment]
+    app.wsgi_app = _last_resort(app.wsgi_app, web_errors.inc)  # type: ignore[method-assign,assignment]
     return app
+
+
+def route_review(app: Flask, path: str, answer: Answer) -> None:
+    """Answer ``POST path`` with ``answer`` on the review path of the module docstring:
+    content type checked (415), body read within ``MAX_CONTENT_LENGTH`` (413), parsed
+    (400), answered - failing open once the review was read. Other methods get 405."""
+    max_body: int = app.config["MAX_CONTENT_LENGTH"]
+    count_error = metrics_of(app).errors.labels("web").inc
+
+    def review() -> Response:
+        mimetype = request.mimetype
+        # The API server always sends application/json. No content type at all is
+        # tolerated (curl without -H); anything else is almost surely not a review.
+        if mimetype and not _is_json(mimetype):
+            return _error(
+                415,
+                f"Content-Type {mimetype} is not supported; send an AdmissionReview as {_JSON}",
+            )
+        body = _read_body(max_body)
+        if body is None:
+            return _too_large(request.content_length, max_body)
+        status, payload = _review_answer(answer, body, count_error)
+        return Response(payload, status=status, mimetype=_JSON)
+
+    app.add_url_rule(
+        path,
+        endpoint=path,
+        view_func=review,
+        methods=["POST"],
+        # OPTIONS is no more valid here than GET: answer it 405 like any other.
+        provide_automatic_options=False,
+    )
+
+
+def _read_body(max_body: int) -> bytes | None:
+    """The request body, or None when it is larger than ``max_body``."""
+    # The server's input stream is read directly, in one call: Werkzeug's guarded
+    # stream reads it in pieces through two more layers. Safe because the length is
+    # bounded first, and the server never reads past a body (Content-Length or the
+    # chunked end; webhook.web.worker has it in memory already).
+    length = request.content_length
+    if length is not None:
+        return None if length > max_body else request.input_stream.read(length)
+    if not request.environ.get("wsgi.input_terminated"):
+        return b""  # no length and not chunked: no body (RFC 9112 6.3)
+    # Chunked: read one byte past the limit to tell a body at the limit from one
+    # over it (Werkzeug's own limit would silently cut the body at the limit).
+    data = request.input_stream.read(max_body + 1)
+    return None if len(data) > max_body else data
+
+
+def _too_large(length: int | None, max_body: int) -> Response:
+    size = f"{length} bytes" if length is not None else "the body"
+    return _error(413, f"{size} exceeds the limit of {max_body} bytes for an AdmissionReview")
 
 
 #: An endpoint's answer to a parsed review: (apiVersion, request) -> AdmissionReview.
@@ -260,10 +249,6 @@ Answer = Callable[[str, AdmissionRequest], AdmissionReview]
 
 def _engine_answer(answer: Callable[..., AdmissionReview], endpoint: Endpoint) -> Answer:
     return lambda api_version, req: answer(api_version, req, endpoint)
-
-
-def _noop_answer(api_version: str, req: AdmissionRequest) -> AdmissionReview:
-    return response(api_version, req["uid"])
 
 
 def _review_answer(
@@ -287,38 +272,6 @@ def _review_answer(
         uid = req["uid"]
         log.error("internal error answering review %s; failing open", uid, exc_info=e)
         return 200, orjson.dumps(response(api_version, uid, warnings=(_FAILED_OPEN_WARNING,)))
-
-
-def _fast_reviews(
-    wsgi_app: WSGIApplication,
-    answers: Mapping[str, Answer],
-    max_body: int,
-    count_error: Callable[[], None],
-) -> WSGIApplication:
-    """Answers reviews as the API server sends them without going through Flask; any
-    other request (and anything unusual about one) is Flask's."""
-
-    def fast(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        answer = answers.get(environ.get("PATH_INFO", ""))
-        length = environ.get("CONTENT_LENGTH", "")
-        if (
-            answer is None
-            or environ.get("REQUEST_METHOD") != "POST"
-            or environ.get("CONTENT_TYPE") != _JSON
-            or not (length.isascii() and length.isdigit())
-            or int(length) > max_body
-        ):
-            return wsgi_app(environ, start_response)
-        status, payload = _review_answer(
-            answer, environ["wsgi.input"].read(int(length)), count_error
-        )
-        start_response(
-            "200 OK" if status == 200 else "400 BAD REQUEST",
-            [("Content-Type", _JSON), ("Content-Length", str(len(payload)))],
-        )
-        return [payload]
-
-    return fast
 
 
 _LAST_RESORT_BODY: Final = orjson.dumps({"error": "the request could not be answered"})

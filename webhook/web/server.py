@@ -1,26 +1,25 @@
 """Running the webhook under gunicorn, configured in code (no config file, no CLI parsing).
 
-Process model, by default: one gunicorn master and **one worker process with N threads**
-(``gthread``). Why:
+Process model: one gunicorn master and ``workers`` worker processes, each serving every
+connection as a greenlet (gevent, :mod:`webhook.web.worker`). Why:
 
-* more processes would be *safe*: reservations live in the shared ledger (the API
-  server), not in process memory, so two processes never over-commit a node;
-* but each process keeps its own cluster cache - one full list and one watch per kind
-  against the API server, and the memory of every pod - so one process per replica is
-  the economical unit, and replicas (not processes) are how the service scales;
-* threads suffice because the review path is short and in memory (about 1.5 ms of CPU
-  under the GIL, TLS included); threads cover the I/O waits (the ledger write, slow
-  clients, TLS) and let several API server connections be served at once.
-
-A replica that must answer more reviews than one core can serve runs ``workers > 1``
-(``serve --workers``): each process has its own cache, cluster watches and GIL; they
-share the ledger, elect the preemption worker's leader among themselves like replicas
-do, and count metrics into one view that the gunicorn master serves
-(:mod:`webhook.web.shared_metrics`).
+* a connection costs a greenlet, not a thread: idle, slow or hostile clients wait on
+  their sockets without taking what the API server's reviews need, and the app runs
+  only once a request is whole (the deadlines are :class:`ServerOptions`'s);
+* the review path is CPU under the GIL (about 0.6 ms with TLS): threads added no
+  throughput, only hand-offs, and one event loop per process serves as many;
+* one worker process by default, ``--workers 2`` for a 2-core replica (as
+  ``docs/service.md`` recommends): one process reached 1,316 reviews/s at saturation in
+  the last measurement, two 1,820. Each process keeps its own cluster cache - one list
+  and one watch per kind against the API server, and the memory of every pod - and they
+  share the ledger (the API server), elect the preemption worker's leader among
+  themselves like replicas do (each under ``identity-<pid>``), and count metrics into
+  one view that the gunicorn master serves (:mod:`webhook.web.shared_metrics`).
 
 The app is built **inside the worker process** (gunicorn calls
-:meth:`WebhookServer.load` after the fork): the cache's watch threads and the preemption
-worker must start in the process that serves, since threads do not survive a fork.
+:meth:`WebhookServer.load` after the fork): the cache's watches and the preemption
+worker must start in the process that serves, and only there is the standard library
+cooperative (patched by gevent), which every socket the app opens must be.
 """
 
 from __future__ import annotations
@@ -36,24 +35,31 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 from gunicorn.app.base import BaseApplication
 from prometheus_client import CollectorRegistry
 
+from webhook.engine.config import Config
 from webhook.web import shared_metrics
 from webhook.web.metrics_server import MetricsServer, start_metrics_server
 from webhook.web.tls import DEFAULT_CHECK_INTERVAL, CertificateReloader
+from webhook.web.worker import WORKER_CLASS, HandshakeDeadline
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication
 
 log = logging.getLogger(__name__)
 
-#: Threads of the one worker process. The review path is CPU under the GIL, so threads
-#: add no throughput, only GIL hand-offs and cache misses between requests: a thread
-#: earns its place by waiting, and a review waits on its ledger write (one API call,
-#: milliseconds). 4 keeps four admissions' writes in flight, more than the API server
-#: usually sends a replica at once. Measured on 2 cores (``python -m bench review``,
-#: 4 connections, 3 rounds each): 1, 2, 4 and 8 threads gave 600, 600, 660 and 630
-#: reviews/s, the same within the noise; before the review path lost Flask and most of
-#: its per-review work, 1 thread beat 8 by a third, and 8 was the default.
-DEFAULT_THREADS: Final = 4
+#: Worker processes of a replica: see the module docstring.
+DEFAULT_WORKERS: Final = 1
+#: Connections one worker holds at once (gunicorn's default). Past it, new connections
+#: wait in the listen backlog: the one limit of the serving model that is a count, not
+#: a deadline. Each costs a greenlet and a TLS buffer, some tens of kB.
+DEFAULT_WORKER_CONNECTIONS: Final = 1000
+#: The API server completes a handshake on loopback or a cluster network in
+#: milliseconds and sends its request at once; 10 s leave room for a loaded node.
+DEFAULT_HANDSHAKE_TIMEOUT: Final = 10.0
+DEFAULT_HEADER_TIMEOUT: Final = 10.0
+#: A review body is at most a few MB; the API server sends it in one go.
+DEFAULT_BODY_TIMEOUT: Final = 10.0
+#: The app's own limit unless the service passes its configured one.
+DEFAULT_MAX_BODY_BYTES: Final = Config().max_body_bytes
 #: The API server's webhook client keeps idle connections for Go's default 90 s
 #: (k8s.io/apimachinery util/net ``SetOldTransportDefaults``). Holding ours longer means
 #: the client, not us, closes an idle connection, so it never sends a review down a
@@ -106,8 +112,8 @@ class ServerOptions:
     key_file: str
     host: str = "0.0.0.0"
     port: int = 8443
-    workers: int = 1
-    threads: int = DEFAULT_THREADS
+    workers: int = DEFAULT_WORKERS
+    worker_connections: int = DEFAULT_WORKER_CONNECTIONS
     #: Seconds (gunicorn takes whole seconds).
     keepalive: int = DEFAULT_KEEPALIVE
     graceful_timeout: int = DEFAULT_GRACEFUL_TIMEOUT
@@ -116,11 +122,21 @@ class ServerOptions:
     metrics_host: str = "0.0.0.0"
     tls_check_interval: float = DEFAULT_CHECK_INTERVAL
     log_level: str = "info"
+    #: Deadlines of a connection before the app sees its request (seconds; see
+    #: :mod:`webhook.web.worker`), and the largest body read.
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     def validate(self) -> None:
         """Raises ``ValueError`` on a combination that cannot work."""
-        if self.workers < 1 or self.threads < 1:
-            raise ValueError("workers and threads must be at least 1")
+        if self.workers < 1 or self.worker_connections < 1:
+            raise ValueError("workers and worker_connections must be at least 1")
+        if min(self.handshake_timeout, self.header_timeout, self.body_timeout) <= 0:
+            raise ValueError("handshake, header and body timeouts must be positive")
+        if self.max_body_bytes < 1:
+            raise ValueError("max_body_bytes must be at least 1")
 
     @property
     def shared_metrics(self) -> bool:
@@ -159,20 +175,21 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
         tls = self.tls
         return {
             "bind": [f"[{o.host}]:{o.port}" if ":" in o.host else f"{o.host}:{o.port}"],
-            # Threads with keep-alive; the default sync worker closes every connection.
-            "worker_class": "gthread",
+            # Greenlets with deadlines: see webhook.web.worker.
+            "worker_class": WORKER_CLASS,
             "workers": o.workers,
-            "threads": o.threads,
+            "worker_connections": o.worker_connections,
             "keepalive": o.keepalive,
             "timeout": 30,
             "graceful_timeout": o.graceful_timeout,
             # Never load in the master: see the module docstring.
             "preload_app": False,
-            # gunicorn needs the file names to switch TLS on (and checks they exist);
-            # the context itself comes from the reloader, per connection.
+            # gunicorn needs the file names to switch TLS on (and checks they exist).
+            # The worker's server wraps every accepted socket through this object: the
+            # reloader's newest context, a deadline on the handshake.
             "certfile": o.cert_file,
             "keyfile": o.key_file,
-            "ssl_context": lambda _conf, _default_factory: tls.context(),
+            "ssl_context": lambda _conf, _default: HandshakeDeadline(tls, o.handshake_timeout),
             # The API server sends a short request line and a handful of headers; the
             # body limit is the app's (Config.max_body_bytes).
             "limit_request_line": 2048,
@@ -282,14 +299,17 @@ def serve(
     key_file: str,
     host: str = "0.0.0.0",
     port: int = 8443,
-    workers: int = 1,
-    threads: int = DEFAULT_THREADS,
+    workers: int = DEFAULT_WORKERS,
     keepalive: int = DEFAULT_KEEPALIVE,
     graceful_timeout: int = DEFAULT_GRACEFUL_TIMEOUT,
     metrics_port: int | None = 9090,
     metrics_host: str = "0.0.0.0",
     tls_check_interval: float = DEFAULT_CHECK_INTERVAL,
     log_level: str = "info",
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> NoReturn:
     """Serve HTTPS on ``host:port`` until SIGTERM/SIGINT; exits the process (gunicorn's
     master calls ``sys.exit``).
@@ -303,13 +323,16 @@ def serve(
         host=host,
         port=port,
         workers=workers,
-        threads=threads,
         keepalive=keepalive,
         graceful_timeout=graceful_timeout,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         tls_check_interval=tls_check_interval,
         log_level=log_level,
+        handshake_timeout=handshake_timeout,
+        header_timeout=header_timeout,
+        body_timeout=body_timeout,
+        max_body_bytes=max_body_bytes,
     )
     options.validate()
     tls = CertificateReloader(cert_file, key_file, check_interval=tls_check_interval)

@@ -124,6 +124,24 @@ class CertificateReloader:
         with self._lock:
             return self._reload_locked()
 
+    def renew(self) -> None:
+        """Load the files into a new context now, in this process.
+
+        A context is bound to the socket classes of the moment it was built: one built
+        before a worker made the standard library cooperative (gevent) would hand out
+        blocking sockets, so there is no falling back to it: raises
+        :class:`TLSConfigError` when the files do not load."""
+        with self._lock:
+            try:
+                self._pair = self._load(self._signature())
+            except (OSError, ValueError) as e:
+                raise TLSConfigError(
+                    f"cannot serve TLS with certificate {self.cert_file} and key "
+                    f"{self.key_file}: {e}"
+                ) from None
+            self._failed = None
+            self._next_check = self._clock() + self.check_interval
+
     # -- internals ----------------------------------------------------------------------
 
     def _check(self) -> None:
