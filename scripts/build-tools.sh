@@ -7,11 +7,12 @@
 #
 # Overrides:
 #   RPW_HELM=/path/to/helm   use this helm binary, build nothing
-#   RPW_HELM_VERSION         helm version (default v3.22.0)
+#   RPW_HELM_VERSION         helm version (default v4.3.2: Helm 4 removes webhook
+#                            configurations first on uninstall, Helm 3 last)
 #   RPW_CACHE                cache root (default ~/.cache/resize-preemption-webhook)
 set -euo pipefail
 
-HELM_VERSION="${RPW_HELM_VERSION:-v3.22.0}"
+HELM_VERSION="${RPW_HELM_VERSION:-v4.3.2}"
 CACHE="${RPW_CACHE:-$HOME/.cache/resize-preemption-webhook}"
 OUT="$CACHE/bin/helm-$HELM_VERSION"
 
