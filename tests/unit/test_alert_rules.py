@@ -98,6 +98,17 @@ def test_expressions_read_only_metrics_the_service_exports(where: str, expr: str
     assert set() == used - exported_series(), where
 
 
+def test_operations_doc_lists_every_alert_and_panel_with_its_expression() -> None:
+    doc = (REPO / "docs" / "operations.md").read_text()
+    rows = {line.split(" | ")[0].strip("| `") for line in doc.splitlines() if line.startswith("| ")}
+    for rule in alert_rules():
+        assert str(rule["alert"]) in rows
+        assert f"`{' '.join(str(rule['expr']).split())}`" in doc, rule["alert"]
+    for title, expr in dashboard_expressions():
+        assert title in rows
+        assert f"`{expr}`" in doc, title
+
+
 def test_dashboard_panels_have_unique_ids_and_one_query_each() -> None:
     panels = json.loads(DASHBOARD.read_text())["panels"]
     assert len(panels) == len({p["id"] for p in panels})
