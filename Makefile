@@ -66,7 +66,8 @@ compare: venv binaries
 # A private CA and the serving certificate in certs/ (git-ignored), with the Secret manifest
 # and the caBundle patch beside them; see certs/README.md.
 certs: venv
-	$(PY) -m webhook certs --kustomize-patch --secret-yaml > certs/secret.yaml
+	$(PY) -m webhook certs --kustomize-patch --secret-yaml > certs/secret.yaml.tmp
+	mv certs/secret.yaml.tmp certs/secret.yaml
 	@echo "certs/: ca.crt tls.crt tls.key ca-bundle.yaml secret.yaml"
 
 clean:
