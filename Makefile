@@ -13,6 +13,8 @@ help:
 	@echo "make test          lint, type checks, layering contract, unit and end-to-end tests"
 	@echo "make cluster       start the local control plane and leave it running"
 	@echo "make cluster-down  stop it"
+	@echo "make certs         a CA, the serving certificate and its Secret manifest in certs/"
+	@echo "make tools         helm (built from the Go module proxy), promtool and prometheus"
 	@echo "make bench         benchmarks under bench/"
 	@echo "make compare       this webhook vs kube-scheduler v1.37.2 resize preemption (docs/comparison.md)"
 
