@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from harness.kubeapi import ApiError
 from harness.launcher import free_port
@@ -104,8 +105,6 @@ def setting_flags(container: dict[str, Any]) -> list[str]:
 
 def helm_objects(cluster: Cluster, manifest: str) -> list[str]:
     """``kind/namespace/name`` of every object of a release manifest that still exists."""
-    import yaml
-
     present = []
     for obj in (d for d in yaml.safe_load_all(manifest) if d):
         kind, meta = obj["kind"], obj["metadata"]
