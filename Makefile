@@ -6,13 +6,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha1sum | cut -c1-12)
 
-.PHONY: help venv binaries lint unit e2e test cluster cluster-down demo bench compare clean
+.PHONY: help venv binaries tools lint unit e2e test cluster cluster-down demo bench compare certs clean
 
 help:
 	@echo "make demo          local control plane + webhook, replays the resize walkthrough"
 	@echo "make test          lint, type checks, layering contract, unit and end-to-end tests"
 	@echo "make cluster       start the local control plane and leave it running"
 	@echo "make cluster-down  stop it"
+	@echo "make certs         a CA, the serving certificate and its Secret manifest in certs/"
+	@echo "make tools         helm (built from the Go module proxy), promtool and prometheus"
 	@echo "make bench         benchmarks under bench/"
 	@echo "make compare       this webhook vs kube-scheduler v1.37.2 resize preemption (docs/comparison.md)"
 
@@ -27,19 +29,25 @@ venv: $(STAMP)
 binaries:
 	@scripts/build-control-plane.sh >/dev/null
 
+# helm (built from the Go module proxy, cached like the control plane) and promtool and
+# prometheus (Debian's package), for the chart and monitoring tests.
+tools:
+	@scripts/build-tools.sh >/dev/null
+	@scripts/install-test-tools.sh
+
 lint: venv
 	$(VENV)/bin/ruff check webhook harness tests bench
 	$(VENV)/bin/ruff format --check webhook harness tests bench
 	$(VENV)/bin/mypy webhook
 	$(VENV)/bin/lint-imports
 
-unit: venv
+unit: venv tools binaries
 	$(PY) -m pytest tests/unit -q
 
-e2e: venv binaries
+e2e: venv binaries tools
 	$(PY) -m pytest tests/e2e -q
 
-test: lint binaries
+test: lint binaries tools
 	$(PY) -m pytest -q
 
 cluster: venv binaries
@@ -56,6 +64,13 @@ bench: venv
 
 compare: venv binaries
 	$(PY) -m bench.compare --repeat 3
+
+# A private CA and the serving certificate in certs/ (git-ignored), with the Secret manifest
+# and the caBundle patch beside them; see certs/README.md.
+certs: venv
+	$(PY) -m webhook certs --kustomize-patch --secret-yaml > certs/secret.yaml.tmp
+	mv certs/secret.yaml.tmp certs/secret.yaml
+	@echo "certs/: ca.crt tls.crt tls.key ca-bundle.yaml secret.yaml"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -253,7 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
             "(or, with --secret-yaml, a kubernetes.io/tls Secret manifest)."
         ),
     )
-    certs.add_argument("--out", required=True, metavar="DIR", help="directory for the files")
+    certs.add_argument(
+        "--out",
+        default="certs",
+        metavar="DIR",
+        help="directory for the files (default certs, the repository's git-ignored folder)",
+    )
     certs.add_argument("--service", default="resize-preemption-webhook", metavar="NAME")
     certs.add_argument("--namespace", default="resize-preemption-system", metavar="NAMESPACE")
     certs.add_argument("--cluster-domain", default="cluster.local", metavar="DOMAIN")

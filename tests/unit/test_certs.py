@@ -9,6 +9,7 @@ import json
 import socket
 import ssl
 import stat
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -394,11 +395,34 @@ def test_cli_out_that_is_a_file_exits_2(capsys: pytest.CaptureFixture[str], tmp_
     assert f"error: --out {target} exists and is not a directory\n" == err
 
 
-def test_cli_without_out_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["certs"])
-    assert exit_info.value.code == 2
-    assert "the following arguments are required: --out" in capsys.readouterr().err
+def test_cli_without_out_writes_into_certs_of_the_working_directory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["certs"]) == 0
+    assert ["ca.crt", "tls.crt", "tls.key"] == sorted(
+        p.name for p in (tmp_path / "certs").iterdir()
+    )
+    assert "wrote certs/ca.crt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name", ["ca.crt", "tls.crt", "tls.key", "ca-bundle.yaml", "secret.yaml", "other.pem"]
+)
+def test_what_make_certs_writes_is_git_ignored_and_never_in_the_image(name: str) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--quiet", f"certs/{name}"], cwd=repo, check=False
+    )
+    assert 0 == ignored.returncode
+    docker = (repo / ".dockerignore").read_text().splitlines()
+    assert "*" == docker[1] and not [line for line in docker if "certs" in line]
+
+
+def test_the_certs_readme_is_not_ignored() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    ignored = subprocess.run(["git", "check-ignore", "--quiet", "certs/README.md"], cwd=repo)
+    assert 1 == ignored.returncode
 
 
 def test_cli_patch_webhooks_without_a_usable_kubeconfig_exits_1(

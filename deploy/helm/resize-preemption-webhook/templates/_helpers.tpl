@@ -1,0 +1,116 @@
+{{/* Object names: the release's, unless overridden. */}}
+{{- define "rpw.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "rpw.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains (include "rpw.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "rpw.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "rpw.namespace" -}}
+{{- default .Release.Namespace .Values.namespace.name -}}
+{{- end -}}
+
+{{- define "rpw.tlsSecret" -}}
+{{- default (printf "%s-tls" (include "rpw.fullname" .)) .Values.certificates.secretName -}}
+{{- end -}}
+
+{{/* The labels deploy/base puts on every object, then Helm's. */}}
+{{- define "rpw.labels" -}}
+app.kubernetes.io/name: {{ include "rpw.name" . }}
+app.kubernetes.io/part-of: {{ include "rpw.name" . }}
+{{ include "rpw.helmLabels" . }}
+{{- end -}}
+
+{{/* Only on objects Helm renders: tests/unit/test_helm_chart.py strips exactly these. */}}
+{{- define "rpw.helmLabels" -}}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "rpw.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rpw.name" . }}
+app.kubernetes.io/component: admission-webhook
+{{- end -}}
+
+{{/* The webhook rules shared by both configurations. */}}
+{{- define "rpw.webhookCommon" -}}
+rules:
+  - apiGroups: [""]
+    apiVersions: ["v1"]
+    operations: ["UPDATE"]
+    resources: ["pods/resize"]
+    scope: Namespaced
+matchPolicy: Equivalent
+namespaceSelector:
+{{- if .Values.webhook.namespaceSelector }}
+{{ toYaml .Values.webhook.namespaceSelector | indent 2 }}
+{{- else }}
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values: [{{ include "rpw.namespace" . | quote }}]
+{{- end }}
+{{- end -}}
+
+{{/* clientConfig of a webhook; $path is the endpoint. */}}
+{{- define "rpw.clientConfig" -}}
+{{- $root := index . 0 -}}
+{{- $path := index . 1 -}}
+clientConfig:
+  {{- with (include "rpw.caBundle" $root) }}
+  caBundle: {{ . }}
+  {{- end }}
+  service:
+    name: {{ include "rpw.fullname" $root }}
+    namespace: {{ include "rpw.namespace" $root }}
+    path: {{ $path }}
+    port: {{ $root.Values.service.port }}
+{{- end -}}
+
+{{- define "rpw.webhookAnnotations" -}}
+{{- if eq .Values.certificates.mode "cert-manager" }}
+annotations:
+  cert-manager.io/inject-ca-from: {{ include "rpw.namespace" . }}/{{ include "rpw.fullname" . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The self-signed CA and serving certificate, made once per render and cached on the root
+context so the Secret and the webhook configurations agree. On upgrade the Secret's
+current files are kept (lookup), so the caBundle and the certificate never change apart.
+*/}}
+{{- define "rpw.selfSigned" -}}
+{{- if not .Values._selfSigned -}}
+{{- $secret := lookup "v1" "Secret" (include "rpw.namespace" .) (include "rpw.tlsSecret" .) -}}
+{{- if and $secret (index ($secret.data | default dict) "ca.crt") -}}
+{{- $_ := set .Values "_selfSigned" (dict "ca" (index $secret.data "ca.crt") "crt" (index $secret.data "tls.crt") "key" (index $secret.data "tls.key")) -}}
+{{- else -}}
+{{- $svc := include "rpw.fullname" . -}}
+{{- $ns := include "rpw.namespace" . -}}
+{{- $dns := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.%s" $svc $ns .Values.certificates.clusterDomain) -}}
+{{- $dns = concat $dns .Values.certificates.extraDNSNames -}}
+{{- $days := int .Values.certificates.selfSignedDays -}}
+{{- $ca := genCA (printf "%s-ca" $svc) $days -}}
+{{- $cert := genSignedCert (printf "%s.%s.svc" $svc $ns) .Values.certificates.ipAddresses $dns $days $ca -}}
+{{- $_ := set .Values "_selfSigned" (dict "ca" ($ca.Cert | b64enc) "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "rpw.caBundle" -}}
+{{- if eq .Values.certificates.mode "self-signed" -}}
+{{- include "rpw.selfSigned" . -}}
+{{- .Values._selfSigned.ca -}}
+{{- else if eq .Values.certificates.mode "provided" -}}
+{{- .Values.certificates.caBundle -}}
+{{- end -}}
+{{- end -}}

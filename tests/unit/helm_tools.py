@@ -1,0 +1,100 @@
+"""The chart's tools for tests: helm (built by scripts/build-tools.sh) and helpers to render
+deploy/helm/resize-preemption-webhook into objects."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "resize-preemption-webhook"
+BUILD_TOOLS = REPO / "scripts" / "build-tools.sh"
+#: The defaults reproduce the kustomize manifests under this release name and namespace.
+RELEASE = "resize-preemption-webhook"
+KUBE_VERSION = "1.37.2"
+#: Labels only Helm puts on objects (``rpw.helmLabels``); everything else is deploy/'s.
+HELM_LABELS = frozenset(
+    {
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/managed-by",
+        "app.kubernetes.io/version",
+        "helm.sh/chart",
+    }
+)
+
+
+@cache
+def helm_binary() -> Path:
+    """Path of helm, built on first use (a few minutes cold, then cached)."""
+    result = subprocess.run(
+        ["bash", str(BUILD_TOOLS)], capture_output=True, text=True, timeout=1800, check=False
+    )
+    lines = result.stdout.strip().splitlines()
+    assert result.returncode == 0 and lines, f"{BUILD_TOOLS.name} failed:\n{result.stderr}"
+    return Path(lines[-1]) / "helm"
+
+
+def helm(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(helm_binary()), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+def set_args(values: dict[str, Any]) -> list[str]:
+    """``--set-json key=value`` for each dotted key (values go in as JSON, typed)."""
+    import json
+
+    out: list[str] = []
+    for key, value in values.items():
+        out += ["--set-json", f"{key}={json.dumps(value)}"]
+    return out
+
+
+def template(
+    values: dict[str, Any] | None = None,
+    *,
+    release: str = RELEASE,
+    extra: Sequence[str] = (),
+) -> subprocess.CompletedProcess[str]:
+    return helm(
+        "template", release, str(CHART), "--kube-version", KUBE_VERSION,
+        *set_args(values or {}), *extra,
+    )  # fmt: skip
+
+
+def render(values: dict[str, Any] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+    result = template(values, **kwargs)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def without_helm_labels(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with Helm's own labels removed from its metadata (and an emptied
+    ``labels`` dropped)."""
+    metadata = dict(obj["metadata"])
+    labels = {k: v for k, v in metadata.get("labels", {}).items() if k not in HELM_LABELS}
+    if labels:
+        metadata["labels"] = labels
+    else:
+        metadata.pop("labels", None)
+    return {**obj, "metadata": metadata}
+
+
+def key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    return (obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+
+
+def by_key(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    return {key(o): o for o in objects}

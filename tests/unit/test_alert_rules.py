@@ -1,0 +1,118 @@
+"""The alerting rules and the dashboard: `promtool check rules` and `promtool test rules`
+(deploy/prometheus/rules-test.yaml) with the real promtool, one test case per alert, and
+every metric they read is one the service exports (webhook/engine/metrics.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from webhook.engine.metrics import Metrics
+
+REPO = Path(__file__).resolve().parents[2]
+PROMETHEUS = REPO / "deploy" / "prometheus"
+RULES = PROMETHEUS / "rules.yaml"
+RULES_TEST = PROMETHEUS / "rules-test.yaml"
+DASHBOARD = PROMETHEUS / "dashboard.json"
+INSTALL = REPO / "scripts" / "install-test-tools.sh"
+METRIC = re.compile(r"\brpw_[a-z_]+\b")
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    if shutil.which("promtool") is None:
+        subprocess.run(["bash", str(INSTALL)], check=True, timeout=900)
+    found = shutil.which("promtool")
+    assert found, f"{INSTALL.name} did not install promtool"
+    return found
+
+
+def alert_rules() -> list[dict[str, object]]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def exported_series() -> set[str]:
+    """Every series name the service's metrics produce (counters with _total, histograms
+    with _bucket/_sum/_count)."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    names: set[str] = set()
+    for family in Metrics().registry.collect():
+        names |= {family.name + suffix for suffix in suffixes[family.type]}
+    return names
+
+
+def dashboard_expressions() -> list[tuple[str, str]]:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [(p["title"], t["expr"]) for p in panels for t in p["targets"]]
+
+
+def test_promtool_checks_the_rules(promtool: str) -> None:
+    result = subprocess.run(
+        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
+    )
+    assert 0 == result.returncode, result.stdout + result.stderr
+    assert f"SUCCESS: {len(alert_rules())} rules found" in result.stdout
+
+
+def test_promtool_unit_tests_pass(promtool: str) -> None:
+    result = subprocess.run(
+        [promtool, "test", "rules", str(RULES_TEST)],
+        capture_output=True,
+        text=True,
+        cwd=PROMETHEUS,
+        check=False,
+    )
+    assert 0 == result.returncode, result.stdout + result.stderr
+
+
+def test_every_alert_has_unit_tests_that_see_it_fire_and_stay_quiet() -> None:
+    tests = yaml.safe_load(RULES_TEST.read_text())["tests"]
+    cases = [case for test in tests for case in test["alert_rule_test"]]
+    for rule in alert_rules():
+        mine = [c for c in cases if c["alertname"] == rule["alert"]]
+        assert [c for c in mine if c["exp_alerts"]], f"{rule['alert']} never fires in a test"
+        assert [c for c in mine if not c["exp_alerts"]], f"{rule['alert']} is never quiet"
+
+
+def test_every_alert_has_a_severity_and_a_summary() -> None:
+    for rule in alert_rules():
+        assert rule["labels"]["severity"] in ("info", "warning", "critical"), rule["alert"]  # type: ignore[index]
+        assert rule["annotations"]["summary"], rule["alert"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("where", "expr"),
+    [(str(r["alert"]), str(r["expr"])) for r in alert_rules()] + dashboard_expressions(),
+    ids=lambda v: str(v)[:40],
+)
+def test_expressions_read_only_metrics_the_service_exports(where: str, expr: str) -> None:
+    used = set(METRIC.findall(expr))
+    assert used, f"{where} reads no rpw_ metric"
+    assert set() == used - exported_series(), where
+
+
+def test_operations_doc_lists_every_alert_and_panel_with_its_expression() -> None:
+    doc = (REPO / "docs" / "operations.md").read_text()
+    rows = {line.split(" | ")[0].strip("| `") for line in doc.splitlines() if line.startswith("| ")}
+    for rule in alert_rules():
+        assert str(rule["alert"]) in rows
+        assert f"`{' '.join(str(rule['expr']).split())}`" in doc, rule["alert"]
+    for title, expr in dashboard_expressions():
+        assert title in rows
+        assert f"`{expr}`" in doc, title
+
+
+def test_dashboard_panels_have_unique_ids_and_one_query_each() -> None:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    assert len(panels) == len({p["id"] for p in panels})
+    assert len(panels) == len({p["title"] for p in panels})
+    for panel in panels:
+        assert 1 == len(panel["targets"]), panel["title"]
+        assert "${datasource}" == panel["datasource"]["uid"]
