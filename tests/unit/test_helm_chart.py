@@ -28,6 +28,7 @@ from tests.unit.helm_tools import (
     template,
     without_helm_labels,
 )
+from webhook.cli import build_parser
 from webhook.engine.settings import SETTINGS, env_name, load_config
 
 DEPLOY = REPO / "deploy"
@@ -246,9 +247,23 @@ def test_unset_settings_are_left_to_the_service_defaults() -> None:
 
 
 def test_server_options_become_flags() -> None:
-    objects = render({"server.workers": 2, "server.threads": 8, "server.logLevel": "debug"})
+    objects = render({"server.workers": 2, "server.logLevel": "debug"})
     args = deployment_of(objects)["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert ["--workers", "2", "--threads", "8", "--log-level", "debug"] == args[-6:]
+    assert ["--workers", "2", "--log-level", "debug"] == args[-4:]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"server.workers": 2, "server.logLevel": "debug"}],
+    ids=["defaults", "server-options"],
+)
+def test_the_container_command_is_one_the_service_accepts(values: dict[str, Any]) -> None:
+    container = deployment_of(render(values))["spec"]["template"]["spec"]["containers"][0]
+    command = [*container.get("command", []), *container["args"]]
+    subcommand = command.index("serve")
+    # argparse exits on a flag the service does not know.
+    parsed = build_parser().parse_args(command[subcommand:])
+    assert "serve" == parsed.command
 
 
 # --- the values schema ------------------------------------------------------------------
