@@ -12,6 +12,7 @@ help:
 	@echo "make demo          local control plane + webhook, replays the resize walkthrough"
 	@echo "make test          lint, type checks, layering contract, unit and end-to-end tests"
 	@echo "make cluster       start the local control plane and leave it running"
+	@echo "                   (CLUSTER_ARGS=\"--nodes 2 --cpu 4 --memory 8Gi --grace-cap 1\")"
 	@echo "make cluster-down  stop it"
 	@echo "make bench         benchmarks under bench/"
 	@echo "make compare       this webhook vs kube-scheduler v1.37.2 resize preemption (docs/comparison.md)"
@@ -43,7 +44,7 @@ test: lint binaries
 	$(PY) -m pytest -q
 
 cluster: venv binaries
-	@$(PY) -m harness up
+	@$(PY) -m harness up $(CLUSTER_ARGS)
 
 cluster-down: venv
 	@$(PY) -m harness down

@@ -195,7 +195,7 @@ def test_a_resize_that_does_not_fit_is_deferred_then_retried_when_a_pod_leaves(
     assert deferred[0]["source"]["component"] == "kubelet"
     assert deferred[0]["message"].startswith('Pod resize OutOfcpu: {"containers":[{"name":"app"')
     assert deferred[0]["message"].endswith(f'"generation":2,"error":"{expected}"}}')
-    assert cluster.emulator.pending_resizes(NODE) == ["grower"]
+    assert cluster.nodes.pending_resizes(NODE) == ["grower"]
 
     kubectl("delete", "pod", "other", "--wait=false")
 
