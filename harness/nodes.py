@@ -110,6 +110,7 @@ class HollowNodes:
         self.options = options or NodeOptions()
         self._specs = list(nodes)
         self._nodes: dict[str, _Node] = {}
+        self._spawned = 0
         self.started_in: float | None = None
 
     def __enter__(self) -> HollowNodes:
@@ -264,7 +265,10 @@ class HollowNodes:
         binary = self.control_plane.binaries.rpw_node
         if not binary.exists():
             raise NodeError(f"{binary} is missing: run scripts/build-control-plane.sh")
-        directory = self.control_plane.state_dir / "nodes" / spec.name
+        # Numbered, not named: the CRI socket's path must stay within the 107 bytes a unix
+        # socket address holds, whatever the node's name and the state directory.
+        self._spawned += 1
+        directory = self.control_plane.state_dir / "nodes" / str(self._spawned)
         # A node starts empty, as after a reboot of a machine without a container runtime.
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)

@@ -1,10 +1,10 @@
 """Fixtures for end-to-end tests against a real local control plane.
 
 * ``cluster`` (session): etcd, kube-apiserver, kube-controller-manager (disruption
-  controller), kube-scheduler and ``node-1`` (8 CPU, 16Gi, 110 pods), played by the Python
-  node emulator; ``RPW_NODES=kubelet`` makes it a hollow kubelet instead (the v1.37.2
-  kubelet without containers, :mod:`harness.nodes`). Terminating pods are gone within 1 s
-  either way. Logs stay under pytest's basetemp.
+  controller), kube-scheduler and ``node-1`` (8 CPU, 16Gi, 110 pods): a hollow kubelet (the
+  v1.37.2 kubelet without containers, :mod:`harness.nodes`) whose containers stop within
+  1 s. ``RPW_NODES=emulator`` runs the Python node emulator instead, for comparison. Logs
+  stay under pytest's basetemp.
 * ``namespace``: a fresh namespace per test; its pods are removed (and gone from the node)
   before the next test starts, so every test finds node-1 empty.
 * ``kubectl``: runs the real kubectl against the cluster, in the test's namespace.
@@ -41,7 +41,7 @@ from harness.webhook_process import WebhookProcess, start_webhook
 
 NODE = "node-1"
 GRACE_CAP = 1.0
-NODE_KIND = os.environ.get("RPW_NODES", "emulator")
+NODE_KIND = os.environ.get("RPW_NODES", "kubelet")
 KUBELET = NODE_KIND == "kubelet"
 
 
@@ -176,6 +176,17 @@ def webhook(cluster: Cluster) -> Iterator[WebhookProcess]:
 
 
 Waiter = Callable[..., Any]
+
+
+def victim_leaves(cluster: Cluster, namespace: str, name: str, wait_until: Waiter) -> None:
+    """Call once the preemptor's resize is actuated: the victim is terminating or gone then,
+    and gone soon after. The kubelet retries a deferred resize as soon as the victim's
+    containers have stopped, before it posts the victim's terminal status and deletes the
+    object, so the object may outlive the actuation by a few hundred milliseconds."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+    pod = cluster.client.get_or_none(path)
+    assert pod is None or pod["metadata"].get("deletionTimestamp"), f"{name} still runs"
+    wait_until(lambda: cluster.client.get_or_none(path) is None, what=f"{name} to be gone")
 
 
 @pytest.fixture

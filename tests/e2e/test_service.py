@@ -26,7 +26,7 @@ from harness.webhook_process import (
     WebhookProcess,
     start_webhook,
 )
-from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
+from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter, victim_leaves
 from tests.e2e.service_support import (
     actual_cpu,
     as_warning,
@@ -147,7 +147,7 @@ def expect_preempted_and_actuated(
         timeout=30,
         what=f"the resize to be actuated at {cpu} CPU",
     )
-    assert read_pod(cluster, namespace, "low-priority-pod") is None
+    victim_leaves(cluster, namespace, "low-priority-pod", wait_until)
     return high
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
+from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter, victim_leaves
 from webhook.core.resize import apply_resize
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
@@ -190,7 +190,7 @@ def test_the_worker_preempts_for_an_admitted_resize_and_releases_it_once_actuate
         timeout=15,
         what="the resize to be actuated",
     )
-    assert get(cluster, namespace, "low-priority-pod") is None
+    victim_leaves(cluster, namespace, "low-priority-pod", wait_until)
     assert get(cluster, namespace, "steady") is not None
     wait_until(lambda: service.ledger.all_entries() == (), what="the entry to be released")
     preempted = [e for e in events(kubectl, "low-priority-pod") if e["reason"] == "Preempted"]
