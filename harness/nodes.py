@@ -24,6 +24,7 @@ also when the harness is killed with SIGKILL.
 from __future__ import annotations
 
 import shutil
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -110,7 +111,6 @@ class HollowNodes:
         self.options = options or NodeOptions()
         self._specs = list(nodes)
         self._nodes: dict[str, _Node] = {}
-        self._spawned = 0
         self.started_in: float | None = None
 
     def __enter__(self) -> HollowNodes:
@@ -144,6 +144,7 @@ class HollowNodes:
             node.stopping = True
         for node in list(self._nodes.values()):
             node.process.stop()
+            shutil.rmtree(node.directory, ignore_errors=True)
         self._nodes.clear()
 
     def add_node(self, spec: NodeSpec) -> None:
@@ -162,6 +163,7 @@ class HollowNodes:
         node = self._nodes.pop(name)
         node.stopping = True
         node.process.stop()
+        shutil.rmtree(node.directory, ignore_errors=True)
         try:
             self.control_plane.client.delete(f"/api/v1/nodes/{name}")
         except ApiError as e:
@@ -265,13 +267,15 @@ class HollowNodes:
         binary = self.control_plane.binaries.rpw_node
         if not binary.exists():
             raise NodeError(f"{binary} is missing: run scripts/build-control-plane.sh")
-        # Numbered, not named: the CRI socket's path must stay within the 107 bytes a unix
-        # socket address holds, whatever the node's name and the state directory.
-        self._spawned += 1
-        directory = self.control_plane.state_dir / "nodes" / str(self._spawned)
-        # A node starts empty, as after a reboot of a machine without a container runtime.
-        shutil.rmtree(directory, ignore_errors=True)
-        directory.mkdir(parents=True)
+        # The kubelet opens unix sockets under its root directory (CRI, pod resources, pods
+        # API), and a socket address holds 107 bytes: a short directory of its own, linked
+        # from the state directory for post-mortems, whatever the node's name and the
+        # state directory's depth.
+        directory = Path(tempfile.mkdtemp(prefix="rpw-node-"))
+        link = self.control_plane.state_dir / "nodes" / spec.name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(directory)
         options = self.options
         argv = [
             str(binary),
