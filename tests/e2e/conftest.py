@@ -3,8 +3,7 @@
 * ``cluster`` (session): etcd, kube-apiserver, kube-controller-manager (disruption
   controller), kube-scheduler and ``node-1`` (8 CPU, 16Gi, 110 pods): a hollow kubelet (the
   v1.37.2 kubelet without containers, :mod:`harness.nodes`) whose containers stop within
-  1 s. ``RPW_NODES=emulator`` runs the Python node emulator instead, for comparison. Logs
-  stay under pytest's basetemp.
+  1 s. Logs stay under pytest's basetemp.
 * ``namespace``: a fresh namespace per test; its pods are removed (and gone from the node)
   before the next test starts, so every test finds node-1 empty.
 * ``kubectl``: runs the real kubectl against the cluster, in the test's namespace.
@@ -31,8 +30,6 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from harness.binaries import Binaries, ensure_binaries
-from harness.emulator import EmulatorOptions, NodeEmulator
-from harness.emulator import default_nodes as emulated_nodes
 from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import ControlPlane, ControlPlaneConfig
 from harness.nodes import HollowNodes, NodeOptions, default_nodes
@@ -41,8 +38,6 @@ from harness.webhook_process import WebhookProcess, start_webhook
 
 NODE = "node-1"
 GRACE_CAP = 1.0
-NODE_KIND = os.environ.get("RPW_NODES", "kubelet")
-KUBELET = NODE_KIND == "kubelet"
 
 
 @dataclass(frozen=True)
@@ -50,7 +45,7 @@ class Cluster:
     """The running local cluster of a test session."""
 
     control_plane: ControlPlane
-    nodes: HollowNodes | NodeEmulator
+    nodes: HollowNodes
     binaries: Binaries
 
     @property
@@ -102,14 +97,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     binaries = ensure_binaries()
     config = ControlPlaneConfig(state_dir=tmp_path_factory.mktemp("cluster"))
     with ControlPlane(binaries, config) as control_plane:
-        nodes: HollowNodes | NodeEmulator
-        if KUBELET:
-            nodes = HollowNodes(
-                control_plane, default_nodes(1), NodeOptions(stop_grace_cap=GRACE_CAP)
-            )
-        else:
-            options = EmulatorOptions(deletion_grace_cap=GRACE_CAP)
-            nodes = NodeEmulator(control_plane.client, emulated_nodes(1), options)
+        nodes = HollowNodes(control_plane, default_nodes(1), NodeOptions(stop_grace_cap=GRACE_CAP))
         with nodes:
             yield Cluster(control_plane, nodes, binaries)
             assert not nodes.errors, f"a node failed: {nodes.errors!r}"

@@ -117,7 +117,7 @@ def test_cache_follows_pods_nodes_budgets_and_priority_classes(
         ),
         what="the PriorityClass in the resolver",
     )
-    # The emulated kubelet starts the pods: their status reaches the cache too.
+    # The kubelet starts the pods: their status reaches the cache too.
     wait_until(
         lambda: (
             (p := cache.pod(namespace, "by-client")) is not None

@@ -1,7 +1,7 @@
 """Deferred resizes end to end: the running service (real ``python -m webhook serve``
 replicas) preempts for resizes the kubelet deferred, whatever the webhook saw of them.
 
-kubectl makes every change; the node emulator plays the kubelet, deferring a resize that
+kubectl makes every change; the (hollow) kubelet defers a resize that
 does not fit and actuating it once room appears.
 """
 

@@ -1,6 +1,6 @@
 """The webhook service end to end: the real ``python -m webhook serve`` process registered
-with the real kube-apiserver, resizes made with the real kubectl, the emulated kubelet
-actuating (or deferring) them.
+with the real kube-apiserver, resizes made with the real kubectl, the (hollow) v1.37.2
+kubelet actuating (or deferring) them.
 
 Each test starts its own service process (so each reads a fresh log and fresh metrics)
 with an empty ledger, and stops it, unregistered, before the next test.

@@ -2,7 +2,7 @@
 
 The cluster cache watches the real API server, the admission engine records the entry
 (as the webhook's validating endpoint would), and the resize itself is made with kubectl.
-The node emulator defers it until the worker's eviction made room, then actuates it.
+The kubelet defers it until the worker's eviction made room, then actuates it.
 """
 
 from __future__ import annotations
