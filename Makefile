@@ -12,6 +12,7 @@ help:
 	@echo "make demo          local control plane + webhook, replays the resize walkthrough"
 	@echo "make test          lint, type checks, layering contract, unit and end-to-end tests"
 	@echo "make cluster       start the local control plane and leave it running"
+	@echo "                   (CLUSTER_ARGS=\"--nodes 2 --cpu 4 --memory 8Gi --grace-cap 1\")"
 	@echo "make cluster-down  stop it"
 	@echo "make certs         a CA, the serving certificate and its Secret manifest in certs/"
 	@echo "make tools         helm (built from the Go module proxy), promtool and prometheus"
@@ -51,7 +52,7 @@ test: lint binaries tools
 	$(PY) -m pytest -q
 
 cluster: venv binaries
-	@$(PY) -m harness up
+	@$(PY) -m harness up $(CLUSTER_ARGS)
 
 cluster-down: venv
 	@$(PY) -m harness down

@@ -427,23 +427,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
 
     from harness.binaries import ensure_binaries
-    from harness.emulator import EmulatorOptions, NodeEmulator, default_nodes
     from harness.launcher import ControlPlane, ControlPlaneConfig
+    from harness.nodes import HollowNodes, NodeOptions, default_nodes
 
     binaries = ensure_binaries()
     results: list[RunResult] = []
     with tempfile.TemporaryDirectory(prefix="rpw-faults-") as tmp:
         state = Path(tmp)
         with ControlPlane(binaries, ControlPlaneConfig(state_dir=state)) as cp:
-            options = EmulatorOptions(deletion_grace_cap=1.0)
-            with NodeEmulator(cp.client, default_nodes(1), options) as emulator:
+            options = NodeOptions(stop_grace_cap=1.0)
+            with HollowNodes(cp, default_nodes(1), options) as nodes:
                 rig = FaultRig(
                     cp.client,
                     cp.kubeconfig,
                     binaries.kubectl,
                     cp.state_dir,
                     cp.log_dir / "audit.log",
-                    emulator.known_pods,
+                    nodes.known_pods,
                     rng=random.Random(seed),
                     log=lambda line: print(line, file=sys.stderr, flush=True),
                 ).start()

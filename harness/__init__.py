@@ -2,6 +2,7 @@
 
 ``launcher`` starts etcd, kube-apiserver, kube-controller-manager (disruption controller
 only) and kube-scheduler from binaries built by ``scripts/build-control-plane.sh``;
-``emulator`` plays the kubelets of fake nodes, including in-place resize; ``webhook_process``
-runs and registers the webhook service. ``python -m harness`` is the command line.
+``nodes`` runs a hollow v1.37.2 kubelet per node (``rpw-node``, sources in ``node/``);
+``webhook_process`` runs and registers the webhook service. ``python -m harness`` is the
+command line.
 """

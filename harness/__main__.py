@@ -1,7 +1,8 @@
 """Command line of the local cluster: ``python -m harness up|down|status|demo``.
 
-``up`` starts a supervisor process in the background that owns the control plane, the node
-emulator and the webhook, waits until everything is ready, and prints shell ``export`` lines
+``up`` starts a supervisor process in the background that owns the control plane, the
+nodes' kubelets (hollow: the v1.37.2 kubelet without containers, see :mod:`harness.nodes`)
+and the webhook, waits until everything is ready, and prints shell ``export`` lines
 (``eval "$(python -m harness up)"``). ``down`` stops the supervisor, which stops the
 rest. State (kubeconfig, logs, pids) lives in ``.cluster/`` at the repository root.
 """
@@ -23,9 +24,9 @@ from typing import Any
 
 from harness import processes
 from harness.binaries import REPO_ROOT, Binaries, BinariesUnavailable, ensure_binaries
-from harness.emulator import EmulatorOptions, NodeEmulator, default_nodes
 from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import ControlPlane, ControlPlaneConfig, ControlPlaneError
+from harness.nodes import HollowNodes, NodeError, NodeOptions, default_nodes
 from harness.webhook_process import (
     CONFIGURATION_PATH,
     WebhookProcess,
@@ -36,6 +37,7 @@ from harness.webhook_process import (
 STATE_DIR = Path(os.environ.get("RPW_CLUSTER_DIR", REPO_ROOT / ".cluster"))
 PID_FILE = "supervisor.pid"
 READY_FILE = "ready.json"
+NODES_FILE = "nodes.json"
 UP_TIMEOUT = 180.0
 
 
@@ -65,30 +67,25 @@ def _grace_cap(text: str) -> float | None:
 
 
 def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=int, default=1, help="emulated nodes node-1..N (1)")
-    parser.add_argument("--cpu", default="8", help="allocatable CPU per node (8)")
-    parser.add_argument("--memory", default="16Gi", help="allocatable memory per node (16Gi)")
-    parser.add_argument("--pods", type=int, default=110, help="allocatable pods per node (110)")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes node-1..N (1)")
+    parser.add_argument("--cpu", default="8", help="CPU cores per node, whole cores (8)")
+    parser.add_argument("--memory", default="16Gi", help="memory per node (16Gi)")
+    parser.add_argument("--pods", type=int, default=110, help="pods per node (110)")
     parser.add_argument("--no-webhook", action="store_true", help="do not start the webhook")
     parser.add_argument(
         "--feature-gates",
         type=parse_feature_gates,
         default={},
         metavar="A=true,B=false",
-        help="for kube-apiserver, kube-controller-manager and kube-scheduler",
+        help="for kube-apiserver, kube-controller-manager, kube-scheduler and the kubelets",
     )
     parser.add_argument(
         "--grace-cap",
         type=_grace_cap,
-        default=1.0,
+        default=None,
         metavar="SECONDS|none",
-        help="remove terminating pods after at most this long (1); 'none' honours the grace period",
-    )
-    parser.add_argument(
-        "--report-preemption-disabled",
-        action="store_true",
-        help="add PodResizePreemptionDisabled=True to deferred pods on opted-out nodes "
-        "(not a v1.37.2 kubelet behaviour)",
+        help="a container takes at most this long to stop; 'none' (the default) gives each "
+        "pod its whole terminationGracePeriodSeconds",
     )
 
 
@@ -160,8 +157,6 @@ def cmd_up(args: argparse.Namespace) -> int:
         ]
     if args.no_webhook:
         argv.append("--no-webhook")
-    if args.report_preemption_disabled:
-        argv.append("--report-preemption-disabled")
     log = STATE_DIR / "logs" / "supervisor.log"
     with log.open("ab") as out:
         # Its own session and no parent-death signal: it must outlive this command.
@@ -185,10 +180,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 1
         time.sleep(0.1)
     nodes = ", ".join(f"node-{i}" for i in range(1, args.nodes + 1))
+    grace = "whole grace period" if args.grace_cap is None else f"stops within {args.grace_cap} s"
     _say(
         f"control plane {ready['version']} up in {time.monotonic() - began:.1f} s: etcd, "
         f"kube-apiserver, kube-controller-manager (disruption), kube-scheduler; "
-        f"nodes: {nodes} ({args.cpu} CPU, {args.memory}, {args.pods} pods)"
+        f"nodes: {nodes} ({args.cpu} CPU, {args.memory}, {args.pods} pods; "
+        f"kubelet {ready['version']}, hollow; {grace})"
     )
     if ready.get("webhook"):
         _say(f"webhook: {ready['webhook']['url']} registered (logs: {STATE_DIR}/logs/webhook.log)")
@@ -207,17 +204,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     (STATE_DIR / PID_FILE).write_text(str(os.getpid()))
     binaries = Binaries(Path(args.bin))
     config = ControlPlaneConfig(state_dir=STATE_DIR, feature_gates=args.feature_gates)
-    options = EmulatorOptions(
-        deletion_grace_cap=args.grace_cap,
-        report_preemption_disabled=args.report_preemption_disabled,
-    )
+    options = NodeOptions(stop_grace_cap=args.grace_cap, feature_gates=args.feature_gates)
     try:
         with (
             ControlPlane(binaries, config) as cp,
-            NodeEmulator(
-                cp.client, default_nodes(args.nodes, args.cpu, args.memory, args.pods), options
-            ) as emulator,
+            HollowNodes(
+                cp, default_nodes(args.nodes, args.cpu, args.memory, args.pods), options
+            ) as nodes,
         ):
+            pids = {name: nodes.pid(name) for name in nodes.names}
+            (STATE_DIR / NODES_FILE).write_text(json.dumps({"pids": pids}, indent=2))
             webhook: WebhookProcess | None = None
             webhook_error = None
             if not args.no_webhook:
@@ -243,13 +239,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 while True:
                     time.sleep(1)
                     cp.check_alive()
-                    if emulator.errors:
-                        raise RuntimeError(f"node emulator failed: {emulator.errors[0]!r}")
+                    nodes.check_alive()
             finally:
                 if webhook is not None:
                     webhook.stop()
-    except ControlPlaneError as e:
-        print(f"control plane failed: {e}", flush=True)
+    except (ControlPlaneError, NodeError) as e:
+        print(f"cluster failed: {e}", flush=True)
         return 1
     finally:
         for name in (READY_FILE, PID_FILE):
@@ -276,7 +271,10 @@ def _kill_leftovers() -> None:
         state = json.loads((STATE_DIR / "control-plane.json").read_text())
     except (OSError, ValueError):
         return
-    for pid in state.get("pids", {}).values():
+    pids = list(state.get("pids", {}).values())
+    with contextlib.suppress(OSError, ValueError):
+        pids += json.loads((STATE_DIR / NODES_FILE).read_text())["pids"].values()
+    for pid in pids:
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:

@@ -17,7 +17,14 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-control-plane.sh"
-NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+NAMES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "rpw-node",
+)
 
 
 class BinariesUnavailable(RuntimeError):
@@ -26,8 +33,8 @@ class BinariesUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Binaries:
-    """The directory holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler
-    and kubectl."""
+    """The directory holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+    kubectl and rpw-node (the hollow kubelet of the same version, see harness/node)."""
 
     directory: Path
 
@@ -53,6 +60,10 @@ class Binaries:
     @property
     def kubectl(self) -> Path:
         return self.path("kubectl")
+
+    @property
+    def rpw_node(self) -> Path:
+        return self.path("rpw-node")
 
     @cached_property
     def version(self) -> str:

@@ -1,10 +1,14 @@
 """``make demo``: the resize walkthrough on a fresh local cluster, printed like a terminal.
 
-Starts the control plane, one emulated node (node-1: 8 CPU, 16Gi, 110 pods) and the webhook;
-applies two PriorityClasses and two pods (3 + 4 CPU); asks for the high-priority pod to grow
-to 6 CPU with ``kubectl patch --subresource resize``; shows kubectl's answer (warnings
-included), the events of the low-priority pod and the resources the kubelet actuated. Exits
-non-zero when the resize was not actuated.
+Starts the control plane, one node (node-1: 8 CPU, 16Gi, 110 pods; the v1.37.2 kubelet,
+hollow: no containers, see :mod:`harness.nodes`) and the webhook; applies two PriorityClasses
+and two pods (3 + 4 CPU); asks for the high-priority pod to grow to 6 CPU with ``kubectl
+patch --subresource resize``; shows kubectl's answer (warnings included), the events of both
+pods (the webhook's ``Preempted``, the kubelet's own resize events) and the resources the
+kubelet actuated. Exits non-zero when the resize was not actuated.
+
+Containers stop within 1 s (the victim's 30 s grace period is capped) so the walkthrough
+does not sit idle; ``make cluster`` honours grace periods in full.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ import time
 from pathlib import Path
 
 from harness.binaries import BinariesUnavailable, ensure_binaries
-from harness.emulator import EmulatorOptions, NodeEmulator, default_nodes
 from harness.launcher import ControlPlane
+from harness.nodes import HollowNodes, NodeOptions, default_nodes
 from harness.processes import install_signal_handlers
 from harness.webhook_process import WebhookProcess, WebhookUnavailable, start_webhook
 
@@ -75,6 +79,7 @@ RESIZE_PATCH = (
     '"limits":{"cpu":"6"}}}]}}'
 )
 ACTUATION_TIMEOUT = 30.0
+STOP_GRACE_CAP = 1.0
 
 
 class Terminal:
@@ -144,7 +149,7 @@ def run(*, with_webhook: bool = True) -> int:
     )
     with (
         ControlPlane(binaries) as cp,
-        NodeEmulator(cp.client, default_nodes(1), EmulatorOptions(deletion_grace_cap=1.0)),
+        HollowNodes(cp, default_nodes(1), NodeOptions(stop_grace_cap=STOP_GRACE_CAP)),
     ):
         webhook: WebhookProcess | None = None
         if with_webhook:
@@ -184,6 +189,7 @@ def _walkthrough(term: Terminal) -> int:
     actuated = _actuated_cpu(term) == "6"
 
     term.run("get", "events", "--field-selector", "involvedObject.name=low-priority-pod")
+    term.run("get", "events", "--field-selector", "involvedObject.name=high-priority-pod")
     term.run(
         "get",
         "pod",

@@ -1,7 +1,7 @@
 """A small JSON client for the Kubernetes REST API, used by the harness itself.
 
 The official client deserializes every object into models, which is slow and has no
-informer; the node emulator needs raw dicts, list+watch and precise error handling, so it
+informer; the harness needs raw dicts, list+watch and precise error handling, so it
 talks HTTP directly (urllib3 is already a dependency of the official client). Tests use the
 official client on top of the same kubeconfig.
 

@@ -7,7 +7,7 @@
   ``ServiceAccount`` admission plugin disabled (no token controller runs, so it would reject
   every pod for lack of a ``default`` service account);
 * kube-controller-manager runs ONLY the disruption controller (PDB status): the default set
-  includes node-lifecycle, which would taint the emulated nodes and evict every pod;
+  includes node-lifecycle, which would evict pods whenever a node misses a heartbeat;
 * kube-scheduler runs without leader election.
 
 Every port is picked free; every process is stopped by :meth:`ControlPlane.stop`, by the

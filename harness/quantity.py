@@ -1,6 +1,6 @@
 """Kubernetes resource quantities ("500m", "1Gi", "1e3") as exact numbers.
 
-Only what the node emulator needs: parsing to an exact :class:`~fractions.Fraction` and the
+Only what the harness needs: parsing to an exact :class:`~fractions.Fraction` and the
 two integer views the kubelet uses, ``MilliValue()`` for CPU and ``Value()`` for memory,
 both rounded up like ``resource.Quantity`` does.
 """

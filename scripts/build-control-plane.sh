@@ -1,29 +1,37 @@
 #!/usr/bin/env bash
 # Builds the control-plane binaries the tests, the demo and the benchmarks run against:
 # kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and etcd, from the Go
-# module proxy (no release downloads are needed). Results are cached outside the repository,
-# keyed by version, and reused.
+# module proxy (no release downloads are needed), and rpw-node, the hollow kubelet of the
+# same Kubernetes version (sources in harness/node). Results are cached outside the
+# repository, keyed by version (rpw-node also by its sources), and reused.
 #
 # Prints the directory holding the binaries on its last line of stdout.
 #
 # Overrides:
-#   RPW_ASSETS=/dir          use binaries already in /dir (all five names), build nothing
+#   RPW_ASSETS=/dir          use binaries already in /dir (all six names), build nothing
 #   KUBEBUILDER_ASSETS=/dir  same, for directories prepared for controller-runtime's envtest
 #   RPW_KUBE_VERSION         first Kubernetes version to try (default v1.37.2)
 #   RPW_ETCD_VERSION         etcd version (default v3.6.16)
 #   RPW_CACHE                cache root (default ~/.cache/resize-preemption-webhook)
 set -euo pipefail
 
-BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd)
+BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd rpw-node)
+NODE_SOURCES="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/harness/node"
 KUBE_VERSIONS=("${RPW_KUBE_VERSION:-v1.37.2}" v1.36.3 v1.35.4)
 ETCD_VERSION="${RPW_ETCD_VERSION:-v3.6.16}"
 CACHE="${RPW_CACHE:-$HOME/.cache/resize-preemption-webhook}"
 
 log() { printf '[build-control-plane] %s\n' "$*" >&2; }
 
+node_sources_id() {
+  cat "$NODE_SOURCES"/*.go | sha1sum | cut -c1-16
+}
+
 have_all() {
   local dir=$1 b
   for b in "${BINARIES[@]}"; do [[ -x "$dir/$b" ]] || return 1; done
+  # A node binary built from other sources than the checkout's is stale.
+  [[ "$(cat "$dir/rpw-node.sources" 2>/dev/null)" == "$(node_sources_id)" ]]
 }
 
 for override in "${RPW_ASSETS:-}" "${KUBEBUILDER_ASSETS:-}"; do
@@ -71,12 +79,14 @@ GO
   mv "$out/etcd.tmp" "$out/etcd"
 }
 
-build_kube() {
-  local version=$1 out=$2
+# write_wrapper_gomod DIR MODULE VERSION: a module requiring k8s.io/kubernetes VERSION with
+# its staging modules replaced by their published versions. Kept when it exists already
+# (go mod tidy has filled in the rest then).
+write_wrapper_gomod() {
+  local work=$1 module=$2 version=$3
+  [[ -f "$work/go.mod" ]] && grep -q "^module $module\$" "$work/go.mod" && return 0
   local minor=${version#v1.}; minor=${minor%%.*}
   local staging="v0.${minor}.${version##*.}"
-  local work="$CACHE/work/kubernetes-$version"
-  mkdir -p "$work" "$out"
   log "kubernetes $version: reading its go.mod"
   local gomod
   gomod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
@@ -84,7 +94,7 @@ build_kube() {
   local goline
   goline=$(grep -E '^go [0-9]' "$gomod" | head -1)
   {
-    echo "module rpw.local/kube"
+    echo "module $module"
     echo
     echo "$goline"
     echo
@@ -96,6 +106,47 @@ build_kube() {
     grep -E '^\s*k8s.io/\S+ => ./staging' "$gomod" | awk -v v="$staging" '{print "\t" $1 " => " $1 " " v}'
     echo ")"
   } > "$work/go.mod"
+}
+
+version_ldflags() {
+  local version=$1
+  local minor=${version#v1.}; minor=${minor%%.*}
+  local ld="-s -w" pkg
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$ld"
+}
+
+# build_node VERSION OUT: the hollow kubelet of harness/node, in a wrapper module of its own
+# (it needs a few modules the control plane does not), linked against the same
+# k8s.io/kubernetes VERSION.
+build_node() {
+  local version=$1 out=$2
+  local id
+  id=$(node_sources_id)
+  [[ -x "$out/rpw-node" && "$(cat "$out/rpw-node.sources" 2>/dev/null)" == "$id" ]] && return 0
+  local work="$CACHE/work/node-$version"
+  mkdir -p "$work" "$out"
+  write_wrapper_gomod "$work" rpw.local/node "$version" || return 1
+  rm -f "$work"/*.go
+  cp "$NODE_SOURCES"/*.go "$work/"
+  log "rpw-node $version: resolving modules"
+  (cd "$work" && go mod tidy -e >&2)
+  log "rpw-node $version: compiling (first time: a few minutes)"
+  local start=$SECONDS
+  (cd "$work" && go build -trimpath -ldflags="$(version_ldflags "$version")" -o "$out/rpw-node.tmp" . >&2) || return 1
+  mv "$out/rpw-node.tmp" "$out/rpw-node"
+  echo "$id" > "$out/rpw-node.sources"
+  log "rpw-node $version: done in $((SECONDS - start)) s"
+}
+
+build_kube() {
+  local version=$1 out=$2
+  local work="$CACHE/work/kubernetes-$version"
+  mkdir -p "$work" "$out"
+  write_wrapper_gomod "$work" rpw.local/kube "$version" || return 1
   cat > "$work/tools.go" <<'GO'
 //go:build tools
 
@@ -108,15 +159,15 @@ import (
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
+  local b need=0
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    [[ -x "$out/$b" ]] || need=1
+  done
+  ((need)) || return 0
   log "kubernetes $version: resolving modules (first time: several minutes)"
   (cd "$work" && go mod tidy -e >&2)
-  local ld="-s -w"
-  local pkg
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-  done
-  local b
+  local ld
+  ld=$(version_ldflags "$version")
   for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
     [[ -x "$out/$b" ]] && continue
     log "kubernetes $version: compiling $b"
@@ -133,7 +184,7 @@ for version in "${KUBE_VERSIONS[@]}"; do
     echo "$out"
     exit 0
   fi
-  if build_kube "$version" "$out" && build_etcd "$out"; then
+  if build_kube "$version" "$out" && build_etcd "$out" && build_node "$version" "$out"; then
     echo "$version" > "$out/VERSION"
     log "binaries ready in $out"
     echo "$out"

@@ -16,7 +16,7 @@ scenario:
 4. victims = pods of the namespace that got a ``deletionTimestamp`` or vanished;
    ``first_eviction_ms`` = first such moment - kubectl's return (per resize on its own
    node; the median over resizes when there are several); ``actuated_ms`` likewise for the
-   kubelet (emulator) reporting the new size; ``api_requests`` = requests of the
+   kubelet reporting the new size; ``api_requests`` = requests of the
    preempting component (by user agent) that the API server received in the window.
 
 Before the measured scenarios each side runs the walkthrough once unrecorded (warm-up:
@@ -42,10 +42,10 @@ import urllib3
 
 from bench.compare import scenarios as sc
 from bench.compare.measure import AuditCursor, Observations, PodWatcher, count_requests
-from bench.compare.sides import ALL_SIDES, SIDES, Side, make_side
+from bench.compare.sides import ALL_SIDES, GRACE_CAP, SIDES, Side, make_side
 from harness import quantity
 from harness.kubeapi import ApiError
-from harness.kubelet_objects import NodeSpec
+from harness.nodes import NodeSpec
 from harness.processes import install_signal_handlers
 from webhook.core.model import NODE_OPT_OUT_ANNOTATION
 
@@ -90,8 +90,16 @@ def _resize_patch(cpu: str) -> str:
 class ScenarioRun:
     """One scenario on one side."""
 
-    def __init__(self, side: Side, scenario: sc.Scenario, tag: str, log: Log = _stderr) -> None:
+    def __init__(
+        self,
+        side: Side,
+        scenario: sc.Scenario,
+        tag: str,
+        log: Log = _stderr,
+        victim_grace: int | None = None,
+    ) -> None:
         self.side = side
+        self.victim_grace = victim_grace
         self.scenario = scenario
         self.namespace = f"{scenario.name}-{tag}"[:63].rstrip("-")
         self.nodes = [f"{self.namespace[:50]}-n{i}" for i in range(scenario.nodes)]
@@ -103,10 +111,10 @@ class ScenarioRun:
         api = self.side.client
         s = self.scenario
         api.create("/api/v1/namespaces", {"metadata": {"name": self.namespace}})
-        assert self.side.emulator is not None
+        assert self.side.nodes is not None
         annotations = {NODE_OPT_OUT_ANNOTATION: "compare"} if s.opt_out else {}
         for name in self.nodes:
-            self.side.emulator.add_node(NodeSpec(name, cpu=s.node_cpu, annotations=annotations))
+            self.side.nodes.add_node(NodeSpec(name, cpu=s.node_cpu, annotations=annotations))
             if s.opt_out:
                 # The 1.37 field (kept only when the API server has the alpha gate on).
                 api.patch(
@@ -146,6 +154,11 @@ class ScenarioRun:
         time.sleep(1.0)  # let every watcher (webhook cache, scheduler) catch up
 
     def _pod_object(self, p: sc.PodSpec) -> dict[str, Any]:
+        grace = (
+            {}
+            if self.victim_grace is None
+            else {"terminationGracePeriodSeconds": self.victim_grace}
+        )
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -153,6 +166,7 @@ class ScenarioRun:
             "spec": {
                 "nodeName": self.nodes[p.node],
                 "priorityClassName": self.side.ensure_priority_class(p.priority, p.never),
+                **grace,
                 "containers": [
                     {
                         "name": "app",
@@ -294,6 +308,11 @@ class ScenarioRun:
             )
         except (ApiError, OSError, urllib3.exceptions.HTTPError) as e:
             self.log(f"  cleanup of {self.namespace} failed: {e}")
+        if self.side.nodes is not None:
+            # One kubelet process per node: a side's scenarios would pile them up.
+            for name in self.nodes:
+                if name in self.side.nodes.names:
+                    self.side.nodes.remove_node(name)
 
     def run(self) -> Measured:
         self.setup()
@@ -326,18 +345,22 @@ def _combine(runs: list[Measured]) -> Measured:
 
 
 def run_side(
-    side: Side, scenarios: Sequence[sc.Scenario], repeat: int, log: Log = _stderr
+    side: Side,
+    scenarios: Sequence[sc.Scenario],
+    repeat: int,
+    log: Log = _stderr,
+    victim_grace: int | None = None,
 ) -> dict[str, Measured]:
     """Every scenario on a started side (after one unrecorded walkthrough)."""
     log(f"[{side.name}] warm-up")
-    ScenarioRun(side, sc.walkthrough(), "warmup", log).run()
+    ScenarioRun(side, sc.walkthrough(), "warmup", log, victim_grace).run()
     results: dict[str, Measured] = {}
     for scenario in scenarios:
         runs: list[Measured] = []
         times = 1 if not scenario.victim_relevant else repeat
         for i in range(times):
             began = time.monotonic()
-            measured = ScenarioRun(side, scenario, f"r{i}", log).run()
+            measured = ScenarioRun(side, scenario, f"r{i}", log, victim_grace).run()
             runs.append(measured)
             log(
                 f"[{side.name}] {scenario.name} #{i}: victims={_victim_names(measured)} "
@@ -360,8 +383,12 @@ def compare(
     sides: Sequence[str] = SIDES,
     state_root: Path | None = None,
     log: Log = _stderr,
+    victim_grace: int | None = None,
 ) -> dict[str, dict[str, Measured]]:
-    """side -> scenario -> result, each side on its own control plane, one after the other."""
+    """side -> scenario -> result, each side on its own control plane, one after the other.
+
+    ``victim_grace``: every pod's ``terminationGracePeriodSeconds``, honoured in full by the
+    kubelets; None leaves the default (30 s) and caps each stop at ``GRACE_CAP``."""
     install_signal_handlers()
     out: dict[str, dict[str, Measured]] = {}
     for name in sides:
@@ -370,8 +397,9 @@ def compare(
             state_dir.mkdir(parents=True, exist_ok=True)
         began = time.monotonic()
         log(f"[{name}] starting control plane")
-        with make_side(name, state_dir) as side:
-            out[name] = run_side(side, scenarios, repeat, log)
+        cap = GRACE_CAP if victim_grace is None else None
+        with make_side(name, state_dir, grace_cap=cap) as side:
+            out[name] = run_side(side, scenarios, repeat, log, victim_grace)
         log(f"[{name}] done in {time.monotonic() - began:.0f} s")
     return out
 
@@ -473,6 +501,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sides", nargs="*", default=list(SIDES), choices=ALL_SIDES)
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     parser.add_argument("--state-dir", type=Path, default=None, help="keep logs here")
+    parser.add_argument(
+        "--victim-grace",
+        type=int,
+        default=None,
+        metavar="SECONDS",
+        help="terminationGracePeriodSeconds of every pod, honoured in full by the kubelets "
+        f"(default: the pods' 30 s, each stop capped at {GRACE_CAP:.0f} s)",
+    )
     args = parser.parse_args(argv)
     nodes, pods, concurrent = args.scale
     chosen = sc.all_scenarios(
@@ -480,7 +516,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.only:
         chosen = [s for s in chosen if s.name in args.only]
-    results = compare(chosen, repeat=args.repeat, sides=args.sides, state_root=args.state_dir)
+    results = compare(
+        chosen,
+        repeat=args.repeat,
+        sides=args.sides,
+        state_root=args.state_dir,
+        victim_grace=args.victim_grace,
+    )
     data = rows(chosen, results)
     if {"ours", "upstream"} <= set(results):
         print(table(data))

@@ -8,8 +8,9 @@
   ``Node.spec.podPreemptionPolicy``); no webhook registered and no service process, so
   nothing of ours reconciles Deferred resizes: kube-scheduler alone preempts.
 
-Both sides run the same node emulator (the kubelet's part: Deferred when a resize does not
-fit, actuation when room appears, terminating pods removed after at most 1 s) and log every
+Both sides run the same hollow kubelets (the v1.37.2 kubelet without containers, one
+process per node: Deferred when a resize does not fit, actuation when room appears,
+containers stopped within ``GRACE_CAP`` seconds) and log every
 API request to the audit log, so the preempting component's requests can be counted by
 user agent: ``resize-preemption-webhook/<version>`` (every client the service builds sets
 it) and ``kube-scheduler/<version> ...``.
@@ -26,9 +27,9 @@ from types import TracebackType
 
 from bench.compare.measure import AUDIT_EVERYTHING
 from harness.binaries import Binaries, ensure_binaries
-from harness.emulator import EmulatorOptions, NodeEmulator
 from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import ControlPlane, ControlPlaneConfig
+from harness.nodes import HollowNodes, NodeOptions
 from harness.webhook_process import NAMESPACE, WebhookProcess, start_webhook
 from webhook.kube.client import USER_AGENT
 
@@ -51,14 +52,16 @@ LEADER_LEASE = "resize-preemption-webhook-leader"
 
 @dataclass
 class Side:
-    """A running side: control plane, node emulator and (ours) the webhook service."""
+    """A running side: control plane, kubelets and (ours) the webhook service."""
 
     name: str
     binaries: Binaries
     state_dir: Path
     control_plane: ControlPlane | None = None
-    emulator: NodeEmulator | None = None
+    nodes: HollowNodes | None = None
     webhook: WebhookProcess | None = None
+    #: Longest a victim's containers take to stop; None: their whole grace period.
+    grace_cap: float | None = GRACE_CAP
     _owns_dir: bool = False
     _priority_classes: set[str] = field(default_factory=set)
 
@@ -102,10 +105,11 @@ class Side:
         try:
             self.control_plane = ControlPlane(self.binaries, config).start()
             self.control_plane.wait_components_healthy(timeout=60)
-            self.emulator = NodeEmulator(
-                self.control_plane.client, [], EmulatorOptions(deletion_grace_cap=GRACE_CAP)
-            )
-            self.emulator.start()
+            self.nodes = HollowNodes(
+                self.control_plane,
+                [],
+                NodeOptions(stop_grace_cap=self.grace_cap, feature_gates=gates),
+            ).start()
             if self.runs_webhook:
                 self.webhook = start_webhook(
                     self.control_plane.client,
@@ -123,9 +127,9 @@ class Side:
         if self.webhook is not None:
             self.webhook.stop()
             self.webhook = None
-        if self.emulator is not None:
-            self.emulator.stop()
-            self.emulator = None
+        if self.nodes is not None:
+            self.nodes.stop()
+            self.nodes = None
         if self.control_plane is not None:
             self.control_plane.stop()
             self.control_plane = None
@@ -161,12 +165,17 @@ class Side:
         return name
 
 
-def make_side(name: str, state_dir: Path | None = None, binaries: Binaries | None = None) -> Side:
+def make_side(
+    name: str,
+    state_dir: Path | None = None,
+    binaries: Binaries | None = None,
+    grace_cap: float | None = GRACE_CAP,
+) -> Side:
     """A side not started yet; ``state_dir`` None: a temporary directory removed on stop."""
     if name not in ALL_SIDES:
         raise ValueError(f"unknown side {name!r}")
     owns = state_dir is None
     directory = state_dir or Path(tempfile.mkdtemp(prefix=f"rpw-compare-{name}-"))
-    side = Side(name, binaries or ensure_binaries(), directory)
+    side = Side(name, binaries or ensure_binaries(), directory, grace_cap=grace_cap)
     side._owns_dir = owns
     return side

@@ -1,10 +1,11 @@
 """Fixtures for end-to-end tests against a real local control plane.
 
 * ``cluster`` (session): etcd, kube-apiserver, kube-controller-manager (disruption
-  controller), kube-scheduler and the node emulator with ``node-1`` (8 CPU, 16Gi, 110 pods);
-  terminating pods are removed after at most 1 s. Logs stay under pytest's basetemp.
-* ``namespace``: a fresh namespace per test; its pods are removed (and forgotten by the
-  emulated kubelet) before the next test starts, so every test finds node-1 empty.
+  controller), kube-scheduler and ``node-1`` (8 CPU, 16Gi, 110 pods): a hollow kubelet (the
+  v1.37.2 kubelet without containers, :mod:`harness.nodes`) whose containers stop within
+  1 s. Logs stay under pytest's basetemp.
+* ``namespace``: a fresh namespace per test; its pods are removed (and gone from the node)
+  before the next test starts, so every test finds node-1 empty.
 * ``kubectl``: runs the real kubectl against the cluster, in the test's namespace.
 * ``api_client`` / ``core_v1`` / ``policy_v1``: the official client on its own
   Configuration (never the process-global one).
@@ -29,9 +30,9 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from harness.binaries import Binaries, ensure_binaries
-from harness.emulator import EmulatorOptions, NodeEmulator, default_nodes
 from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import ControlPlane, ControlPlaneConfig
+from harness.nodes import HollowNodes, NodeOptions, default_nodes
 from harness.processes import install_signal_handlers
 from harness.webhook_process import WebhookProcess, start_webhook
 
@@ -44,7 +45,7 @@ class Cluster:
     """The running local cluster of a test session."""
 
     control_plane: ControlPlane
-    emulator: NodeEmulator
+    nodes: HollowNodes
     binaries: Binaries
 
     @property
@@ -96,10 +97,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     binaries = ensure_binaries()
     config = ControlPlaneConfig(state_dir=tmp_path_factory.mktemp("cluster"))
     with ControlPlane(binaries, config) as control_plane:
-        options = EmulatorOptions(deletion_grace_cap=GRACE_CAP)
-        with NodeEmulator(control_plane.client, default_nodes(1), options) as emulator:
-            yield Cluster(control_plane, emulator, binaries)
-            assert not emulator.errors, f"node emulator failed: {emulator.errors!r}"
+        nodes = HollowNodes(control_plane, default_nodes(1), NodeOptions(stop_grace_cap=GRACE_CAP))
+        with nodes:
+            yield Cluster(control_plane, nodes, binaries)
+            assert not nodes.errors, f"a node failed: {nodes.errors!r}"
 
 
 @pytest.fixture
@@ -116,7 +117,7 @@ def _remove_namespace(cluster: Cluster, name: str) -> None:
     api = cluster.client
     api.request("DELETE", f"/api/v1/namespaces/{name}/pods", body={"gracePeriodSeconds": 0})
     deadline = time.monotonic() + 15
-    while any(ns == name for ns, _ in cluster.emulator.known_pods()):
+    while any(ns == name for ns, _ in cluster.nodes.known_pods()):
         if time.monotonic() > deadline:
             raise TimeoutError(f"pods of namespace {name} were not removed from the node")
         time.sleep(0.05)
@@ -163,6 +164,17 @@ def webhook(cluster: Cluster) -> Iterator[WebhookProcess]:
 
 
 Waiter = Callable[..., Any]
+
+
+def victim_leaves(cluster: Cluster, namespace: str, name: str, wait_until: Waiter) -> None:
+    """Call once the preemptor's resize is actuated: the victim is terminating or gone then,
+    and gone soon after. The kubelet retries a deferred resize as soon as the victim's
+    containers have stopped, before it posts the victim's terminal status and deletes the
+    object, so the object may outlive the actuation by a few hundred milliseconds."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+    pod = cluster.client.get_or_none(path)
+    assert pod is None or pod["metadata"].get("deletionTimestamp"), f"{name} still runs"
+    wait_until(lambda: cluster.client.get_or_none(path) is None, what=f"{name} to be gone")
 
 
 @pytest.fixture

@@ -59,7 +59,7 @@ def pod_manifest(
 
 
 def run_pods(kubectl: Kubectl, pods: Iterable[Mapping[str, Any]]) -> None:
-    """Create the pods and wait until the emulated kubelet reports them Ready."""
+    """Create the pods and wait until the kubelet reports them Ready."""
     items = list(pods)
     kubectl(
         "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items})

@@ -22,6 +22,7 @@ import urllib3
 
 from harness.launcher import ControlPlane, ControlPlaneConfig
 from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
+from webhook.core.errors import ObjectError
 from webhook.core.model import PodRef
 from webhook.core.resources import Resources
 from webhook.engine.config import Config
@@ -111,13 +112,15 @@ def test_cache_follows_pods_nodes_budgets_and_priority_classes(
     assert cache.pod_by_uid(pod.uid) is pod
     wait_until(lambda: cache.budgets([namespace]), what="the PDB in the cache")
     assert [b.name for b in cache.budgets([namespace])] == ["cache-pdb"]
-    wait_until(
-        lambda: (
-            cache.priority_resolver().resolve({"priorityClassName": pc_name}, "spec")[0] == 4242
-        ),
-        what="the PriorityClass in the resolver",
-    )
-    # The emulated kubelet starts the pods: their status reaches the cache too.
+
+    def resolved_priority() -> int | None:
+        try:
+            return cache.priority_resolver().resolve({"priorityClassName": pc_name}, "spec")[0]
+        except ObjectError:
+            return None  # the class has not reached the cache yet
+
+    wait_until(lambda: resolved_priority() == 4242, what="the PriorityClass in the resolver")
+    # The kubelet starts the pods: their status reaches the cache too.
     wait_until(
         lambda: (
             (p := cache.pod(namespace, "by-client")) is not None

@@ -1,6 +1,6 @@
 """The evictor against a real API server: Eviction API, upstream's delete, uid safety.
 
-Pods on ``node-1`` are run by the node emulator (terminating pods vanish within a second).
+Pods on ``node-1`` are run by its kubelet (terminating pods vanish within a second or two).
 Pods bound to ``ghost-node`` have no kubelet: once deleted they stay terminating for their
 grace period, which lets a test look at them while they leave.
 """
@@ -95,9 +95,10 @@ def running_victim(
 
 
 def kubectl_events(kubectl: Kubectl, name: str) -> list[dict[str, Any]]:
+    """Events about pod ``name`` except the kubelet's own (Pulled, Created, Started...)."""
     out = kubectl("get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json")
     items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
-    return items
+    return [e for e in items if (e.get("source") or {}).get("component") != "kubelet"]
 
 
 def count(metrics: Metrics, result: str) -> float:

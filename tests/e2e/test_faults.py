@@ -26,7 +26,7 @@ def rig(cluster: Cluster) -> Iterator[FaultRig]:
         cluster.binaries.kubectl,
         cluster.control_plane.state_dir,
         cluster.control_plane.log_dir / "audit.log",
-        cluster.emulator.known_pods,
+        cluster.nodes.known_pods,
         rng=random.Random(5),
         log=lambda line: None,
     ).start()

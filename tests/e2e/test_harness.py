@@ -1,4 +1,4 @@
-"""The local control plane and the node emulator behave like a cluster with real kubelets.
+"""The local control plane and its hollow kubelet behave like a cluster with real nodes.
 
 These tests need no webhook: they pin the behaviour every other end-to-end test relies on.
 node-1 has 8 CPU and 16Gi and is empty at the start of each test.
@@ -195,7 +195,7 @@ def test_a_resize_that_does_not_fit_is_deferred_then_retried_when_a_pod_leaves(
     assert deferred[0]["source"]["component"] == "kubelet"
     assert deferred[0]["message"].startswith('Pod resize OutOfcpu: {"containers":[{"name":"app"')
     assert deferred[0]["message"].endswith(f'"generation":2,"error":"{expected}"}}')
-    assert cluster.emulator.pending_resizes(NODE) == ["grower"]
+    assert cluster.nodes.pending_resizes(NODE) == ["grower"]
 
     kubectl("delete", "pod", "other", "--wait=false")
 
@@ -270,7 +270,7 @@ def test_a_deleted_pod_is_finalized_after_its_grace_period(
 
     wait_until(gone, timeout=GRACE_CAP + 5, what="the pod to be removed")
     elapsed = time.monotonic() - began
-    # Removed by the emulated kubelet after the (capped) grace period, not before.
+    # Removed by the kubelet after the (capped) grace period, not before.
     assert GRACE_CAP - 0.3 <= elapsed <= GRACE_CAP + 3
 
 
@@ -355,7 +355,7 @@ def test_kubectl_works_as_a_client_and_the_scheduler_places_pods(
     nodes = kubectl("get", "nodes", "--no-headers").stdout
     assert nodes.split()[:2] == [NODE, "Ready"]
 
-    # No nodeName: kube-scheduler binds it, the emulated kubelet runs it.
+    # No nodeName: kube-scheduler binds it, the kubelet runs it.
     apply(kubectl, pod("scheduled", "500m", node=None))
     kubectl("wait", "--for=condition=Ready", "pod/scheduled", "--timeout=30s")
     placed = get_pod(cluster, namespace, "scheduled")
@@ -369,7 +369,7 @@ def test_kubectl_works_as_a_client_and_the_scheduler_places_pods(
 
 def test_the_node_opt_out_field_is_dropped_without_its_feature_gate(cluster: Cluster) -> None:
     # v1.37 only keeps spec.podPreemptionPolicy with InPlacePodVerticalScalingSchedulerPreemption
-    # on (off by default); the emulator also honours an annotation for that reason.
+    # on (off by default).
     patched = cluster.client.patch(
         f"/api/v1/nodes/{NODE}",
         {"spec": {"podPreemptionPolicy": {"disableResizePreemption": ["example.com/tests"]}}},

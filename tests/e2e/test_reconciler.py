@@ -1,7 +1,7 @@
 """Deferred resizes end to end: the running service (real ``python -m webhook serve``
 replicas) preempts for resizes the kubelet deferred, whatever the webhook saw of them.
 
-kubectl makes every change; the node emulator plays the kubelet, deferring a resize that
+kubectl makes every change; the (hollow) kubelet defers a resize that
 does not fit and actuating it once room appears.
 """
 
@@ -20,7 +20,7 @@ from harness.audit import eviction_codes
 from harness.kubeapi import ApiError
 from harness.replicas import ReplicaSet, start_replicas
 from harness.webhook_process import unregister
-from tests.e2e.conftest import Cluster, Kubectl, Waiter
+from tests.e2e.conftest import Cluster, Kubectl, Waiter, victim_leaves
 from tests.e2e.service_support import (
     actual_cpu,
     pod_manifest,
@@ -98,7 +98,7 @@ def resized_once_low_is_gone(
         timeout=timeout,
         what="the deferred resize to be actuated",
     )
-    assert read_pod(cluster, namespace, "low-priority-pod") is None
+    victim_leaves(cluster, namespace, "low-priority-pod", wait_until)
     assert read_pod(cluster, namespace, "steady") is not None
     assert len(events(kubectl, "low-priority-pod", "Preempted")) == 1
     codes = evictions(cluster, namespace)

@@ -1,6 +1,6 @@
 """The webhook service end to end: the real ``python -m webhook serve`` process registered
-with the real kube-apiserver, resizes made with the real kubectl, the emulated kubelet
-actuating (or deferring) them.
+with the real kube-apiserver, resizes made with the real kubectl, the (hollow) v1.37.2
+kubelet actuating (or deferring) them.
 
 Each test starts its own service process (so each reads a fresh log and fresh metrics)
 with an empty ledger, and stops it, unregistered, before the next test.
@@ -26,7 +26,7 @@ from harness.webhook_process import (
     WebhookProcess,
     start_webhook,
 )
-from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
+from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter, victim_leaves
 from tests.e2e.service_support import (
     actual_cpu,
     as_warning,
@@ -147,7 +147,7 @@ def expect_preempted_and_actuated(
         timeout=30,
         what=f"the resize to be actuated at {cpu} CPU",
     )
-    assert read_pod(cluster, namespace, "low-priority-pod") is None
+    victim_leaves(cluster, namespace, "low-priority-pod", wait_until)
     return high
 
 

@@ -2,7 +2,7 @@
 
 The cluster cache watches the real API server, the admission engine records the entry
 (as the webhook's validating endpoint would), and the resize itself is made with kubectl.
-The node emulator defers it until the worker's eviction made room, then actuates it.
+The kubelet defers it until the worker's eviction made room, then actuates it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
+from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter, victim_leaves
 from webhook.core.resize import apply_resize
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
@@ -199,7 +199,7 @@ def test_the_worker_preempts_for_an_admitted_resize_and_releases_it_once_actuate
         timeout=15,
         what="the resize to be actuated",
     )
-    assert get(cluster, namespace, "low-priority-pod") is None
+    victim_leaves(cluster, namespace, "low-priority-pod", wait_until)
     assert get(cluster, namespace, "steady") is not None
     # Spent: nobody counts it any more, and nothing was written to say so.
     wait_until(lambda: not holding(service), what="the reservation to be spent")

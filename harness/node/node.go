@@ -1,0 +1,280 @@
+package main
+
+import (
+	"math"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	cadvisorapi "github.com/google/cadvisor/lib/model"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	cadvisortest "k8s.io/kubernetes/pkg/kubelet/cadvisor/testing"
+	"k8s.io/kubernetes/pkg/kubelet/cm"
+)
+
+// machine is the node's size as cadvisor would report it.
+type machine struct {
+	cores  int
+	memory int64
+}
+
+// fakeCadvisor reports the node's size and, for the pod cgroups of podCgroups, a memory
+// usage of zero: the kubelet reads it before it lowers a pod's memory limit and refuses the
+// resize when it is missing.
+type fakeCadvisor struct {
+	cadvisortest.Fake
+	machine machine
+	pods    *podCgroups
+}
+
+func newCadvisor(name string, m machine, pods *podCgroups) *fakeCadvisor {
+	return &fakeCadvisor{Fake: cadvisortest.Fake{NodeName: name}, machine: m, pods: pods}
+}
+
+func (c *fakeCadvisor) MachineInfo(logger klog.Logger) (*cadvisorapi.MachineInfo, error) {
+	info, err := c.Fake.MachineInfo(logger)
+	if err != nil {
+		return nil, err
+	}
+	info.NumCores = c.machine.cores
+	info.MemoryCapacity = uint64(c.machine.memory)
+	return info, nil
+}
+
+func (c *fakeCadvisor) ContainerInfoV2(name string, options cadvisorapi.RequestOptions) (map[string]cadvisorapi.ContainerInfo, error) {
+	if !c.pods.knownCgroup(name) {
+		return c.Fake.ContainerInfoV2(name, options)
+	}
+	now := time.Now()
+	return map[string]cadvisorapi.ContainerInfo{
+		name: {
+			Spec: cadvisorapi.ContainerSpec{
+				CreationTime: now,
+				HasCpu:       true,
+				HasMemory:    true,
+				Memory:       cadvisorapi.MemorySpec{Limit: math.MaxUint64},
+			},
+			Stats: []*cadvisorapi.ContainerStats{{
+				Timestamp: now,
+				Memory:    &cadvisorapi.MemoryStats{Usage: 0, WorkingSet: 0},
+			}},
+		},
+	}, nil
+}
+
+// containerManager is the stub container manager of kubemark with two changes: the node's
+// reservation (capacity minus allocatable) is read from a file, so a test can change a
+// node's room while the kubelet runs, and pod cgroups are kept in memory.
+type containerManager struct {
+	cm.ContainerManager
+	reservation reservationFile
+	pods        *podCgroups
+}
+
+func (m *containerManager) GetNodeAllocatableReservation() v1.ResourceList {
+	return m.reservation.read()
+}
+
+func (m *containerManager) NewPodContainerManager() cm.PodContainerManager {
+	return m.pods
+}
+
+// reservationFile holds lines like "cpu=2" and "memory=1Gi". A missing or empty file
+// reserves nothing; a line that does not parse is logged and left out, so a typo never
+// stops the node.
+type reservationFile string
+
+func (f reservationFile) read() v1.ResourceList {
+	if f == "" {
+		return nil
+	}
+	data, err := os.ReadFile(string(f))
+	if err != nil {
+		if !os.IsNotExist(err) {
+			klog.ErrorS(err, "Cannot read the reservation file", "path", string(f))
+		}
+		return nil
+	}
+	reserved := v1.ResourceList{}
+	for _, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, value, ok := strings.Cut(line, "=")
+		q, err := resource.ParseQuantity(strings.TrimSpace(value))
+		if !ok || err != nil {
+			klog.ErrorS(err, "Ignoring a reservation line", "path", string(f), "line", line)
+			continue
+		}
+		reserved[v1.ResourceName(strings.TrimSpace(name))] = q
+	}
+	return reserved
+}
+
+// podCgroups is a pod container manager without cgroups: the config of each pod's cgroup is
+// a record in memory. It is seeded from the sandbox's resources when the runtime creates the
+// sandbox (what the kubelet would have written into the cgroup), written by the kubelet when
+// it actuates a resize, and dropped with the sandbox.
+type podCgroups struct {
+	mu      sync.Mutex
+	configs map[types.UID]*cm.ResourceConfig
+	names   map[string]types.UID
+}
+
+var _ cm.PodContainerManager = &podCgroups{}
+
+func newPodCgroups() *podCgroups {
+	return &podCgroups{configs: map[types.UID]*cm.ResourceConfig{}, names: map[string]types.UID{}}
+}
+
+const cpuPeriod uint64 = 100000
+
+func cgroupName(uid types.UID) (cm.CgroupName, string) {
+	return cm.CgroupName{"kubepods", "pod" + string(uid)}, "/kubepods/pod" + string(uid)
+}
+
+// seed records the config a new pod cgroup gets (a zero memory limit is unlimited).
+func (p *podCgroups) seed(uid types.UID, memoryLimit, cpuQuota int64, cpuShares uint64) {
+	config := &cm.ResourceConfig{}
+	if memoryLimit > 0 {
+		config.Memory = &memoryLimit
+	}
+	if cpuQuota != 0 {
+		config.CPUQuota = &cpuQuota
+	}
+	if cpuShares != 0 {
+		config.CPUShares = &cpuShares
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.configs[uid] = withDefaults(config)
+	_, name := cgroupName(uid)
+	p.names[name] = uid
+}
+
+func (p *podCgroups) drop(uid types.UID) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.configs, uid)
+	_, name := cgroupName(uid)
+	delete(p.names, name)
+}
+
+func (p *podCgroups) knownCgroup(name string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.names[name]
+	return ok
+}
+
+// withDefaults fills what an unlimited cgroup v2 reports: memory max, no CPU quota, the
+// minimum weight's shares, the default period.
+func withDefaults(c *cm.ResourceConfig) *cm.ResourceConfig {
+	if c.Memory == nil {
+		unlimited := int64(math.MaxInt64)
+		c.Memory = &unlimited
+	}
+	if c.CPUQuota == nil {
+		noQuota := int64(-1)
+		c.CPUQuota = &noQuota
+	}
+	if c.CPUShares == nil {
+		minShares := uint64(2)
+		c.CPUShares = &minShares
+	}
+	if c.CPUPeriod == nil {
+		period := cpuPeriod
+		c.CPUPeriod = &period
+	}
+	return c
+}
+
+func copyConfig(c *cm.ResourceConfig) *cm.ResourceConfig {
+	out := &cm.ResourceConfig{}
+	if c.Memory != nil {
+		v := *c.Memory
+		out.Memory = &v
+	}
+	if c.CPUQuota != nil {
+		v := *c.CPUQuota
+		out.CPUQuota = &v
+	}
+	if c.CPUShares != nil {
+		v := *c.CPUShares
+		out.CPUShares = &v
+	}
+	if c.CPUPeriod != nil {
+		v := *c.CPUPeriod
+		out.CPUPeriod = &v
+	}
+	return out
+}
+
+func (p *podCgroups) record(pod *v1.Pod) *cm.ResourceConfig {
+	config, ok := p.configs[pod.UID]
+	if !ok {
+		// A pod whose sandbox this process did not create (the node restarted): its cgroup
+		// would hold what its allocation says.
+		config = withDefaults(cm.ResourceConfigForPod(pod, true, cpuPeriod, false, ""))
+		p.configs[pod.UID] = config
+		_, name := cgroupName(pod.UID)
+		p.names[name] = pod.UID
+	}
+	return config
+}
+
+func (p *podCgroups) GetPodContainerName(pod *v1.Pod) (cm.CgroupName, string) {
+	return cgroupName(pod.UID)
+}
+
+func (p *podCgroups) EnsureExists(_ klog.Logger, pod *v1.Pod) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.record(pod)
+	return nil
+}
+
+func (p *podCgroups) Exists(*v1.Pod) bool { return true }
+
+func (p *podCgroups) Destroy(klog.Logger, cm.CgroupName) error { return nil }
+
+func (p *podCgroups) ReduceCPULimits(klog.Logger, cm.CgroupName) error { return nil }
+
+func (p *podCgroups) GetAllPodsFromCgroups(klog.Logger) (map[types.UID]cm.CgroupName, error) {
+	return nil, nil
+}
+
+func (p *podCgroups) IsPodCgroup(string) (bool, types.UID) { return false, "" }
+
+func (p *podCgroups) GetPodCgroupMemoryUsage(*v1.Pod) (uint64, error) { return 0, nil }
+
+func (p *podCgroups) GetPodCgroupConfig(pod *v1.Pod, _ v1.ResourceName) (*cm.ResourceConfig, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return copyConfig(p.record(pod)), nil
+}
+
+func (p *podCgroups) SetPodCgroupConfig(_ klog.Logger, pod *v1.Pod, config *cm.ResourceConfig) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	current := p.record(pod)
+	set := copyConfig(config)
+	if set.Memory != nil {
+		current.Memory = set.Memory
+	}
+	if set.CPUQuota != nil {
+		current.CPUQuota = set.CPUQuota
+	}
+	if set.CPUShares != nil {
+		current.CPUShares = set.CPUShares
+	}
+	if set.CPUPeriod != nil {
+		current.CPUPeriod = set.CPUPeriod
+	}
+	return nil
+}
