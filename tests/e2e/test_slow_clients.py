@@ -16,7 +16,7 @@ import pytest
 
 from bench.hostile_clients import held_open
 from harness.webhook_process import WebhookProcess, start_webhook
-from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
+from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter, victim_leaves
 from tests.e2e.service_support import (
     actual_cpu,
     as_warning,
@@ -86,5 +86,5 @@ def test_held_connections_do_not_switch_preemption_off(
         timeout=30,
         what="the resize to be actuated at 6 CPU",
     )
-    assert read_pod(cluster, namespace, "low-priority-pod") is None
+    victim_leaves(cluster, namespace, "low-priority-pod", wait_until)
     assert 1 == len(events(kubectl, "low-priority-pod", "Preempted"))
