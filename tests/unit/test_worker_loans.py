@@ -8,9 +8,19 @@ from dataclasses import replace
 import pytest
 
 from tests.unit.test_worker import Clock, Cluster, FakeEvictor, add, make_worker
-from tests.unit.test_worker_logic import HIGH_RESIZED, LENDER, LENT, LOAN, LOW_B, entry, pod
+from tests.unit.test_worker_logic import (
+    ADMITTED,
+    HIGH_RESIZED,
+    LENDER,
+    LENT,
+    LOAN,
+    LOW_B,
+    entry,
+    pod,
+)
 from webhook.core.lending import Loan
 from webhook.core.model import PodRef
+from webhook.engine.ledger import LedgerEntry
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import LoanResult
 from webhook.engine.worker import PreemptionWorker
@@ -34,6 +44,10 @@ class FakeResizer:
     def lend(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
         self.calls.append((loan.pod.name, borrower.name, node))
         self.log.append(f"lend {loan.pod.name}")
+        return self.results.get(loan.pod.name, LoanResult.LENT)
+
+    def give_back(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
+        self.log.append(f"give back {loan.pod.name} {loan.after}->{loan.before}")
         return self.results.get(loan.pod.name, LoanResult.LENT)
 
 
@@ -133,3 +147,42 @@ def test_what_is_lent_is_measured_per_node() -> None:
     assert 0.0 == metrics.registry.get_sample_value(
         "rpw_lent", {"node": "node-1", "resource": "memory"}
     )
+
+
+def giving_back(cluster: Cluster, *entries: LedgerEntry) -> tuple[PreemptionWorker, list[str]]:
+    log: list[str] = []
+    ledger = InMemoryLedger()
+    add(ledger, *entries)
+    worker = make_worker(cluster, ledger, LoggingEvictor(log), Clock())
+    worker.resizer = FakeResizer(log)
+    return worker, log
+
+
+BORROWED = replace(entry(), loans=(LOAN,), generation=1)
+
+
+def test_a_loan_is_given_back_once_the_borrower_shrank_and_never_while_it_holds_the_room() -> None:
+    holding = replace(pod("high", cpu="6", priority=1000), generation=1)
+    cluster = Cluster(holding, pod("lender", cpu="1"), pod("mid", cpu="1", priority=2000))
+    worker, log = giving_back(cluster, BORROWED)
+    worker.run_once()
+    assert [] == log
+
+    shrunk = replace(pod("high", cpu="4", priority=1000), generation=2)
+    cluster.set(shrunk, pod("lender", cpu="1"), pod("mid", cpu="1", priority=2000))
+    worker.run_once()
+
+    assert ["give back lender 1000->3000"] == log
+
+
+def test_a_released_entry_with_a_loan_stays_to_give_it_back() -> None:
+    # The borrower is gone: its entry is released, the loan still returned.
+    cluster = Cluster(pod("lender", cpu="1"), pod("mid", cpu="1", priority=2000))
+    worker, log = giving_back(cluster, BORROWED)
+
+    worker.run_once()
+
+    assert ["give back lender 1000->3000"] == log
+    [left] = worker.ledger.all_entries()
+    assert (BORROWED.loans, ()) == (left.loans, left.victims)
+    assert left.expires_at <= ADMITTED

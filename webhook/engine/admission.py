@@ -33,7 +33,7 @@ from webhook.engine.config import Config
 from webhook.engine.decision import Decision
 from webhook.engine.decision_log import Facts, decision_logger, emit, line
 from webhook.engine.held_amounts import HeldAmounts
-from webhook.engine.ledger import Ledger, LedgerEntry, counting
+from webhook.engine.ledger import Ledger, LedgerEntry, counting, kept
 from webhook.engine.metrics import Metrics, observe_all
 from webhook.engine.ports import ClusterView
 from webhook.engine.wire import AdmissionRequest, AdmissionReview, is_pod_resize, response
@@ -307,8 +307,11 @@ class AdmissionEngine:
                 persist_timeout=self.config.persist_timeout,
             )
             # Entries that expired or were spent are dropped with this write: the one
-            # write a plan costs also clears what nobody reads any more.
-            return (*live, entry), (plan, entry)
+            # write a plan costs also clears what nobody reads any more (an entry whose
+            # loans are not given back yet stays, holding no room).
+            keep = {e.review_uid for e in kept(entries, scene.pods, now)}
+            owing = tuple(e for e in entries if e.review_uid in keep and e not in live)
+            return (*live, *owing, entry), (plan, entry)
 
         plan, entry = self.ledger.update(scene.node.name, change)
         if entry is not None and self.on_admitted is not None:

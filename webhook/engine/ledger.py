@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from webhook.core.errors import ObjectError
-from webhook.core.lending import Loan
+from webhook.core.lending import Loan, outstanding
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import Plan
 from webhook.core.reservation import Reservation, spent
@@ -218,6 +218,21 @@ def counting(
     them."""
     by_uid = {p.uid: p for p in pods}
     return tuple(e for e in entries if e.counts(by_uid, now))
+
+
+def kept(
+    entries: Iterable[LedgerEntry], pods: Iterable[Pod], now: float
+) -> tuple[LedgerEntry, ...]:
+    """The entries a write to a node keeps: those still :func:`counting`, and those whose
+    loans are not all ended (:func:`~webhook.core.lending.outstanding`): a loan is
+    given back from its entry, so the entry stays, holding no room, until it is."""
+    by_uid = {p.uid: p for p in pods}
+    return tuple(
+        e
+        for e in entries
+        if e.counts(by_uid, now)
+        or any(outstanding(loan, by_uid.get(loan.pod.uid)) for loan in e.loans)
+    )
 
 
 def encode_entries(entries: Iterable[LedgerEntry]) -> str:

@@ -73,7 +73,7 @@ class VictimEvictor(Protocol):
 class LoanResult(StrEnum):
     """What happened to one loan. All but ``failed`` are final."""
 
-    #: The lender's spec was lowered (``pods/resize``).
+    #: The lender's spec was changed (``pods/resize``): lowered, or raised back.
     LENT = "lent"
     #: The lender already asks for at most the loan's ``after``: nothing to do.
     DONE = "done"
@@ -94,6 +94,11 @@ class LenderResizer(Protocol):
     too when ``loan.limits``)."""
 
     def lend(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult: ...
+
+    def give_back(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
+        """The lender back from the loan's ``after`` to its ``before`` (``lent``: patched;
+        ``done``: at ``before`` already; ``void``: at another amount, or gone)."""
+        ...
 
 
 class PreemptionEvents(Protocol):

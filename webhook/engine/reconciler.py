@@ -30,12 +30,13 @@ from typing import Protocol
 import orjson
 
 from webhook.core.errors import WebhookError
+from webhook.core.lending import loan_state, outstanding
 from webhook.core.model import Pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.engine.config import Config
 from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.held_amounts import HeldAmounts
-from webhook.engine.ledger import Ledger, LedgerEntry, counting
+from webhook.engine.ledger import Ledger, LedgerEntry, counting, kept
 from webhook.engine.loop import Loop
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import ClusterView
@@ -208,6 +209,10 @@ class Reconciler:
         # Cheap pre-check on the cached ledger; the update below decides atomically.
         if any(e.pod.uid == pod.uid for e in counting(self.ledger.entries(node.name), pods, now)):
             return None
+        if giving_back(pod, self.ledger.entries(node.name)):
+            # A lender getting its loan back, deferred by the kubelet: the give-back took
+            # only room nobody more important waited for, and is never preempted for.
+            return None
         budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
         holds = self._held.of(node.name, pods)
         uid = review_uid_for(pod)
@@ -241,7 +246,8 @@ class Reconciler:
                 ttl=self.config.reservation_ttl,
                 persisted=True,  # the kubelet deferred it: it is in the spec already
             )
-            return (*live, entry), (plan, entry)
+            owing = tuple(e for e in kept(entries, pods, now) if e not in live)
+            return (*live, *owing, entry), (plan, entry)
 
         plan, entry = self.ledger.update(node.name, change)
         if plan is None:
@@ -253,6 +259,16 @@ class Reconciler:
             if self.on_admitted is not None:
                 self.on_admitted(entry)
         return Outcome(pod.key, plan.verdict, entry is not None, plan, plan.code)
+
+
+def giving_back(pod: Pod, entries: Sequence[LedgerEntry]) -> bool:
+    """Whether ``pod``'s pending resize is a loan given back (its spec at a loan's
+    ``before``, not actuated yet), not a resize its owner made."""
+    return any(
+        loan.pod.uid == pod.uid and loan_state(loan, pod) == "pending" and outstanding(loan, pod)
+        for e in entries
+        for loan in e.loans
+    )
 
 
 def _log_decision(pod: Pod, plan: Plan, admitted: bool) -> None:

@@ -72,6 +72,7 @@ from dataclasses import replace
 
 from webhook.core.model import PodRef
 from webhook.engine.config import Config
+from webhook.engine.giveback import give_backs
 from webhook.engine.ledger import Ledger, LedgerEntry, counting
 from webhook.engine.loop import Backoff, Loop
 from webhook.engine.metrics import Metrics
@@ -103,11 +104,24 @@ EntryChange = tuple[tuple[LedgerEntry, ...] | None, bool]
 
 
 def remove_entry(review_uid: str) -> Callable[[tuple[LedgerEntry, ...]], EntryChange]:
-    """Change: drop the entry admitted by ``review_uid``; result: whether it was there."""
+    """Change: drop the entry admitted by ``review_uid``; result: whether it was there.
+
+    An entry with loans is not dropped but made to hold no room (expired, no victims):
+    its loans are given back from it, and the next write to the node drops it once they
+    are (:func:`webhook.engine.ledger.kept`)."""
 
     def change(entries: tuple[LedgerEntry, ...]) -> EntryChange:
-        kept = tuple(e for e in entries if e.review_uid != review_uid)
-        return (kept, True) if len(kept) != len(entries) else (None, False)
+        found = False
+        out = []
+        for e in entries:
+            if e.review_uid != review_uid:
+                out.append(e)
+                continue
+            found = True
+            if e.loans:
+                out.append(replace(e, expires_at=min(e.expires_at, e.admitted_at), victims=()))
+        result = tuple(out)
+        return (result if result != entries else None), found
 
     return change
 
@@ -299,6 +313,32 @@ class PreemptionWorker:
                 self._count_error()
                 log.exception("processing the resize of %s failed", entry.pod.key)
                 self.backoff.failed(entry.review_uid)
+        if any(e.loans for e in entries) and not stop.is_set():
+            try:
+                self.give_back(entries[0].node, stop)
+            except Exception:
+                self._count_error()
+                log.exception("giving loans back on %s failed", entries[0].node)
+
+    def give_back(self, node_name: str, stop: threading.Event | None = None) -> int:
+        """Return the loans on ``node_name`` the node has room for now
+        (:func:`webhook.engine.giveback.give_backs`); how many were returned. Nothing is
+        written: a loan given back is read from the lender (its spec at ``before``), and
+        the next write to the node drops the entry once the kubelet actuated it."""
+        node = self.cluster.node(node_name)
+        if node is None or self.resizer is None:
+            return 0
+        entries = self.ledger.entries(node_name)
+        done = 0
+        for give in give_backs(node, tuple(self.cluster.pods_on(node_name)), entries, self.clock()):
+            if (stop is not None and stop.is_set()) or not self._may_act():
+                break
+            borrower = next(e.pod for e in entries if e.review_uid == give.review_uid)
+            result = self.resizer.give_back(give.loan, borrower, node_name)
+            if result is LoanResult.FAILED:
+                break  # judged again on the next pass, on fresh state
+            done += result is LoanResult.LENT
+        return done
 
     def _count_error(self) -> None:
         # The series appears with the first error, not before.

@@ -52,7 +52,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from webhook.core.lending import Loan, lowered
+from webhook.core.lending import Loan, LoanState, loan_state, lowered
 from webhook.core.model import DisruptionBudget, Node, PdbMode, Pod, PodRef
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.policy import ImportanceKey, PreemptionPolicy
@@ -158,28 +158,6 @@ def is_actuated(entry: LedgerEntry, pod: Pod) -> bool:
     """True when the kubelet allocated at least the admitted requests to every container
     (:func:`webhook.core.reservation.actuated`, the rule that makes a reservation spent)."""
     return actuated(entry.desired, pod)
-
-
-LoanState = Literal["pending", "lent", "void"]
-
-
-def loan_state(loan: Loan, lender: Pod | None) -> LoanState:
-    """Where ``loan`` stands, read from the lender as cached (``None``: not cached).
-
-    ``lent``: the lender's spec asks for at most the loan's ``after`` (made, actuated or
-    not). ``pending``: still at ``before``, as planned. ``void``: the lender is gone,
-    replaced or leaving, or its owner set another amount since the plan (its spec wins;
-    nothing is lowered for it).
-    """
-    if lender is None or lender.uid != loan.pod.uid or lender.terminating or lender.terminal:
-        return "void"
-    container = lender.container(loan.container)
-    if container is None:
-        return "void"
-    request = container.requests.get(loan.resource)
-    if request <= loan.after:
-        return "lent"
-    return "pending" if request == loan.before else "void"
 
 
 def with_loans(pods: Sequence[Pod], loans: Iterable[Loan]) -> tuple[Pod, ...]:

@@ -14,6 +14,8 @@ Contract - idempotent, safe to call again after a crash or by another replica:
 * the patch carries the lender's uid and the ``resourceVersion`` just read: a newer pod of
   the same name, or a change made in between, fails it (``void`` or ``failed``, to be
   judged again on the next pass) instead of being lowered;
+* a give-back (:meth:`Resizer.give_back`) is the same call the other way: the lender
+  back from ``after`` to ``before``, only while it still asks for ``after``;
 * ``lent`` is followed by a ``Lent`` event on the lender, related to the borrower, and
   counted in ``rpw_loans{result="made"}``; nothing is raised: API failures are logged and
   reported as ``failed``.
@@ -138,6 +140,32 @@ class Resizer:
                 )
         return result
 
+    def give_back(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
+        """Return ``loan``: the lender back to ``before``, only while it still asks for
+        the loan's ``after`` (``done`` at ``before`` already, ``void`` at any other
+        amount: its owner's spec wins). Counted in ``rpw_loans{result="returned"}``.
+        Never raises."""
+        try:
+            result = self._resize(loan, expect=loan.after, amount=loan.before)
+        except (ClusterError, ObjectError) as e:
+            log.warning("could not give back to %s: %s", loan.pod.key, e)
+            result = LoanResult.FAILED
+        except Exception:
+            log.exception("error giving back to %s", loan.pod.key)
+            result = LoanResult.FAILED
+        if result is LoanResult.LENT:
+            self.metrics.loans.labels("returned").inc()
+            log.info(
+                "gave %s %s %s back to %s (lent to %s on %s)",
+                loan.resource,
+                amount_text(loan.resource, loan.before - loan.after),
+                amount_text(loan.resource, loan.before),
+                loan.pod.key,
+                borrower.key,
+                node,
+            )
+        return result
+
     def _resize(self, loan: Loan, *, expect: int, amount: int) -> LoanResult:
         path = _pod_path(loan.pod)
         try:
@@ -151,7 +179,8 @@ class Resizer:
         if container is None:
             return LoanResult.VOID
         current = _request(container, loan.resource)
-        if current <= amount:
+        lowering = amount < expect
+        if current == amount or (lowering and current < amount):
             return LoanResult.DONE
         if current != expect:
             return LoanResult.VOID
