@@ -159,7 +159,13 @@ def build(
         # Counting each review and writing its decision-log line: after the answer.
         after_review = Backlog(name="after-review")
         engine = AdmissionEngine(
-            config, cache, ledger, metrics=metrics, on_admitted=admitted, after=after_review.submit
+            config,
+            cache,
+            ledger,
+            metrics=metrics,
+            on_admitted=admitted,
+            after=after_review.submit,
+            on_floor_errors=recorder.floor_errors,
         )
         app = create_app(
             config,

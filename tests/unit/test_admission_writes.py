@@ -86,3 +86,34 @@ def test_an_admitted_entry_records_its_generation_and_drops_spent_entries() -> N
     [written] = ledger.entries("node-1")
     assert ("preempt", 1) == (decision.verdict, ledger.writes - before)
     assert (3, NOW + Config().persist_timeout) == (written.generation, written.persist_by)
+
+
+@pytest.mark.parametrize(
+    ("expected", "lending"),
+    [
+        pytest.param(["default/low-priority-pod"], True, id="told-with-lending-on"),
+        pytest.param([], False, id="nothing-with-lending-off"),
+    ],
+)
+def test_a_malformed_floor_is_handed_on_after_the_answer_and_the_plan_goes_on(
+    expected: list[str], lending: bool
+) -> None:
+    node, low, high = walkthrough_objects()
+    low["metadata"]["annotations"] = {"resize-preemption.io/floor": "not json"}
+    told: list[str] = []
+    engine = AdmissionEngine(
+        Config(lending=lending),
+        StaticClusterView.from_objects((node, low, high)),
+        InMemoryLedger(),
+        clock=lambda: NOW,
+        on_floor_errors=lambda errors: told.extend(pod.key for pod, _ in errors),
+    )
+
+    decision = engine.validate(review(high, resized(high, "6"))["request"])
+
+    # An ordinary candidate: evicted as without the annotation.
+    assert ("preempt", ("default/low-priority-pod",)) == (
+        decision.verdict,
+        decision.plan.victim_keys if decision.plan else (),
+    )
+    assert expected == told

@@ -22,7 +22,7 @@ import jsonpatch
 
 from webhook.core.errors import InputError, WebhookError
 from webhook.core.fit import largest_fit
-from webhook.core.model import FIT_TO_NODE_ANNOTATION, Node, Pod
+from webhook.core.model import FIT_TO_NODE_ANNOTATION, Node, Pod, PodRef
 from webhook.core.objects import parse_pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.quantity import format_cpu, format_memory
@@ -81,6 +81,7 @@ class AdmissionEngine:
         timer: Callable[[], float] = time.perf_counter,
         on_admitted: Callable[[LedgerEntry], None] | None = None,
         after: After | None = None,
+        on_floor_errors: Callable[[Sequence[tuple[PodRef, str]]], object] | None = None,
     ) -> None:
         self.config = config
         self.cluster = cluster
@@ -92,6 +93,9 @@ class AdmissionEngine:
         #: Runs what follows an answer - counting the review, its decision-log line -
         #: at once by default; the service hands it to a :class:`~.backlog.Backlog`.
         self.after: After = after or run_now
+        #: Hears of candidates whose floor annotation is malformed (a plan names them),
+        #: after the answer, in batches; for a warning event on each (webhook.service).
+        self.on_floor_errors = on_floor_errors
         self.policy = config.policy()
         self._held = HeldAmounts()
         self._counted: dict[tuple[str, str], Any] = {}
@@ -155,7 +159,14 @@ class AdmissionEngine:
                 decision,
             ),
         )
+        plan = decision.plan
+        if plan is not None and plan.floor_errors and self.on_floor_errors is not None:
+            self.after(self._floor_errors, plan.floor_errors)
         return decision
+
+    def _floor_errors(self, batches: Sequence[tuple[tuple[PodRef, str], ...]]) -> None:
+        if self.on_floor_errors is not None:
+            self.on_floor_errors([error for batch in batches for error in batch])
 
     def _failed_open(self, uid: str, where: str, message: str) -> Decision:
         self.metrics.errors.labels(where).inc()
