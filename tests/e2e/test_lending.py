@@ -5,6 +5,7 @@ evicted, keeps running, and gets its CPU back when the room returns."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -137,3 +138,190 @@ def test_walkthrough_with_a_floor_lends_instead_of_evicting_and_gets_it_back(
         at(cluster, namespace, "low-priority-pod", "3"), timeout=30, what="the loan given back"
     )
     assert (low_before["metadata"]["uid"], 0) == (low["metadata"]["uid"], restarts(low))
+
+
+def walkthrough(
+    kubectl: Kubectl, classes: dict[str, str], low_annotations: dict[str, str], **low: Any
+) -> None:
+    """The README's node (8 CPU): low-priority-pod 3 CPU with ``low_annotations``,
+    high-priority-pod 4 CPU; 1 CPU free. ``low`` goes into low-priority-pod's spec."""
+    manifest = pod_manifest(
+        "low-priority-pod", "3", classes["low"], memory="500Mi", annotations=low_annotations
+    )
+    manifest["spec"]["containers"][0].update(low)
+    run_pods(
+        kubectl,
+        [manifest, pod_manifest("high-priority-pod", "4", classes["high"], memory="1Gi")],
+    )
+
+
+@pytest.fixture
+def lowest_class(cluster: Cluster, namespace: str) -> Iterator[str]:
+    """A PriorityClass below the fixture's ``low``, for a pod less important than a lender."""
+    name = f"lowest-{namespace}"
+    cluster.client.create(
+        "/apis/scheduling.k8s.io/v1/priorityclasses",
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": 10,
+        },
+    )
+    yield name
+    cluster.client.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+
+
+def test_a_plan_with_one_eviction_and_one_loan(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    lowest_class: str,
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    # web 2 -> 6 CPU on 8 with 1 free: batch-1 at its floor (1) can stay, scratch cannot;
+    # evicting scratch frees 2 and the last 1 is borrowed from batch-1.
+    start_service()
+    run_pods(
+        kubectl,
+        [
+            pod_manifest("web", "2", priority_classes["high"]),
+            pod_manifest("batch-1", "3", priority_classes["low"], annotations=floor("1")),
+            pod_manifest("scratch", "2", lowest_class),
+        ],
+    )
+    batch_uid = (read_pod(cluster, namespace, "batch-1") or {})["metadata"]["uid"]
+
+    result = resize(kubectl, "web", "6")
+
+    assert 0 == result.returncode, result.stderr
+    assert [
+        as_warning(f"preempting 1 lower-priority pod on {NODE} for cpu 6: {namespace}/scratch"),
+        as_warning(
+            f"borrowing cpu 1 from 1 lower-priority pod on {NODE}: {namespace}/batch-1 (cpu 3->2)"
+        ),
+    ] == kubectl_warnings(result)
+    wait_until(at(cluster, namespace, "web", "6"), timeout=30, what="the resize actuated")
+    batch = wait_until(at(cluster, namespace, "batch-1", "2"), timeout=30, what="the loan")
+    assert (batch_uid, 0) == (batch["metadata"]["uid"], restarts(batch))
+    wait_until(
+        lambda: read_pod(cluster, namespace, "scratch") is None, timeout=30, what="scratch gone"
+    )
+
+
+def test_a_lender_whose_cpu_restarts_its_container_does_not_lend_it(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    start_service()
+    walkthrough(
+        kubectl,
+        priority_classes,
+        floor("1"),
+        resizePolicy=[{"resourceName": "cpu", "restartPolicy": "RestartContainer"}],
+    )
+
+    result = resize(kubectl, "high-priority-pod", "6")
+
+    assert 0 == result.returncode, result.stderr
+    assert [
+        as_warning(
+            f"preempting 1 lower-priority pod on {NODE} for cpu 6: {namespace}/low-priority-pod"
+        )
+    ] == kubectl_warnings(result)
+    wait_until(at(cluster, namespace, "high-priority-pod", "6"), timeout=30, what="actuated")
+    assert [] == events(kubectl, "low-priority-pod", "Lent")
+
+
+def test_a_malformed_floor_is_an_ordinary_candidate_with_a_warning_event(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    start_service()
+    walkthrough(kubectl, priority_classes, floor("1", container="web"))
+
+    result = resize(kubectl, "high-priority-pod", "6")
+
+    assert 0 == result.returncode, result.stderr
+    assert [
+        as_warning(
+            f"preempting 1 lower-priority pod on {NODE} for cpu 6: {namespace}/low-priority-pod"
+        )
+    ] == kubectl_warnings(result)
+    wait_until(at(cluster, namespace, "high-priority-pod", "6"), timeout=30, what="actuated")
+    [warning] = wait_until(
+        lambda: events(kubectl, "low-priority-pod", "InvalidLendingFloor"),
+        timeout=20,
+        what="the floor's warning event",
+    )
+    assert ("Warning", True) == (warning["type"], "'web'" in warning["message"])
+
+
+@pytest.mark.parametrize(
+    ("serve_flags", "patch_flags"),
+    [
+        pytest.param((), ("--dry-run=server",), id="dry-run"),
+        pytest.param(("--mode", "warn"), (), id="warn-mode"),
+    ],
+)
+def test_dry_run_and_warn_say_what_they_would_borrow_and_change_nothing(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    start_service: StartService,
+    serve_flags: tuple[str, ...],
+    patch_flags: tuple[str, ...],
+) -> None:
+    start_service(*serve_flags)
+    walkthrough(kubectl, priority_classes, floor("1"))
+
+    result = resize(kubectl, "high-priority-pod", "6", *patch_flags)
+
+    assert 0 == result.returncode, result.stderr
+    assert [
+        as_warning(
+            f"would borrow cpu 1 from 1 lower-priority pod on {NODE}: "
+            f"{namespace}/low-priority-pod (cpu 3->2)"
+        )
+    ] == kubectl_warnings(result)
+    time.sleep(3)  # what the worker would have done by now
+    low = read_pod(cluster, namespace, "low-priority-pod")
+    assert ("3", "3") == (spec_cpu(low or {}), actual_cpu(low))
+    assert [] == events(kubectl, "low-priority-pod", "Lent")
+
+
+def test_a_restart_between_the_loan_and_the_give_back_neither_repeats_nor_forgets_it(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    first = start_service()
+    walkthrough(kubectl, priority_classes, floor("1"))
+    assert 0 == resize(kubectl, "high-priority-pod", "6").returncode
+    wait_until(at(cluster, namespace, "high-priority-pod", "6"), timeout=30, what="actuated")
+    wait_until(at(cluster, namespace, "low-priority-pod", "2"), timeout=30, what="the loan")
+
+    first.stop()
+    start_service()
+    time.sleep(2)  # the new leader's first passes
+
+    assert 1 == len(events(kubectl, "low-priority-pod", "Lent"))
+    assert 0 == resize(kubectl, "high-priority-pod", "4").returncode
+    low = wait_until(
+        at(cluster, namespace, "low-priority-pod", "3"), timeout=30, what="the loan given back"
+    )
+    assert 0 == restarts(low)
