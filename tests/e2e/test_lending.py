@@ -35,8 +35,8 @@ StartService = Callable[..., WebhookProcess]
 
 @pytest.fixture
 def start_service(cluster: Cluster, namespace: str) -> Iterator[StartService]:
-    """``start_service(*serve_flags)``: the service with lending on (empty ledger),
-    stopped and unregistered when the test ends."""
+    """``start_service(*serve_flags)``: the service with its default settings (lending
+    on; empty ledger), stopped and unregistered when the test ends."""
     started: list[WebhookProcess] = []
     clear_ledger(cluster)
 
@@ -45,7 +45,7 @@ def start_service(cluster: Cluster, namespace: str) -> Iterator[StartService]:
             cluster.client,
             cluster.kubeconfig,
             cluster.control_plane.state_dir,
-            extra_args=("--lending", "true", *flags),
+            extra_args=flags,
         )
         started.append(process)
         return process
@@ -325,3 +325,26 @@ def test_a_restart_between_the_loan_and_the_give_back_neither_repeats_nor_forget
         at(cluster, namespace, "low-priority-pod", "3"), timeout=30, what="the loan given back"
     )
     assert 0 == restarts(low)
+
+
+def test_lending_switched_off_evicts_as_before(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    start_service("--lending", "false")
+    walkthrough(kubectl, priority_classes, floor("1"))
+
+    result = resize(kubectl, "high-priority-pod", "6")
+
+    assert 0 == result.returncode, result.stderr
+    assert [
+        as_warning(
+            f"preempting 1 lower-priority pod on {NODE} for cpu 6: {namespace}/low-priority-pod"
+        )
+    ] == kubectl_warnings(result)
+    wait_until(at(cluster, namespace, "high-priority-pod", "6"), timeout=30, what="actuated")
+    assert [] == events(kubectl, "low-priority-pod", "Lent")

@@ -83,7 +83,8 @@ def test_every_setting_is_documented_with_its_variable() -> None:
 @pytest.mark.parametrize(
     ("expected", "kwargs"),
     [
-        pytest.param(False, {}, id="default-off"),
+        pytest.param(True, {}, id="default-on"),
+        pytest.param(False, {"env": {"RPW_LENDING": "false"}}, id="switched-off"),
         pytest.param(True, {"env": {"RPW_LENDING": "true"}}, id="environment"),
         pytest.param(True, {"flags": {"lending": "on"}}, id="flag"),
         pytest.param(

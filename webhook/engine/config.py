@@ -28,7 +28,7 @@ class Config:
     max_victims: int | None = None
     #: Pods annotated with a floor lend CPU and memory in place before anyone is evicted
     #: (docs/lending.md).
-    lending: bool = False
+    lending: bool = True
     #: Seconds an admitted resize holds its room if nobody releases it earlier.
     reservation_ttl: float = 120.0
     #: Upper bound on a victim's termination grace period (seconds); None keeps the pod's.

@@ -8,6 +8,7 @@ the admission path (same core, same ledger) and records an entry the preemption 
 carries out.
 
 It skips: pods whose resize already has a live ledger entry (the worker owns those),
+a lender getting a loan back that the kubelet deferred (never preempted for),
 ``Infeasible`` resizes (never preempt for them), pods with ``PodResizePreemptionDisabled``,
 nodes that opted out and ``preemptionPolicy: Never`` (the plan says ``not-eligible``).
 Room already on its way out (terminating pods, victims other entries claimed) counts as
