@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.unit.web_fixtures import pod, resized, review, walkthrough_objects, walkthrough_view
+from webhook.core.lending import Loan
 from webhook.core.resources import Resources
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
@@ -117,3 +118,42 @@ def test_a_malformed_floor_is_handed_on_after_the_answer_and_the_plan_goes_on(
         decision.plan.victim_keys if decision.plan else (),
     )
     assert expected == told
+
+
+@pytest.mark.parametrize(
+    ("expected", "loans"),
+    [
+        pytest.param(("preempt", 0, []), True, id="a-give-back-never-preempts"),
+        pytest.param(("preempt", 1, ["default/peer"]), False, id="the-same-resize-by-its-owner"),
+    ],
+)
+def test_a_loan_given_back_is_never_preempted_for(
+    expected: tuple[str, int, list[str]], loans: bool
+) -> None:
+    # low-priority-pod lent 1 CPU (4 -> 3); high-priority-pod 4 and peer 1 fill the node
+    # since. Back to 4 only fits without peer.
+    node, low, high = walkthrough_objects()
+    peer = pod("peer", "1", 0)
+    view = StaticClusterView.from_objects((node, low, high, peer))
+    lender = view.pod("default", "low-priority-pod")
+    assert lender is not None
+    entry = LedgerEntry(
+        pod=view.pod("default", "high-priority-pod").ref,  # type: ignore[union-attr]
+        node="node-1",
+        review_uid="review-0",
+        resources=Resources(4000, GI),
+        desired=(("app", Resources(4000, GI)),),
+        victims=(),
+        admitted_at=NOW - 50,
+        expires_at=NOW - 1,
+        loans=(Loan(lender.ref, 1000, "app", "cpu", 4000, 3000, 1000, True),) if loans else (),
+    )
+    ledger = InMemoryLedger()
+    ledger.update("node-1", lambda es: ((*es, entry), None))
+    before = ledger.writes
+    engine = AdmissionEngine(Config(), view, ledger, clock=lambda: NOW)
+
+    decision = engine.validate(review(low, resized(low, "4"))["request"])
+
+    written = [v.key for e in ledger.entries("node-1") for v in e.victims]
+    assert expected == (decision.verdict, ledger.writes - before, written)

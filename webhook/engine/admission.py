@@ -33,7 +33,7 @@ from webhook.engine.config import Config
 from webhook.engine.decision import Decision
 from webhook.engine.decision_log import Facts, decision_logger, emit, line
 from webhook.engine.held_amounts import HeldAmounts
-from webhook.engine.ledger import Ledger, LedgerEntry, counting, kept
+from webhook.engine.ledger import Ledger, LedgerEntry, counting, giving_back, kept
 from webhook.engine.metrics import Metrics, observe_all
 from webhook.engine.ports import ClusterView
 from webhook.engine.wire import AdmissionRequest, AdmissionReview, is_pod_resize, response
@@ -303,6 +303,10 @@ class AdmissionEngine:
             #    newer resize supersedes an earlier admitted one of the same pod.
             live = counting((e for e in entries if e.pod.uid != scene.new.uid), scene.pods, now)
             plan = self._plan(scene, live, now)
+            if plan.verdict == "preempt" and giving_back(scene.new, entries):
+                # A loan given back takes only room that is free: nobody is evicted or
+                # shrunk for it, and if the room went meanwhile the kubelet defers it.
+                return None, (plan, None)
             if plan.verdict not in ("fits", "preempt") or plan.code == "no-growth":
                 # One that needs no room reserves none, and writes nothing: an earlier
                 # entry of this pod stops counting by itself once the API server persists

@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from webhook.core.errors import ObjectError
-from webhook.core.lending import Loan, outstanding
+from webhook.core.lending import Loan, loan_state, outstanding
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import Plan
 from webhook.core.reservation import Reservation, spent
@@ -232,6 +232,16 @@ def kept(
         for e in entries
         if e.counts(by_uid, now)
         or any(outstanding(loan, by_uid.get(loan.pod.uid)) for loan in e.loans)
+    )
+
+
+def giving_back(pod: Pod, entries: Sequence[LedgerEntry]) -> bool:
+    """Whether ``pod``'s pending resize is a loan given back (its spec at a loan's
+    ``before``, not actuated yet), not a resize its owner made."""
+    return any(
+        loan.pod.uid == pod.uid and loan_state(loan, pod) == "pending" and outstanding(loan, pod)
+        for e in entries
+        for loan in e.loans
     )
 
 

@@ -31,13 +31,12 @@ from typing import Protocol
 import orjson
 
 from webhook.core.errors import WebhookError
-from webhook.core.lending import loan_state, outstanding
 from webhook.core.model import Pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.engine.config import Config
 from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.held_amounts import HeldAmounts
-from webhook.engine.ledger import Ledger, LedgerEntry, counting, kept
+from webhook.engine.ledger import Ledger, LedgerEntry, counting, giving_back, kept
 from webhook.engine.loop import Loop
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import ClusterView
@@ -260,16 +259,6 @@ class Reconciler:
             if self.on_admitted is not None:
                 self.on_admitted(entry)
         return Outcome(pod.key, plan.verdict, entry is not None, plan, plan.code)
-
-
-def giving_back(pod: Pod, entries: Sequence[LedgerEntry]) -> bool:
-    """Whether ``pod``'s pending resize is a loan given back (its spec at a loan's
-    ``before``, not actuated yet), not a resize its owner made."""
-    return any(
-        loan.pod.uid == pod.uid and loan_state(loan, pod) == "pending" and outstanding(loan, pod)
-        for e in entries
-        for loan in e.loans
-    )
 
 
 def _log_decision(pod: Pod, plan: Plan, admitted: bool) -> None:
