@@ -186,3 +186,17 @@ def test_a_released_entry_with_a_loan_stays_to_give_it_back() -> None:
     [left] = worker.ledger.all_entries()
     assert (BORROWED.loans, ()) == (left.loans, left.victims)
     assert left.expires_at <= ADMITTED
+
+
+def test_what_is_lent_drops_to_zero_once_the_node_has_no_entries() -> None:
+    metrics = Metrics()
+    worker, ledger, _, _, _ = setup(Cluster(HIGH_RESIZED, LENT, MID_0), metrics=metrics)
+    ledger.update("node-1", lambda es: ((replace(es[0], loans=(LOAN,), victims=()),), None))
+    worker.run_once()
+    ledger.update("node-1", lambda es: ((), None))
+
+    worker.run_once()
+
+    assert 0.0 == metrics.registry.get_sample_value(
+        "rpw_lent", {"node": "node-1", "resource": "cpu"}
+    )

@@ -204,6 +204,8 @@ class PreemptionWorker:
         #: Review uids released (logged, told) once; the entry may stay in the ledger.
         self._released: set[str] = set()
         self._budgets_changed = False
+        #: Nodes whose ``rpw_lent`` was set by the last pass.
+        self._lent_nodes: set[str] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -290,7 +292,11 @@ class PreemptionWorker:
 
     def _count_lent(self, groups: dict[str, list[LedgerEntry]]) -> None:
         """``rpw_lent``: what the loans the ledger records and the cache shows made
-        free, per node and resource."""
+        free, per node and resource (0 on a node whose entries are gone)."""
+        for node in self._lent_nodes - set(groups):
+            for resource in ("cpu", "memory"):
+                self.metrics.lent.labels(node, resource).set(0)
+        self._lent_nodes = set(groups)
         for node, entries in groups.items():
             by_uid = {p.uid: p for p in self.cluster.pods_on(node)}
             lent = {"cpu": 0, "memory": 0}
