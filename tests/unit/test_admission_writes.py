@@ -157,3 +157,41 @@ def test_a_loan_given_back_is_never_preempted_for(
 
     written = [v.key for e in ledger.entries("node-1") for v in e.victims]
     assert expected == (decision.verdict, ledger.writes - before, written)
+
+
+@pytest.mark.parametrize(
+    ("expected", "lent_cpu"),
+    [
+        pytest.param(["review-0", "review-1"], "2", id="loan-outstanding-entry-kept"),
+        pytest.param(["review-1"], "3", id="loan-given-back-entry-dropped"),
+    ],
+)
+def test_an_admission_write_keeps_an_entry_until_its_loans_are_given_back(
+    expected: list[str], lent_cpu: str
+) -> None:
+    # "peer" borrowed 1 CPU from low-priority-pod (3 -> 2) and its resize is actuated:
+    # its entry holds no room, but the loan is still out unless low is back at 3.
+    node, _, high = walkthrough_objects()
+    low = pod("low-priority-pod", lent_cpu, 1000)
+    peer = pod("peer", "1", 1_000_000)
+    view = StaticClusterView.from_objects((node, low, high, peer))
+    lender = view.pod("default", "low-priority-pod")
+    assert lender is not None
+    spent_entry = LedgerEntry(
+        pod=view.pod("default", "peer").ref,  # type: ignore[union-attr]
+        node="node-1",
+        review_uid="review-0",
+        resources=Resources(1000, GI),
+        desired=(("app", Resources(1000, GI)),),
+        victims=(),
+        admitted_at=NOW - 5,
+        expires_at=NOW + 100,
+        loans=(Loan(lender.ref, 1000, "app", "cpu", 3000, 2000, 1000, True),),
+    )
+    ledger = InMemoryLedger()
+    ledger.update("node-1", lambda es: ((*es, spent_entry), None))
+    engine = AdmissionEngine(Config(), view, ledger, clock=lambda: NOW)
+
+    engine.validate(review(high, resized(high, "5"))["request"])
+
+    assert expected == sorted(e.review_uid for e in ledger.entries("node-1"))
