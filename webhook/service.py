@@ -11,6 +11,7 @@ from typing import Any
 
 from webhook.core.model import Pod
 from webhook.core.plan import Plan
+from webhook.core.report import warnings_for
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.backlog import Backlog
 from webhook.engine.config import Config
@@ -25,6 +26,7 @@ from webhook.kube.events import EventRecorder
 from webhook.kube.evictor import Evictor
 from webhook.kube.leader import LeaderElector
 from webhook.kube.ledger import LeaseLedger
+from webhook.kube.resizer import Resizer
 from webhook.web.app import create_app
 from webhook.web.server import WorkerApp
 
@@ -37,12 +39,16 @@ def _decision_event(recorder: EventRecorder) -> Callable[[Pod, Plan, bool], None
     admission (the reconciler calls it only when it planned victims)."""
 
     def record(pod: Pod, plan: Plan, admitted: bool) -> None:
+        # Lenders are named as the kubectl warning names them (cpu 3->1).
+        told = [f"{plan.reason}: {', '.join(plan.victim_keys)}"] if plan.victims else []
+        if plan.loans:
+            told.append(warnings_for(plan)[-1])
         recorder.record(
             pod.ref,
             type_="Normal",
             reason=DEFERRED_REASON,
             action="Preempting",
-            note=f"Deferred resize: {plan.reason}: {', '.join(plan.victim_keys)}",
+            note="Deferred resize: " + "; ".join(told or [plan.reason]),
         )
 
     return record
@@ -136,6 +142,7 @@ def build(
             metrics,
             recorder=recorder,
             may_act=elector.is_leader,
+            resizer=Resizer(act_api, recorder, metrics),
         )
 
         def admitted(_entry: object) -> None:
@@ -152,7 +159,13 @@ def build(
         # Counting each review and writing its decision-log line: after the answer.
         after_review = Backlog(name="after-review")
         engine = AdmissionEngine(
-            config, cache, ledger, metrics=metrics, on_admitted=admitted, after=after_review.submit
+            config,
+            cache,
+            ledger,
+            metrics=metrics,
+            on_admitted=admitted,
+            after=after_review.submit,
+            on_floor_errors=recorder.floor_errors,
         )
         app = create_app(
             config,

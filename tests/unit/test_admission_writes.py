@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.unit.web_fixtures import pod, resized, review, walkthrough_objects, walkthrough_view
+from webhook.core.lending import Loan
 from webhook.core.resources import Resources
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
@@ -86,3 +87,111 @@ def test_an_admitted_entry_records_its_generation_and_drops_spent_entries() -> N
     [written] = ledger.entries("node-1")
     assert ("preempt", 1) == (decision.verdict, ledger.writes - before)
     assert (3, NOW + Config().persist_timeout) == (written.generation, written.persist_by)
+
+
+@pytest.mark.parametrize(
+    ("expected", "lending"),
+    [
+        pytest.param(["default/low-priority-pod"], True, id="told-with-lending-on"),
+        pytest.param([], False, id="nothing-with-lending-off"),
+    ],
+)
+def test_a_malformed_floor_is_handed_on_after_the_answer_and_the_plan_goes_on(
+    expected: list[str], lending: bool
+) -> None:
+    node, low, high = walkthrough_objects()
+    low["metadata"]["annotations"] = {"resize-preemption.io/floor": "not json"}
+    told: list[str] = []
+    engine = AdmissionEngine(
+        Config(lending=lending),
+        StaticClusterView.from_objects((node, low, high)),
+        InMemoryLedger(),
+        clock=lambda: NOW,
+        on_floor_errors=lambda errors: told.extend(pod.key for pod, _ in errors),
+    )
+
+    decision = engine.validate(review(high, resized(high, "6"))["request"])
+
+    # An ordinary candidate: evicted as without the annotation.
+    assert ("preempt", ("default/low-priority-pod",)) == (
+        decision.verdict,
+        decision.plan.victim_keys if decision.plan else (),
+    )
+    assert expected == told
+
+
+@pytest.mark.parametrize(
+    ("expected", "loans"),
+    [
+        pytest.param(("preempt", 0, []), True, id="a-give-back-never-preempts"),
+        pytest.param(("preempt", 1, ["default/peer"]), False, id="the-same-resize-by-its-owner"),
+    ],
+)
+def test_a_loan_given_back_is_never_preempted_for(
+    expected: tuple[str, int, list[str]], loans: bool
+) -> None:
+    # low-priority-pod lent 1 CPU (4 -> 3); high-priority-pod 4 and peer 1 fill the node
+    # since. Back to 4 only fits without peer.
+    node, low, high = walkthrough_objects()
+    peer = pod("peer", "1", 0)
+    view = StaticClusterView.from_objects((node, low, high, peer))
+    lender = view.pod("default", "low-priority-pod")
+    assert lender is not None
+    entry = LedgerEntry(
+        pod=view.pod("default", "high-priority-pod").ref,  # type: ignore[union-attr]
+        node="node-1",
+        review_uid="review-0",
+        resources=Resources(4000, GI),
+        desired=(("app", Resources(4000, GI)),),
+        victims=(),
+        admitted_at=NOW - 50,
+        expires_at=NOW - 1,
+        loans=(Loan(lender.ref, 1000, "app", "cpu", 4000, 3000, 1000, True),) if loans else (),
+    )
+    ledger = InMemoryLedger()
+    ledger.update("node-1", lambda es: ((*es, entry), None))
+    before = ledger.writes
+    engine = AdmissionEngine(Config(), view, ledger, clock=lambda: NOW)
+
+    decision = engine.validate(review(low, resized(low, "4"))["request"])
+
+    written = [v.key for e in ledger.entries("node-1") for v in e.victims]
+    assert expected == (decision.verdict, ledger.writes - before, written)
+
+
+@pytest.mark.parametrize(
+    ("expected", "lent_cpu"),
+    [
+        pytest.param(["review-0", "review-1"], "2", id="loan-outstanding-entry-kept"),
+        pytest.param(["review-1"], "3", id="loan-given-back-entry-dropped"),
+    ],
+)
+def test_an_admission_write_keeps_an_entry_until_its_loans_are_given_back(
+    expected: list[str], lent_cpu: str
+) -> None:
+    # "peer" borrowed 1 CPU from low-priority-pod (3 -> 2) and its resize is actuated:
+    # its entry holds no room, but the loan is still out unless low is back at 3.
+    node, _, high = walkthrough_objects()
+    low = pod("low-priority-pod", lent_cpu, 1000)
+    peer = pod("peer", "1", 1_000_000)
+    view = StaticClusterView.from_objects((node, low, high, peer))
+    lender = view.pod("default", "low-priority-pod")
+    assert lender is not None
+    spent_entry = LedgerEntry(
+        pod=view.pod("default", "peer").ref,  # type: ignore[union-attr]
+        node="node-1",
+        review_uid="review-0",
+        resources=Resources(1000, GI),
+        desired=(("app", Resources(1000, GI)),),
+        victims=(),
+        admitted_at=NOW - 5,
+        expires_at=NOW + 100,
+        loans=(Loan(lender.ref, 1000, "app", "cpu", 3000, 2000, 1000, True),),
+    )
+    ledger = InMemoryLedger()
+    ledger.update("node-1", lambda es: ((*es, spent_entry), None))
+    engine = AdmissionEngine(Config(), view, ledger, clock=lambda: NOW)
+
+    engine.validate(review(high, resized(high, "5"))["request"])
+
+    assert expected == sorted(e.review_uid for e in ledger.entries("node-1"))

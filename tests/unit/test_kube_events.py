@@ -82,3 +82,29 @@ def test_the_preempted_event_matches_upstream() -> None:
         victim, related=None, type_="Normal", reason="r", action="a", note="n"
     )
     assert again["metadata"]["name"] != body["metadata"]["name"]
+
+
+class _Recording(EventRecorder):
+    def __init__(self) -> None:
+        super().__init__(None, controller="resize-preemption-webhook", instance="replica-1")
+        self.sent: list[tuple[str, str, str, str]] = []
+
+    def record(self, regarding: PodRef, **event: object) -> bool:  # type: ignore[override]
+        self.sent.append(
+            (regarding.name, str(event["type_"]), str(event["reason"]), str(event["note"]))
+        )
+        return True
+
+
+def test_a_malformed_floor_is_told_once_per_pod_and_message() -> None:
+    recorder = _Recording()
+    batch = PodRef("default", "batch-1", "uid-batch")
+    message = "annotation resize-preemption.io/floor: not JSON"
+
+    recorder.floor_errors([(batch, message)])
+    recorder.floor_errors([(batch, message), (batch, "another message")])
+
+    assert [
+        ("batch-1", "Warning", "InvalidLendingFloor", f"{message}; this pod lends nothing"),
+        ("batch-1", "Warning", "InvalidLendingFloor", "another message; this pod lends nothing"),
+    ] == recorder.sent

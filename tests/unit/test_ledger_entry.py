@@ -13,11 +13,17 @@ import pytest
 
 from tests.unit.builders import NOW, Gi, plan, uid, walkthrough
 from webhook.core.errors import ObjectError
+from webhook.core.lending import Loan
 from webhook.core.model import PodRef
 from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
 from webhook.engine.ledger import ENTRY_VERSION, LedgerEntry, decode_entries, encode_entries
 from webhook.testing import InMemoryLedger
+
+LOAN = Loan(PodRef("batch", "job-3", "uid-job-3"), 1000, "worker", "cpu", 3000, 1000, 2000)
+MEMORY_LOAN = Loan(
+    PodRef("batch", "job-3", "uid-job-3"), 1000, "worker", "memory", 2 * Gi, Gi, Gi, limits=True
+)
 
 
 def entry(
@@ -45,6 +51,7 @@ def entry(
         pytest.param(entry(victims=(), desired=()), id="no-victims"),
         pytest.param(entry(resources=Resources(10**15, 2**62)), id="huge-amounts"),
         pytest.param(entry(name="ü-名前"), id="non-ascii-name"),
+        pytest.param(entry(loans=(LOAN, MEMORY_LOAN)), id="loans-in-order"),
     ],
 )
 def test_json_round_trip(value: LedgerEntry) -> None:
@@ -71,9 +78,25 @@ def test_wire_form() -> None:
         "persisted": True,
         "generation": 7,
         "persist_by": NOW + 10.0,
+        "loans": [
+            {
+                "pod": {"namespace": "batch", "name": "job-3", "uid": "uid-job-3"},
+                "priority": 1000,
+                "container": "worker",
+                "resource": "cpu",
+                "before": 3000,
+                "after": 1000,
+                "frees": 2000,
+                "limits": False,
+            }
+        ],
     }
     value = entry(
-        handled=frozenset({"uid-job-1"}), persisted=True, generation=7, persist_by=NOW + 10.0
+        handled=frozenset({"uid-job-1"}),
+        persisted=True,
+        generation=7,
+        persist_by=NOW + 10.0,
+        loans=(LOAN,),
     )
 
     assert expected == value.to_json()
@@ -88,14 +111,16 @@ def test_victims_keep_their_eviction_order() -> None:
 def test_older_entries_without_optional_fields() -> None:
     data = entry().to_json()
     del data["handled"], data["persisted"], data["generation"], data["persist_by"]
+    del data["loans"]
 
     decoded = LedgerEntry.from_json(data)
 
-    assert (frozenset(), False, 0, 0.0) == (
+    assert (frozenset(), False, 0, 0.0, ()) == (
         decoded.handled,
         decoded.persisted,
         decoded.generation,
         decoded.persist_by,
+        decoded.loans,
     )
 
 
@@ -117,10 +142,22 @@ def test_older_entries_without_optional_fields() -> None:
             id="victim-without-namespace",
         ),
         pytest.param(lambda d: d.update(expires=None), "malformed ledger entry", id="no-expiry"),
+        pytest.param(
+            lambda d: d["loans"][0].update(resource="gpu"), "unknown resource", id="loan-of-gpu"
+        ),
+        pytest.param(
+            lambda d: d["loans"][0].update(after=3000), "lowers nothing", id="loan-lowers-nothing"
+        ),
+        pytest.param(lambda d: d["loans"][0].update(after=0), "lowers nothing", id="loan-to-zero"),
+        pytest.param(
+            lambda d: d["loans"][0].pop("container"),
+            "malformed ledger entry",
+            id="loan-no-container",
+        ),
     ],
 )
 def test_malformed_entries_are_refused(mutate: Any, fragment: str) -> None:
-    data = entry().to_json()
+    data = entry(loans=(LOAN,)).to_json()
     mutate(data)
 
     with pytest.raises(ObjectError, match=fragment):

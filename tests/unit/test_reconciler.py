@@ -4,7 +4,7 @@ the in-memory ledger."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -22,13 +22,16 @@ from tests.unit.builders import (
     make_pod,
     uid,
 )
+from tests.unit.test_worker_logic import LOAN
+from tests.unit.test_worker_logic import entry as worker_entry
+from tests.unit.test_worker_logic import pod as cached_pod
 from webhook.core.model import NODE_OPT_OUT_ANNOTATION, DisruptionBudget, Node, Pod, PodRef
 from webhook.core.plan import Plan
 from webhook.core.resources import Resources
 from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.metrics import Metrics
-from webhook.engine.reconciler import Reconciler, review_uid_for, skip_reason
+from webhook.engine.reconciler import Reconciler, giving_back, review_uid_for, skip_reason
 from webhook.testing import InMemoryLedger, StaticClusterView
 
 CONFIG = Config(reservation_ttl=120.0)
@@ -456,3 +459,12 @@ def test_a_failing_hook_does_not_stop_the_pass() -> None:
 )
 def test_skip_reason(builder: PodBuilder, reason: str) -> None:
     assert skip_reason(builder.build()) == reason
+
+
+def test_a_deferred_give_back_is_told_apart_from_a_deferred_resize() -> None:
+    entries = (replace(worker_entry(), loans=(LOAN,)),)
+
+    assert giving_back(cached_pod("lender", cpu="3", allocated="1", resize="Deferred"), entries)
+    # Its owner asked for another amount: an ordinary deferred resize.
+    assert not giving_back(cached_pod("lender", cpu="4", allocated="1", resize="Deferred"), entries)
+    assert not giving_back(cached_pod("lender", cpu="3", allocated="1", resize="Deferred"), ())

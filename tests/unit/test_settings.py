@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,3 +78,26 @@ def test_every_setting_is_documented_with_its_variable() -> None:
     rows = describe_defaults()
     assert ("mode", "RPW_MODE", "'enforce'") in rows
     assert all(env == env_name(name) for name, env, _ in rows)
+
+
+@pytest.mark.parametrize(
+    ("expected", "kwargs"),
+    [
+        pytest.param(True, {}, id="default-on"),
+        pytest.param(False, {"env": {"RPW_LENDING": "false"}}, id="switched-off"),
+        pytest.param(True, {"env": {"RPW_LENDING": "true"}}, id="environment"),
+        pytest.param(True, {"flags": {"lending": "on"}}, id="flag"),
+        pytest.param(
+            False, {"env": {"RPW_LENDING": "true"}, "flags": {"lending": "off"}}, id="flag-wins"
+        ),
+    ],
+)
+def test_the_lending_switch_reaches_the_policy(expected: bool, kwargs: dict[str, Any]) -> None:
+    config = load_config(**kwargs)
+
+    assert (expected, expected) == (config.lending, config.policy().lending)
+
+
+def test_a_lending_switch_that_is_not_one_is_refused() -> None:
+    with pytest.raises(InputError, match="lending='maybe' must be true or false"):
+        load_config(env={"RPW_LENDING": "maybe"})

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import pytest
 
+from webhook.core.lending import Loan
 from webhook.core.model import DisruptionBudget, LabelSelector, Node, Pod, PodRef
 from webhook.core.objects import parse_pod
 from webhook.core.resources import Resources
@@ -19,6 +20,7 @@ from webhook.engine.worker_logic import (
     Wait,
     is_actuated,
     is_persisted,
+    loan_state,
     next_action,
 )
 
@@ -477,3 +479,116 @@ def test_own_reservation_is_not_counted_against_itself() -> None:
 def test_persisted_and_actuated(the_pod: Pod, persisted: bool, actuated: bool) -> None:
     assert is_persisted(entry("low"), the_pod) is persisted
     assert is_actuated(entry("low"), the_pod) is actuated
+
+
+# -- loans ------------------------------------------------------------------------------------
+# "high" asks for 6 CPUs on 8; "lender" (priority 0) holds 3 and lent 2 of them (3 -> 1),
+# "mid" holds 1: with the loan the resize fits exactly, without it it does not.
+LOAN = Loan(ref("lender"), 0, "app", "cpu", 3000, 1000, 2000)
+LENDER = pod("lender", cpu="3")
+LENT = pod("lender", cpu="1", allocated="3")  # made, the kubelet not caught up yet
+LOAN_SCENE = (HIGH_RESIZED, LENDER, MID)
+
+
+@dataclass(frozen=True)
+class LoanCase:
+    entry: LedgerEntry
+    pods: tuple[Pod, ...]
+    #: The action's kind and reason, its loans to make (lender names) and its evictions.
+    expected: tuple[str, str, tuple[str, ...], tuple[str, ...]]
+    others: tuple[LedgerEntry, ...] = ()
+
+
+def loan_entry(*victims: str, loans: tuple[Loan, ...] = (LOAN,)) -> LedgerEntry:
+    return replace(entry(*victims), loans=loans)
+
+
+def loan_digest(action: Action) -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
+    if isinstance(action, Act):
+        lend = tuple(loan.pod.name for loan in action.lend)
+        return ("act", "", lend, tuple(v.name for v in action.evict))
+    return (digest(action).kind, action.reason, (), ())
+
+
+LOAN_CASES = [
+    pytest.param(
+        LoanCase(loan_entry(), LOAN_SCENE, ("act", "", ("lender",), ())),
+        id="pending-loan-is-made",
+    ),
+    pytest.param(
+        LoanCase(loan_entry(), (HIGH_RESIZED, LENT, MID), ("act", "", (), ())),
+        id="made-loan-not-repeated-while-the-kubelet-catches-up",
+    ),
+    pytest.param(
+        LoanCase(loan_entry(), (HIGH_RESIZED, pod("lender", cpu="1"), MID), ("act", "", (), ())),
+        id="actuated-loan-not-repeated",
+    ),
+    pytest.param(
+        LoanCase(
+            loan_entry(),
+            (HIGH_RESIZED, pod("lender", cpu="2500m"), MID),
+            ("wait", "cannot-fit", (), ()),
+        ),
+        id="owner-changed-the-lender-its-spec-wins",
+    ),
+    pytest.param(
+        LoanCase(
+            loan_entry(),
+            (HIGH_RESIZED, pod("lender", cpu="3", uid="uid-new"), MID),
+            ("wait", "cannot-fit", (), ()),
+        ),
+        id="lender-replaced-by-a-pod-of-the-same-name-owes-nothing",
+    ),
+    pytest.param(
+        LoanCase(loan_entry(), (HIGH_RESIZED, MID), ("act", "", (), ())),
+        id="lender-gone-room-is-there",
+    ),
+    pytest.param(
+        LoanCase(
+            loan_entry("low-b", loans=(replace(LOAN, after=2000, frees=1000),)),
+            (HIGH_RESIZED, LENDER, LOW_B, pod("mid", cpu="0", priority=2000)),
+            ("act", "", ("lender",), ("low-b",)),
+        ),
+        id="one-loan-and-one-eviction",
+    ),
+    pytest.param(
+        LoanCase(
+            loan_entry(loans=()),
+            (HIGH_RESIZED, pod("lender", cpu="1", allocated="3", uid="uid-lender"), MID),
+            ("act", "", (), ()),
+            # The other resize's room is its own; its loan, made, frees the rest.
+            others=(
+                replace(
+                    entry(pod_name="other", review="review-2", resources=Resources(0, 0)),
+                    loans=(LOAN,),
+                ),
+            ),
+        ),
+        id="another-entry-s-loan-is-that-entry-s",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", LOAN_CASES)
+def test_next_action_with_loans(case: LoanCase) -> None:
+    action = next_action(
+        case.entry, HIGH_RESIZED, NODE, case.pods, now=NOW, config=CONFIG, others=case.others
+    )
+
+    assert case.expected == loan_digest(action)
+
+
+@pytest.mark.parametrize(
+    ("expected", "lender"),
+    [
+        pytest.param("pending", LENDER, id="at-before"),
+        pytest.param("lent", LENT, id="at-after"),
+        pytest.param("lent", pod("lender", cpu="500m"), id="below-after"),
+        pytest.param("void", pod("lender", cpu="2"), id="owner-set-another-amount"),
+        pytest.param("void", pod("lender", cpu="3", terminating=True), id="leaving"),
+        pytest.param("void", pod("lender", cpu="3", uid="uid-other"), id="replaced"),
+        pytest.param("void", None, id="gone"),
+    ],
+)
+def test_loan_state(expected: str, lender: Pod | None) -> None:
+    assert expected == loan_state(LOAN, lender)

@@ -22,7 +22,7 @@ import jsonpatch
 
 from webhook.core.errors import InputError, WebhookError
 from webhook.core.fit import largest_fit
-from webhook.core.model import FIT_TO_NODE_ANNOTATION, Node, Pod
+from webhook.core.model import FIT_TO_NODE_ANNOTATION, Node, Pod, PodRef
 from webhook.core.objects import parse_pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.quantity import format_cpu, format_memory
@@ -33,7 +33,7 @@ from webhook.engine.config import Config
 from webhook.engine.decision import Decision
 from webhook.engine.decision_log import Facts, decision_logger, emit, line
 from webhook.engine.held_amounts import HeldAmounts
-from webhook.engine.ledger import Ledger, LedgerEntry, counting
+from webhook.engine.ledger import Ledger, LedgerEntry, counting, giving_back, kept
 from webhook.engine.metrics import Metrics, observe_all
 from webhook.engine.ports import ClusterView
 from webhook.engine.wire import AdmissionRequest, AdmissionReview, is_pod_resize, response
@@ -81,6 +81,7 @@ class AdmissionEngine:
         timer: Callable[[], float] = time.perf_counter,
         on_admitted: Callable[[LedgerEntry], None] | None = None,
         after: After | None = None,
+        on_floor_errors: Callable[[Sequence[tuple[PodRef, str]]], object] | None = None,
     ) -> None:
         self.config = config
         self.cluster = cluster
@@ -92,6 +93,9 @@ class AdmissionEngine:
         #: Runs what follows an answer - counting the review, its decision-log line -
         #: at once by default; the service hands it to a :class:`~.backlog.Backlog`.
         self.after: After = after or run_now
+        #: Hears of candidates whose floor annotation is malformed (a plan names them),
+        #: after the answer, in batches; for a warning event on each (webhook.service).
+        self.on_floor_errors = on_floor_errors
         self.policy = config.policy()
         self._held = HeldAmounts()
         self._counted: dict[tuple[str, str], Any] = {}
@@ -155,7 +159,14 @@ class AdmissionEngine:
                 decision,
             ),
         )
+        plan = decision.plan
+        if plan is not None and plan.floor_errors and self.on_floor_errors is not None:
+            self.after(self._floor_errors, plan.floor_errors)
         return decision
+
+    def _floor_errors(self, batches: Sequence[tuple[tuple[PodRef, str], ...]]) -> None:
+        if self.on_floor_errors is not None:
+            self.on_floor_errors([error for batch in batches for error in batch])
 
     def _failed_open(self, uid: str, where: str, message: str) -> Decision:
         self.metrics.errors.labels(where).inc()
@@ -292,6 +303,10 @@ class AdmissionEngine:
             #    newer resize supersedes an earlier admitted one of the same pod.
             live = counting((e for e in entries if e.pod.uid != scene.new.uid), scene.pods, now)
             plan = self._plan(scene, live, now)
+            if plan.verdict == "preempt" and giving_back(scene.new, entries):
+                # A loan given back takes only room that is free: nobody is evicted or
+                # shrunk for it, and if the room went meanwhile the kubelet defers it.
+                return None, (plan, None)
             if plan.verdict not in ("fits", "preempt") or plan.code == "no-growth":
                 # One that needs no room reserves none, and writes nothing: an earlier
                 # entry of this pod stops counting by itself once the API server persists
@@ -307,8 +322,11 @@ class AdmissionEngine:
                 persist_timeout=self.config.persist_timeout,
             )
             # Entries that expired or were spent are dropped with this write: the one
-            # write a plan costs also clears what nobody reads any more.
-            return (*live, entry), (plan, entry)
+            # write a plan costs also clears what nobody reads any more (an entry whose
+            # loans are not given back yet stays, holding no room).
+            keep = {e.review_uid for e in kept(entries, scene.pods, now)}
+            owing = tuple(e for e in entries if e.review_uid in keep and e not in live)
+            return (*live, *owing, entry), (plan, entry)
 
         plan, entry = self.ledger.update(scene.node.name, change)
         if entry is not None and self.on_admitted is not None:

@@ -26,6 +26,9 @@ class Config:
     pdb_mode: PdbMode = "respect"
     protected_namespaces: frozenset[str] = frozenset()
     max_victims: int | None = None
+    #: Pods annotated with a floor lend CPU and memory in place before anyone is evicted
+    #: (docs/lending.md).
+    lending: bool = True
     #: Seconds an admitted resize holds its room if nobody releases it earlier.
     reservation_ttl: float = 120.0
     #: Upper bound on a victim's termination grace period (seconds); None keeps the pod's.
@@ -48,7 +51,5 @@ class Config:
             pdb_mode=self.pdb_mode,
             max_victims=self.max_victims,
             protected_namespaces=self.protected_namespaces,
-            # The worker does not carry out loans yet: a plan counting on them would
-            # leave the resize deferred. Off until it does (docs/lending.md).
-            lending=False,
+            lending=self.lending,
         )

@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from webhook.core.errors import ObjectError
+from webhook.core.lending import Loan, loan_state, outstanding
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import Plan
 from webhook.core.reservation import Reservation, spent
@@ -43,6 +44,9 @@ class LedgerEntry:
     ``handled`` are victim uids recorded as done by older versions; nothing writes them
     now (a victim evicted is terminating or gone in the cluster, which is read instead).
     ``generation`` and ``persist_by``: see :class:`~webhook.core.reservation.Reservation`.
+    ``loans``: the plan's loans in the order taken. Whether one is carried out is read
+    from the cluster (the lender's spec at or below the loan's ``after``), never written,
+    so a restart neither repeats a loan nor forgets one.
     """
 
     pod: PodRef
@@ -58,6 +62,7 @@ class LedgerEntry:
     persisted: bool = False
     generation: int = 0
     persist_by: float = 0.0
+    loans: tuple[Loan, ...] = ()
 
     @classmethod
     def for_plan(
@@ -90,6 +95,7 @@ class LedgerEntry:
             persisted=persisted,
             generation=pod.generation,
             persist_by=now + persist_timeout if persist_timeout and not persisted else 0.0,
+            loans=plan.loans,
         )
 
     @property
@@ -134,6 +140,7 @@ class LedgerEntry:
             "persisted": self.persisted,
             "generation": self.generation,
             "persist_by": self.persist_by,
+            "loans": [_loan_json(loan) for loan in self.loans],
         }
 
     @staticmethod
@@ -163,9 +170,43 @@ class LedgerEntry:
                 persisted=bool(data.get("persisted", False)),
                 generation=int(data.get("generation", 0)),
                 persist_by=float(data.get("persist_by", 0.0)),
+                loans=tuple(_loan_from_json(item) for item in data.get("loans", ())),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ObjectError(f"malformed ledger entry: {e!r}") from None
+
+
+def _loan_json(loan: Loan) -> dict[str, Any]:
+    return {
+        "pod": {"namespace": loan.pod.namespace, "name": loan.pod.name, "uid": loan.pod.uid},
+        "priority": loan.priority,
+        "container": loan.container,
+        "resource": loan.resource,
+        "before": loan.before,
+        "after": loan.after,
+        "frees": loan.frees,
+        "limits": loan.limits,
+    }
+
+
+def _loan_from_json(data: Mapping[str, Any]) -> Loan:
+    resource = data["resource"]
+    if resource not in ("cpu", "memory"):
+        raise ValueError(f"loan of unknown resource {resource!r}")
+    before, after = int(data["before"]), int(data["after"])
+    if not 0 < after < before:
+        raise ValueError(f"loan from {before} to {after} lowers nothing")
+    pod = data["pod"]
+    return Loan(
+        pod=PodRef(str(pod["namespace"]), str(pod["name"]), str(pod["uid"])),
+        priority=int(data["priority"]),
+        container=str(data["container"]),
+        resource=resource,
+        before=before,
+        after=after,
+        frees=int(data["frees"]),
+        limits=bool(data["limits"]),
+    )
 
 
 def counting(
@@ -177,6 +218,31 @@ def counting(
     them."""
     by_uid = {p.uid: p for p in pods}
     return tuple(e for e in entries if e.counts(by_uid, now))
+
+
+def kept(
+    entries: Iterable[LedgerEntry], pods: Iterable[Pod], now: float
+) -> tuple[LedgerEntry, ...]:
+    """The entries a write to a node keeps: those still :func:`counting`, and those whose
+    loans are not all ended (:func:`~webhook.core.lending.outstanding`): a loan is
+    given back from its entry, so the entry stays, holding no room, until it is."""
+    by_uid = {p.uid: p for p in pods}
+    return tuple(
+        e
+        for e in entries
+        if e.counts(by_uid, now)
+        or any(outstanding(loan, by_uid.get(loan.pod.uid)) for loan in e.loans)
+    )
+
+
+def giving_back(pod: Pod, entries: Sequence[LedgerEntry]) -> bool:
+    """Whether ``pod``'s pending resize is a loan given back (its spec at a loan's
+    ``before``, not actuated yet), not a resize its owner made."""
+    return any(
+        loan.pod.uid == pod.uid and loan_state(loan, pod) == "pending" and outstanding(loan, pod)
+        for e in entries
+        for loan in e.loans
+    )
 
 
 def encode_entries(entries: Iterable[LedgerEntry]) -> str:

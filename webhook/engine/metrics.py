@@ -59,6 +59,12 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.loans = Counter(
+            "rpw_loans",
+            "Loans acted on, by result (made, refused, returned)",
+            ["result"],
+            registry=r,
+        )
         self.victims_planned = Counter(
             "rpw_victims_planned", "Victims named by admitted plans", registry=r
         )
@@ -78,6 +84,14 @@ class Metrics:
         self.ledger_entries = Gauge(
             "rpw_ledger_entries",
             "Admitted resizes holding a reservation",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.lent = Gauge(
+            "rpw_lent",
+            "Room currently lent by lower-priority pods, per node (cpu in millicores, "
+            "memory in bytes)",
+            ["node", "resource"],
             registry=r,
             multiprocess_mode="livemax",
         )

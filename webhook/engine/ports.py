@@ -2,7 +2,8 @@
 protocols (the ledger's is :class:`webhook.engine.ledger.Ledger`).
 
 ``webhook.kube`` implements them against the API server: ``ClusterCache`` is a
-:class:`ClusterView` from list+watch, ``Evictor`` a :class:`VictimEvictor`,
+:class:`ClusterView` from list+watch, ``Evictor`` a :class:`VictimEvictor`, ``Resizer`` a
+:class:`LenderResizer`,
 ``EventRecorder`` the :class:`PreemptionEvents`. ``webhook.testing`` has a
 :class:`ClusterView` over a fixed set of objects.
 """
@@ -13,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from typing import Protocol
 
+from webhook.core.lending import Loan
 from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
 from webhook.core.objects import PriorityResolver
 
@@ -66,6 +68,37 @@ class VictimEvictor(Protocol):
     def evict(
         self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
     ) -> EvictionResult: ...
+
+
+class LoanResult(StrEnum):
+    """What happened to one loan. All but ``failed`` are final."""
+
+    #: The lender's spec was changed (``pods/resize``): lowered, or raised back.
+    LENT = "lent"
+    #: The lender already asks for at most the loan's ``after``: nothing to do.
+    DONE = "done"
+    #: The lender is gone, replaced or leaving, or its owner changed the amount since the
+    #: plan (its spec wins): the loan is void.
+    VOID = "void"
+    FAILED = "failed"
+
+    @property
+    def done(self) -> bool:
+        return self is not LoanResult.FAILED
+
+
+class LenderResizer(Protocol):
+    """Lowers a lender's container as ``loan`` says, idempotently, through
+    ``pods/resize``; never raises (API failures are ``failed``). Only a lender still
+    asking for the loan's ``before`` is lowered, and only to its ``after`` (and its limit
+    too when ``loan.limits``)."""
+
+    def lend(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult: ...
+
+    def give_back(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
+        """The lender back from the loan's ``after`` to its ``before`` (``lent``: patched;
+        ``done``: at ``before`` already; ``void``: at another amount, or gone)."""
+        ...
 
 
 class PreemptionEvents(Protocol):

@@ -8,6 +8,7 @@ the admission path (same core, same ledger) and records an entry the preemption 
 carries out.
 
 It skips: pods whose resize already has a live ledger entry (the worker owns those),
+a lender getting a loan back that the kubelet deferred (never preempted for),
 ``Infeasible`` resizes (never preempt for them), pods with ``PodResizePreemptionDisabled``,
 nodes that opted out and ``preemptionPolicy: Never`` (the plan says ``not-eligible``).
 Room already on its way out (terminating pods, victims other entries claimed) counts as
@@ -35,7 +36,7 @@ from webhook.core.plan import Plan, plan_resize
 from webhook.engine.config import Config
 from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.held_amounts import HeldAmounts
-from webhook.engine.ledger import Ledger, LedgerEntry, counting
+from webhook.engine.ledger import Ledger, LedgerEntry, counting, giving_back, kept
 from webhook.engine.loop import Loop
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import ClusterView
@@ -208,6 +209,10 @@ class Reconciler:
         # Cheap pre-check on the cached ledger; the update below decides atomically.
         if any(e.pod.uid == pod.uid for e in counting(self.ledger.entries(node.name), pods, now)):
             return None
+        if giving_back(pod, self.ledger.entries(node.name)):
+            # A lender getting its loan back, deferred by the kubelet: the give-back took
+            # only room nobody more important waited for, and is never preempted for.
+            return None
         budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
         holds = self._held.of(node.name, pods)
         uid = review_uid_for(pod)
@@ -241,7 +246,8 @@ class Reconciler:
                 ttl=self.config.reservation_ttl,
                 persisted=True,  # the kubelet deferred it: it is in the spec already
             )
-            return (*live, entry), (plan, entry)
+            owing = tuple(e for e in kept(entries, pods, now) if e not in live)
+            return (*live, *owing, entry), (plan, entry)
 
         plan, entry = self.ledger.update(node.name, change)
         if plan is None:

@@ -62,6 +62,17 @@ def _names(value: object) -> frozenset[str]:
     return frozenset(v for v in items if v)
 
 
+def _switch(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "on", "yes", "1"):
+        return True
+    if text in ("false", "off", "no", "0"):
+        return False
+    raise ValueError("must be true or false (on/off)")
+
+
 def _text(value: object) -> str:
     if not isinstance(value, str):
         raise ValueError("must be a string")
@@ -75,6 +86,7 @@ SETTINGS: Final[dict[str, tuple[str, Callable[[Any], Any]]]] = {
     "pdb-mode": ("pdb_mode", _choice("respect", "best-effort")),
     "protected-namespaces": ("protected_namespaces", _names),
     "max-victims": ("max_victims", _optional_count),
+    "lending": ("lending", _switch),
     "reservation-ttl": ("reservation_ttl", _number),
     "grace-period-cap": ("grace_period_cap", _optional_count),
     "persist-timeout": ("persist_timeout", _number),

@@ -15,7 +15,9 @@ node's entries one after another, oldest admission first. For each it asks
    expired one; the next write to its node drops it;
 2. ``Wait`` - nothing;
 3. ``Act`` - take victims no longer needed off the claim first (a ledger write, only when
-   room appeared), then evict the listed victims in order. ``blocked-by-pdb`` or
+   room appeared), then make the plan's pending loans (``pods/resize`` on each lender,
+   through a :class:`~webhook.engine.ports.LenderResizer`), then evict the listed victims
+   in order. A loan that fails stops the entry's turn before any eviction. ``blocked-by-pdb`` or
    ``failed`` stops the entry's turn and it is retried later with exponential backoff
    (:class:`~webhook.engine.loop.Backoff`), or at once when a PodDisruptionBudget changes
    (it may allow the eviction now).
@@ -27,6 +29,10 @@ until its cache shows them leaving, a watch delay later.
 
 Guarantees:
 
+* never lends twice: a loan is made only while its lender still asks for the loan's
+  ``before`` (read from the cache, and again by the resizer before it patches, with the
+  lender's uid and resourceVersion as preconditions); a lender at or below ``after`` has
+  lent, and one whose owner changed it owes nothing;
 * never evicts a victim twice: victims terminating or gone in the cache, or evicted by
   this worker and not yet seen leaving, are skipped; the eviction carries the victim's
   uid as a precondition;
@@ -66,11 +72,19 @@ from dataclasses import replace
 
 from webhook.core.model import PodRef
 from webhook.engine.config import Config
+from webhook.engine.giveback import give_backs
 from webhook.engine.ledger import Ledger, LedgerEntry, counting
 from webhook.engine.loop import Backoff, Loop
 from webhook.engine.metrics import Metrics
-from webhook.engine.ports import ClusterView, EvictionResult, PreemptionEvents, VictimEvictor
-from webhook.engine.worker_logic import Act, Action, Release, Wait, next_action
+from webhook.engine.ports import (
+    ClusterView,
+    EvictionResult,
+    LenderResizer,
+    LoanResult,
+    PreemptionEvents,
+    VictimEvictor,
+)
+from webhook.engine.worker_logic import Act, Action, Release, Wait, loan_state, next_action
 
 #: Releases that give up on a plan: victims still live then were never evicted for it,
 #: and nobody else tells the resizing pod's owner so.
@@ -90,11 +104,24 @@ EntryChange = tuple[tuple[LedgerEntry, ...] | None, bool]
 
 
 def remove_entry(review_uid: str) -> Callable[[tuple[LedgerEntry, ...]], EntryChange]:
-    """Change: drop the entry admitted by ``review_uid``; result: whether it was there."""
+    """Change: drop the entry admitted by ``review_uid``; result: whether it was there.
+
+    An entry with loans is not dropped but made to hold no room (expired, no victims):
+    its loans are given back from it, and the next write to the node drops it once they
+    are (:func:`webhook.engine.ledger.kept`)."""
 
     def change(entries: tuple[LedgerEntry, ...]) -> EntryChange:
-        kept = tuple(e for e in entries if e.review_uid != review_uid)
-        return (kept, True) if len(kept) != len(entries) else (None, False)
+        found = False
+        out = []
+        for e in entries:
+            if e.review_uid != review_uid:
+                out.append(e)
+                continue
+            found = True
+            if e.loans:
+                out.append(replace(e, expires_at=min(e.expires_at, e.admitted_at), victims=()))
+        result = tuple(out)
+        return (result if result != entries else None), found
 
     return change
 
@@ -141,8 +168,12 @@ class PreemptionWorker:
         rng: Callable[[], float] = random.random,
         may_act: Callable[[], bool] | None = None,
         parallelism: int = NODE_PARALLELISM,
+        resizer: LenderResizer | None = None,
     ) -> None:
         self.cluster = cluster
+        #: Makes loans; without one a plan's loans are never made (nor its victims
+        #: evicted: they were chosen to go with the loans).
+        self.resizer = resizer
         #: Nodes worked on at once in a pass (each node's entries one after another).
         self.parallelism = parallelism
         self._pool: ThreadPoolExecutor | None = None
@@ -173,6 +204,8 @@ class PreemptionWorker:
         #: Review uids released (logged, told) once; the entry may stay in the ledger.
         self._released: set[str] = set()
         self._budgets_changed = False
+        #: Nodes whose ``rpw_lent`` was set by the last pass.
+        self._lent_nodes: set[str] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -223,6 +256,7 @@ class PreemptionWorker:
         self.metrics.ledger_entries.set(
             sum(len(counting(g, self.cluster.pods_on(n), now)) for n, g in groups.items())
         )
+        self._count_lent(groups)
         live = {e.review_uid for g in groups.values() for e in g}
         nodes = sorted(groups, key=lambda n: min(e.admitted_at for e in groups[n]))
         if len(nodes) == 1 or self.parallelism <= 1:
@@ -256,6 +290,25 @@ class PreemptionWorker:
                 if v.uid in self._evicted and self._live(v)
             }
 
+    def _count_lent(self, groups: dict[str, list[LedgerEntry]]) -> None:
+        """``rpw_lent``: what the loans the ledger records and the cache shows made
+        free, per node and resource (0 on a node whose entries are gone)."""
+        for node in self._lent_nodes - set(groups):
+            for resource in ("cpu", "memory"):
+                self.metrics.lent.labels(node, resource).set(0)
+        self._lent_nodes = set(groups)
+        for node, entries in groups.items():
+            by_uid = {p.uid: p for p in self.cluster.pods_on(node)}
+            lent = {"cpu": 0, "memory": 0}
+            seen = set()
+            for loan in (loan for e in entries for loan in e.loans):
+                key = (loan.pod.uid, loan.container, loan.resource)
+                if key not in seen and loan_state(loan, by_uid.get(loan.pod.uid)) == "lent":
+                    seen.add(key)
+                    lent[loan.resource] += loan.frees
+            for resource, amount in lent.items():
+                self.metrics.lent.labels(node, resource).set(amount)
+
     def _process_node(self, entries: list[LedgerEntry], stop: threading.Event) -> None:
         for entry in sorted(entries, key=lambda e: (e.admitted_at, e.review_uid)):
             if stop.is_set():
@@ -266,6 +319,32 @@ class PreemptionWorker:
                 self._count_error()
                 log.exception("processing the resize of %s failed", entry.pod.key)
                 self.backoff.failed(entry.review_uid)
+        if any(e.loans for e in entries) and not stop.is_set():
+            try:
+                self.give_back(entries[0].node, stop)
+            except Exception:
+                self._count_error()
+                log.exception("giving loans back on %s failed", entries[0].node)
+
+    def give_back(self, node_name: str, stop: threading.Event | None = None) -> int:
+        """Return the loans on ``node_name`` the node has room for now
+        (:func:`webhook.engine.giveback.give_backs`); how many were returned. Nothing is
+        written: a loan given back is read from the lender (its spec at ``before``), and
+        the next write to the node drops the entry once the kubelet actuated it."""
+        node = self.cluster.node(node_name)
+        if node is None or self.resizer is None:
+            return 0
+        entries = self.ledger.entries(node_name)
+        done = 0
+        for give in give_backs(node, tuple(self.cluster.pods_on(node_name)), entries, self.clock()):
+            if (stop is not None and stop.is_set()) or not self._may_act():
+                break
+            borrower = next(e.pod for e in entries if e.review_uid == give.review_uid)
+            result = self.resizer.give_back(give.loan, borrower, node_name)
+            if result is LoanResult.FAILED:
+                break  # judged again on the next pass, on fresh state
+            done += result is LoanResult.LENT
+        return done
 
     def _count_error(self) -> None:
         # The series appears with the first error, not before.
@@ -387,7 +466,11 @@ class PreemptionWorker:
             dropped = update_entry(entry.review_uid, drop=tuple(v.uid for v in action.drop))
             if not self.ledger.update(entry.node, dropped):
                 return  # the entry went away meanwhile
-        # 3b. Victims in order. Nothing is written after an eviction: a crash right after
+        # 3b. Loans before evictions: one is actuated at once, an eviction waits out a
+        # grace period. Nothing is written: whether a loan is made is read from the lender.
+        if action.lend and not self._lend(entry, action, stop):
+            return
+        # 3c. Victims in order. Nothing is written after an eviction: a crash right after
         # one loses only this process's memory of it, and the victim is terminating or
         # gone in every cache by the time another leader may act.
         acted = False
@@ -412,6 +495,36 @@ class PreemptionWorker:
             acted = True
         if acted:
             self.backoff.succeeded(entry.review_uid)
+
+    def _lend(self, entry: LedgerEntry, action: Act, stop: threading.Event) -> bool:
+        """Make ``action``'s loans in order; whether all are done (made, or owed no
+        more), so that the evictions may follow."""
+        if self.resizer is None:
+            log.warning("resize of %s needs loans and nothing can make them", entry.pod.key)
+            self.backoff.failed(entry.review_uid)
+            return False
+        for loan in action.lend:
+            if stop.is_set() or not self._may_act():
+                return False
+            current = next(
+                (e for e in self.ledger.entries(entry.node) if e.review_uid == entry.review_uid),
+                None,
+            )
+            if current is None:
+                return False  # released meanwhile: nobody needs the room any more
+            result = self.resizer.lend(loan, entry.pod, entry.node)
+            if result is LoanResult.VOID:
+                # The lender changed since the decision: decide again before evicting.
+                self._loop.wake()
+                return False
+            if not result.done:
+                log.info(
+                    "lending from %s for %s failed; retrying later", loan.pod.key, entry.pod.key
+                )
+                self.backoff.failed(entry.review_uid)
+                return False
+        self.backoff.succeeded(entry.review_uid)
+        return True
 
     def _may_act(self) -> bool:
         if self.may_act is None or self.may_act():

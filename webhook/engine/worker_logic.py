@@ -5,7 +5,8 @@ shows them, and the time, and answers with one of three actions:
 
 * :class:`Release` - remove the entry (and its reservation); evict nobody more;
 * :class:`Wait` - nothing to do now; look again on the next change or at ``recheck_at``;
-* :class:`Act` - victims to evict in order, and victims to take off the claim.
+* :class:`Act` - loans to make and victims to evict, in that order, and victims to take
+  off the claim.
 
 No I/O and no clock reads happen here, so every branch is testable with plain objects.
 The worker (:mod:`webhook.engine.worker`) carries the actions out.
@@ -33,7 +34,11 @@ The rules, in the order they are checked (numbered like the comments below):
    out, preemptionPolicy Never): release.
 
 Victims already handled, terminating, terminal or gone are never evicted again: they are
-settled, which is read from the cluster and written nowhere.
+settled, which is read from the cluster and written nowhere. Loans likewise
+(:func:`loan_state`): a lender whose spec is at or below the loan's ``after`` has lent, one
+still at ``before`` is pending, and one whose owner set anything else, or that is gone,
+owes nothing. The re-plan counts every loan not void as made (as handled victims count as
+leaving), so a loan is never planned twice, and ``Act.lend`` lists the pending ones.
 
 Most releases need no ledger write: :func:`webhook.core.reservation.spent` already makes
 every reader ignore an entry whose resize was actuated, superseded, refused or marked
@@ -47,6 +52,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from webhook.core.lending import Loan, LoanState, loan_state, lowered
 from webhook.core.model import DisruptionBudget, Node, PdbMode, Pod, PodRef
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.policy import ImportanceKey, PreemptionPolicy
@@ -97,13 +103,16 @@ class Act:
     no API call. ``drop``: pending victims the fresh plan no longer needs - take them off
     the entry (a ledger write) so its reservation stops claiming them. ``evict``: victims
     to act on, in the entry's order. ``evict`` may be empty (the resize fits now; the
-    entry counts until the kubelet actuates it or it expires).
+    entry counts until the kubelet actuates it or it expires). ``lend``: the entry's
+    loans still pending, in the order taken; made before any eviction (a loan is actuated
+    at once, an eviction waits out a grace period).
     """
 
     plan: Plan
     evict: tuple[PodRef, ...] = ()
     settle: tuple[PodRef, ...] = ()
     drop: tuple[PodRef, ...] = ()
+    lend: tuple[Loan, ...] = ()
 
 
 Action = Release | Wait | Act
@@ -129,7 +138,8 @@ class ListedOnly:
 
     @property
     def lending(self) -> bool:
-        # The ledger lists victims only, and the worker carries out no loans yet.
+        # The entry's own loans are counted as made (``with_loans``); a re-plan never
+        # borrows anything the admitted plan did not.
         return False
 
     def may_preempt(self, victim: Pod, preemptor: Pod) -> bool:
@@ -148,6 +158,26 @@ def is_actuated(entry: LedgerEntry, pod: Pod) -> bool:
     """True when the kubelet allocated at least the admitted requests to every container
     (:func:`webhook.core.reservation.actuated`, the rule that makes a reservation spent)."""
     return actuated(entry.desired, pod)
+
+
+def with_loans(pods: Sequence[Pod], loans: Iterable[Loan]) -> tuple[Pod, ...]:
+    """``pods`` with every loan not void counted as actuated: the room it frees is
+    spoken for by the resize that borrowed it, as a claimed victim's is."""
+    by_lender: dict[str, list[Loan]] = {}
+    for loan in loans:
+        by_lender.setdefault(loan.pod.uid, []).append(loan)
+    out = []
+    for p in pods:
+        for loan in by_lender.get(p.uid, ()):
+            state = loan_state(loan, p)
+            if state != "void":
+                request = p.container(loan.container)
+                amount = loan.after
+                if state == "lent" and request is not None:
+                    amount = request.requests.get(loan.resource)
+                p = lowered(p, loan.container, loan.resource, amount)
+        out.append(p)
+    return tuple(out)
 
 
 def _victim_state(victim: PodRef, by_uid: Mapping[str, Pod]) -> Literal["live", "leaving"]:
@@ -223,6 +253,11 @@ def next_action(
     view = tuple(
         replace(p, terminating=True) if p.uid in handled and not p.terminating else p for p in pods
     )
+    cached = {p.uid: p for p in pods}
+    lend = tuple(
+        loan for loan in entry.loans if loan_state(loan, cached.get(loan.pod.uid)) == "pending"
+    )
+    view = with_loans(view, (loan for e in (entry, *others) for loan in e.loans))
     by_uid = {p.uid: p for p in view if p.node == entry.node}
     pending = entry.pending_victims
     settle = tuple(v for v in pending if _victim_state(v, by_uid) == "leaving")
@@ -243,12 +278,13 @@ def next_action(
         # up, and the entry's victims stay claimed until it has.
         return Wait("actuating", plan.reason, settle=settle)
     if plan.verdict == "fits":
-        return Act(plan, settle=settle, drop=live)
+        # The loans are part of the room the resize fits in; only victims can go unneeded.
+        return Act(plan, settle=settle, drop=live, lend=lend)
     if plan.verdict == "preempt":
         needed = {v.pod.uid for v in plan.victims}
         evict = tuple(v for v in live if v.uid in needed)
         drop = tuple(v for v in live if v.uid not in needed)
-        return Act(plan, evict=evict, settle=settle, drop=drop)
+        return Act(plan, evict=evict, settle=settle, drop=drop, lend=lend)
     if plan.verdict == "infeasible":
         if pod.resize == "deferred":
             # The listed victims are not enough any more and the kubelet has given up for
@@ -265,11 +301,14 @@ __all__ = [
     "Act",
     "Action",
     "ListedOnly",
+    "LoanState",
     "Release",
     "ReleaseReason",
     "Wait",
     "WaitReason",
     "is_actuated",
     "is_persisted",
+    "loan_state",
     "next_action",
+    "with_loans",
 ]

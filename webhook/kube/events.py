@@ -51,6 +51,7 @@ INSTANCE_LIMIT: Final = 128
 PREEMPTED_REASON: Final = "Preempted"
 PREEMPTING_ACTION: Final = "Preempting"
 ABANDONED_REASON: Final = "ResizePreemptionAbandoned"
+FLOOR_REASON: Final = "InvalidLendingFloor"
 
 _TRUNCATED: Final = " ..."
 
@@ -120,6 +121,8 @@ class EventRecorder:
         self._last_nanos = 0
         #: Events that could not be recorded since this recorder was made.
         self.failures = 0
+        #: (pod uid, message) of malformed floors already told.
+        self._floors_told: set[tuple[str, str]] = set()
 
     # -- the events -----------------------------------------------------------------------
 
@@ -147,6 +150,26 @@ class EventRecorder:
             action=PREEMPTING_ACTION,
             note=abandoned_note(victims, node, detail),
         )
+
+    def floor_errors(self, errors: Sequence[tuple[PodRef, str]]) -> int:
+        """A Warning on each pod whose floor annotation is malformed (the pod lends
+        nothing and may be evicted as any other), once per pod and message for the life
+        of this recorder; returns how many were recorded."""
+        recorded = 0
+        for pod, message in errors:
+            key = (pod.uid, message)
+            with self._lock:
+                if key in self._floors_told:
+                    continue
+                self._floors_told.add(key)
+            recorded += self.record(
+                pod,
+                type_="Warning",
+                reason=FLOOR_REASON,
+                action="Lending",
+                note=f"{message}; this pod lends nothing",
+            )
+        return recorded
 
     # -- the generic call ---------------------------------------------------------------------
 
@@ -227,6 +250,7 @@ class EventRecorder:
 
 __all__ = [
     "ABANDONED_REASON",
+    "FLOOR_REASON",
     "NOTE_LIMIT",
     "PREEMPTED_REASON",
     "PREEMPTING_ACTION",

@@ -1,0 +1,350 @@
+"""Lending end to end: the service with lending on, resizes made with kubectl, the kubelet
+actuating them. A pod annotated with a floor gives up CPU in place instead of being
+evicted, keeps running, and gets its CPU back when the room returns."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from harness.webhook_process import WebhookProcess, start_webhook
+from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
+from tests.e2e.service_support import (
+    actual_cpu,
+    as_warning,
+    clear_ledger,
+    events,
+    kubectl_warnings,
+    pod_manifest,
+    read_pod,
+    resize,
+    run_pods,
+    spec_cpu,
+    terminating,
+)
+from webhook.core.model import FLOOR_ANNOTATION
+
+pytestmark = pytest.mark.e2e
+
+StartService = Callable[..., WebhookProcess]
+
+
+@pytest.fixture
+def start_service(cluster: Cluster, namespace: str) -> Iterator[StartService]:
+    """``start_service(*serve_flags)``: the service with its default settings (lending
+    on; empty ledger), stopped and unregistered when the test ends."""
+    started: list[WebhookProcess] = []
+    clear_ledger(cluster)
+
+    def start(*flags: str) -> WebhookProcess:
+        process = start_webhook(
+            cluster.client,
+            cluster.kubeconfig,
+            cluster.control_plane.state_dir,
+            extra_args=flags,
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+    clear_ledger(cluster)
+
+
+def floor(cpu: str, container: str = "app") -> dict[str, str]:
+    return {FLOOR_ANNOTATION: json.dumps({container: {"cpu": cpu}})}
+
+
+def restarts(pod: dict[str, Any] | None) -> int:
+    statuses = (pod or {}).get("status", {}).get("containerStatuses") or []
+    return sum(int(s.get("restartCount", 0)) for s in statuses)
+
+
+def at(cluster: Cluster, namespace: str, name: str, cpu: str) -> Callable[[], Any]:
+    """A wait condition: ``name`` asks for and runs at ``cpu``."""
+
+    def check() -> Any:
+        pod = read_pod(cluster, namespace, name)
+        return pod if pod and spec_cpu(pod) == cpu and actual_cpu(pod) == cpu else None
+
+    return check
+
+
+def test_walkthrough_with_a_floor_lends_instead_of_evicting_and_gets_it_back(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    start_service()
+    run_pods(
+        kubectl,
+        [
+            pod_manifest(
+                "low-priority-pod",
+                "3",
+                priority_classes["low"],
+                memory="500Mi",
+                annotations=floor("1"),
+            ),
+            pod_manifest("high-priority-pod", "4", priority_classes["high"], memory="1Gi"),
+        ],
+    )
+    low_before = read_pod(cluster, namespace, "low-priority-pod")
+    assert low_before is not None
+
+    result = resize(kubectl, "high-priority-pod", "6")
+
+    assert 0 == result.returncode, result.stderr
+    assert [
+        as_warning(
+            f"borrowing cpu 1 from 1 lower-priority pod on {NODE}: "
+            f"{namespace}/low-priority-pod (cpu 3->2)"
+        )
+    ] == kubectl_warnings(result)
+    wait_until(
+        at(cluster, namespace, "high-priority-pod", "6"),
+        timeout=30,
+        what="the resize to be actuated at 6 CPU",
+    )
+    low = wait_until(
+        at(cluster, namespace, "low-priority-pod", "2"), timeout=30, what="the loan actuated"
+    )
+    assert (low_before["metadata"]["uid"], 0, False) == (
+        low["metadata"]["uid"],
+        restarts(low),
+        terminating(low),
+    )
+    # Guaranteed: the limit went down with the request.
+    assert "2" == low["spec"]["containers"][0]["resources"]["limits"]["cpu"]
+    high = read_pod(cluster, namespace, "high-priority-pod")
+    assert high is not None
+    assert [f"lent cpu 1 to pod {high['metadata']['uid']} on {NODE}"] == [
+        e["message"] for e in events(kubectl, "low-priority-pod", "Lent")
+    ]
+    assert [] == events(kubectl, "low-priority-pod", "Preempted")
+
+    back = resize(kubectl, "high-priority-pod", "4")
+
+    assert 0 == back.returncode, back.stderr
+    low = wait_until(
+        at(cluster, namespace, "low-priority-pod", "3"), timeout=30, what="the loan given back"
+    )
+    assert (low_before["metadata"]["uid"], 0) == (low["metadata"]["uid"], restarts(low))
+
+
+def walkthrough(
+    kubectl: Kubectl, classes: dict[str, str], low_annotations: dict[str, str], **low: Any
+) -> None:
+    """The README's node (8 CPU): low-priority-pod 3 CPU with ``low_annotations``,
+    high-priority-pod 4 CPU; 1 CPU free. ``low`` goes into low-priority-pod's spec."""
+    manifest = pod_manifest(
+        "low-priority-pod", "3", classes["low"], memory="500Mi", annotations=low_annotations
+    )
+    manifest["spec"]["containers"][0].update(low)
+    run_pods(
+        kubectl,
+        [manifest, pod_manifest("high-priority-pod", "4", classes["high"], memory="1Gi")],
+    )
+
+
+@pytest.fixture
+def lowest_class(cluster: Cluster, namespace: str) -> Iterator[str]:
+    """A PriorityClass below the fixture's ``low``, for a pod less important than a lender."""
+    name = f"lowest-{namespace}"
+    cluster.client.create(
+        "/apis/scheduling.k8s.io/v1/priorityclasses",
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": 10,
+        },
+    )
+    yield name
+    cluster.client.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+
+
+def test_a_plan_with_one_eviction_and_one_loan(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    lowest_class: str,
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    # web 2 -> 6 CPU on 8 with 1 free: batch-1 at its floor (1) can stay, scratch cannot;
+    # evicting scratch frees 2 and the last 1 is borrowed from batch-1.
+    start_service()
+    run_pods(
+        kubectl,
+        [
+            pod_manifest("web", "2", priority_classes["high"]),
+            pod_manifest("batch-1", "3", priority_classes["low"], annotations=floor("1")),
+            pod_manifest("scratch", "2", lowest_class),
+        ],
+    )
+    batch_uid = (read_pod(cluster, namespace, "batch-1") or {})["metadata"]["uid"]
+
+    result = resize(kubectl, "web", "6")
+
+    assert 0 == result.returncode, result.stderr
+    assert [
+        as_warning(f"preempting 1 lower-priority pod on {NODE} for cpu 6: {namespace}/scratch"),
+        as_warning(
+            f"borrowing cpu 1 from 1 lower-priority pod on {NODE}: {namespace}/batch-1 (cpu 3->2)"
+        ),
+    ] == kubectl_warnings(result)
+    wait_until(at(cluster, namespace, "web", "6"), timeout=30, what="the resize actuated")
+    batch = wait_until(at(cluster, namespace, "batch-1", "2"), timeout=30, what="the loan")
+    assert (batch_uid, 0) == (batch["metadata"]["uid"], restarts(batch))
+    wait_until(
+        lambda: read_pod(cluster, namespace, "scratch") is None, timeout=30, what="scratch gone"
+    )
+
+
+def test_a_lender_whose_cpu_restarts_its_container_does_not_lend_it(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    start_service()
+    walkthrough(
+        kubectl,
+        priority_classes,
+        floor("1"),
+        resizePolicy=[{"resourceName": "cpu", "restartPolicy": "RestartContainer"}],
+    )
+
+    result = resize(kubectl, "high-priority-pod", "6")
+
+    assert 0 == result.returncode, result.stderr
+    assert [
+        as_warning(
+            f"preempting 1 lower-priority pod on {NODE} for cpu 6: {namespace}/low-priority-pod"
+        )
+    ] == kubectl_warnings(result)
+    wait_until(at(cluster, namespace, "high-priority-pod", "6"), timeout=30, what="actuated")
+    assert [] == events(kubectl, "low-priority-pod", "Lent")
+
+
+def test_a_malformed_floor_is_an_ordinary_candidate_with_a_warning_event(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    start_service()
+    walkthrough(kubectl, priority_classes, floor("1", container="web"))
+
+    result = resize(kubectl, "high-priority-pod", "6")
+
+    assert 0 == result.returncode, result.stderr
+    assert [
+        as_warning(
+            f"preempting 1 lower-priority pod on {NODE} for cpu 6: {namespace}/low-priority-pod"
+        )
+    ] == kubectl_warnings(result)
+    wait_until(at(cluster, namespace, "high-priority-pod", "6"), timeout=30, what="actuated")
+    [warning] = wait_until(
+        lambda: events(kubectl, "low-priority-pod", "InvalidLendingFloor"),
+        timeout=20,
+        what="the floor's warning event",
+    )
+    assert ("Warning", True) == (warning["type"], "'web'" in warning["message"])
+
+
+@pytest.mark.parametrize(
+    ("serve_flags", "patch_flags"),
+    [
+        pytest.param((), ("--dry-run=server",), id="dry-run"),
+        pytest.param(("--mode", "warn"), (), id="warn-mode"),
+    ],
+)
+def test_dry_run_and_warn_say_what_they_would_borrow_and_change_nothing(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    start_service: StartService,
+    serve_flags: tuple[str, ...],
+    patch_flags: tuple[str, ...],
+) -> None:
+    start_service(*serve_flags)
+    walkthrough(kubectl, priority_classes, floor("1"))
+
+    result = resize(kubectl, "high-priority-pod", "6", *patch_flags)
+
+    assert 0 == result.returncode, result.stderr
+    assert [
+        as_warning(
+            f"would borrow cpu 1 from 1 lower-priority pod on {NODE}: "
+            f"{namespace}/low-priority-pod (cpu 3->2)"
+        )
+    ] == kubectl_warnings(result)
+    time.sleep(3)  # what the worker would have done by now
+    low = read_pod(cluster, namespace, "low-priority-pod")
+    assert ("3", "3") == (spec_cpu(low or {}), actual_cpu(low))
+    assert [] == events(kubectl, "low-priority-pod", "Lent")
+
+
+def test_a_restart_between_the_loan_and_the_give_back_neither_repeats_nor_forgets_it(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    first = start_service()
+    walkthrough(kubectl, priority_classes, floor("1"))
+    assert 0 == resize(kubectl, "high-priority-pod", "6").returncode
+    wait_until(at(cluster, namespace, "high-priority-pod", "6"), timeout=30, what="actuated")
+    wait_until(at(cluster, namespace, "low-priority-pod", "2"), timeout=30, what="the loan")
+
+    first.stop()
+    start_service()
+    time.sleep(2)  # the new leader's first passes
+
+    assert 1 == len(events(kubectl, "low-priority-pod", "Lent"))
+    assert 0 == resize(kubectl, "high-priority-pod", "4").returncode
+    low = wait_until(
+        at(cluster, namespace, "low-priority-pod", "3"), timeout=30, what="the loan given back"
+    )
+    assert 0 == restarts(low)
+
+
+def test_lending_switched_off_evicts_as_before(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    start_service("--lending", "false")
+    walkthrough(kubectl, priority_classes, floor("1"))
+
+    result = resize(kubectl, "high-priority-pod", "6")
+
+    assert 0 == result.returncode, result.stderr
+    assert [
+        as_warning(
+            f"preempting 1 lower-priority pod on {NODE} for cpu 6: {namespace}/low-priority-pod"
+        )
+    ] == kubectl_warnings(result)
+    wait_until(at(cluster, namespace, "high-priority-pod", "6"), timeout=30, what="actuated")
+    assert [] == events(kubectl, "low-priority-pod", "Lent")

@@ -1,0 +1,202 @@
+"""The preemption worker making a plan's loans: before its evictions, once, and never for
+a lender that changed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tests.unit.test_worker import Clock, Cluster, FakeEvictor, add, make_worker
+from tests.unit.test_worker_logic import (
+    ADMITTED,
+    HIGH_RESIZED,
+    LENDER,
+    LENT,
+    LOAN,
+    LOW_B,
+    entry,
+    pod,
+)
+from webhook.core.lending import Loan
+from webhook.core.model import PodRef
+from webhook.engine.ledger import LedgerEntry
+from webhook.engine.metrics import Metrics
+from webhook.engine.ports import LoanResult
+from webhook.engine.worker import PreemptionWorker
+from webhook.testing import InMemoryLedger
+
+# "high" 6 CPUs on 8: "lender" lends 1 (3 -> 2) and "low-b" (2 CPUs) is evicted.
+SMALL_LOAN = replace(LOAN, after=2000, frees=1000)
+MID_0 = pod("mid", cpu="0", priority=2000)
+SCENE = (HIGH_RESIZED, LENDER, LOW_B, MID_0)
+
+
+class FakeResizer:
+    """Records loans made, in order with the evictions (``log``); answers from
+    ``results`` (lender name -> result), default lent. ``on_lend`` changes the world."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.calls: list[tuple[str, str, str]] = []
+        self.results: dict[str, LoanResult] = {}
+
+    def lend(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
+        self.calls.append((loan.pod.name, borrower.name, node))
+        self.log.append(f"lend {loan.pod.name}")
+        return self.results.get(loan.pod.name, LoanResult.LENT)
+
+    def give_back(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
+        self.log.append(f"give back {loan.pod.name} {loan.after}->{loan.before}")
+        return self.results.get(loan.pod.name, LoanResult.LENT)
+
+
+class LoggingEvictor(FakeEvictor):
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.log = log
+
+    def evict(self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False):  # type: ignore[no-untyped-def]
+        self.log.append(f"evict {victim.name}")
+        return super().evict(victim, preemptor, node, seen_live=seen_live)
+
+
+def setup(
+    cluster: Cluster, *, resizer: bool = True, metrics: Metrics | None = None
+) -> tuple[PreemptionWorker, InMemoryLedger, FakeResizer, LoggingEvictor, list[str]]:
+    log: list[str] = []
+    ledger = InMemoryLedger()
+    add(ledger, replace(entry("low-b"), loans=(SMALL_LOAN,)))
+    fake = FakeResizer(log)
+    evictor = LoggingEvictor(log)
+    worker = make_worker(cluster, ledger, evictor, Clock(), metrics=metrics)
+    if resizer:
+        worker.resizer = fake
+    return worker, ledger, fake, evictor, log
+
+
+def test_loans_are_made_before_the_evictions_and_cost_no_ledger_write() -> None:
+    worker, ledger, _, _, log = setup(Cluster(*SCENE))
+    written = ledger.writes
+
+    worker.run_once()
+
+    assert ["lend lender", "evict low-b"] == log
+    assert 0 == ledger.writes - written
+
+
+def test_a_loan_the_cache_shows_made_is_not_made_again_after_a_restart() -> None:
+    cluster = Cluster(*SCENE)
+    worker, ledger, _, _, log = setup(cluster)
+    worker.run_once()
+    cluster.set(HIGH_RESIZED, pod("lender", cpu="2", allocated="3"), LOW_B, MID_0)
+    # A new leader over the same ledger; "low-b" not seen leaving yet.
+    again = make_worker(cluster, ledger, LoggingEvictor(log), Clock())
+    again.resizer = FakeResizer(log)
+
+    again.run_once()
+
+    assert ["lend lender", "evict low-b", "evict low-b"] == log
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        pytest.param(LoanResult.FAILED, ["lend lender"], id="failed-evicts-nobody"),
+        pytest.param(LoanResult.VOID, ["lend lender"], id="lender-changed-evicts-nobody"),
+        pytest.param(LoanResult.DONE, ["lend lender", "evict low-b"], id="already-lent"),
+    ],
+)
+def test_a_loan_not_made_stops_the_evictions(result: LoanResult, expected: list[str]) -> None:
+    worker, _, resizer, _, log = setup(Cluster(*SCENE))
+    resizer.results["lender"] = result
+
+    worker.run_once()
+
+    assert expected == log
+
+
+def test_a_failed_loan_backs_off() -> None:
+    worker, _, resizer, _, log = setup(Cluster(*SCENE))
+    resizer.results["lender"] = LoanResult.FAILED
+    worker.run_once()
+
+    worker.run_once()  # within the backoff: nothing
+
+    assert ["lend lender"] == log
+
+
+def test_without_a_resizer_nobody_is_evicted_for_a_plan_with_loans() -> None:
+    worker, _, _, _, log = setup(Cluster(*SCENE), resizer=False)
+
+    worker.run_once()
+
+    assert [] == log
+
+
+def test_what_is_lent_is_measured_per_node() -> None:
+    metrics = Metrics()
+    worker, _, _, _, _ = setup(Cluster(HIGH_RESIZED, LENT, MID_0), metrics=metrics)
+    worker.ledger.update("node-1", lambda es: ((replace(es[0], loans=(LOAN,), victims=()),), None))
+
+    worker.run_once()
+
+    assert 2000.0 == metrics.registry.get_sample_value(
+        "rpw_lent", {"node": "node-1", "resource": "cpu"}
+    )
+    assert 0.0 == metrics.registry.get_sample_value(
+        "rpw_lent", {"node": "node-1", "resource": "memory"}
+    )
+
+
+def giving_back(cluster: Cluster, *entries: LedgerEntry) -> tuple[PreemptionWorker, list[str]]:
+    log: list[str] = []
+    ledger = InMemoryLedger()
+    add(ledger, *entries)
+    worker = make_worker(cluster, ledger, LoggingEvictor(log), Clock())
+    worker.resizer = FakeResizer(log)
+    return worker, log
+
+
+BORROWED = replace(entry(), loans=(LOAN,), generation=1)
+
+
+def test_a_loan_is_given_back_once_the_borrower_shrank_and_never_while_it_holds_the_room() -> None:
+    holding = replace(pod("high", cpu="6", priority=1000), generation=1)
+    cluster = Cluster(holding, pod("lender", cpu="1"), pod("mid", cpu="1", priority=2000))
+    worker, log = giving_back(cluster, BORROWED)
+    worker.run_once()
+    assert [] == log
+
+    shrunk = replace(pod("high", cpu="4", priority=1000), generation=2)
+    cluster.set(shrunk, pod("lender", cpu="1"), pod("mid", cpu="1", priority=2000))
+    worker.run_once()
+
+    assert ["give back lender 1000->3000"] == log
+
+
+def test_a_released_entry_with_a_loan_stays_to_give_it_back() -> None:
+    # The borrower is gone: its entry is released, the loan still returned.
+    cluster = Cluster(pod("lender", cpu="1"), pod("mid", cpu="1", priority=2000))
+    worker, log = giving_back(cluster, BORROWED)
+
+    worker.run_once()
+
+    assert ["give back lender 1000->3000"] == log
+    [left] = worker.ledger.all_entries()
+    assert (BORROWED.loans, ()) == (left.loans, left.victims)
+    assert left.expires_at <= ADMITTED
+
+
+def test_what_is_lent_drops_to_zero_once_the_node_has_no_entries() -> None:
+    metrics = Metrics()
+    worker, ledger, _, _, _ = setup(Cluster(HIGH_RESIZED, LENT, MID_0), metrics=metrics)
+    ledger.update("node-1", lambda es: ((replace(es[0], loans=(LOAN,), victims=()),), None))
+    worker.run_once()
+    ledger.update("node-1", lambda es: ((), None))
+
+    worker.run_once()
+
+    assert 0.0 == metrics.registry.get_sample_value(
+        "rpw_lent", {"node": "node-1", "resource": "cpu"}
+    )

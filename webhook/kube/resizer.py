@@ -1,0 +1,211 @@
+"""Carrying out a loan: lowering one lender container in place through ``pods/resize``.
+
+A loan (:class:`webhook.core.lending.Loan`) names a container and a resource to lower
+from ``before`` to ``after``; a Guaranteed lender's limit goes down with its request
+(``loan.limits``), so its QoS class stays. The webhook itself sees the resize as a
+non-growing one and never plans for it.
+
+Contract - idempotent, safe to call again after a crash or by another replica:
+
+* the lender is read first. NotFound, another uid, ``deletionTimestamp`` set, or the
+  container gone -> ``void``; the resource's request at or below ``after`` -> ``done``
+  (lent already); any amount other than ``before`` -> ``void`` (its owner changed it
+  since the plan, and the new spec wins). No write in any of those cases;
+* the patch carries the lender's uid and the ``resourceVersion`` just read: a newer pod of
+  the same name, or a change made in between, fails it (``void`` or ``failed``, to be
+  judged again on the next pass) instead of being lowered;
+* a give-back (:meth:`Resizer.give_back`) is the same call the other way: the lender
+  back from ``after`` to ``before``, only while it still asks for ``after``;
+* ``lent`` is followed by a ``Lent`` event on the lender, related to the borrower, and
+  counted in ``rpw_loans{result="made"}``; nothing is raised: API failures are logged and
+  reported as ``failed``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Final
+
+from webhook.core.errors import ObjectError
+from webhook.core.lending import Loan
+from webhook.core.model import PodRef
+from webhook.core.quantity import cpu_millis, format_cpu, format_memory, memory_bytes
+from webhook.engine.metrics import Metrics
+from webhook.engine.ports import LoanResult
+from webhook.kube.errors import ClusterError, Conflict, NotFound
+from webhook.kube.events import EventRecorder
+from webhook.kube.jsonapi import STRATEGIC_MERGE_PATCH, request_json
+
+log = logging.getLogger(__name__)
+
+LENT_REASON: Final = "Lent"
+LENDING_ACTION: Final = "Lending"
+
+
+def amount_text(resource: str, amount: int) -> str:
+    """``amount`` of ``resource`` in Kubernetes notation: ``2`` CPUs, ``512Mi``."""
+    return format_cpu(amount) if resource == "cpu" else format_memory(amount)
+
+
+def lent_note(loan: Loan, borrower: PodRef, node: str) -> str:
+    """``lent cpu 2 to pod <uid> on node-1``: what the lender gave up, for whom."""
+    lent = amount_text(loan.resource, loan.before - loan.after)
+    return f"lent {loan.resource} {lent} to pod {borrower.uid} on {node}"
+
+
+def resize_patch(
+    loan: Loan, amount: int, *, uid: str, resource_version: str, init: bool
+) -> dict[str, Any]:
+    """The strategic merge patch setting the loan's container to ``amount`` (the limit
+    too for a Guaranteed lender), conditional on the lender's uid and, when known, on
+    the ``resource_version`` read."""
+    value = amount_text(loan.resource, amount)
+    resources: dict[str, Any] = {"requests": {loan.resource: value}}
+    if loan.limits:
+        resources["limits"] = {loan.resource: value}
+    containers = "initContainers" if init else "containers"
+    meta = {"uid": uid}
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    return {
+        "metadata": meta,
+        "spec": {containers: [{"name": loan.container, "resources": resources}]},
+    }
+
+
+def _container(pod: Mapping[str, Any], name: str) -> tuple[Mapping[str, Any] | None, bool]:
+    spec = pod.get("spec") or {}
+    for key, init in (("containers", False), ("initContainers", True)):
+        for c in spec.get(key) or ():
+            if isinstance(c, Mapping) and c.get("name") == name:
+                return c, init
+    return None, False
+
+
+def _request(container: Mapping[str, Any], resource: str) -> int:
+    requests = (container.get("resources") or {}).get("requests") or {}
+    text = requests.get(resource, "0")
+    return cpu_millis(text) if resource == "cpu" else memory_bytes(text)
+
+
+def _pod_path(pod: PodRef) -> str:
+    return f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+
+
+class Resizer:
+    """Lowers lenders for loans, one call at a time; thread-safe (no per-call state)."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        recorder: EventRecorder | None,
+        metrics: Metrics,
+        *,
+        request_timeout: float = 10.0,
+    ) -> None:
+        self._api_client = api_client
+        self.recorder = recorder
+        self.metrics = metrics
+        self._timeout = request_timeout
+
+    def lend(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
+        """Make ``loan`` for ``borrower`` on ``node``; see the module docstring. Never
+        raises."""
+        try:
+            result = self._resize(loan, expect=loan.before, amount=loan.after)
+        except (ClusterError, ObjectError) as e:
+            log.warning("could not lend from %s for %s: %s", loan.pod.key, borrower.key, e)
+            result = LoanResult.FAILED
+        except Exception:
+            log.exception("error lending from %s for %s", loan.pod.key, borrower.key)
+            result = LoanResult.FAILED
+        if result is LoanResult.LENT:
+            self.metrics.loans.labels("made").inc()
+            log.info(
+                "%s lent %s %s->%s to %s",
+                loan.pod.key,
+                loan.resource,
+                amount_text(loan.resource, loan.before),
+                amount_text(loan.resource, loan.after),
+                borrower.key,
+            )
+            if self.recorder is not None:
+                self.recorder.record(
+                    loan.pod,
+                    related=borrower,
+                    reason=LENT_REASON,
+                    action=LENDING_ACTION,
+                    note=lent_note(loan, borrower, node),
+                )
+        return result
+
+    def give_back(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
+        """Return ``loan``: the lender back to ``before``, only while it still asks for
+        the loan's ``after`` (``done`` at ``before`` already, ``void`` at any other
+        amount: its owner's spec wins). Counted in ``rpw_loans{result="returned"}``.
+        Never raises."""
+        try:
+            result = self._resize(loan, expect=loan.after, amount=loan.before)
+        except (ClusterError, ObjectError) as e:
+            log.warning("could not give back to %s: %s", loan.pod.key, e)
+            result = LoanResult.FAILED
+        except Exception:
+            log.exception("error giving back to %s", loan.pod.key)
+            result = LoanResult.FAILED
+        if result is LoanResult.LENT:
+            self.metrics.loans.labels("returned").inc()
+            log.info(
+                "gave %s %s %s back to %s (lent to %s on %s)",
+                loan.resource,
+                amount_text(loan.resource, loan.before - loan.after),
+                amount_text(loan.resource, loan.before),
+                loan.pod.key,
+                borrower.key,
+                node,
+            )
+        return result
+
+    def _resize(self, loan: Loan, *, expect: int, amount: int) -> LoanResult:
+        path = _pod_path(loan.pod)
+        try:
+            pod = request_json(self._api_client, "GET", path, timeout=self._timeout)
+        except NotFound:
+            return LoanResult.VOID
+        meta = pod.get("metadata") or {}
+        if str(meta.get("uid") or "") != loan.pod.uid or meta.get("deletionTimestamp"):
+            return LoanResult.VOID
+        container, init = _container(pod, loan.container)
+        if container is None:
+            return LoanResult.VOID
+        current = _request(container, loan.resource)
+        lowering = amount < expect
+        if current == amount or (lowering and current < amount):
+            return LoanResult.DONE
+        if current != expect:
+            return LoanResult.VOID
+        patch = resize_patch(
+            loan,
+            amount,
+            uid=loan.pod.uid,
+            resource_version=str(meta.get("resourceVersion") or ""),
+            init=init,
+        )
+        try:
+            request_json(
+                self._api_client,
+                "PATCH",
+                path + "/resize",
+                body=patch,
+                content_type=STRATEGIC_MERGE_PATCH,
+                timeout=self._timeout,
+            )
+        except NotFound:
+            return LoanResult.VOID
+        except Conflict:
+            # Changed in between (or replaced): the next pass reads it again.
+            return LoanResult.FAILED
+        return LoanResult.LENT
+
+
+__all__ = ["LENDING_ACTION", "LENT_REASON", "Resizer", "amount_text", "lent_note", "resize_patch"]
