@@ -44,6 +44,7 @@ CHART_SETTINGS = {
     "pdbMode": "pdb-mode",
     "protectedNamespaces": "protected-namespaces",
     "maxVictims": "max-victims",
+    "lending": "lending",
     "reservationTTL": "reservation-ttl",
     "gracePeriodCap": "grace-period-cap",
     "persistTimeout": "persist-timeout",
@@ -219,6 +220,8 @@ SETTING_CASES = [
     ("pdbMode", "best-effort", "best-effort"),
     ("protectedNamespaces", ["kube-system", "monitoring"], "kube-system,monitoring"),
     ("maxVictims", 5, "5"),
+    ("lending", False, "false"),
+    ("lending", True, "true"),
     ("reservationTTL", 90.5, "90.5"),
     ("gracePeriodCap", 30, "30"),
     ("persistTimeout", 4, "4"),
@@ -229,7 +232,9 @@ SETTING_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("key", "value", "env"), SETTING_CASES, ids=[c[0] for c in SETTING_CASES])
+@pytest.mark.parametrize(
+    ("key", "value", "env"), SETTING_CASES, ids=[f"{c[0]}={c[2]}" for c in SETTING_CASES]
+)
 def test_a_setting_value_reaches_the_container_as_the_service_reads_it(
     key: str, value: Any, env: str
 ) -> None:
