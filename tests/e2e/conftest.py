@@ -163,6 +163,35 @@ def webhook(cluster: Cluster) -> Iterator[WebhookProcess]:
     process.stop()
 
 
+StartService = Callable[..., WebhookProcess]
+
+
+@pytest.fixture
+def start_service(cluster: Cluster) -> Iterator[StartService]:
+    """``start_service(*serve_flags)``: the service process, started with an empty ledger
+    and registered; stopped and unregistered when the test ends."""
+    # service_support builds on this module; imported here to keep the import one-way.
+    from tests.e2e.service_support import clear_ledger
+
+    started: list[WebhookProcess] = []
+    clear_ledger(cluster)
+
+    def start(*flags: str) -> WebhookProcess:
+        process = start_webhook(
+            cluster.client,
+            cluster.kubeconfig,
+            cluster.control_plane.state_dir,
+            extra_args=flags,
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+    clear_ledger(cluster)
+
+
 Waiter = Callable[..., Any]
 
 

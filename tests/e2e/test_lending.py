@@ -11,12 +11,10 @@ from typing import Any
 
 import pytest
 
-from harness.webhook_process import WebhookProcess, start_webhook
-from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
+from tests.e2e.conftest import NODE, Cluster, Kubectl, StartService, Waiter
 from tests.e2e.service_support import (
     actual_cpu,
     as_warning,
-    clear_ledger,
     events,
     kubectl_warnings,
     pod_manifest,
@@ -29,31 +27,6 @@ from tests.e2e.service_support import (
 from webhook.core.model import FLOOR_ANNOTATION
 
 pytestmark = pytest.mark.e2e
-
-StartService = Callable[..., WebhookProcess]
-
-
-@pytest.fixture
-def start_service(cluster: Cluster, namespace: str) -> Iterator[StartService]:
-    """``start_service(*serve_flags)``: the service with its default settings (lending
-    on; empty ledger), stopped and unregistered when the test ends."""
-    started: list[WebhookProcess] = []
-    clear_ledger(cluster)
-
-    def start(*flags: str) -> WebhookProcess:
-        process = start_webhook(
-            cluster.client,
-            cluster.kubeconfig,
-            cluster.control_plane.state_dir,
-            extra_args=flags,
-        )
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.stop()
-    clear_ledger(cluster)
 
 
 def floor(cpu: str, container: str = "app") -> dict[str, str]:

@@ -24,14 +24,12 @@ from harness.webhook_process import (
     NAMESPACE,
     WEBHOOK_NAME,
     WebhookProcess,
-    start_webhook,
 )
-from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter, victim_leaves
+from tests.e2e.conftest import NODE, Cluster, Kubectl, StartService, Waiter, victim_leaves
 from tests.e2e.service_support import (
     actual_cpu,
     as_warning,
     audit_annotations,
-    clear_ledger,
     decision_lines,
     entries_of,
     events,
@@ -51,33 +49,9 @@ from tests.e2e.service_support import (
 
 pytestmark = pytest.mark.e2e
 
-StartService = Callable[..., WebhookProcess]
 MUTATING_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 MUTATING_NAME = "mutate-resize.resize-preemption.io"
 FIT_TO_NODE = "resize-preemption.io/fit-to-node"
-
-
-@pytest.fixture
-def start_service(cluster: Cluster, namespace: str) -> Iterator[StartService]:
-    """``start_service(*serve_flags)``: the service process, started with an empty ledger
-    and registered; stopped and unregistered when the test ends."""
-    started: list[WebhookProcess] = []
-    clear_ledger(cluster)
-
-    def start(*flags: str) -> WebhookProcess:
-        process = start_webhook(
-            cluster.client,
-            cluster.kubeconfig,
-            cluster.control_plane.state_dir,
-            extra_args=flags,
-        )
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.stop()
-    clear_ledger(cluster)
 
 
 def service_log(cluster: Cluster) -> Path:
