@@ -308,8 +308,12 @@ def test_vpa_resize_that_cannot_fit_even_after_preemption_evicts_nobody_and_says
         what="the kubelet to defer VPA's resize",
     )
     assert ("Deferred", "5", "2") == (resize_pending(pod), spec_cpu(pod), actual_cpu(pod))
+    # InPlace sends the pending resize again on each loop: every repeat is judged again.
+    seen = updater.loops()
+    wait_until(lambda: updater.loops() >= seen + 2, timeout=30, what="two more updater loops")
     reason = f"cannot fit on {NODE} even after preempting every lower-priority pod: cpu short by 1"
     resizes = resizes_by(cluster, namespace, name)
+    assert len(resizes) > 1
     assert ({USER}, {"infeasible"}) == (
         {user for user, _ in resizes},
         {audit.get("verdict") for _, audit in resizes},
@@ -323,6 +327,53 @@ def test_vpa_resize_that_cannot_fit_even_after_preemption_evicts_nobody_and_says
     low = read_pod(cluster, namespace, "low")
     assert low is not None and not terminating(low)
     assert [] == events(kubectl, "low", "Preempted")
+
+
+def test_in_deny_infeasible_mode_in_place_or_recreate_evicts_the_pod_at_once(
+    cluster: Cluster,
+    workloads: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    start_service: StartService,
+    updater: VpaUpdater,
+    wait_until: Waiter,
+) -> None:
+    """Why docs/vpa.md says to keep ``enforce`` with VPA: InPlaceOrRecreate takes the 403
+    for an error and falls back to evicting the pod it wanted to grow, on the same loop."""
+    namespace = workloads
+    start_service("--mode", "deny-infeasible")
+    web = start_web(cluster, kubectl, namespace, priority_classes["high"])
+    run_pods(
+        kubectl,
+        [
+            pod_manifest("steady", "4", priority_classes["high"]),
+            pod_manifest("low", "2", priority_classes["low"]),
+        ],
+    )
+    name = web["metadata"]["name"]
+
+    autoscale(cluster, namespace, "InPlaceOrRecreate", "5")
+
+    wait_until(
+        lambda: gone_or_terminating(cluster, namespace, name),
+        timeout=30,
+        what="VPA to evict the pod after the denial",
+    )
+    [(user, audit)] = resizes_by(cluster, namespace, name)
+    assert (USER, "infeasible") == (user, audit.get("verdict"))
+    evictions = [
+        json.loads(line)
+        for line in (cluster.control_plane.log_dir / "audit.log").read_text().splitlines()
+        if '"eviction"' in line
+    ]
+    assert [(USER, 201)] == [
+        (e["user"]["username"], e["responseStatus"]["code"])
+        for e in evictions
+        if e.get("stage") == "ResponseComplete"
+        and (e["objectRef"].get("namespace"), e["objectRef"].get("name")) == (namespace, name)
+    ]
+    low = read_pod(cluster, namespace, "low")
+    assert low is not None and not terminating(low)
 
 
 def service_log(cluster: Cluster) -> Any:
