@@ -392,6 +392,12 @@ def cmd_status(_args: argparse.Namespace) -> int:
                 "webhook not registered"
                 + (f" ({ready['webhook_error']})" if ready.get("webhook_error") else "")
             )
+        if vpa := ready.get("vpa"):
+            autoscalers = client.get("/apis/autoscaling.k8s.io/v1/verticalpodautoscalers")
+            print(
+                f"vpa updater {vpa['version']}, a loop every {vpa['interval']}: "
+                f"{len(autoscalers['items'])} VerticalPodAutoscalers (log: {vpa['log']})"
+            )
     finally:
         client.close()
     return 0
