@@ -53,10 +53,10 @@ lint: venv
 unit: venv tools binaries
 	$(PY) -m pytest tests/unit -q
 
-e2e: venv binaries tools
+e2e: venv binaries vpa tools
 	$(PY) -m pytest tests/e2e -q
 
-test: lint binaries tools
+test: lint binaries vpa tools
 	$(PY) -m pytest -q
 
 cluster: venv binaries $(if $(filter 1,$(VPA)),vpa)
