@@ -1,4 +1,4 @@
-"""Command line: ``python -m webhook plan|serve|certs ...``.
+"""Command line: ``python -m webhook plan|status|serve|certs|metrics ...``.
 
 Every subcommand turns expected failures (bad input, unreachable files) into one line on
 stderr and exit code 2; a traceback means a bug.
@@ -180,6 +180,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from webhook.engine.metrics import METRICS, markdown_table
+
+    if args.markdown:
+        sys.stdout.write(markdown_table())
+    else:
+        for d in METRICS:
+            sys.stdout.write(f"{d.name}\t{d.kind}\t{','.join(d.labels)}\t{d.help}\n")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m webhook",
@@ -294,6 +305,16 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--kubeconfig", metavar="FILE", help="default $KUBECONFIG, in-cluster")
     certs.add_argument("--context", metavar="NAME", help="kubeconfig context")
     certs.set_defaults(func=cmd_certs)
+
+    metrics = sub.add_parser(
+        "metrics",
+        help="list the metrics the service exports",
+        description="List every metric the service exports: name, type, labels, meaning.",
+    )
+    metrics.add_argument(
+        "--markdown", action="store_true", help="as the table in docs/operations.md"
+    )
+    metrics.set_defaults(func=cmd_metrics)
     return parser
 
 

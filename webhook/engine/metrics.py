@@ -1,10 +1,17 @@
-"""The service's Prometheus metrics, in one injectable object (no global registry)."""
+"""The service's Prometheus metrics, in one injectable object (no global registry).
+
+Every metric is named once, in :data:`METRICS`: :class:`Metrics` builds its attributes
+from it and ``python -m webhook metrics --markdown`` prints the table docs/operations.md
+shows (a test keeps the two equal). A new metric is a new row there and an attribute
+annotation on :class:`Metrics`.
+"""
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -27,92 +34,159 @@ LATENCY_BUCKETS_SECONDS = (
     1.0,
 )
 
+Kind = Literal["counter", "gauge", "histogram"]
+#: prometheus-client's ways of combining a gauge of several processes (the live ones).
+Combine = Literal["livemax", "livesum", "livemostrecent"]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricDef:
+    """One exported metric. ``name`` is the name a query uses (counters end in
+    ``_total``); ``attribute`` the :class:`Metrics` attribute code updates it through.
+    ``multiprocess_mode`` (gauges): how the values of several worker processes combine
+    (webhook.web.shared_metrics)."""
+
+    attribute: str
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    multiprocess_mode: Combine = "livemax"
+
+
+#: Every metric the service exports, in the order the docs list them.
+METRICS: tuple[MetricDef, ...] = (
+    MetricDef(
+        "reviews",
+        "rpw_admission_reviews_total",
+        "counter",
+        "AdmissionReviews answered, by endpoint and verdict",
+        ("endpoint", "verdict"),
+    ),
+    MetricDef(
+        "review_latency",
+        "rpw_admission_review_duration_seconds",
+        "histogram",
+        "Time to answer one AdmissionReview (buckets from 0.5 ms)",
+        ("endpoint",),
+        buckets=LATENCY_BUCKETS_SECONDS,
+    ),
+    MetricDef(
+        "errors",
+        "rpw_errors_total",
+        "counter",
+        "Internal errors by where they happened; reviews failed open",
+        ("where",),
+    ),
+    MetricDef(
+        "preemptions",
+        "rpw_preemptions_total",
+        "counter",
+        "Victims acted on, by result (evicted, deleted, gone, skipped, blocked, failed)",
+        ("result",),
+    ),
+    MetricDef(
+        "loans",
+        "rpw_loans_total",
+        "counter",
+        "Loans acted on, by result (made, refused, returned)",
+        ("result",),
+    ),
+    MetricDef(
+        "lent",
+        "rpw_lent",
+        "gauge",
+        "Room the loans in the ledger free now, per node (cpu in millicores, memory in bytes)",
+        ("node", "resource"),
+    ),
+    MetricDef(
+        "victims_planned",
+        "rpw_victims_planned_total",
+        "counter",
+        "Victims named by admitted plans",
+    ),
+    MetricDef(
+        "victims_per_plan",
+        "rpw_victims_per_plan",
+        "histogram",
+        "Victims per preempting plan",
+        buckets=(1, 2, 3, 5, 8, 13, 21),
+    ),
+    MetricDef(
+        "ledger_conflicts",
+        "rpw_ledger_conflicts_total",
+        "counter",
+        "Ledger writes retried after a resourceVersion conflict",
+    ),
+    # Gauges with several worker processes: the largest value among the live ones - the
+    # worst cache age, the leading process's ledger.
+    MetricDef(
+        "ledger_entries",
+        "rpw_ledger_entries",
+        "gauge",
+        "Admitted resizes holding a reservation (expired and spent entries left out)",
+    ),
+    MetricDef(
+        "cache_age",
+        "rpw_cache_age_seconds",
+        "gauge",
+        "Seconds since the cache last heard from the API server",
+    ),
+    MetricDef(
+        "reconciler_actions",
+        "rpw_reconciler_actions_total",
+        "counter",
+        "Deferred resizes the reconciler acted on, by verdict",
+        ("verdict",),
+    ),
+    MetricDef(
+        "leader",
+        "rpw_leader",
+        "gauge",
+        "1 while this replica runs the preemption worker and the reconciler",
+    ),
+)
+
 
 class Metrics:
-    """Every metric the service exports, registered in its own registry."""
+    """Every metric of :data:`METRICS`, registered in its own registry, as attributes."""
+
+    reviews: Counter
+    review_latency: Histogram
+    errors: Counter
+    preemptions: Counter
+    loans: Counter
+    lent: Gauge
+    victims_planned: Counter
+    victims_per_plan: Histogram
+    ledger_conflicts: Counter
+    ledger_entries: Gauge
+    cache_age: Gauge
+    reconciler_actions: Counter
+    leader: Gauge
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.reviews = Counter(
-            "rpw_admission_reviews",
-            "AdmissionReviews answered, by endpoint and verdict",
-            ["endpoint", "verdict"],
-            registry=r,
-        )
-        self.review_latency = Histogram(
-            "rpw_admission_review_duration_seconds",
-            "Time to answer one AdmissionReview",
-            ["endpoint"],
-            buckets=LATENCY_BUCKETS_SECONDS,
-            registry=r,
-        )
-        self.errors = Counter(
-            "rpw_errors",
-            "Internal errors by where they happened; reviews failed open",
-            ["where"],
-            registry=r,
-        )
-        self.preemptions = Counter(
-            "rpw_preemptions",
-            "Victims acted on, by result (evicted, deleted, gone, skipped, blocked, failed)",
-            ["result"],
-            registry=r,
-        )
-        self.loans = Counter(
-            "rpw_loans",
-            "Loans acted on, by result (made, refused, returned)",
-            ["result"],
-            registry=r,
-        )
-        self.victims_planned = Counter(
-            "rpw_victims_planned", "Victims named by admitted plans", registry=r
-        )
-        self.victims_per_plan = Histogram(
-            "rpw_victims_per_plan",
-            "Victims per preempting plan",
-            buckets=(1, 2, 3, 5, 8, 13, 21),
-            registry=r,
-        )
-        self.ledger_conflicts = Counter(
-            "rpw_ledger_conflicts",
-            "Ledger writes retried after a resourceVersion conflict",
-            registry=r,
-        )
-        # Gauges with several worker processes (webhook.web.shared_metrics): the largest
-        # value among the live ones - the worst cache age, the leading process's ledger.
-        self.ledger_entries = Gauge(
-            "rpw_ledger_entries",
-            "Admitted resizes holding a reservation",
-            registry=r,
-            multiprocess_mode="livemax",
-        )
-        self.lent = Gauge(
-            "rpw_lent",
-            "Room currently lent by lower-priority pods, per node (cpu in millicores, "
-            "memory in bytes)",
-            ["node", "resource"],
-            registry=r,
-            multiprocess_mode="livemax",
-        )
-        self.cache_age = Gauge(
-            "rpw_cache_age_seconds",
-            "Seconds since the cache last heard from the API server",
-            registry=r,
-            multiprocess_mode="livemax",
-        )
-        self.reconciler_actions = Counter(
-            "rpw_reconciler_actions",
-            "Deferred resizes the reconciler acted on, by verdict",
-            ["verdict"],
-            registry=r,
-        )
-        self.leader = Gauge(
-            "rpw_leader",
-            "1 while this replica runs the preemption worker",
-            registry=r,
-            multiprocess_mode="livemax",
-        )
+        for d in METRICS:
+            setattr(self, d.attribute, _build(d, self.registry))
+
+
+def _build(d: MetricDef, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
+    if d.kind == "counter":
+        return Counter(d.name, d.help, d.labels, registry=registry)
+    if d.kind == "histogram":
+        return Histogram(d.name, d.help, d.labels, buckets=d.buckets, registry=registry)
+    return Gauge(d.name, d.help, d.labels, registry=registry, multiprocess_mode=d.multiprocess_mode)
+
+
+def markdown_table(metrics: Sequence[MetricDef] = METRICS) -> str:
+    """The metrics table of docs/operations.md (``python -m webhook metrics --markdown``)."""
+    lines = ["| Metric | Type | Labels | Meaning |", "|---|---|---|---|"]
+    for d in metrics:
+        labels = ", ".join(f"`{label}`" for label in d.labels)
+        lines.append(f"| `{d.name}` | {d.kind} | {labels} | {d.help} |")
+    return "\n".join(lines) + "\n"
 
 
 def observe_all(histogram: Any, amounts: Sequence[float]) -> None:
