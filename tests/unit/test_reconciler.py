@@ -358,8 +358,8 @@ def test_a_second_pass_adds_nothing_and_counts_once() -> None:
     assert [o.admitted for o in first] == [True] and second == []
     assert ledger.writes == writes
     sample = metrics.registry.get_sample_value
-    assert sample("rpw_reconciler_actions_total", {"verdict": "preempt"}) == 1
-    assert sample("rpw_victims_planned_total") == 1
+    assert sample("resize_preemption_reconciler_actions_total", {"verdict": "preempt"}) == 1
+    assert sample("resize_preemption_planned_victims_total") == 1
 
 
 def test_started_it_plans_at_once_and_again_when_woken() -> None:
@@ -401,7 +401,7 @@ def test_a_pod_left_pending_is_counted_on_changes_only_and_told_only_when_planne
         reconciler.reconcile()
     assert [] == decisions
     assert 1 == metrics.registry.get_sample_value(
-        "rpw_reconciler_actions_total", {"verdict": "infeasible"}
+        "resize_preemption_reconciler_actions_total", {"verdict": "infeasible"}
     )
 
     # The budget's status changed (the cache wakes the reconciler): planned on that pass.
@@ -410,8 +410,8 @@ def test_a_pod_left_pending_is_counted_on_changes_only_and_told_only_when_planne
 
     assert [("high", "preempt", True)] == decisions
     sample = metrics.registry.get_sample_value
-    assert sample("rpw_reconciler_actions_total", {"verdict": "infeasible"}) == 1
-    assert sample("rpw_reconciler_actions_total", {"verdict": "preempt"}) == 1
+    assert sample("resize_preemption_reconciler_actions_total", {"verdict": "infeasible"}) == 1
+    assert sample("resize_preemption_reconciler_actions_total", {"verdict": "preempt"}) == 1
 
 
 def test_a_racing_admission_wins_and_the_pass_records_nothing() -> None:

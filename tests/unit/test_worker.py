@@ -276,7 +276,7 @@ def test_victims_found_leaving_in_the_cache_are_settled_without_a_call(
     assert evictor.calls == []
     assert 0 == ledger.writes - written_before
     sample = metrics.registry.get_sample_value
-    assert sample("rpw_preemptions_total", {"result": "skipped-terminating"}) == 1
+    assert sample("resize_preemption_victims_total", {"result": "skipped-terminating"}) == 1
 
 
 def test_nothing_happens_before_the_cache_synced(
@@ -302,7 +302,10 @@ def test_errors_are_counted_and_the_entry_retried(
 
     evictor.on_evict = boom
     worker.run_once()
-    assert metrics.registry.get_sample_value("rpw_errors_total", {"where": "worker"}) == 1
+    assert (
+        metrics.registry.get_sample_value("resize_preemption_errors_total", {"where": "worker"})
+        == 1
+    )
 
     evictor.on_evict = None
     clock.now += worker.backoff.cap
@@ -442,7 +445,9 @@ def test_nodes_are_worked_on_side_by_side(
 
     assert {("low", "high", "node-1"), ("low-2", "high-2", "node-2")} == set(evictor.calls)
     assert not together.broken
-    assert None is metrics.registry.get_sample_value("rpw_errors_total", {"where": "worker"})
+    assert None is metrics.registry.get_sample_value(
+        "resize_preemption_errors_total", {"where": "worker"}
+    )
     worker.stop()
 
 

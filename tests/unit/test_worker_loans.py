@@ -142,10 +142,10 @@ def test_what_is_lent_is_measured_per_node() -> None:
     worker.run_once()
 
     assert 2000.0 == metrics.registry.get_sample_value(
-        "rpw_lent", {"node": "node-1", "resource": "cpu"}
+        "resize_preemption_lent", {"node": "node-1", "resource": "cpu"}
     )
     assert 0.0 == metrics.registry.get_sample_value(
-        "rpw_lent", {"node": "node-1", "resource": "memory"}
+        "resize_preemption_lent", {"node": "node-1", "resource": "memory"}
     )
 
 
@@ -198,5 +198,5 @@ def test_what_is_lent_drops_to_zero_once_the_node_has_no_entries() -> None:
     worker.run_once()
 
     assert 0.0 == metrics.registry.get_sample_value(
-        "rpw_lent", {"node": "node-1", "resource": "cpu"}
+        "resize_preemption_lent", {"node": "node-1", "resource": "cpu"}
     )

@@ -48,8 +48,8 @@ Guarantees:
   resumes from it, and a victim evicted before the crash is found terminating (a new
   leader acts only after the old one's Lease ran out, seconds after its last eviction
   reached every watch);
-* errors are logged, counted (``rpw_errors{where="worker"}``) and retried; they never end
-  the thread.
+* errors are logged, counted (``resize_preemption_errors_total{where="worker"}``) and
+  retried; they never end the thread.
 
 Only the leader must run it: the service registers it with
 :class:`~webhook.engine.loop.Runnables` as needing leader election. It reaches the
@@ -204,7 +204,7 @@ class PreemptionWorker:
         #: Review uids released (logged, told) once; the entry may stay in the ledger.
         self._released: set[str] = set()
         self._budgets_changed = False
-        #: Nodes whose ``rpw_lent`` was set by the last pass.
+        #: Nodes whose ``resize_preemption_lent`` was set by the last pass.
         self._lent_nodes: set[str] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -291,7 +291,7 @@ class PreemptionWorker:
             }
 
     def _count_lent(self, groups: dict[str, list[LedgerEntry]]) -> None:
-        """``rpw_lent``: what the loans the ledger records and the cache shows made
+        """``resize_preemption_lent``: what the loans the ledger records and the cache shows made
         free, per node and resource (0 on a node whose entries are gone)."""
         for node in self._lent_nodes - set(groups):
             for resource in ("cpu", "memory"):
