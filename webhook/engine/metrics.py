@@ -55,6 +55,17 @@ class MetricDef:
     multiprocess_mode: Combine = "livemax"
 
 
+#: ``unit`` label and divisor of a quantity exported in Prometheus's base units, as
+#: kube-state-metrics exports requests (``kube_pod_container_resource_requests``).
+RESOURCE_UNITS: dict[str, tuple[str, int]] = {"cpu": ("core", 1000), "memory": ("byte", 1)}
+
+
+def in_base_unit(resource: str, amount: int) -> tuple[str, float]:
+    """``(unit, value)`` of an exact amount (millicores, bytes) for a gauge."""
+    unit, divisor = RESOURCE_UNITS[resource]
+    return unit, amount / divisor
+
+
 #: Every metric the service exports, in the order the docs list them.
 METRICS: tuple[MetricDef, ...] = (
     MetricDef(
@@ -95,10 +106,11 @@ METRICS: tuple[MetricDef, ...] = (
     ),
     MetricDef(
         "lent",
-        "resize_preemption_lent",
+        "resize_preemption_lent_resources",
         "gauge",
-        "Room the loans in the ledger free now, per node (cpu in millicores, memory in bytes)",
-        ("node", "resource"),
+        "Room the loans in the ledger free now, per node, in kube-state-metrics' form: cpu "
+        "in cores (unit core), memory in bytes (unit byte)",
+        ("node", "resource", "unit"),
     ),
     MetricDef(
         "victims_planned",

@@ -75,7 +75,7 @@ from webhook.engine.config import Config
 from webhook.engine.giveback import give_backs
 from webhook.engine.ledger import Ledger, LedgerEntry, counting
 from webhook.engine.loop import Backoff, Loop
-from webhook.engine.metrics import Metrics
+from webhook.engine.metrics import RESOURCE_UNITS, Metrics, in_base_unit
 from webhook.engine.ports import (
     ClusterView,
     EvictionResult,
@@ -204,7 +204,7 @@ class PreemptionWorker:
         #: Review uids released (logged, told) once; the entry may stay in the ledger.
         self._released: set[str] = set()
         self._budgets_changed = False
-        #: Nodes whose ``resize_preemption_lent`` was set by the last pass.
+        #: Nodes whose ``resize_preemption_lent_resources`` was set by the last pass.
         self._lent_nodes: set[str] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -291,11 +291,11 @@ class PreemptionWorker:
             }
 
     def _count_lent(self, groups: dict[str, list[LedgerEntry]]) -> None:
-        """``resize_preemption_lent``: what the loans the ledger records and the cache shows made
-        free, per node and resource (0 on a node whose entries are gone)."""
+        """``resize_preemption_lent_resources``: what the loans the ledger records and the
+        cache shows made free, per node and resource (0 on a node whose entries are gone)."""
         for node in self._lent_nodes - set(groups):
             for resource in ("cpu", "memory"):
-                self.metrics.lent.labels(node, resource).set(0)
+                self.metrics.lent.labels(node, resource, RESOURCE_UNITS[resource][0]).set(0)
         self._lent_nodes = set(groups)
         for node, entries in groups.items():
             by_uid = {p.uid: p for p in self.cluster.pods_on(node)}
@@ -307,7 +307,8 @@ class PreemptionWorker:
                     seen.add(key)
                     lent[loan.resource] += loan.frees
             for resource, amount in lent.items():
-                self.metrics.lent.labels(node, resource).set(amount)
+                unit, value = in_base_unit(resource, amount)
+                self.metrics.lent.labels(node, resource, unit).set(value)
 
     def _process_node(self, entries: list[LedgerEntry], stop: threading.Event) -> None:
         for entry in sorted(entries, key=lambda e: (e.admitted_at, e.review_uid)):
