@@ -16,6 +16,7 @@ from tests.unit.builders import (
     NODE,
     NOW,
     OTHER_NODE,
+    T0,
     PodBuilder,
     make_node,
     make_pdb,
@@ -31,7 +32,13 @@ from webhook.core.resources import Resources
 from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.metrics import Metrics
-from webhook.engine.reconciler import Reconciler, giving_back, review_uid_for, skip_reason
+from webhook.engine.reconciler import (
+    DEFERRED_REASONS,
+    Reconciler,
+    giving_back,
+    review_uid_for,
+    skip_reason,
+)
 from webhook.testing import InMemoryLedger, StaticClusterView
 
 CONFIG = Config(reservation_ttl=120.0)
@@ -468,3 +475,84 @@ def test_a_deferred_give_back_is_told_apart_from_a_deferred_resize() -> None:
     # Its owner asked for another amount: an ordinary deferred resize.
     assert not giving_back(cached_pod("lender", cpu="4", allocated="1", resize="Deferred"), entries)
     assert not giving_back(cached_pod("lender", cpu="3", allocated="1", resize="Deferred"), ())
+
+
+def deferred_gauges(metrics: Metrics) -> dict[str, tuple[float, float]]:
+    """reason -> (pods, longest wait) for every reason with pods."""
+    sample = metrics.registry.get_sample_value
+    gauges = {
+        reason: (
+            sample("resize_preemption_deferred_resizes", {"reason": reason}),
+            sample("resize_preemption_deferred_resizes_longest_wait_seconds", {"reason": reason}),
+        )
+        for reason in DEFERRED_REASONS
+    }
+    assert all(v is not None for pair in gauges.values() for v in pair), "every reason is set"
+    return {r: (float(n or 0), float(w or 0)) for r, (n, w) in gauges.items() if n}
+
+
+#: high() has waited since T0 + 500: NOW - 500 - T0 seconds.
+WAITED = NOW - T0 - 500
+
+
+@pytest.mark.parametrize(
+    ("expected", "pods", "budgets"),
+    [
+        pytest.param({"preempt": (1.0, WAITED)}, (high(), *BASE), (), id="preemption-helps"),
+        pytest.param(
+            {"infeasible": (1.0, WAITED)},
+            (high(), *BASE),
+            (make_pdb("low-a").allowing(0).build(),),
+            id="a-budget-keeps-the-victim",
+        ),
+        pytest.param({"fits": (1.0, WAITED)}, (high(), low("low-a", "1")), (), id="room-appeared"),
+        pytest.param(
+            {"preemption-disabled": (1.0, WAITED)},
+            (high().resize_preemption_disabled(), *BASE),
+            (),
+            id="opted-out-pod",
+        ),
+        pytest.param(
+            {"preempt": (1.0, WAITED), "fits": (2.0, NOW - T0 - 300)},
+            (
+                high(),
+                make_pod("high-2").on(OTHER_NODE).priority(HIGH).requests(cpu="1").deferred(300),
+                make_pod("high-3").on(OTHER_NODE).priority(HIGH).requests(cpu="1").deferred(900),
+                *BASE,
+            ),
+            (),
+            id="one-gauge-per-reason",
+        ),
+        pytest.param(
+            {},
+            (make_pod("big").priority(HIGH).requests(cpu="1").resize_pending("Infeasible"),),
+            (),
+            id="infeasible-by-the-kubelet-is-not-deferred",
+        ),
+    ],
+)
+def test_deferred_resizes_are_counted_by_why_they_wait(
+    expected: dict[str, tuple[float, float]],
+    pods: tuple[PodBuilder, ...],
+    budgets: tuple[DisruptionBudget, ...],
+) -> None:
+    nodes = [make_node(NODE).build(), make_node(OTHER_NODE).build()]
+    metrics = Metrics()
+    view = StaticClusterView(nodes, [p.build() for p in pods], budgets)
+    reconciler = Reconciler(CONFIG, view, InMemoryLedger(), metrics=metrics, clock=lambda: NOW)
+
+    reconciler.reconcile()
+    reconciler.reconcile()  # an admitted plan is the worker's now: still waiting on preemption
+
+    assert expected == deferred_gauges(metrics)
+
+
+def test_a_stopped_reconciler_counts_no_deferred_resizes() -> None:
+    metrics = Metrics()
+    view = StaticClusterView([make_node(NODE).build()], [p.build() for p in (high(), *BASE)])
+    reconciler = Reconciler(CONFIG, view, InMemoryLedger(), metrics=metrics, clock=lambda: NOW)
+    reconciler.reconcile()
+
+    reconciler.stop(5)
+
+    assert {} == deferred_gauges(metrics)

@@ -463,3 +463,43 @@ def test_ledger_changes_are_pure_and_report_presence() -> None:
     assert update_entry("other", drop=("uid-low-a",))((e,)) == (None, False)
     assert remove_entry(e.review_uid)((e,)) == ((), True)
     assert remove_entry("other")((e,)) == (None, False)
+
+
+def actuation_times(metrics: Metrics) -> tuple[float | None, float | None]:
+    """(count, sum) of ``resize_preemption_time_to_actuation_seconds``."""
+    name = "resize_preemption_time_to_actuation_seconds"
+    return (
+        metrics.registry.get_sample_value(f"{name}_count"),
+        metrics.registry.get_sample_value(f"{name}_sum"),
+    )
+
+
+def test_admission_to_actuation_is_timed_once_when_the_reservation_is_spent(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    metrics = Metrics()
+    add(ledger, entry("low", persisted=True))
+    cluster = Cluster(HIGH_RESIZED, LOW, MID)
+    worker = make_worker(cluster, ledger, evictor, clock, metrics=metrics)
+    worker.run_once()  # evicts "low": waiting
+    cluster.set(pod("high", cpu="6", priority=1000), MID)
+    clock.now = ADMITTED + 7.0
+
+    worker.run_once()
+    worker.run_once()
+
+    assert (1.0, 7.0) == actuation_times(metrics)
+
+
+def test_an_entry_found_spent_by_a_new_leader_is_not_timed(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    # Admitted before this worker ran, actuated before it looked: when is not known.
+    metrics = Metrics()
+    add(ledger, entry("low", persisted=True))
+    worker = make_worker(Cluster(pod("high", cpu="6", priority=1000), MID), ledger, evictor, clock)
+    worker.metrics = metrics
+
+    worker.run_once()
+
+    assert (0.0, 0.0) == actuation_times(metrics)

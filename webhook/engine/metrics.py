@@ -34,6 +34,9 @@ LATENCY_BUCKETS_SECONDS = (
     1.0,
 )
 
+#: Resizes wait on evictions (grace periods of seconds to minutes) and on the kubelet.
+ACTUATION_BUCKETS_SECONDS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
+
 Kind = Literal["counter", "gauge", "histogram"]
 #: prometheus-client's ways of combining a gauge of several processes (the live ones).
 Combine = Literal["livemax", "livesum", "livemostrecent"]
@@ -153,6 +156,32 @@ METRICS: tuple[MetricDef, ...] = (
         ("verdict",),
     ),
     MetricDef(
+        "time_to_actuation",
+        "resize_preemption_time_to_actuation_seconds",
+        "histogram",
+        "Time from a preempting resize's admission until the kubelet actuated it, observed "
+        "by the leader's worker when the reservation is spent",
+        buckets=ACTUATION_BUCKETS_SECONDS,
+    ),
+    # No node label: a pod per node would make a series per node of the cluster; the
+    # reason is a short fixed list (webhook.engine.reconciler.DEFERRED_REASONS), and
+    # ``python -m webhook status`` names the pods and nodes.
+    MetricDef(
+        "deferred_resizes",
+        "resize_preemption_deferred_resizes",
+        "gauge",
+        "Pods whose resize the kubelet Deferred, as the reconciler sees them, by why they "
+        "wait (preempt: preemption is making room)",
+        ("reason",),
+    ),
+    MetricDef(
+        "deferred_longest_wait",
+        "resize_preemption_deferred_resizes_longest_wait_seconds",
+        "gauge",
+        "Seconds the longest-waiting Deferred resize has waited, by why it waits",
+        ("reason",),
+    ),
+    MetricDef(
         "leader",
         "resize_preemption_leader_election_master_status",
         "gauge",
@@ -176,6 +205,9 @@ class Metrics:
     ledger_entries: Gauge
     cache_age: Gauge
     reconciler_actions: Counter
+    time_to_actuation: Histogram
+    deferred_resizes: Gauge
+    deferred_longest_wait: Gauge
     leader: Gauge
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:

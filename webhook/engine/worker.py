@@ -203,6 +203,10 @@ class PreemptionWorker:
         self._settled: set[tuple[str, str]] = set()
         #: Review uids released (logged, told) once; the entry may stay in the ledger.
         self._released: set[str] = set()
+        #: Review uids seen not actuated yet: their actuation is timed (a new leader
+        #: cannot tell when an entry it finds spent was actuated).
+        self._unactuated: set[str] = set()
+        self._started_at = float("inf")
         self._budgets_changed = False
         #: Nodes whose ``resize_preemption_lent_resources`` was set by the last pass.
         self._lent_nodes: set[str] = set()
@@ -212,6 +216,7 @@ class PreemptionWorker:
     def start(self) -> None:
         """Start the worker thread (idempotent); its first pass resumes whatever the
         ledger holds."""
+        self._started_at = min(self._started_at, self.clock())
         self._loop.start()
         log.info("preemption worker started")
 
@@ -280,6 +285,7 @@ class PreemptionWorker:
         # Forget state of entries no longer in the ledger, and evictions the cache shows.
         self.backoff.retain(live)
         self._released &= live
+        self._unactuated &= live
         self._settled = {k for k in self._settled if k[0] in live}
         with self._lock:
             self._evicted = {
@@ -401,6 +407,8 @@ class PreemptionWorker:
         if not self.backoff.ready(entry.review_uid):
             return None
         action = self.decide(entry)
+        if not isinstance(action, Release):
+            self._unactuated.add(entry.review_uid)
         if isinstance(action, Release):
             # 1. Nothing more to do for this resize.
             self._release(entry, action)
@@ -418,12 +426,21 @@ class PreemptionWorker:
         if entry.review_uid in self._released:
             return
         self._released.add(entry.review_uid)
+        if action.reason == "actuated":
+            self._time_actuation(entry)
         log.info("released %s on %s: %s", entry.pod.key, entry.node, action.detail)
         if action.reason not in ABANDONING or self.recorder is None:
             return
         left = [v for v in self._with_evicted(entry).pending_victims if self._live(v)]
         if left:
             self.recorder.abandoned(entry.pod, left, entry.node, action.detail)
+
+    def _time_actuation(self, entry: LedgerEntry) -> None:
+        """Observes admission to actuation once per entry, for entries this worker saw
+        waiting or that were admitted while it ran; up to a pass late (``interval``)."""
+        if entry.review_uid in self._unactuated or entry.admitted_at >= self._started_at:
+            self._unactuated.discard(entry.review_uid)
+            self.metrics.time_to_actuation.observe(max(0.0, self.clock() - entry.admitted_at))
 
     def _count_settled(self, entry: LedgerEntry, settle: tuple[PodRef, ...]) -> None:
         """Counts each victim found leaving or gone once per entry; no API call."""
