@@ -62,6 +62,8 @@ def query(port: int, expr: str) -> dict[str, Any]:
             answer: dict[str, Any] = json.load(response)
     except urllib.error.HTTPError as e:
         answer = json.load(e)
+    except urllib.error.URLError as e:
+        answer = {"status": "error", "error": f"prometheus not reachable: {e.reason}"}
     return answer
 
 
@@ -131,6 +133,8 @@ def test_every_panel_and_alert_evaluates_and_the_main_panels_show_the_walkthroug
     wait_until: Waiter,
 ) -> None:
     process, port = prometheus
+    # A scrape before the walkthrough: rate() and increase() need the counts from before.
+    wait_until(lambda: scraped(port, 1), timeout=30, interval=0.2, what="a first scrape")
     walkthrough(kubectl, priority_classes)
     expect_preempted_and_actuated(
         cluster, namespace, resize(kubectl, "high-priority-pod", "6"), wait_until, cpu="6"
