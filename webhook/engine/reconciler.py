@@ -175,20 +175,13 @@ class Reconciler:
         seen: set[tuple[str, int]] = set()
         waiting: dict[str, list[Pod]] = {}
         for pod in sorted(self.cluster.pending_resizes(), key=_kubelet_order):
-            skip = skip_reason(pod)
-            if skip:
-                if pod.resize == "deferred":
-                    waiting.setdefault(skip, []).append(pod)
+            planned = not skip_reason(pod)
+            reason, outcome = self.consider(pod)
+            if pod.resize == "deferred":
+                waiting.setdefault(reason, []).append(pod)
+            if not planned:
                 continue
             seen.add((pod.uid, pod.generation))
-            try:
-                reason, outcome = self._reconcile_pod(pod)
-            except WebhookError as e:
-                log.warning("deferred resize of %s not planned: %s", pod.key, e)
-                self._count_error()
-                waiting.setdefault("error", []).append(pod)
-                continue
-            waiting.setdefault(reason, []).append(pod)
             if outcome is not None:
                 outcomes.append(outcome)
                 self._report(pod, outcome)
@@ -196,6 +189,22 @@ class Reconciler:
             del self._last[key]
         self._count_deferred(waiting)
         return outcomes
+
+    def consider(self, pod: Pod) -> tuple[str, Outcome | None]:
+        """Why ``pod``'s pending resize waits (one of :data:`DEFERRED_REASONS`, or
+        ``infeasible``/``not-pending`` for a pod the kubelet did not defer) and what a
+        pass decides for it (``None``: nothing new), through the ledger's ``update``; a
+        ledger that keeps its writes to itself makes this a read-only look (``python -m
+        webhook status``). Reports nothing: :meth:`reconcile` does."""
+        skip = skip_reason(pod)
+        if skip:
+            return skip, None
+        try:
+            return self._reconcile_pod(pod)
+        except WebhookError as e:
+            log.warning("deferred resize of %s not planned: %s", pod.key, e)
+            self._count_error()
+            return "error", None
 
     def _count_deferred(self, waiting: dict[str, list[Pod]]) -> None:
         """Sets both deferred gauges for every reason (0 without pods), so a reason
