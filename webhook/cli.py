@@ -124,7 +124,7 @@ def _ask_cluster(args: argparse.Namespace, read: Any) -> Any:
     """``read(api_client)`` against the cluster of ``--kubeconfig``/``--context``, its
     failures turned into :class:`ClusterUnusable` with a one-line message."""
     from webhook.kube.client import make_api_client
-    from webhook.kube.errors import ClusterError, Forbidden, NotFound
+    from webhook.kube.errors import ClusterError, Forbidden, Unavailable
 
     try:
         api = make_api_client(args.kubeconfig, context=args.context, connect_timeout=5.0)
@@ -138,13 +138,14 @@ def _ask_cluster(args: argparse.Namespace, read: Any) -> Any:
             f"its Role in namespace {args.namespace}, docs/operations.md)",
             EXIT_FORBIDDEN,
         ) from None
-    except NotFound:
-        raise
-    except ClusterError as e:
+    except Unavailable as e:
         host = api.configuration.host
         raise ClusterUnusable(
             f"cannot reach the API server at {host}: {_errno_text(str(e))}", EXIT_UNREACHABLE
         ) from None
+    except ClusterError as e:
+        host = api.configuration.host
+        raise ClusterUnusable(f"the API server at {host} answered {e}", EXIT_UNREACHABLE) from None
     finally:
         api.close()  # type: ignore[no-untyped-call]
 
@@ -161,11 +162,10 @@ def _live_plan(args: argparse.Namespace, key: str, patch: dict[str, Any]) -> Any
             pod = read_pod(api, namespace, name)
         except NotFound:
             raise LookupFailed(f"no pod {key} in the cluster") from None
-        node = (pod.get("spec") or {}).get("nodeName")
-        live = read_live(api, namespace=args.namespace, node=node or None)
-        if not node:
-            live = type(live)((pod, *live.objects), live.entries, live.leader)
-        return live
+        # An unbound pod: node "" reads the pods bound nowhere (it among them), no node.
+        return read_live(
+            api, namespace=args.namespace, node=(pod.get("spec") or {}).get("nodeName") or ""
+        )
 
     live = _ask_cluster(args, read)
     snapshot = load_snapshot(live.objects)

@@ -73,7 +73,14 @@ def test_no_documented_setting_is_unknown() -> None:
 def _metrics_table(doc: Path) -> str:
     """The first table under ``## Metrics``, its lines as written."""
     section = doc.read_text(encoding="utf-8").split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
-    return "".join(line + "\n" for line in section.splitlines() if line.startswith("|"))
+    lines = section.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = []
+    for line in lines[first:]:
+        if not line.startswith("|"):
+            break
+        table.append(line + "\n")
+    return "".join(table)
 
 
 def test_the_operations_metrics_table_is_the_generated_one(

@@ -79,7 +79,8 @@ def read_pod(api: ApiClient, namespace: str, name: str) -> Mapping[str, Any]:
 
 def read_live(api: ApiClient, *, namespace: str, node: str | None = None) -> LiveState:
     """Read everything :class:`LiveState` holds; with ``node``, only that node, the pods
-    bound to it and its ledger entries (budgets and priority classes always whole).
+    bound to it and its ledger entries (budgets and priority classes always whole); node
+    ``""`` reads the pods bound to no node.
     ``namespace``: the webhook's, where its Leases are."""
     objects: list[Mapping[str, Any]] = []
     for kind, path in _LISTS:
