@@ -57,13 +57,15 @@ def viewer_objects() -> list[dict[str, Any]]:
     return found
 
 
-def apply(cluster: Cluster, path: str, body: dict[str, Any]) -> None:
+def create(cluster: Cluster, path: str, body: dict[str, Any]) -> str | None:
+    """Create ``body`` under ``path``; its path, or ``None`` when it was there already."""
     try:
         cluster.client.create(path, body)
     except ApiError as e:
         if e.status != 409:
             raise
-        cluster.client.replace(f"{path}/{body['metadata']['name']}", body)
+        return None
+    return f"{path}/{body['metadata']['name']}"
 
 
 def token_kubeconfig(cluster: Cluster, kubectl: Kubectl, account: str, out: Path) -> Path:
@@ -98,11 +100,13 @@ def accounts(
     """``accounts("viewer")``: a kubeconfig of a ServiceAccount bound to the viewer roles;
     ``accounts("outsider")``: of one bound to nothing."""
     ensure_namespace(cluster.client, NAMESPACE)
-    for role in viewer_objects():
-        if role["kind"] == "ClusterRole":
-            apply(cluster, "/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
-        else:
-            apply(cluster, f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles", role)
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    created = [
+        create(cluster, f"{rbac}/clusterroles", role)
+        if role["kind"] == "ClusterRole"
+        else create(cluster, f"{rbac}/namespaces/{NAMESPACE}/roles", role)
+        for role in viewer_objects()
+    ]
     binding = f"{VIEWER}-{secrets.token_hex(3)}"
     subject = {"kind": "ServiceAccount", "name": "viewer", "namespace": namespace}
     ref = {"apiGroup": "rbac.authorization.k8s.io", "name": VIEWER}
@@ -136,6 +140,9 @@ def accounts(
     yield lambda account: token_kubeconfig(cluster, kubectl, account, tmp_path / account)
     cluster.client.delete(f"{cluster_bindings}/{binding}")
     cluster.client.delete(f"{role_bindings}/{binding}")
+    for path in created:
+        if path is not None:
+            cluster.client.delete(path)
 
 
 def leases(cluster: Cluster) -> dict[str, str]:
