@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.unit.builders import (
     HIGH,
@@ -556,3 +558,41 @@ def test_a_stopped_reconciler_counts_no_deferred_resizes() -> None:
     reconciler.stop(5)
 
     assert {} == deferred_gauges(metrics)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["Deferred", "Infeasible"]),
+            st.sampled_from(["plain", "disabled", "terminating", "unbound", "elsewhere"]),
+            st.integers(min_value=1, max_value=12),
+            st.integers(min_value=0, max_value=9000),
+        ),
+        max_size=8,
+    )
+)
+def test_every_deferred_pod_is_counted_under_exactly_one_reason(
+    pods: list[tuple[str, str, int, int]],
+) -> None:
+    built = []
+    for i, (pending, kind, cpu, since) in enumerate(pods):
+        b = make_pod(f"p{i}").priority(HIGH).requests(cpu=str(cpu)).resize_pending(pending, since)
+        b = {
+            "plain": b,
+            "disabled": b.resize_preemption_disabled(),
+            "terminating": b.terminating(),
+            "unbound": b.unbound(),
+            "elsewhere": b.on("gone-node"),
+        }[kind]
+        built.append(b.build())
+    metrics = Metrics()
+    view = StaticClusterView([make_node(NODE).build()], [*built, *(p.build() for p in BASE)])
+    reconciler = Reconciler(CONFIG, view, InMemoryLedger(), metrics=metrics, clock=lambda: NOW)
+
+    reconciler.reconcile()
+
+    gauges = deferred_gauges(metrics)
+    deferred = [p for p in built if p.resize == "deferred"]
+    assert len(deferred) == sum(n for n, _ in gauges.values())
+    for _, longest in gauges.values():
+        assert 0 <= longest <= NOW - T0
