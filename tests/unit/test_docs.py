@@ -109,3 +109,25 @@ def test_the_documented_decision_log_line_has_the_fields_the_engine_logs(
         engine.validate(walkthrough_review()["request"])
     logged = json.loads(caplog.records[-1].getMessage())
     assert ("preempt", sorted(logged)) == (documented["verdict"], sorted(documented))
+
+
+def test_no_doc_rule_or_code_uses_a_metric_name_from_before_the_rename() -> None:
+    # The old names all began with rpw_ (docs/operations.md lists them): a merge that
+    # brings one back would export or query a series nobody else knows.
+    repo = SERVICE_DOC.parents[1]
+    files = [
+        *repo.glob("docs/*.md"),
+        repo / "README.md",
+        *(p for p in (repo / "deploy").rglob("*") if p.is_file()),
+        *(repo / "webhook").rglob("*.py"),
+    ]
+    old = re.compile(r"\brpw_[a-z_]+")
+    found = {
+        f"{path.relative_to(repo)}: {name}"
+        for path in files
+        for line in path.read_text(encoding="utf-8").splitlines()
+        # The table of old names and their new ones.
+        if not (path.name == "operations.md" and line.startswith("| `rpw_"))
+        for name in old.findall(line)
+    }
+    assert set() == found
