@@ -43,7 +43,14 @@ SERVICE_CIDR = "10.0.0.0/24"
 #: What a Deployment needs to get pods: its ReplicaSets, and their pods. No garbage
 #: collector: nothing here relies on cascading deletion (whoever removes a Deployment
 #: removes its ReplicaSets and pods too), and its graph watches every resource type.
-WORKLOAD_CONTROLLERS = ("deployment-controller", "replicaset-controller")
+# The garbage collector with them, as in every real cluster: removing a Deployment (helm
+# uninstall, a test's cleanup) removes its ReplicaSets and their pods, which the replicaset
+# controller would otherwise keep recreating.
+WORKLOAD_CONTROLLERS = (
+    "deployment-controller",
+    "replicaset-controller",
+    "garbage-collector-controller",
+)
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 CONTEXT = "rpw-local"
 # Only the admission/eviction paths matter to the webhook's tests; everything else stays
@@ -76,7 +83,8 @@ class ControlPlaneConfig:
     ``audit_policy``: replaces :data:`AUDIT_POLICY` (e.g. to log every request when
     counting a component's API calls); None keeps the default.
     ``workload_controllers``: kube-controller-manager also runs
-    :data:`WORKLOAD_CONTROLLERS`, so Deployments get ReplicaSets and pods.
+    :data:`WORKLOAD_CONTROLLERS`, so Deployments get ReplicaSets and pods, and lose them
+    when removed.
     """
 
     state_dir: Path | None = None

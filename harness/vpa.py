@@ -410,8 +410,9 @@ def deployment_manifest(
 
 
 def remove_workloads(client: KubeClient, namespace: str) -> None:
-    """Delete the VPA objects, Deployments and ReplicaSets of ``namespace`` (their pods stay
-    for the caller: no garbage collector runs), so nothing recreates the pods."""
+    """Delete the VPA objects, Deployments and ReplicaSets of ``namespace``, so nothing
+    recreates the pods; the caller removes the pods at once (the garbage collector would
+    too, but only after the pods' grace period)."""
     for path in (
         f"{API}/namespaces/{namespace}/verticalpodautoscalers",
         f"/apis/apps/v1/namespaces/{namespace}/deployments",

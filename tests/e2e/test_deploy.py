@@ -399,7 +399,7 @@ def test_baseline_holds_none_of_the_expected_rights(admin: Kubectl, rbac: None) 
         (("get", "secrets", "-n", NAMESPACE), False),
         (("update", "pods", "-A"), False),
         (("patch", "pods", "-A"), False),
-        (("patch", "pods", "--subresource=resize", "-A"), False),
+        (("patch", "pods", "--subresource=resize", "-A"), True),
         (("create", "pods", "-A"), False),
         (("patch", "nodes"), False),
         (("create", "events", "-n", "default"), False),
