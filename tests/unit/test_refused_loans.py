@@ -18,7 +18,9 @@ from tests.unit.test_worker_logic import ADMITTED, CONFIG, NODE, NOW
 from webhook.core.lending import Loan, refusal_state, refused, room
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import plan_resize
+from webhook.core.quantity import memory_bytes
 from webhook.core.resources import ZERO, Resources
+from webhook.engine.giveback import give_backs
 from webhook.engine.ledger import LedgerEntry, kept
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import LoanResult
@@ -75,6 +77,10 @@ def batch_1(
     )
     if error_generation is not None:
         b = b.resize_error(REFUSAL, error_generation)
+    if allocated or running:
+        # The kubelet's pod-level aggregates follow the allocation, not what runs.
+        held = memory_bytes(allocated or spec)
+        b = b.pod_status_resources(Resources(1000, held), Resources(1000, held))
     return b.build()
 
 
@@ -321,3 +327,17 @@ def test_the_kubelet_error_is_parsed_with_the_generation_it_is_about() -> None:
 
 def test_a_pod_whose_resize_the_kubelet_cannot_actuate_lends_nothing() -> None:
     assert (Resources(0, 4 * GI), ZERO) == (room(batch_1()), room(REFUSED))
+
+
+def test_nothing_is_given_back_into_the_room_a_refused_lender_is_owed() -> None:
+    # The borrower holds its 8Gi; the kubelet still reports batch-1 at the 4Gi it
+    # allocated, though batch-1 asks for 6Gi again: 8 + 4 + 4 would fit, 8 + 6 + 4 does not.
+    recorded = replace(ENTRY, loans=(LOAN_2,), refused=(LOAN_1,))
+    lent = batch_2(spec="2Gi")
+
+    owed = give_backs(NODE, (high("8Gi"), RESTORING, lent), (recorded,), NOW)
+    none_owed = give_backs(
+        NODE, (high("8Gi"), RESTORING, lent), (replace(recorded, refused=()),), NOW
+    )
+
+    assert ((), (LOAN_2,)) == (owed, tuple(g.loan for g in none_owed))

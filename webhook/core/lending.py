@@ -17,6 +17,7 @@ See docs/lending.md.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -257,3 +258,19 @@ def refusal_state(loan: Loan, lender: Pod | None) -> RefusalState:
         if allocated is not None and allocated.get(loan.resource) < loan.before
         else "ended"
     )
+
+
+def owed_back(pods: Iterable[Pod], loans: Iterable[Loan]) -> tuple[Pod, ...]:
+    """``pods`` with every refused loan of ``loans`` not ended counted at its ``before``:
+    the kubelet allocated the lowered amount (and may have given it to the borrower, and
+    reports the pod at it), but the lender never ran below ``before`` and is owed it."""
+    by_lender: dict[str, list[Loan]] = {}
+    for loan in loans:
+        by_lender.setdefault(loan.pod.uid, []).append(loan)
+    out = []
+    for p in pods:
+        for loan in by_lender.get(p.uid, ()):
+            if refusal_state(loan, p) != "ended":
+                p = lowered(p, loan.container, loan.resource, loan.before)
+        out.append(p)
+    return tuple(out)

@@ -52,7 +52,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from webhook.core.lending import Loan, LoanState, loan_state, lowered, refusal_state, refused
+from webhook.core.lending import (
+    Loan,
+    LoanState,
+    loan_state,
+    lowered,
+    owed_back,
+    refusal_state,
+    refused,
+)
 from webhook.core.model import DisruptionBudget, Node, PdbMode, Pod, PodRef
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.policy import ImportanceKey, PreemptionPolicy
@@ -400,6 +408,7 @@ def _replan(
         replace(p, terminating=True) if p.uid in handled and not p.terminating else p for p in pods
     )
     view = with_loans(view, (loan for e in (entry, *others) for loan in e.loans))
+    view = owed_back(view, entry.refused + refusing)
     view = _without_floors(view, frozenset(loan.pod.uid for loan in entry.refused + refusing))
     by_uid = {p.uid: p for p in pods}
     old = _unheld(pod) if refusing or entry.owes(by_uid) else pod
