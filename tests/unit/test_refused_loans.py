@@ -21,9 +21,10 @@ from webhook.core.plan import plan_resize
 from webhook.core.quantity import memory_bytes
 from webhook.core.resources import ZERO, Resources
 from webhook.engine.giveback import give_backs
-from webhook.engine.ledger import LedgerEntry, kept
+from webhook.engine.ledger import LedgerEntry, giving_back, kept
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import LoanResult
+from webhook.engine.worker import refuse_entry
 from webhook.engine.worker_logic import (
     Act,
     Refuse,
@@ -341,3 +342,24 @@ def test_nothing_is_given_back_into_the_room_a_refused_lender_is_owed() -> None:
     )
 
     assert ((), (LOAN_2,)) == (owed, tuple(g.loan for g in none_owed))
+
+
+def test_a_refused_lender_put_back_is_never_preempted_for() -> None:
+    recorded = replace(ENTRY, loans=(), refused=(LOAN_1,))
+
+    assert (True, False) == (
+        giving_back(RESTORING, (recorded,)),
+        giving_back(RESTORING, (replace(recorded, refused=()),)),
+    )
+
+
+def test_a_refusal_is_recorded_once() -> None:
+    action = decide(ENTRY, high("8Gi"), REFUSED, batch_2())
+    assert isinstance(action, Refuse)
+    change = refuse_entry(ENTRY.review_uid, action)
+
+    first, recorded = change((ENTRY,))
+    assert first is not None
+    again, recorded_again = change(first)
+
+    assert (True, None, False) == (recorded, again, recorded_again)

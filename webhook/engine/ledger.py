@@ -254,11 +254,17 @@ def kept(
 
 def giving_back(pod: Pod, entries: Sequence[LedgerEntry]) -> bool:
     """Whether ``pod``'s pending resize is a loan given back (its spec at a loan's
-    ``before``, not actuated yet), not a resize its owner made."""
+    ``before``, not actuated yet), or a refused loan put back, not a resize its owner
+    made. Nobody is preempted for either: a give-back takes only free room, and the room a
+    refused lender is owed is made by the entry that borrowed it."""
     return any(
         loan.pod.uid == pod.uid and loan_state(loan, pod) == "pending" and outstanding(loan, pod)
         for e in entries
         for loan in e.loans
+    ) or any(
+        loan.pod.uid == pod.uid and refusal_state(loan, pod) == "restoring"
+        for e in entries
+        for loan in e.refused
     )
 
 

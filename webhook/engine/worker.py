@@ -163,18 +163,11 @@ def refuse_entry(
 ) -> Callable[[tuple[LedgerEntry, ...]], EntryChange]:
     """Change: record ``action``'s refused loans, and its new plan, in the entry admitted
     by ``review_uid`` (:func:`~webhook.engine.worker_logic.record_refusal`); result:
-    whether the entry was there."""
+    whether that recorded anything (the entry is there, and did not have them already)."""
 
     def change(entries: tuple[LedgerEntry, ...]) -> EntryChange:
-        found = False
-        out = []
-        for e in entries:
-            if e.review_uid == review_uid:
-                found = True
-                e = record_refusal(e, action)
-            out.append(e)
-        result = tuple(out)
-        return (result if result != entries else None), found
+        out = tuple(record_refusal(e, action) if e.review_uid == review_uid else e for e in entries)
+        return (out, True) if out != entries else (None, False)
 
     return change
 
@@ -460,7 +453,7 @@ class PreemptionWorker:
         back; the next pass carries the new plan out. The write comes first: a lender put
         back before it would look like a loan still to make."""
         if not self.ledger.update(entry.node, refuse_entry(entry.review_uid, action)):
-            return  # the entry went away meanwhile
+            return  # gone meanwhile, or recorded already (counted then)
         for loan in action.loans:
             self.metrics.loans.labels("refused").inc()
             log.info(
