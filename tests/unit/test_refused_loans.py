@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.unit.builders import make_pod
 from tests.unit.test_worker import Clock, Cluster, FakeEvictor, make_worker
@@ -363,3 +365,33 @@ def test_a_refusal_is_recorded_once() -> None:
     again, recorded_again = change(first)
 
     assert (True, None, False) == (recorded, again, recorded_again)
+
+
+def _loans(draw: st.DrawFn) -> tuple[Loan, ...]:
+    count = draw(st.integers(min_value=0, max_value=5))
+    return tuple(
+        Loan(
+            PodRef("default", f"lender-{i}", f"uid-{i}"),
+            i,
+            "app",
+            draw(st.sampled_from(("cpu", "memory"))),
+            4000 + i,
+            1000 + i,
+            3000,
+        )
+        for i in range(count)
+    )
+
+
+@given(st.data())
+def test_recording_refusals_loses_no_loan_and_is_idempotent(data: st.DataObject) -> None:
+    loans = data.draw(st.composite(_loans)())
+    refusing = tuple(lo for lo in loans if data.draw(st.booleans()))
+    before = replace(ENTRY, loans=loans)
+    action = Refuse(refusing, None, REFUSAL)
+
+    once = record_refusal(before, action)
+
+    assert once == record_refusal(once, action)
+    assert refusing == once.refused
+    assert tuple(lo for lo in loans if lo not in refusing) == once.loans
