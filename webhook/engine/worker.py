@@ -37,7 +37,12 @@ Guarantees:
   this worker and not yet seen leaving, are skipped; the eviction carries the victim's
   uid as a precondition;
 * never evicts a pod the admitted plan did not name (``next_action`` re-plans restricted
-  to the entry's own pending victims, and evicts fewer when room appeared);
+  to the entry's own pending victims, and evicts fewer when room appeared), except after
+  a loan the kubelet refused: the plan made again without its lender is written into the
+  entry first, and only its victims may go;
+* a loan the kubelet refused is recorded (one write), put back (the lender's spec from
+  the loan's ``after`` to its ``before``, with its uid and resourceVersion as
+  preconditions) and counted once in ``rpw_loans{result="refused"}``;
 * before each eviction the entry must still be in the ledger with the victim pending, and
   (from the second victim on) a fresh decision on the current cache must still name it:
   a newer resize of the same pod, a release, or room that appeared stops the old plan;

@@ -19,11 +19,17 @@ The rules, in the order they are checked (numbered like the comments below):
    admission; later the entry is released (a later webhook or the API server refused it);
    a pod whose spec changed again since (another spec, its generation past the entry's)
    was superseded and is released;
-4. an actuated resize (allocated >= desired for every container) is released, and so is
-   one the kubelet marked Infeasible;
-5. otherwise the resize is planned again on fresh state with
-   :func:`webhook.core.plan.plan_resize`, restricted to the victims the admitted plan named
-   and still pending, so the worker never evicts a pod the admission did not name, and
+4. a loan the kubelet refused (:func:`webhook.core.lending.refused`) is recorded with a
+   plan made again without its lender (:class:`Refuse`): every candidate may go and any
+   other lender lend, the refused lender counted at what it is owed and the borrower at
+   nothing (it may hold its new size already); the entry names the new victims and loans
+   in that one write, and each refused loan is put back (:func:`to_put_back`);
+5. an actuated resize (allocated >= desired for every container) is released - unless a
+   refused lender still waits for its room back - and so is one the kubelet marked
+   Infeasible;
+6. otherwise the resize is planned again on fresh state with
+   :func:`webhook.core.plan.plan_resize`, restricted to the victims the entry names and
+   still pending, so the worker never evicts a pod the entry does not name, and
    evicts fewer when room appeared. ``fits``: no more evictions, pending victims are
    released from the claim; ``preempt``: evict the listed victims the plan still needs, in
    the entry's order; ``infeasible``: wait (a PodDisruptionBudget may allow it later),
