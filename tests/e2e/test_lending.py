@@ -414,7 +414,7 @@ def test_a_loan_the_kubelet_refuses_is_put_back_and_the_room_borrowed_elsewhere(
         lambda: (lambda p: p if memory_of(p) == (6 * gi,) * 4 else None)(
             read_pod(cluster, namespace, "batch-1")
         ),
-        # The kubelet reports the refusal at its next sync of the pod (about 10 s later).
+        # The kubelet reports the refusal at its next sync of the pod (10-15 s later).
         timeout=60,
         what="batch-1 back at its own spec, allocated and running",
     )
