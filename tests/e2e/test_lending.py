@@ -443,6 +443,6 @@ def test_a_loan_the_kubelet_refuses_is_put_back_and_the_room_borrowed_elsewhere(
     assert [] == events(kubectl, "batch-1", "Preempted") + events(kubectl, "batch-2", "Preempted")
     metrics = scrape(service.metrics_port)
     assert (1.0, 2.0) == (
-        sample(metrics, "rpw_loans_total", result="refused"),
-        sample(metrics, "rpw_loans_total", result="made"),
+        sample(metrics, "resize_preemption_loans_total", result="refused"),
+        sample(metrics, "resize_preemption_loans_total", result="made"),
     )

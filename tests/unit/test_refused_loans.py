@@ -290,7 +290,7 @@ def worker_on(cluster: Cluster, entry: LedgerEntry, metrics: Metrics) -> tuple[o
 
 
 def refused_count(metrics: Metrics) -> float | None:
-    return metrics.registry.get_sample_value("rpw_loans_total", {"result": "refused"})
+    return metrics.registry.get_sample_value("resize_preemption_loans_total", {"result": "refused"})
 
 
 def test_the_worker_records_the_refusal_puts_the_lender_back_and_borrows_elsewhere() -> None:

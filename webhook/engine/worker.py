@@ -42,7 +42,7 @@ Guarantees:
   entry first, and only its victims may go;
 * a loan the kubelet refused is recorded (one write), put back (the lender's spec from
   the loan's ``after`` to its ``before``, with its uid and resourceVersion as
-  preconditions) and counted once in ``rpw_loans{result="refused"}``;
+  preconditions) and counted once in ``resize_preemption_loans_total{result="refused"}``;
 * before each eviction the entry must still be in the ledger with the victim pending, and
   (from the second victim on) a fresh decision on the current cache must still name it:
   a newer resize of the same pod, a release, or room that appeared stops the old plan;
