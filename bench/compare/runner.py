@@ -162,7 +162,12 @@ class ScenarioRun:
         return {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": p.name, "namespace": self.namespace, "labels": dict(p.labels)},
+            "metadata": {
+                "name": p.name,
+                "namespace": self.namespace,
+                "labels": dict(p.labels),
+                "annotations": dict(p.annotations),
+            },
             "spec": {
                 "nodeName": self.nodes[p.node],
                 "priorityClassName": self.side.ensure_priority_class(p.priority, p.never),
@@ -458,11 +463,33 @@ def summary(data: list[dict[str, Any]]) -> str:
                 f"median time to {label} over the {len(both)} scenarios where both sides "
                 f"have one: ours {ours:.0f} ms, upstream {upstream:.0f} ms"
             )
+    loans = lending_summary(data)
+    if loans:
+        lines.append(loans)
     same = [r["scenario"] for r in data if r["ours"]["victims"] == r["upstream"]["victims"]]
     differ = [r["scenario"] for r in data if r["ours"]["victims"] != r["upstream"]["victims"]]
     lines.append(f"same victims: {', '.join(same) or 'none'}")
     lines.append(f"different victims: {', '.join(differ) or 'none'}")
     return "\n".join(lines)
+
+
+def lending_summary(data: list[dict[str, Any]]) -> str:
+    """Room from loans vs from evictions: ``lending`` on our side against the walkthrough's
+    eviction on our side and ``lending`` on kube-scheduler's (which evicts); empty unless
+    all three were measured."""
+    by_name = {r["scenario"]: r for r in data}
+    if "lending" not in by_name or "walkthrough" not in by_name:
+        return ""
+    loans = by_name["lending"]["ours"]["actuated_ms"]
+    evictions = by_name["walkthrough"]["ours"]["actuated_ms"]
+    upstream = by_name["lending"]["upstream"]["actuated_ms"]
+    if loans is None or evictions is None or upstream is None:
+        return ""
+    return (
+        f"patch -> actuated with the room from loans {loans:.0f} ms, from evictions "
+        f"{evictions:.0f} ms (ratio {loans / evictions:.3f}), kube-scheduler {upstream:.0f} ms "
+        f"(ratio {loans / upstream:.3f})"
+    )
 
 
 def breakdowns(scenarios: Sequence[sc.Scenario], results: dict[str, dict[str, Measured]]) -> str:

@@ -14,8 +14,11 @@ end-to-end test asserts the two agree.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from webhook.core.model import FLOOR_ANNOTATION
 
 HIGH = 1_000_000
 LOW = 1_000
@@ -30,6 +33,7 @@ class PodSpec:
     memory: str = "64Mi"
     never: bool = False  # PriorityClass with preemptionPolicy: Never
     labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +212,34 @@ def node_opt_out() -> Scenario:
     )
 
 
+def lending() -> Scenario:
+    # The walkthrough with low-priority-pod's owner allowing it to shrink to 1 CPU: we
+    # borrow the 1 CPU missing (3 -> 2) and evict nobody. kube-scheduler knows no floors
+    # and evicts it, as in the walkthrough. Measured with the victims' whole grace period
+    # (--victim-grace 30), against the walkthrough's eviction on our side.
+    return Scenario(
+        "lending",
+        "the walkthrough with low-priority-pod annotated with a floor of 1 CPU",
+        pods=(
+            _pod(
+                "low-priority-pod",
+                LOW,
+                "3",
+                annotations={FLOOR_ANNOTATION: json.dumps({"app": {"cpu": "1"}})},
+            ),
+            _pod("high-priority-pod", HIGH, "4"),
+        ),
+        resizes=(Resize("high-priority-pod", "6"),),
+        expected={"ours": (), "upstream": ("low-priority-pod",)},
+    )
+
+
+def lending_scenarios() -> list[Scenario]:
+    """Where we lend and kube-scheduler evicts: not victim scenarios (the victims differ
+    by design), timed against the walkthrough's evictions."""
+    return [lending()]
+
+
 def scale(nodes: int = 50, pods_per_node: int = 30, concurrent: int = 20) -> Scenario:
     """``nodes`` x ``pods_per_node`` pods; ``concurrent`` high pods (one per node) grow at
     once. Per node: high 1 CPU + (pods_per_node - 1) lows of 240m with distinct priorities
@@ -251,5 +283,5 @@ def victim_scenarios() -> list[Scenario]:
 def all_scenarios(
     *, nodes: int = 50, pods_per_node: int = 30, concurrent: int = 20, with_scale: bool = True
 ) -> list[Scenario]:
-    small = victim_scenarios()
+    small = [*victim_scenarios(), *lending_scenarios()]
     return [*small, scale(nodes, pods_per_node, concurrent)] if with_scale else small

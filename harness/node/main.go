@@ -12,7 +12,8 @@
 //     actuation would fail);
 //   - container resources recorded by the runtime as containerd reports them, and a stop
 //     that takes the container's grace period;
-//   - pod memory usage (the kubelet will not lower a memory limit without it);
+//   - pod memory usage, zero unless a test sets it with a pod annotation (the kubelet will
+//     not lower a memory limit without a usage, nor below it);
 //   - real events, sent to the API server.
 package main
 

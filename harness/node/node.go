@@ -22,9 +22,9 @@ type machine struct {
 	memory int64
 }
 
-// fakeCadvisor reports the node's size and, for the pod cgroups of podCgroups, a memory
-// usage of zero: the kubelet reads it before it lowers a pod's memory limit and refuses the
-// resize when it is missing.
+// fakeCadvisor reports the node's size and, for the pod cgroups of podCgroups, the pod's
+// memory usage (podCgroups.usage): the kubelet reads it before it lowers a pod's memory
+// limit and refuses the resize when it is missing or the new limit is not above it.
 type fakeCadvisor struct {
 	cadvisortest.Fake
 	machine machine
@@ -50,6 +50,7 @@ func (c *fakeCadvisor) ContainerInfoV2(name string, options cadvisorapi.RequestO
 		return c.Fake.ContainerInfoV2(name, options)
 	}
 	now := time.Now()
+	usage := c.pods.usageOf(name)
 	return map[string]cadvisorapi.ContainerInfo{
 		name: {
 			Spec: cadvisorapi.ContainerSpec{
@@ -60,7 +61,7 @@ func (c *fakeCadvisor) ContainerInfoV2(name string, options cadvisorapi.RequestO
 			},
 			Stats: []*cadvisorapi.ContainerStats{{
 				Timestamp: now,
-				Memory:    &cadvisorapi.MemoryStats{Usage: 0, WorkingSet: 0},
+				Memory:    &cadvisorapi.MemoryStats{Usage: usage, WorkingSet: usage},
 			}},
 		},
 	}, nil
@@ -120,16 +121,31 @@ func (f reservationFile) read() v1.ResourceList {
 // a record in memory. It is seeded from the sandbox's resources when the runtime creates the
 // sandbox (what the kubelet would have written into the cgroup), written by the kubelet when
 // it actuates a resize, and dropped with the sandbox.
+//
+// A pod's memory usage is zero (no processes run), unless the pod carries the harness-only
+// annotation memoryUsageAnnotation (a quantity): a test sets it to make the kubelet refuse a
+// memory limit lowered below it, as it would for a process using that much. It is read from
+// the kubelet's copy of the pod each time the kubelet hands the pod to the pod container
+// manager, which it does right before it checks a resize against the usage.
 type podCgroups struct {
 	mu      sync.Mutex
 	configs map[types.UID]*cm.ResourceConfig
 	names   map[string]types.UID
+	usage   map[types.UID]uint64
 }
+
+// memoryUsageAnnotation sets the memory usage the node reports for a pod (harness only; see
+// docs/control-plane.md).
+const memoryUsageAnnotation = "harness.resize-preemption.io/memory-usage"
 
 var _ cm.PodContainerManager = &podCgroups{}
 
 func newPodCgroups() *podCgroups {
-	return &podCgroups{configs: map[types.UID]*cm.ResourceConfig{}, names: map[string]types.UID{}}
+	return &podCgroups{
+		configs: map[types.UID]*cm.ResourceConfig{},
+		names:   map[string]types.UID{},
+		usage:   map[types.UID]uint64{},
+	}
 }
 
 const cpuPeriod uint64 = 100000
@@ -161,8 +177,33 @@ func (p *podCgroups) drop(uid types.UID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.configs, uid)
+	delete(p.usage, uid)
 	_, name := cgroupName(uid)
 	delete(p.names, name)
+}
+
+// noteUsage records the memory usage pod's annotation sets (none: zero). A value that does
+// not parse is logged and counts as zero, so a typo never stops the node. Called with mu held.
+func (p *podCgroups) noteUsage(pod *v1.Pod) {
+	text, ok := pod.Annotations[memoryUsageAnnotation]
+	if !ok {
+		delete(p.usage, pod.UID)
+		return
+	}
+	q, err := resource.ParseQuantity(text)
+	if err != nil || q.Sign() < 0 {
+		klog.ErrorS(err, "Ignoring a memory usage annotation", "pod", klog.KObj(pod), "value", text)
+		delete(p.usage, pod.UID)
+		return
+	}
+	p.usage[pod.UID] = uint64(q.Value())
+}
+
+// usageOf is the memory usage of the pod whose cgroup is name.
+func (p *podCgroups) usageOf(name string) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.usage[p.names[name]]
 }
 
 func (p *podCgroups) knownCgroup(name string) bool {
@@ -216,6 +257,7 @@ func copyConfig(c *cm.ResourceConfig) *cm.ResourceConfig {
 }
 
 func (p *podCgroups) record(pod *v1.Pod) *cm.ResourceConfig {
+	p.noteUsage(pod)
 	config, ok := p.configs[pod.UID]
 	if !ok {
 		// A pod whose sandbox this process did not create (the node restarted): its cgroup
@@ -251,7 +293,12 @@ func (p *podCgroups) GetAllPodsFromCgroups(klog.Logger) (map[types.UID]cm.Cgroup
 
 func (p *podCgroups) IsPodCgroup(string) (bool, types.UID) { return false, "" }
 
-func (p *podCgroups) GetPodCgroupMemoryUsage(*v1.Pod) (uint64, error) { return 0, nil }
+func (p *podCgroups) GetPodCgroupMemoryUsage(pod *v1.Pod) (uint64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.noteUsage(pod)
+	return p.usage[pod.UID], nil
+}
 
 func (p *podCgroups) GetPodCgroupConfig(pod *v1.Pod, _ v1.ResourceName) (*cm.ResourceConfig, error) {
 	p.mu.Lock()

@@ -21,10 +21,13 @@ from tests.e2e.service_support import (
     read_pod,
     resize,
     run_pods,
+    sample,
+    scrape,
     spec_cpu,
     terminating,
 )
 from webhook.core.model import FLOOR_ANNOTATION
+from webhook.core.quantity import format_memory, memory_bytes
 
 pytestmark = pytest.mark.e2e
 
@@ -321,3 +324,125 @@ def test_lending_switched_off_evicts_as_before(
     ] == kubectl_warnings(result)
     wait_until(at(cluster, namespace, "high-priority-pod", "6"), timeout=30, what="actuated")
     assert [] == events(kubectl, "low-priority-pod", "Lent")
+
+
+#: Harness only: the memory the hollow node reports a pod using (docs/control-plane.md).
+MEMORY_USAGE = "harness.resize-preemption.io/memory-usage"
+
+
+def memory_of(pod: dict[str, Any] | None) -> tuple[int, int, int, int]:
+    """The first container's memory: (request, limit, allocated, actuated request)."""
+    if not pod:
+        return (0, 0, 0, 0)
+    resources = pod["spec"]["containers"][0]["resources"]
+    statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+    status = statuses[0]
+    return (
+        memory_bytes(resources.get("requests", {}).get("memory", "0")),
+        memory_bytes(resources.get("limits", {}).get("memory", "0")),
+        memory_bytes(status.get("allocatedResources", {}).get("memory", "0")),
+        memory_bytes(status.get("resources", {}).get("requests", {}).get("memory", "0")),
+    )
+
+
+def test_a_loan_the_kubelet_refuses_is_put_back_and_the_room_borrowed_elsewhere(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    lowest_class: str,
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    # web grows by 2Gi more than the node has free. batch-1 (Guaranteed, the least
+    # important) lends it first, down to 4Gi, but uses 5Gi: the kubelet will not lower its
+    # memory limit below that. batch-2 (Burstable) lends instead: only its request goes
+    # down, below what it uses, which the kubelet accepts.
+    gi = 1024**3
+    service = start_service()
+    batch_1 = pod_manifest("batch-1", "1", lowest_class, memory="6Gi")
+    batch_1["metadata"]["annotations"] = {
+        FLOOR_ANNOTATION: json.dumps({"app": {"memory": "2Gi"}}),
+        MEMORY_USAGE: "5Gi",
+    }
+    batch_2 = pod_manifest("batch-2", "1", priority_classes["low"], memory="4Gi")
+    batch_2["metadata"]["annotations"] = {
+        FLOOR_ANNOTATION: json.dumps({"app": {"memory": "1Gi"}}),
+        MEMORY_USAGE: "3Gi",
+    }
+    batch_2["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "1", "memory": "4Gi"},
+        "limits": {"memory": "8Gi"},
+    }
+    run_pods(
+        kubectl,
+        [pod_manifest("web", "1", priority_classes["high"], memory="4Gi"), batch_1, batch_2],
+    )
+    before = {
+        n: (read_pod(cluster, namespace, n) or {})["metadata"]["uid"]
+        for n in ("batch-1", "batch-2")
+    }
+    node = cluster.client.get(f"/api/v1/nodes/{NODE}")
+    target = memory_bytes(node["status"]["allocatable"]["memory"]) - 8 * gi
+    memory = format_memory(target)
+    patch = {"requests": {"memory": memory}, "limits": {"memory": memory}}
+
+    result = kubectl(
+        "patch",
+        "pod",
+        "web",
+        "--subresource",
+        "resize",
+        "--patch",
+        json.dumps({"spec": {"containers": [{"name": "app", "resources": patch}]}}),
+        check=False,
+    )
+
+    assert 0 == result.returncode, result.stderr
+    assert [
+        as_warning(
+            f"borrowing memory 2Gi from 1 lower-priority pod on {NODE}: "
+            f"{namespace}/batch-1 (memory 6Gi->4Gi)"
+        )
+    ] == kubectl_warnings(result)
+    wait_until(
+        lambda: memory_of(read_pod(cluster, namespace, "web")) == (target,) * 4,
+        timeout=30,
+        what="web's resize actuated",
+    )
+    batch_1_now = wait_until(
+        lambda: (lambda p: p if memory_of(p) == (6 * gi,) * 4 else None)(
+            read_pod(cluster, namespace, "batch-1")
+        ),
+        # The kubelet reports the refusal at its next sync of the pod (10-15 s later).
+        timeout=60,
+        what="batch-1 back at its own spec, allocated and running",
+    )
+    batch_2_now = wait_until(
+        lambda: (lambda p: p if memory_of(p)[3] == 2 * gi else None)(
+            read_pod(cluster, namespace, "batch-2")
+        ),
+        timeout=30,
+        what="batch-2's loan actuated",
+    )
+    # Burstable: the request went down below what the pod uses, its limit stayed.
+    assert (2 * gi, 8 * gi, 2 * gi, 2 * gi) == memory_of(batch_2_now)
+    assert (before["batch-1"], 0, before["batch-2"], 0) == (
+        batch_1_now["metadata"]["uid"],
+        restarts(batch_1_now),
+        batch_2_now["metadata"]["uid"],
+        restarts(batch_2_now),
+    )
+    [refused] = wait_until(
+        lambda: events(kubectl, "batch-1", "LoanRefused"), timeout=10, what="the refusal told"
+    )
+    assert ("Warning", True) == (
+        refused["type"],
+        "cannot decrease memory limits" in refused["message"],
+    )
+    assert [] == events(kubectl, "batch-1", "Preempted") + events(kubectl, "batch-2", "Preempted")
+    metrics = scrape(service.metrics_port)
+    assert (1.0, 2.0) == (
+        sample(metrics, "resize_preemption_loans_total", result="refused"),
+        sample(metrics, "resize_preemption_loans_total", result="made"),
+    )

@@ -272,6 +272,21 @@ class PodBuilder:
         self._condition("PodResizePending", reason, since)
         return self
 
+    def resize_error(self, message: str, generation: int) -> PodBuilder:
+        """``PodResizeInProgress`` reason ``Error`` for spec ``generation``: the kubelet
+        admitted a resize it could not actuate."""
+        self._obj["status"].setdefault("conditions", []).append(
+            {
+                "type": "PodResizeInProgress",
+                "status": "True",
+                "reason": "Error",
+                "message": message,
+                "observedGeneration": generation,
+                "lastTransitionTime": rfc3339(T0 + 600.0),
+            }
+        )
+        return self
+
     def resize_preemption_disabled(self) -> PodBuilder:
         self._condition("PodResizePreemptionDisabled", "NodeOptedOut", 600.0)
         return self

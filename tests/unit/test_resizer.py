@@ -14,7 +14,7 @@ from webhook.core.lending import Loan
 from webhook.core.model import PodRef
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import LoanResult
-from webhook.kube.resizer import Resizer, lent_note, resize_patch
+from webhook.kube.resizer import Resizer, lent_note, refused_note, resize_patch
 
 GI = 1024**3
 BORROWER = PodRef("default", "high-priority-pod", "uid-high")
@@ -58,11 +58,20 @@ class PodServer:
 class Recorder:
     def __init__(self) -> None:
         self.notes: list[tuple[str, str, str]] = []
+        self.types: list[str] = []
 
     def record(
-        self, regarding: PodRef, *, related: PodRef, reason: str, action: str, note: str
+        self,
+        regarding: PodRef,
+        *,
+        related: PodRef,
+        reason: str,
+        action: str,
+        note: str,
+        type_: str = "Normal",
     ) -> bool:
         self.notes.append((regarding.name, reason, note))
+        self.types.append(type_)
         return True
 
 
@@ -189,3 +198,48 @@ def test_a_loan_made_is_told_on_the_lender_and_counted() -> None:
 
 def test_lent_note_names_the_amount_in_kubernetes_notation() -> None:
     assert "lent memory 1Gi to pod uid-high on node-1" == lent_note(MEMORY_LOAN, BORROWER, "node-1")
+
+
+WHY = "cannot decrease memory limits: attempting to set pod memory limit (1073741824) below..."
+
+
+@pytest.mark.parametrize(
+    ("expected", "pod"),
+    [
+        pytest.param(LoanResult.LENT, lender("1"), id="at-after-is-put-back"),
+        pytest.param(LoanResult.DONE, lender("3"), id="at-before-is-done"),
+        pytest.param(LoanResult.VOID, lender("2"), id="owner-changed-it"),
+        pytest.param(LoanResult.VOID, lender("1", uid="uid-new"), id="replaced"),
+        pytest.param(LoanResult.VOID, None, id="gone"),
+    ],
+)
+def test_a_refused_loan_is_put_back_only_on_the_lender_it_lowered(
+    expected: LoanResult, pod: dict[str, Any] | None
+) -> None:
+    server = PodServer(pod)
+    recorder = Recorder()
+
+    result = Resizer(server, recorder, Metrics()).put_back(CPU_LOAN, BORROWER, "node-1", WHY)  # type: ignore[arg-type]
+
+    assert expected == result
+    patches = [c[2] for c in server.calls if c[0] == "PATCH"]
+    told = [("batch-1", "LoanRefused", refused_note(CPU_LOAN, WHY))]
+    if expected is LoanResult.LENT:
+        assert [
+            {
+                "metadata": {"uid": "uid-batch", "resourceVersion": "42"},
+                "spec": {
+                    "containers": [{"name": "worker", "resources": {"requests": {"cpu": "3"}}}]
+                },
+            }
+        ] == patches
+        assert (told, ["Warning"]) == (recorder.notes, recorder.types)
+    else:
+        assert ([], []) == (patches, recorder.notes)
+
+
+def test_refused_note_says_what_the_kubelet_refused_and_what_was_put_back() -> None:
+    assert f"the kubelet refused to lower memory to 1Gi ({WHY}); put back to 2Gi" == refused_note(
+        MEMORY_LOAN, WHY
+    )
+    assert 1024 == len(refused_note(MEMORY_LOAN, "x" * 2000))

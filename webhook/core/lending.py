@@ -17,6 +17,7 @@ See docs/lending.md.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -112,8 +113,11 @@ def at_floors(pod: Pod) -> Pod:
 
 
 def room(pod: Pod) -> Resources:
-    """What lending every floor of ``pod`` in full frees on its node (zero without floors)."""
-    if not pod.floors:
+    """What lending every floor of ``pod`` in full frees on its node (zero without floors).
+
+    Zero too while the kubelet reports an error actuating the pod's resize (a loan it
+    refused, being put back): a loan from it now would likely be refused again."""
+    if not pod.floors or pod.resize_error:
         return ZERO
     return (held(pod) - held(at_floors(pod))).clamp()
 
@@ -199,3 +203,74 @@ def outstanding(loan: Loan, lender: Pod | None) -> bool:
     status = lender.statuses.get(loan.container)
     granted = None if status is None else (status.allocated or status.actual)
     return granted is not None and granted.get(loan.resource) < loan.before
+
+
+def refused(loan: Loan, lender: Pod | None) -> bool:
+    """Whether the kubelet refused ``loan``: the lender lent (its spec at or below the
+    loan's ``after``), the kubelet reports an error actuating that spec
+    (``PodResizeInProgress`` reason ``Error`` for the lender's current generation), and
+    the container still runs above ``after``.
+
+    The case met is a memory limit lowered below the container's usage, which the kubelet
+    will not do ("cannot decrease memory limits ..."); it checks the whole pod's resize at
+    once, so every loan of that pod not yet actuated is refused with it. An error about an
+    older generation says nothing about this spec.
+    """
+    if lender is None or loan_state(loan, lender) != "lent" or not lender.resize_error:
+        return False
+    if lender.resize_error_generation < lender.generation:
+        return False
+    status = lender.statuses.get(loan.container)
+    running = None if status is None else status.actual
+    return running is not None and running.get(loan.resource) > loan.after
+
+
+RefusalState = Literal["undo", "restoring", "ended"]
+
+
+def refusal_state(loan: Loan, lender: Pod | None) -> RefusalState:
+    """Where a refused ``loan`` stands, read from the lender as cached.
+
+    ``undo``: the lender's spec is still at ``after``: put it back to ``before`` (one
+    lowered further since lent again, from what this loan left: that loan is undone
+    first, by its own entry).
+    ``restoring``: the spec is back at ``before`` but the kubelet has not admitted that
+    yet (its allocation is still below): the room it lost is owed to it, and the resize
+    that borrowed it must make that room. ``ended``: the lender holds its ``before``
+    again, or is gone, or its owner set another amount (its spec wins).
+    """
+    if lender is None or lender.uid != loan.pod.uid or lender.terminating or lender.terminal:
+        return "ended"
+    container = lender.container(loan.container)
+    if container is None:
+        return "ended"
+    request = container.requests.get(loan.resource)
+    if request < loan.after:
+        return "restoring"
+    if request == loan.after:
+        return "undo"
+    if request != loan.before:
+        return "ended"
+    status = lender.statuses.get(loan.container)
+    allocated = None if status is None else status.allocated
+    return (
+        "restoring"
+        if allocated is not None and allocated.get(loan.resource) < loan.before
+        else "ended"
+    )
+
+
+def owed_back(pods: Iterable[Pod], loans: Iterable[Loan]) -> tuple[Pod, ...]:
+    """``pods`` with every refused loan of ``loans`` not ended counted at its ``before``:
+    the kubelet allocated the lowered amount (and may have given it to the borrower, and
+    reports the pod at it), but the lender never ran below ``before`` and is owed it."""
+    by_lender: dict[str, list[Loan]] = {}
+    for loan in loans:
+        by_lender.setdefault(loan.pod.uid, []).append(loan)
+    out = []
+    for p in pods:
+        for loan in by_lender.get(p.uid, ()):
+            if refusal_state(loan, p) != "ended":
+                p = lowered(p, loan.container, loan.resource, loan.before)
+        out.append(p)
+    return tuple(out)

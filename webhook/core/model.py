@@ -119,6 +119,12 @@ class Pod:
     resize_pending_since: float | None = None
     #: The kubelet set ``PodResizePreemptionDisabled=True`` (node opted out, 1.37+).
     resize_preemption_disabled: bool = False
+    #: The message of ``PodResizeInProgress`` with reason ``Error``: the kubelet admitted
+    #: the resize but could not actuate it (e.g. "cannot decrease memory limits: ...");
+    #: empty otherwise. ``resize_error_generation`` is the condition's
+    #: ``observedGeneration``: the spec generation the error is about.
+    resize_error: str = ""
+    resize_error_generation: int = 0
     qos_class: str = ""
     #: From :data:`FLOOR_ANNOTATION`, in container order, cpu before memory.
     floors: tuple[Floor, ...] = ()

@@ -159,6 +159,23 @@ def _status(raw: object, where: str) -> ContainerStatus:
     )
 
 
+def _resize_error(status: Obj, where: str) -> tuple[str, int]:
+    """``PodResizeInProgress`` with reason ``Error``: (message, observedGeneration)."""
+    for i, raw in enumerate(_list(status.get("conditions"), where, ".status.conditions")):
+        cond = raw if type(raw) is dict else _map(raw, where, f".status.conditions[{i}]")
+        if (
+            cond.get("type") == "PodResizeInProgress"
+            and cond.get("status") == "True"
+            and cond.get("reason") == "Error"
+        ):
+            field = f".status.conditions[{i}]"
+            message = _str(cond.get("message"), where, f"{field}.message") or "Error"
+            return message, _int(
+                cond.get("observedGeneration"), where, f"{field}.observedGeneration"
+            )
+    return "", 0
+
+
 def _resize_state(status: Obj, where: str) -> tuple[ResizeState, float | None, bool]:
     state: ResizeState = "none"
     since: float | None = None
@@ -250,6 +267,7 @@ def parse_pod(obj: Obj, priorities: PriorityResolver = _NO_CLASSES) -> Pod:
             statuses[st.name] = st
     pod_status_resources = _map(status.get("resources"), where, ".status.resources")
     resize, since, disabled = _resize_state(status, where)
+    resize_error, error_generation = _resize_error(status, where)
     floor_text = annotations.get(FLOOR_ANNOTATION)
     floors, floor_error = ((), "") if floor_text is None else parse_floors(floor_text, spec)
     return Pod(
@@ -281,6 +299,8 @@ def parse_pod(obj: Obj, priorities: PriorityResolver = _NO_CLASSES) -> Pod:
         resize=resize,
         resize_pending_since=since,
         resize_preemption_disabled=disabled,
+        resize_error=resize_error,
+        resize_error_generation=error_generation,
         qos_class=_str(status.get("qosClass"), where, ".status.qosClass"),
         floors=floors,
         floor_error=floor_error,

@@ -12,6 +12,9 @@ A lender whose container was lent twice (two loans, the second from the amount t
 left) gets the later loan back first: only a loan whose ``after`` is the lender's
 request now is returned, so each give-back restores exactly one loan's ``before``.
 
+A lender whose loan the kubelet refused counts at the loan's ``before`` until it holds
+it again (:func:`webhook.core.lending.owed_back`): nothing is given back into that room.
+
 Ended loans need nothing: a lender whose owner changed its resources (its spec wins),
 or that is gone, owes and is owed nothing (:func:`webhook.core.lending.loan_state`).
 """
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 
 from webhook.core.accounting import pod_requests
 from webhook.core.headroom import node_usage
-from webhook.core.lending import Loan, loan_state, lowered
+from webhook.core.lending import Loan, loan_state, lowered, owed_back
 from webhook.core.model import Node, Pod
 from webhook.core.reservation import active_on
 from webhook.core.resources import Resources
@@ -91,7 +94,9 @@ def give_backs(
     pods, ``entries`` its ledger entries. Same arguments, same answer."""
     live = counting(entries, pods, now)
     by_uid = {p.uid: p for p in pods}
-    view = {p.uid: p for p in pods}
+    # A lender whose loan was refused counts at what it is owed, not at the lowered
+    # allocation the kubelet may still report: that room is spoken for.
+    view = {p.uid: p for p in owed_back(pods, (loan for e in entries for loan in e.refused))}
     out = []
     for give in _due(entries, by_uid, {e.review_uid for e in live}):
         loan = give.loan

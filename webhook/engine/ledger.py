@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from webhook.core.errors import ObjectError
-from webhook.core.lending import Loan, loan_state, outstanding
+from webhook.core.lending import Loan, loan_state, outstanding, refusal_state
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import Plan
 from webhook.core.reservation import Reservation, spent
@@ -46,7 +46,10 @@ class LedgerEntry:
     ``generation`` and ``persist_by``: see :class:`~webhook.core.reservation.Reservation`.
     ``loans``: the plan's loans in the order taken. Whether one is carried out is read
     from the cluster (the lender's spec at or below the loan's ``after``), never written,
-    so a restart neither repeats a loan nor forgets one.
+    so a restart neither repeats a loan nor forgets one. ``refused``: loans the kubelet
+    refused, taken out of ``loans`` (never made again for this entry, never given back):
+    each is put back (:func:`~webhook.core.lending.refusal_state`) and the plan made
+    again without its lender.
     """
 
     pod: PodRef
@@ -63,6 +66,7 @@ class LedgerEntry:
     generation: int = 0
     persist_by: float = 0.0
     loans: tuple[Loan, ...] = ()
+    refused: tuple[Loan, ...] = ()
 
     @classmethod
     def for_plan(
@@ -120,11 +124,16 @@ class LedgerEntry:
         cached ``pods`` of its node by uid."""
         return self.expires_at > now and not spent(self.reservation(), pods.get(self.pod.uid), now)
 
+    def owes(self, pods: Mapping[str, Pod]) -> bool:
+        """Whether a refused loan's lender is not back at its own spec yet, judged on the
+        cached ``pods`` of the node by uid."""
+        return any(refusal_state(loan, pods.get(loan.pod.uid)) != "ended" for loan in self.refused)
+
     def with_victims(self, victims: Sequence[PodRef]) -> LedgerEntry:
         return replace(self, victims=tuple(victims))
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "v": ENTRY_VERSION,
             "pod": {"namespace": self.pod.namespace, "name": self.pod.name, "uid": self.pod.uid},
             "node": self.node,
@@ -142,6 +151,10 @@ class LedgerEntry:
             "persist_by": self.persist_by,
             "loans": [_loan_json(loan) for loan in self.loans],
         }
+        if self.refused:
+            # Only when there are any: entries without keep the form older readers wrote.
+            data["refused"] = [_loan_json(loan) for loan in self.refused]
+        return data
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> LedgerEntry:
@@ -171,6 +184,7 @@ class LedgerEntry:
                 generation=int(data.get("generation", 0)),
                 persist_by=float(data.get("persist_by", 0.0)),
                 loans=tuple(_loan_from_json(item) for item in data.get("loans", ())),
+                refused=tuple(_loan_from_json(item) for item in data.get("refused", ())),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ObjectError(f"malformed ledger entry: {e!r}") from None
@@ -223,25 +237,34 @@ def counting(
 def kept(
     entries: Iterable[LedgerEntry], pods: Iterable[Pod], now: float
 ) -> tuple[LedgerEntry, ...]:
-    """The entries a write to a node keeps: those still :func:`counting`, and those whose
+    """The entries a write to a node keeps: those still :func:`counting`, those whose
     loans are not all ended (:func:`~webhook.core.lending.outstanding`): a loan is
-    given back from its entry, so the entry stays, holding no room, until it is."""
+    given back from its entry, so the entry stays, holding no room, until it is; and,
+    until they expire, those owing a refused loan's lender its room (the borrower may
+    hold it already)."""
     by_uid = {p.uid: p for p in pods}
     return tuple(
         e
         for e in entries
         if e.counts(by_uid, now)
         or any(outstanding(loan, by_uid.get(loan.pod.uid)) for loan in e.loans)
+        or (e.expires_at > now and e.owes(by_uid))
     )
 
 
 def giving_back(pod: Pod, entries: Sequence[LedgerEntry]) -> bool:
     """Whether ``pod``'s pending resize is a loan given back (its spec at a loan's
-    ``before``, not actuated yet), not a resize its owner made."""
+    ``before``, not actuated yet), or a refused loan put back, not a resize its owner
+    made. Nobody is preempted for either: a give-back takes only free room, and the room a
+    refused lender is owed is made by the entry that borrowed it."""
     return any(
         loan.pod.uid == pod.uid and loan_state(loan, pod) == "pending" and outstanding(loan, pod)
         for e in entries
         for loan in e.loans
+    ) or any(
+        loan.pod.uid == pod.uid and refusal_state(loan, pod) == "restoring"
+        for e in entries
+        for loan in e.refused
     )
 
 

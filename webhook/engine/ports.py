@@ -100,6 +100,11 @@ class LenderResizer(Protocol):
         ``done``: at ``before`` already; ``void``: at another amount, or gone)."""
         ...
 
+    def put_back(self, loan: Loan, borrower: PodRef, node: str, why: str) -> LoanResult:
+        """Undo a loan the kubelet refused (``why``: its message): the lender back to
+        ``before`` while it asks for at most ``after``; a warning event on it."""
+        ...
+
 
 class PreemptionEvents(Protocol):
     """Tells the resizing pod when its admitted plan was given up on; never raises.

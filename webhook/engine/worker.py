@@ -37,7 +37,12 @@ Guarantees:
   this worker and not yet seen leaving, are skipped; the eviction carries the victim's
   uid as a precondition;
 * never evicts a pod the admitted plan did not name (``next_action`` re-plans restricted
-  to the entry's own pending victims, and evicts fewer when room appeared);
+  to the entry's own pending victims, and evicts fewer when room appeared), except after
+  a loan the kubelet refused: the plan made again without its lender is written into the
+  entry first, and only its victims may go;
+* a loan the kubelet refused is recorded (one write), put back (the lender's spec from
+  the loan's ``after`` to its ``before``, with its uid and resourceVersion as
+  preconditions) and counted once in ``resize_preemption_loans_total{result="refused"}``;
 * before each eviction the entry must still be in the ledger with the victim pending, and
   (from the second victim on) a fresh decision on the current cache must still name it:
   a newer resize of the same pod, a release, or room that appeared stops the old plan;
@@ -84,7 +89,17 @@ from webhook.engine.ports import (
     PreemptionEvents,
     VictimEvictor,
 )
-from webhook.engine.worker_logic import Act, Action, Release, Wait, loan_state, next_action
+from webhook.engine.worker_logic import (
+    Act,
+    Action,
+    Refuse,
+    Release,
+    Wait,
+    loan_state,
+    next_action,
+    record_refusal,
+    to_put_back,
+)
 
 #: Releases that give up on a plan: victims still live then were never evicted for it,
 #: and nobody else tells the resizing pod's owner so.
@@ -144,6 +159,20 @@ def update_entry(
             return None, False
         result = tuple(out)
         return (result if result != entries else None), True
+
+    return change
+
+
+def refuse_entry(
+    review_uid: str, action: Refuse
+) -> Callable[[tuple[LedgerEntry, ...]], EntryChange]:
+    """Change: record ``action``'s refused loans, and its new plan, in the entry admitted
+    by ``review_uid`` (:func:`~webhook.engine.worker_logic.record_refusal`); result:
+    whether that recorded anything (the entry is there, and did not have them already)."""
+
+    def change(entries: tuple[LedgerEntry, ...]) -> EntryChange:
+        out = tuple(record_refusal(e, action) if e.review_uid == review_uid else e for e in entries)
+        return (out, True) if out != entries else (None, False)
 
     return change
 
@@ -406,10 +435,15 @@ class PreemptionWorker:
         """Decide and carry out one step for ``entry``; ``None`` when backing off."""
         if not self.backoff.ready(entry.review_uid):
             return None
+        # Refused loans are put back whatever the entry does next (also after a restart
+        # between recording a refusal and putting the lender back).
+        self._put_back(entry)
         action = self.decide(entry)
         if not isinstance(action, Release):
             self._unactuated.add(entry.review_uid)
-        if isinstance(action, Release):
+        if isinstance(action, Refuse):
+            self._refuse(entry, action)
+        elif isinstance(action, Release):
             # 1. Nothing more to do for this resize.
             self._release(entry, action)
         elif isinstance(action, Wait):
@@ -418,6 +452,43 @@ class PreemptionWorker:
         else:
             self._act(entry, action, stop or threading.Event())
         return action
+
+    def _refuse(self, entry: LedgerEntry, action: Refuse) -> None:
+        """Record the refusal and the new plan in one ledger write, then put the lenders
+        back; the next pass carries the new plan out. The write comes first: a lender put
+        back before it would look like a loan still to make."""
+        if not self.ledger.update(entry.node, refuse_entry(entry.review_uid, action)):
+            return  # gone meanwhile, or recorded already (counted then)
+        for loan in action.loans:
+            self.metrics.loans.labels("refused").inc()
+            log.info(
+                "the kubelet refused the loan of %s %s from %s to %s: %s; %s",
+                loan.resource,
+                loan.pod.key,
+                loan.before,
+                entry.pod.key,
+                action.why,
+                "planned again without it"
+                if action.plan is not None
+                else "no plan makes room without it",
+            )
+        self._put_back(record_refusal(entry, action), action.why)
+        self._loop.wake()
+
+    def _put_back(self, entry: LedgerEntry, why: str = "") -> None:
+        """Put back the entry's refused loans whose lender still asks for the loan's
+        ``after``; a failure backs the entry off (tried again on a later pass)."""
+        if not entry.refused or self.resizer is None:
+            return
+        pods = tuple(self.cluster.pods_on(entry.node))
+        errors = {p.uid: p.resize_error for p in pods}
+        for loan in to_put_back(entry, pods):
+            if not self._may_act():
+                return
+            reason = why or errors.get(loan.pod.uid) or "the kubelet could not actuate it"
+            if self.resizer.put_back(loan, entry.pod, entry.node, reason) is LoanResult.FAILED:
+                self.backoff.failed(entry.review_uid)
+                return
 
     def _release(self, entry: LedgerEntry, action: Release) -> None:
         if action.write:
@@ -551,4 +622,11 @@ class PreemptionWorker:
         return False
 
 
-__all__ = ["ABANDONING", "NODE_PARALLELISM", "PreemptionWorker", "remove_entry", "update_entry"]
+__all__ = [
+    "ABANDONING",
+    "NODE_PARALLELISM",
+    "PreemptionWorker",
+    "refuse_entry",
+    "remove_entry",
+    "update_entry",
+]

@@ -19,11 +19,17 @@ The rules, in the order they are checked (numbered like the comments below):
    admission; later the entry is released (a later webhook or the API server refused it);
    a pod whose spec changed again since (another spec, its generation past the entry's)
    was superseded and is released;
-4. an actuated resize (allocated >= desired for every container) is released, and so is
-   one the kubelet marked Infeasible;
-5. otherwise the resize is planned again on fresh state with
-   :func:`webhook.core.plan.plan_resize`, restricted to the victims the admitted plan named
-   and still pending, so the worker never evicts a pod the admission did not name, and
+4. a loan the kubelet refused (:func:`webhook.core.lending.refused`) is recorded with a
+   plan made again without its lender (:class:`Refuse`): every candidate may go and any
+   other lender lend, the refused lender counted at what it is owed and the borrower at
+   nothing (it may hold its new size already); the entry names the new victims and loans
+   in that one write, and each refused loan is put back (:func:`to_put_back`);
+5. an actuated resize (allocated >= desired for every container) is released - unless a
+   refused lender still waits for its room back - and so is one the kubelet marked
+   Infeasible;
+6. otherwise the resize is planned again on fresh state with
+   :func:`webhook.core.plan.plan_resize`, restricted to the victims the entry names and
+   still pending, so the worker never evicts a pod the entry does not name, and
    evicts fewer when room appeared. ``fits``: no more evictions, pending victims are
    released from the claim; ``preempt``: evict the listed victims the plan still needs, in
    the entry's order; ``infeasible``: wait (a PodDisruptionBudget may allow it later),
@@ -52,11 +58,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from webhook.core.lending import Loan, LoanState, loan_state, lowered
+from webhook.core.lending import (
+    Loan,
+    LoanState,
+    loan_state,
+    lowered,
+    owed_back,
+    refusal_state,
+    refused,
+)
 from webhook.core.model import DisruptionBudget, Node, PdbMode, Pod, PodRef
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.policy import ImportanceKey, PreemptionPolicy
 from webhook.core.reservation import actuated
+from webhook.core.resources import ZERO
 from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry, counting, desired_requests
 
@@ -115,7 +130,21 @@ class Act:
     lend: tuple[Loan, ...] = ()
 
 
-Action = Release | Wait | Act
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """The kubelet refused ``loans`` (it will not actuate them): record them in the entry
+    as refused and replace the rest of its plan with ``plan``, made again without their
+    lenders, within the same reservation (:func:`record_refusal`). ``plan`` is ``None``
+    when no plan makes room without them: the refusal is recorded and the usual rules
+    decide on the next pass (wait, or release for a fresh plan). ``why`` is the kubelet's
+    message. Each refused loan is put back (:func:`to_put_back`)."""
+
+    loans: tuple[Loan, ...]
+    plan: Plan | None
+    why: str
+
+
+Action = Release | Wait | Act | Refuse
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,9 +209,63 @@ def with_loans(pods: Sequence[Pod], loans: Iterable[Loan]) -> tuple[Pod, ...]:
     return tuple(out)
 
 
-def _victim_state(victim: PodRef, by_uid: Mapping[str, Pod]) -> Literal["live", "leaving"]:
+def to_put_back(entry: LedgerEntry, pods: Sequence[Pod]) -> tuple[Loan, ...]:
+    """The entry's refused loans whose lender still asks for the loan's ``after``: to be
+    put back to ``before``, whatever else the entry does."""
+    by_uid = {p.uid: p for p in pods}
+    return tuple(
+        loan for loan in entry.refused if refusal_state(loan, by_uid.get(loan.pod.uid)) == "undo"
+    )
+
+
+def record_refusal(entry: LedgerEntry, action: Refuse) -> LedgerEntry:
+    """``entry`` with ``action``'s loans refused and, when it has a plan, that plan in
+    place of the rest: its victims after the ones already handled, its loans after the
+    ones kept. Pure: a store may apply it again after a conflict."""
+    keys = {_loan_key(loan) for loan in action.loans}
+    known = {_loan_key(loan) for loan in entry.refused}
+    if keys <= known:
+        return entry  # recorded already
+    kept = tuple(loan for loan in entry.loans if _loan_key(loan) not in keys)
+    refused = entry.refused + tuple(loan for loan in action.loans if _loan_key(loan) not in known)
+    if action.plan is None:
+        return replace(entry, loans=kept, refused=refused)
+    handled = tuple(v for v in entry.victims if v.uid in entry.handled)
+    victims = handled + tuple(v.pod for v in action.plan.victims if v.pod.uid not in entry.handled)
+    return replace(entry, loans=kept + action.plan.loans, refused=refused, victims=victims)
+
+
+def _loan_key(loan: Loan) -> tuple[str, str, str, int, int]:
+    return (loan.pod.uid, loan.container, loan.resource, loan.before, loan.after)
+
+
+def _unheld(pod: Pod) -> Pod:
+    """``pod`` as if it held nothing on its node yet: what its resize needs is its whole
+    desired size, next to everyone else (a borrower the kubelet admitted on a loan it
+    then refused holds room that is not there)."""
+    return replace(
+        pod.with_containers(
+            tuple(replace(c, requests=ZERO) for c in pod.containers),
+            tuple(replace(c, requests=ZERO) for c in pod.init_containers),
+        ),
+        statuses={},
+        pod_allocated=None,
+        pod_actual=None,
+        pod_requests=ZERO,
+        overhead=ZERO,
+    )
+
+
+def _without_floors(pods: Iterable[Pod], lenders: frozenset[str]) -> tuple[Pod, ...]:
+    """``pods`` with the ``lenders`` (uids) lending nothing: a plan made without them."""
+    return tuple(replace(p, floors=()) if p.uid in lenders and p.floors else p for p in pods)
+
+
+def _victim_state(
+    victim: PodRef, by_uid: Mapping[str, Pod], handled: frozenset[str] = frozenset()
+) -> Literal["live", "leaving"]:
     pod = by_uid.get(victim.uid)
-    if pod is None or pod.terminal or pod.terminating:
+    if victim.uid in handled or pod is None or pod.terminal or pod.terminating:
         return "leaving"
     return "live"
 
@@ -238,41 +321,44 @@ def next_action(
             )
         return Wait("not-persisted-yet", "waiting for the resize to persist", deadline)
 
-    # 4. Done, or the kubelet will never do it.
-    if is_actuated(entry, pod):
+    # 4. Loans the kubelet refused (it will not actuate them: a memory limit below what the
+    #    container uses) are recorded, and the plan made again without their lenders,
+    #    before anything else: once recorded, each is put back whatever happens next.
+    cached = {p.uid: p for p in pods}
+    refusing = tuple(loan for loan in entry.loans if refused(loan, cached.get(loan.pod.uid)))
+    others = counting((o for o in others if o.review_uid != entry.review_uid), pods, now)
+    if refusing:
+        lender = cached[refusing[0].pod.uid]
+        why = lender.resize_error
+        if node is None:
+            return Refuse(refusing, None, why)
+        gone = {_loan_key(loan) for loan in refusing}
+        rest = replace(entry, loans=tuple(lo for lo in entry.loans if _loan_key(lo) not in gone))
+        plan = _replan(rest, pod, node, pods, others, now, config, budgets, refusing, listed=False)
+        keep = plan if plan.verdict in ("fits", "preempt") and plan.code != "no-growth" else None
+        return Refuse(refusing, keep, why)
+
+    # 5. Done, or the kubelet will never do it. A resize the kubelet actuated on a loan it
+    #    then refused is not done while that lender waits for its room back: the entry
+    #    makes that room, as it made the borrower's.
+    owing = entry.owes(cached)
+    if is_actuated(entry, pod) and not owing:
         return Release("actuated", "the kubelet allocated the new requests")
     if pod.resize == "infeasible":
         return Release("infeasible-resize", "the kubelet marked the resize Infeasible")
     if node is None:
         return Wait("node-unknown", f"node {entry.node} not in the cache")
 
-    # 5. Plan again on fresh state. Victims any entry already handled are on their way out
-    #    even if the cache has not seen their deletion yet.
-    others = counting((o for o in others if o.review_uid != entry.review_uid), pods, now)
-    handled = set(entry.handled).union(*(o.handled for o in others))
-    view = tuple(
-        replace(p, terminating=True) if p.uid in handled and not p.terminating else p for p in pods
-    )
-    cached = {p.uid: p for p in pods}
+    # 6. Plan again on fresh state, restricted to the entry's own pending victims.
     lend = tuple(
         loan for loan in entry.loans if loan_state(loan, cached.get(loan.pod.uid)) == "pending"
     )
-    view = with_loans(view, (loan for e in (entry, *others) for loan in e.loans))
-    by_uid = {p.uid: p for p in view if p.node == entry.node}
+    handled = _handled(entry, others)
+    by_uid = {p.uid: p for p in pods if p.node == entry.node}
     pending = entry.pending_victims
-    settle = tuple(v for v in pending if _victim_state(v, by_uid) == "leaving")
+    settle = tuple(v for v in pending if _victim_state(v, by_uid, handled) == "leaving")
     live = tuple(v for v in pending if v not in settle)
-    policy = ListedOnly(config.policy(), frozenset(v.uid for v in live))
-    plan = plan_resize(
-        pod,
-        pod,
-        node,
-        view,
-        now=now,
-        budgets=budgets,
-        reservations=[o.reservation() for o in others],
-        policy=policy,
-    )
+    plan = _replan(entry, pod, node, pods, others, now, config, budgets, (), listed=True)
     if plan.code == "no-growth":
         # Judged by its code, whatever verdict the core gives it: the kubelet is catching
         # up, and the entry's victims stay claimed until it has.
@@ -297,11 +383,68 @@ def next_action(
     return Release("not-eligible", plan.reason, write=True)
 
 
+def _handled(entry: LedgerEntry, others: Iterable[LedgerEntry]) -> frozenset[str]:
+    """Victims any entry already handled: on their way out even if the cache has not seen
+    their deletion yet."""
+    return frozenset(entry.handled).union(*(o.handled for o in others))
+
+
+def _replan(
+    entry: LedgerEntry,
+    pod: Pod,
+    node: Node,
+    pods: Sequence[Pod],
+    others: Sequence[LedgerEntry],
+    now: float,
+    config: Config,
+    budgets: Sequence[DisruptionBudget],
+    refusing: tuple[Loan, ...],
+    *,
+    listed: bool,
+) -> Plan:
+    """The entry's resize planned on fresh state: every loan not void counted as made
+    (the entry's and the others'), handled victims as leaving, the lenders of refused
+    loans (``refusing`` and the entry's) lending nothing. ``listed``: only the entry's
+    own live pending victims may go and nothing more is borrowed (the worker never evicts
+    a pod the admission did not name); otherwise any candidate may, and any lender lend
+    (a plan made again after a refusal). A borrower owed room by a refused loan is
+    planned as if it held nothing (:func:`_unheld`)."""
+    handled = _handled(entry, others)
+    view = tuple(
+        replace(p, terminating=True) if p.uid in handled and not p.terminating else p for p in pods
+    )
+    view = with_loans(view, (loan for e in (entry, *others) for loan in e.loans))
+    view = owed_back(view, entry.refused + refusing)
+    view = _without_floors(view, frozenset(loan.pod.uid for loan in entry.refused + refusing))
+    by_uid = {p.uid: p for p in pods}
+    old = _unheld(pod) if refusing or entry.owes(by_uid) else pod
+    base = config.policy()
+    if listed:
+        on_node = {p.uid: p for p in pods if p.node == entry.node}
+        live = frozenset(
+            v.uid for v in entry.pending_victims if _victim_state(v, on_node, handled) == "live"
+        )
+        policy: PreemptionPolicy = ListedOnly(base, live)
+    else:
+        policy = base
+    return plan_resize(
+        old,
+        pod,
+        node,
+        view,
+        now=now,
+        budgets=budgets,
+        reservations=[o.reservation() for o in others],
+        policy=policy,
+    )
+
+
 __all__ = [
     "Act",
     "Action",
     "ListedOnly",
     "LoanState",
+    "Refuse",
     "Release",
     "ReleaseReason",
     "Wait",
@@ -310,5 +453,7 @@ __all__ = [
     "is_persisted",
     "loan_state",
     "next_action",
+    "record_refusal",
+    "to_put_back",
     "with_loans",
 ]

@@ -16,6 +16,9 @@ Contract - idempotent, safe to call again after a crash or by another replica:
   judged again on the next pass) instead of being lowered;
 * a give-back (:meth:`Resizer.give_back`) is the same call the other way: the lender
   back from ``after`` to ``before``, only while it still asks for ``after``;
+* a refused loan is put back (:meth:`Resizer.put_back`) the same way: the lender from
+  ``after`` to ``before``, only while it still asks for ``after``, with a
+  ``LoanRefused`` warning event on the lender saying why;
 * ``lent`` is followed by a ``Lent`` event on the lender, related to the borrower, and
   counted in ``resize_preemption_loans_total{result="made"}``; nothing is raised: API
   failures are logged and reported as ``failed``.
@@ -41,6 +44,7 @@ log = logging.getLogger(__name__)
 
 LENT_REASON: Final = "Lent"
 LENDING_ACTION: Final = "Lending"
+REFUSED_REASON: Final = "LoanRefused"
 
 
 def amount_text(resource: str, amount: int) -> str:
@@ -52,6 +56,14 @@ def lent_note(loan: Loan, borrower: PodRef, node: str) -> str:
     """``lent cpu 2 to pod <uid> on node-1``: what the lender gave up, for whom."""
     lent = amount_text(loan.resource, loan.before - loan.after)
     return f"lent {loan.resource} {lent} to pod {borrower.uid} on {node}"
+
+
+def refused_note(loan: Loan, why: str) -> str:
+    """``the kubelet refused to lower memory to 4Gi (...); put back to 6Gi``, at most
+    the 1024 characters an event's note may have."""
+    after, before = amount_text(loan.resource, loan.after), amount_text(loan.resource, loan.before)
+    note = f"the kubelet refused to lower {loan.resource} to {after} ({why}); put back to {before}"
+    return note if len(note) <= 1024 else note[:1021] + "..."
 
 
 def resize_patch(
@@ -166,6 +178,40 @@ class Resizer:
             )
         return result
 
+    def put_back(self, loan: Loan, borrower: PodRef, node: str, why: str) -> LoanResult:
+        """Undo ``loan``, which the kubelet refused (``why``: its message): the lender
+        back to ``before`` while it still asks for the loan's ``after``
+        (``done``: at ``before`` already; ``void``: at another amount, or gone). Never
+        raises."""
+        try:
+            result = self._resize(loan, expect=loan.after, amount=loan.before)
+        except (ClusterError, ObjectError) as e:
+            log.warning("could not put %s back after a refused loan: %s", loan.pod.key, e)
+            result = LoanResult.FAILED
+        except Exception:
+            log.exception("error putting %s back after a refused loan", loan.pod.key)
+            result = LoanResult.FAILED
+        if result is LoanResult.LENT:
+            log.info(
+                "put %s %s back to %s after the kubelet refused the loan to %s on %s: %s",
+                loan.pod.key,
+                loan.resource,
+                amount_text(loan.resource, loan.before),
+                borrower.key,
+                node,
+                why,
+            )
+            if self.recorder is not None:
+                self.recorder.record(
+                    loan.pod,
+                    related=borrower,
+                    type_="Warning",
+                    reason=REFUSED_REASON,
+                    action=LENDING_ACTION,
+                    note=refused_note(loan, why),
+                )
+        return result
+
     def _resize(self, loan: Loan, *, expect: int, amount: int) -> LoanResult:
         path = _pod_path(loan.pod)
         try:
@@ -208,4 +254,13 @@ class Resizer:
         return LoanResult.LENT
 
 
-__all__ = ["LENDING_ACTION", "LENT_REASON", "Resizer", "amount_text", "lent_note", "resize_patch"]
+__all__ = [
+    "LENDING_ACTION",
+    "LENT_REASON",
+    "REFUSED_REASON",
+    "Resizer",
+    "amount_text",
+    "lent_note",
+    "refused_note",
+    "resize_patch",
+]
