@@ -322,6 +322,7 @@ class Reflector(Generic[V]):
         #: The last moment the sink was known to hold every change: a list applied, or
         #: the end of a watch stream (up to which it delivered every event).
         self._current_at = 0.0
+        self._stream_opened = 0.0
         self._watching = False
         self.lists = 0
         self.watches = 0
@@ -352,6 +353,14 @@ class Reflector(Generic[V]):
         if self._watching:
             return 0.0
         return self._clock() - self._current_at
+
+    def stream_age(self) -> float | None:
+        """Seconds the current watch stream has been open; None while none is (a relist
+        or a reconnect). A stream first replays what happened since the resourceVersion
+        it started from; what it delivers later happened just now."""
+        if not self._watching:
+            return None
+        return self._clock() - self._stream_opened
 
     def healthy(self) -> bool:
         """Synced, and a watch is open or the server was heard within the read timeout."""
@@ -540,6 +549,7 @@ class Reflector(Generic[V]):
             self._response = resp
         self.watches += 1
         self._heard()
+        self._stream_opened = self._clock()
         self._watching = True
         try:
             if self._stop.is_set():
