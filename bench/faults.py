@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
+from prometheus_client.parser import text_string_to_metric_families
 
 from harness import fault_hooks
 from harness.audit import eviction_codes
@@ -614,6 +615,37 @@ class FaultRig:
         items = self.client.get(f"/api/v1/namespaces/{namespace}/events")["items"]
         return {e.get("reason", "") for e in items if e["involvedObject"]["name"] == name}
 
+    def review_figures(self) -> dict[str, Any]:
+        """What the replicas answered since they started, from their ``/metrics``: reviews
+        by verdict, the web layer's errors (what would have been a 5xx) and the p99 of the
+        answer time (the upper bound of its histogram bucket), summed over replicas."""
+        assert self.replicas is not None
+        verdicts: Counter[str] = Counter()
+        buckets: Counter[float] = Counter()
+        web_errors = 0.0
+        for replica in self.replicas.replicas:
+            url = f"http://127.0.0.1:{replica.metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as response:
+                text = response.read().decode()
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    if s.name == "rpw_admission_reviews_total":
+                        verdicts[s.labels["verdict"]] += int(s.value)
+                    elif s.name == "rpw_admission_review_duration_seconds_bucket" and (
+                        s.labels.get("endpoint") == "validate"
+                    ):
+                        buckets[float(s.labels["le"])] += s.value
+                    elif s.name == "rpw_errors_total" and s.labels.get("where") == "web":
+                        web_errors += s.value
+        total = max(buckets.values(), default=0.0)
+        p99 = next((le for le in sorted(buckets) if buckets[le] >= 0.99 * total), 0.0)
+        return {
+            "reviews": sum(verdicts.values()),
+            "by_verdict": dict(verdicts),
+            "web_errors": int(web_errors),
+            "p99_ms_at_most": round(p99 * 1000, 1),
+        }
+
     def _markers(self) -> list[Path]:
         return sorted(self.fault_dir.glob("*.paused"))
 
@@ -767,6 +799,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     log=lambda line: print(line, file=sys.stderr, flush=True),
                     control_plane=cp,
                 ).start()
+                reviews: dict[str, Any] = {}
                 try:
                     for kind, count in plan:
                         for _ in range(count):
@@ -775,6 +808,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 results.append(rig.run_once(i))
                             else:
                                 results.append(rig.run_control_plane(i, kind))
+                    if args.fault != "replica":
+                        # Replicas that were never restarted: their counters cover it all.
+                        reviews = rig.review_figures()
                 finally:
                     rig.stop()
     print_table(results)
@@ -782,6 +818,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summaries[plan[0][0]] if len(plan) == 1 else summarize(results)
     summary["seed"] = seed
     report: dict[str, Any] = {"summary": summary}
+    if reviews:
+        report["reviews"] = reviews
     if len(plan) > 1:
         report["by_fault"] = summaries
     print(json.dumps(report, indent=2))
