@@ -638,12 +638,21 @@ class FaultRig:
                     elif s.name == "rpw_errors_total" and s.labels.get("where") == "web":
                         web_errors += s.value
         total = max(buckets.values(), default=0.0)
-        p99 = next((le for le in sorted(buckets) if buckets[le] >= 0.99 * total), 0.0)
+
+        def centile(q: float) -> str:
+            le = next((b for b in sorted(buckets) if buckets[b] >= q * total), 0.0)
+            if le == float("inf"):
+                finite = max((b for b in buckets if b != float("inf")), default=0.0)
+                return f"> {finite * 1000:g} ms"
+            return f"<= {le * 1000:g} ms"
+
         return {
             "reviews": sum(verdicts.values()),
             "by_verdict": dict(verdicts),
             "web_errors": int(web_errors),
-            "p99_ms_at_most": round(p99 * 1000, 1),
+            "p50": centile(0.50),
+            "p90": centile(0.90),
+            "p99": centile(0.99),
         }
 
     def _markers(self) -> list[Path]:
@@ -767,6 +776,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="3 runs (a smoke run)")
     parser.add_argument("--no-write", action="store_true", help="do not write the results")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="keep certificates, logs and etcd data here (default: a temporary directory)",
+    )
     args = parser.parse_args(argv)
     runs = 3 if args.quick else args.runs
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
@@ -783,8 +797,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     binaries = ensure_binaries()
     results: list[RunResult] = []
-    with tempfile.TemporaryDirectory(prefix="rpw-faults-") as tmp:
-        state = Path(tmp)
+    with contextlib.ExitStack() as scope:
+        if args.state_dir is not None:
+            state = args.state_dir
+            state.mkdir(parents=True, exist_ok=True)
+        else:
+            state = Path(scope.enter_context(tempfile.TemporaryDirectory(prefix="rpw-faults-")))
         with ControlPlane(binaries, ControlPlaneConfig(state_dir=state)) as cp:
             options = NodeOptions(stop_grace_cap=1.0)
             with HollowNodes(cp, default_nodes(1), options) as nodes:
@@ -802,10 +820,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 reviews: dict[str, Any] = {}
                 try:
                     for kind, count in plan:
-                        for _ in range(count):
+                        for k in range(count):
                             i = len(results)
                             if kind == "replica":
                                 results.append(rig.run_once(i))
+                            elif kind == "kube-apiserver":
+                                # Every point of the plan, in turn, and a random delay
+                                # after the resize between them.
+                                fault = (
+                                    APISERVER_POINTS[(k // 2) % len(APISERVER_POINTS)]
+                                    if k % 2 == 0
+                                    else f"delay {rig.rng.uniform(0.0, 3.0):.2f}s"
+                                )
+                                results.append(rig.run_control_plane(i, kind, fault=fault))
                             else:
                                 results.append(rig.run_control_plane(i, kind))
                     if args.fault != "replica":
