@@ -122,6 +122,7 @@ def test_cut_watches_make_the_service_unready_past_the_bound_and_reviews_fail_op
     relay[-1].start()
     back = wait_for(lambda: readiness(service)[0] == 200, timeout=45)
     assert back < 45
+    print(f"unready {unready_after:.1f}s after the cut; ready {back:.1f}s after the relay")
 
     # The kubelet deferred the resize; with its watches back the reconciler plans it.
     def actuated() -> bool:
