@@ -19,6 +19,21 @@ serve``: the service with fault points, armed through ``RPW_FAULT_FILE``), and r
 
 It prints a table and writes ``bench/results/faults.json``. ``tests/e2e/test_faults.py``
 runs the same :class:`FaultRig` for a few runs against the test session's cluster.
+
+``--fault`` breaks the control plane instead (``python -m bench faults-control-plane``,
+``tests/e2e/test_control_plane_faults.py``), with the same pods, resize and checks:
+
+* ``kube-apiserver``: SIGKILLed at a point of the plan (the service held there by a
+  ``<point>:1:pause`` fault until the kill is done) or after a delay, and started again on
+  the same etcd and port; a patch in flight fails and is made again, as a client would;
+* ``etcd-stall`` / ``etcd-restart``: etcd SIGSTOPped, or SIGKILLed, for ``ETCD_DOWN``
+  seconds at the admission's ledger write. The review must fail open with no eviction at
+  its answer, no entry of it may be left in the ledger (a stalled write lands late: it
+  must be void), and the reconciler must plan the deferred resize.
+
+Each run also checks that every replica's ``/readyz`` is 200 again (its watches back).
+``--fault control-plane`` runs the three, ``--runs`` times for kube-apiserver and a third
+as often for each etcd fault, and writes ``bench/results/faults-control-plane.json``.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ bytes (``_preload_content=False``), parses them with orjson, and hands only slim
    object whose resourceVersion did not change is not parsed again.
 5. **Dead connections** are noticed by a socket read timeout (and TCP keep-alive); the
    server also ends each watch after a randomized 5-10 minutes, as client-go asks it to.
+6. **Staleness** (:meth:`Reflector.staleness`): 0 while a watch stream is open, else the
+   seconds since the last one ended or the last list was applied - how long changes may
+   have been missed. The service decides nothing on a cache staler than its bound.
 
 An object that ``convert`` rejects is logged once and skipped; if an earlier version of it
 was stored, that version stays (for capacity accounting a stale pod is safer than none).
