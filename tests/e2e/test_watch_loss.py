@@ -121,7 +121,6 @@ def test_cut_watches_make_the_service_unready_past_the_bound_and_reviews_fail_op
     relay.append(RoundRobinFront([cluster.control_plane.ports["apiserver"]], relay[0].port))
     relay[-1].start()
     back = wait_for(lambda: readiness(service)[0] == 200, timeout=45)
-    assert back < 45
     print(f"unready {unready_after:.1f}s after the cut; ready {back:.1f}s after the relay")
 
     # The kubelet deferred the resize; with its watches back the reconciler plans it.
@@ -158,7 +157,6 @@ def test_a_killed_kube_apiserver_makes_the_service_unready_past_the_bound_until_
         back = wait_for(lambda: readiness(process)[0] == 200, timeout=45)
 
         assert BOUND - 0.5 <= unready_after <= BOUND + 3.0, unready_after
-        assert back < 45, back
         print(
             f"unready {unready_after:.1f}s after the kill; ready {back:.1f}s after the start"
             f" ({time.monotonic() - started:.1f}s)"
