@@ -19,6 +19,21 @@ serve``: the service with fault points, armed through ``RPW_FAULT_FILE``), and r
 
 It prints a table and writes ``bench/results/faults.json``. ``tests/e2e/test_faults.py``
 runs the same :class:`FaultRig` for a few runs against the test session's cluster.
+
+``--fault`` breaks the control plane instead (``python -m bench faults-control-plane``,
+``tests/e2e/test_control_plane_faults.py``), with the same pods, resize and checks:
+
+* ``kube-apiserver``: SIGKILLed at a point of the plan (the service held there by a
+  ``<point>:1:pause`` fault until the kill is done) or after a delay, and started again on
+  the same etcd and port; a patch in flight fails and is made again, as a client would;
+* ``etcd-stall`` / ``etcd-restart``: etcd SIGSTOPped, or SIGKILLed, for ``ETCD_DOWN``
+  seconds at the admission's ledger write. The review must fail open with no eviction at
+  its answer, no entry of it may be left in the ledger (a stalled write lands late: it
+  must be void), and the reconciler must plan the deferred resize.
+
+Each run also checks that every replica's ``/readyz`` is 200 again (its watches back).
+``--fault control-plane`` runs the three, ``--runs`` times for kube-apiserver and a third
+as often for each etcd fault, and writes ``bench/results/faults-control-plane.json``.
 """
 
 from __future__ import annotations
@@ -30,15 +45,22 @@ import os
 import random
 import secrets
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import urllib3
+from prometheus_client.parser import text_string_to_metric_families
 
 from harness import fault_hooks
 from harness.audit import eviction_codes
@@ -63,6 +85,20 @@ LEADER_POINTS = (
     "ledger-before:1",
     "ledger-write:1",
 )
+#: Where kube-apiserver is killed when it is not after a delay: a point of the service,
+#: held until the kill is done (both replicas armed; whichever gets there first).
+APISERVER_POINTS = (
+    "ledger-before:1:pause",
+    "admitted:1:pause",
+    "evicted:1:pause",
+    "evicted:2:pause",
+    "evicted:3:pause",
+)
+#: Seconds etcd stays stalled or down during an admission: longer than the webhook's
+#: ``timeoutSeconds`` (5), so the review is answered while it is, and than the ledger's
+#: ``LATE_AFTER`` (8), so a write that lands when etcd runs again is seen to be late.
+ETCD_DOWN = 10.0
+CONTROL_PLANE_KINDS = ("kube-apiserver", "etcd-stall", "etcd-restart")
 
 
 @dataclass
@@ -79,16 +115,50 @@ class RunResult:
     actuated: bool = False
     released: bool = False
     seconds: float = 0.0
+    #: What was broken: a service ``replica``, ``kube-apiserver`` (SIGKILL and start
+    #: again), ``etcd-stall`` (SIGSTOP, SIGCONT) or ``etcd-restart`` (SIGKILL, start).
+    kind: str = "replica"
+    #: ``kubectl patch`` calls until one succeeded (a patch in flight when kube-apiserver
+    #: dies fails, and is made again as a controller would).
+    patch_attempts: int = 1
+    #: The webhook's warning on the patch that succeeded (kubectl's stderr).
+    warning: str = ""
+    #: Seconds the control-plane component was down or stalled.
+    down_seconds: float = 0.0
+    #: Every replica's ``/readyz`` answered 200 after the run: watches back.
+    ready_after: bool = True
+    #: For etcd faults during admission: the review failed open (the webhook's warning
+    #: on the patch in flight), no eviction had been made when it was answered, the
+    #: reconciler planned the deferred resize, and no entry of the admission was left in
+    #: the ledger at the end (one may land when etcd runs again: ``landed``; it must be
+    #: void, never acted on, and dropped).
+    failed_open: bool = False
+    evictions_at_answer: int = 0
+    reconciler_planned: bool = False
+    admission_entry_landed: bool = False
+    admission_entry_left: bool = False
 
     @property
     def ok(self) -> bool:
-        return (
+        fine = (
             self.double_evictions == 0
             and self.unneeded_evictions == 0
             and self.preempted_events_max <= 1
             and self.actuated
             and self.released
+            and self.ready_after
         )
+        if self.kind == "etcd-stall":
+            return (
+                fine
+                and self.failed_open
+                and self.evictions_at_answer == 0
+                and self.reconciler_planned
+                and not self.admission_entry_left
+            )
+        if self.kind == "etcd-restart":
+            return fine and self.failed_open and not self.admission_entry_left
+        return fine
 
 
 class FaultRig:
@@ -105,7 +175,10 @@ class FaultRig:
         *,
         rng: random.Random,
         log: Any = print,
+        control_plane: Any = None,
     ) -> None:
+        #: The :class:`harness.launcher.ControlPlane`, for control-plane faults.
+        self.control_plane = control_plane
         self.client = client
         self.kubeconfig = kubeconfig
         self.kubectl_binary = kubectl
@@ -273,10 +346,27 @@ class FaultRig:
         finally:
             self._cleanup(namespace)
 
-    def _run(
-        self, index: int, namespace: str, rng: random.Random, role: str, fault: str
-    ) -> RunResult:
-        assert self.replicas is not None
+    def run_control_plane(self, index: int, kind: str, *, fault: str = "") -> RunResult:
+        """One run with a control-plane fault: ``kind`` is ``kube-apiserver`` (SIGKILL and
+        start again at ``fault``: an armed point of the service paused while it happens,
+        or ``delay <seconds>s`` after the resize; drawn at random unless given),
+        ``etcd-stall`` or ``etcd-restart`` (during the admission's ledger write)."""
+        assert self.replicas is not None and self.control_plane is not None
+        namespace = f"faults-{index}-{secrets.token_hex(3)}"
+        self._with_api(
+            lambda: self.client.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+        )
+        try:
+            if kind == "kube-apiserver":
+                return self._apiserver_run(index, namespace, fault)
+            if kind in ("etcd-stall", "etcd-restart"):
+                return self._etcd_run(index, namespace, kind)
+            raise ValueError(f"unknown control-plane fault {kind!r}")
+        finally:
+            self._with_api(lambda: self._cleanup(namespace))
+
+    def _setup(self, namespace: str) -> str:
+        """The pods of a run, ready; returns the uid of ``high``."""
         items = [
             self._manifest("high", "2", "high"),
             self._manifest("steady", "2", "high"),
@@ -292,7 +382,77 @@ class FaultRig:
         self.kubectl(namespace, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=60s")
         high = self.pod(namespace, "high")
         assert high is not None
-        uid = high["metadata"]["uid"]
+        return str(high["metadata"]["uid"])
+
+    def _patch(self, namespace: str) -> tuple[bool, str]:
+        """``kubectl patch --subresource resize`` high to 5 CPUs; (succeeded, stderr)."""
+        patch = {
+            "spec": {
+                "containers": [
+                    {"name": "app", "resources": {"requests": {"cpu": "5"}, "limits": {"cpu": "5"}}}
+                ]
+            }
+        }
+        result = subprocess.run(
+            [
+                str(self.kubectl_binary),
+                "--namespace",
+                namespace,
+                "patch",
+                "pod",
+                "high",
+                "--subresource",
+                "resize",
+                "--patch",
+                json.dumps(patch),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+            check=False,
+        )
+        return result.returncode == 0, result.stderr.strip()
+
+    def _with_api(self, call: Any, timeout: float = 60.0) -> Any:
+        """``call()``, again while kube-apiserver is coming back (connection errors)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return call()
+            except (OSError, urllib3.exceptions.HTTPError, ApiError) as e:
+                if isinstance(e, ApiError) and e.status < 500:
+                    raise
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def ready(self, replica: Replica) -> bool:
+        """The replica's ``/readyz`` answers 200 (its cache synced and its watches open)."""
+        context = ssl.create_default_context(cadata=replica.ca_pem.decode())
+        url = f"https://127.0.0.1:{replica.port}/readyz"
+        try:
+            with urllib.request.urlopen(url, context=context, timeout=2) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def readiness(self, replica: Replica) -> dict[str, Any]:
+        """The replica's ``/readyz`` body (its checks), whatever the status."""
+        context = ssl.create_default_context(cadata=replica.ca_pem.decode())
+        url = f"https://127.0.0.1:{replica.port}/readyz"
+        try:
+            with urllib.request.urlopen(url, context=context, timeout=2) as response:
+                body: dict[str, Any] = json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            body = json.loads(e.read())
+        return body
+
+    def _run(
+        self, index: int, namespace: str, rng: random.Random, role: str, fault: str
+    ) -> RunResult:
+        assert self.replicas is not None
+        uid = self._setup(namespace)
 
         if not self._wait(lambda: self.leader() != "", 30):
             raise RuntimeError("no leader")
@@ -312,23 +472,9 @@ class FaultRig:
             fault_file.write_text(fault)
 
         started = time.monotonic()
-        patch = {
-            "spec": {
-                "containers": [
-                    {"name": "app", "resources": {"requests": {"cpu": "5"}, "limits": {"cpu": "5"}}}
-                ]
-            }
-        }
-        self.kubectl(
-            namespace,
-            "patch",
-            "pod",
-            "high",
-            "--subresource",
-            "resize",
-            "--patch",
-            json.dumps(patch),
-        )
+        ok, stderr = self._patch(namespace)
+        if not ok:
+            raise RuntimeError(f"kubectl patch: {stderr}")
         if armed:
             died = self._wait(lambda: not target.running(), 15)
         else:
@@ -339,6 +485,208 @@ class FaultRig:
         target.kill(signal.SIGKILL)
         time.sleep(rng.uniform(0.0, 1.0))
         self._restart(target)
+        result = self._outcome(index, namespace, uid, started, RunResult(index, role, fault, died))
+        return result
+
+    def _apiserver_run(self, index: int, namespace: str, fault: str) -> RunResult:
+        assert self.replicas is not None and self.control_plane is not None
+        rng = self.rng
+        uid = self._setup(namespace)
+        if not self._wait(lambda: self.leader() != "", 30):
+            raise RuntimeError("no leader")
+        if not fault:
+            paused = rng.random() < 0.6
+            fault = (
+                rng.choice(APISERVER_POINTS) if paused else f"delay {rng.uniform(0.0, 3.0):.2f}s"
+            )
+        paused = not fault.startswith("delay ")
+        files = [self.fault_dir / r.identity for r in self.replicas.replicas]
+        if paused:
+            for f in files:
+                f.write_text(fault)
+        outcome: dict[str, Any] = {}
+        started = time.monotonic()
+        patcher = threading.Thread(target=lambda: outcome.update(first=self._patch(namespace)))
+        patcher.start()
+        hit = False
+        if paused:
+            hit = self._wait(lambda: bool(self._markers()), 30)
+        else:
+            time.sleep(float(fault.split()[1][:-1]))
+        for f in files:
+            f.unlink(missing_ok=True)
+        self.control_plane.kill_apiserver()
+        killed_at = time.monotonic()
+        for marker in self._markers():
+            marker.unlink(missing_ok=True)
+        time.sleep(rng.uniform(0.0, 1.5))
+        self.control_plane.start_apiserver()
+        down = time.monotonic() - killed_at
+        patcher.join(150)
+        attempts = 1
+        ok, stderr = outcome.get("first", (False, "no answer"))
+        while not ok and attempts < 5:
+            # The patch was in flight when kube-apiserver died: a client makes it again.
+            attempts += 1
+            ok, stderr = self._patch(namespace)
+        result = RunResult(index, "leader", fault, hit, kind="kube-apiserver")
+        result.patch_attempts = attempts
+        result.warning = stderr
+        result.down_seconds = round(down, 2)
+        if not ok:
+            raise RuntimeError(f"kubectl patch after {attempts} attempts: {stderr}")
+        return self._outcome(index, namespace, uid, started, result)
+
+    def _etcd_run(self, index: int, namespace: str, kind: str) -> RunResult:
+        """etcd broken while the admission writes its entry: the write fails, the review
+        fails open; once etcd is back the reconciler plans the deferred resize."""
+        assert self.replicas is not None and self.control_plane is not None
+        cp = self.control_plane
+        uid = self._setup(namespace)
+        if not self._wait(lambda: self.leader() != "", 30):
+            raise RuntimeError("no leader")
+        files = [self.fault_dir / r.identity for r in self.replicas.replicas]
+        for f in files:
+            f.write_text("ledger-before:1:pause")
+        outcome: dict[str, Any] = {}
+        landed: set[str] = set()
+        watching = threading.Event()
+
+        def admissions() -> set[str]:
+            # Entries of high's that are not the reconciler's are an admission's.
+            return {
+                e.review_uid
+                for e in self.ledger_entries()
+                if e.pod.uid == uid and not e.review_uid.startswith("deferred/")
+            }
+
+        def watch_ledger() -> None:
+            while not watching.is_set():
+                with contextlib.suppress(Exception):
+                    landed.update(admissions())
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=watch_ledger, daemon=True)
+        watcher.start()
+        started = time.monotonic()
+
+        def patch() -> None:
+            outcome["first"] = self._patch(namespace)
+            outcome["evictions"] = sum(self.eviction_calls(namespace).values())
+
+        patcher = threading.Thread(target=patch)
+        patcher.start()
+        hit = self._wait(lambda: bool(self._markers()), 30)
+        broke_at = time.monotonic()
+        if kind == "etcd-stall":
+            cp.stall_etcd()
+        else:
+            cp.processes["etcd"].kill()
+        for f in files:
+            f.unlink(missing_ok=True)
+        for marker in self._markers():
+            marker.unlink(missing_ok=True)
+        # Longer than the webhook's timeoutSeconds (5): the review is answered meanwhile.
+        time.sleep(ETCD_DOWN)
+        if kind == "etcd-stall":
+            cp.resume_etcd()
+        else:
+            cp.restart_etcd()
+        down = time.monotonic() - broke_at
+        patcher.join(150)
+        attempts = 1
+        ok, first = outcome.get("first", (False, "no answer"))
+        stderr = first
+        evictions_at_answer = int(outcome.get("evictions", 0))
+        # The entries of the review in flight (none, or a late one); a retry's are fine.
+        in_flight = set(landed)
+        while not ok and attempts < 5:
+            # etcd was down when the API server persisted the resize: made again.
+            attempts += 1
+            time.sleep(1.0)
+            ok, stderr = self._patch(namespace)
+        result = RunResult(index, "any", "during-admission", hit, kind=kind)
+        result.patch_attempts = attempts
+        result.warning = first if attempts == 1 else f"{first} | again: {stderr}"
+        result.down_seconds = round(down, 2)
+        result.failed_open = "could not plan this resize" in first
+        result.evictions_at_answer = evictions_at_answer
+        if not ok:
+            watching.set()
+            raise RuntimeError(f"kubectl patch after {attempts} attempts: {stderr}")
+        try:
+            return self._outcome(index, namespace, uid, started, result)
+        finally:
+            watching.set()
+            watcher.join(5)
+            result.admission_entry_landed = bool(in_flight)
+            result.admission_entry_left = bool(in_flight & self._with_api(admissions))
+            result.reconciler_planned = "DeferredResizePreemption" in self._with_api(
+                lambda: self.reasons(namespace, "high")
+            )
+
+    def reasons(self, namespace: str, name: str) -> set[str]:
+        """Reasons of the events on pod ``name``."""
+        items = self.client.get(f"/api/v1/namespaces/{namespace}/events")["items"]
+        return {e.get("reason", "") for e in items if e["involvedObject"]["name"] == name}
+
+    def review_figures(self) -> dict[str, Any]:
+        """What the replicas answered since they started, from their ``/metrics``: reviews
+        by verdict, the web layer's errors (what would have been a 5xx) and the p99 of the
+        answer time (the upper bound of its histogram bucket), summed over replicas."""
+        assert self.replicas is not None
+        verdicts: Counter[str] = Counter()
+        buckets: Counter[float] = Counter()
+        web_errors = 0.0
+        for replica in self.replicas.replicas:
+            url = f"http://127.0.0.1:{replica.metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as response:
+                text = response.read().decode()
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    if s.name == "rpw_admission_reviews_total":
+                        verdicts[s.labels["verdict"]] += int(s.value)
+                    elif s.name == "rpw_admission_review_duration_seconds_bucket" and (
+                        s.labels.get("endpoint") == "validate"
+                    ):
+                        buckets[float(s.labels["le"])] += s.value
+                    elif s.name == "rpw_errors_total" and s.labels.get("where") == "web":
+                        web_errors += s.value
+        total = max(buckets.values(), default=0.0)
+
+        def centile(q: float) -> str:
+            le = next((b for b in sorted(buckets) if buckets[b] >= q * total), 0.0)
+            if le == float("inf"):
+                finite = max((b for b in buckets if b != float("inf")), default=0.0)
+                return f"> {finite * 1000:g} ms"
+            return f"<= {le * 1000:g} ms"
+
+        return {
+            "reviews": sum(verdicts.values()),
+            "by_verdict": dict(verdicts),
+            "web_errors": int(web_errors),
+            "p50": centile(0.50),
+            "p90": centile(0.90),
+            "p99": centile(0.99),
+        }
+
+    def _markers(self) -> list[Path]:
+        return sorted(self.fault_dir.glob("*.paused"))
+
+    def ledger_entries(self) -> list[Any]:
+        leases = self.client.get(
+            f"/apis/coordination.k8s.io/v1/namespaces/{self.service_namespace}/leases"
+        )["items"]
+        out: list[Any] = []
+        for lease in leases:
+            raw = (lease["metadata"].get("annotations") or {}).get("resize-preemption.io/ledger")
+            out.extend(decode_entries(raw))
+        return out
+
+    def _outcome(
+        self, index: int, namespace: str, uid: str, started: float, result: RunResult
+    ) -> RunResult:
+        assert self.replicas is not None
 
         def actuated() -> bool:
             statuses = (self.pod(namespace, "high") or {}).get("status", {}).get(
@@ -351,34 +699,37 @@ class FaultRig:
             )
             return cpu == "5"
 
-        done = self._wait(actuated, 60)
-        released = self._wait(lambda: not self.ledger_holds(uid, self.pod(namespace, "high")), 30)
+        def safely(check: Any) -> Any:
+            return lambda: self._with_api(check)
+
+        done = self._wait(safely(actuated), 90)
+        released = self._wait(
+            safely(lambda: not self.ledger_holds(uid, self.pod(namespace, "high"))), 30
+        )
         seconds = time.monotonic() - started
         time.sleep(1.0)  # late, wrong evictions would show by now
+        ready = self._wait(lambda: all(self.ready(r) for r in self.replicas.replicas), 30)  # type: ignore[union-attr]
         calls = self.eviction_calls(namespace)
         gone = [n for n in ("high", "steady", *LOWS) if self.pod(namespace, n) is None]
         evicted_lows = [n for n in LOWS if n in gone or calls.get(n)]
         wrong = [n for n in ("high", "steady") if n in gone or calls.get(n)]
         events = self.preempted_events(namespace)
-        result = RunResult(
-            run=index,
-            target=role,
-            fault=fault,
-            killed=died,
-            evicted=sorted(set(evicted_lows) | set(wrong)),
-            eviction_calls=sum(calls.values()),
-            double_evictions=sum(c - 1 for c in calls.values() if c > 1),
-            unneeded_evictions=max(0, len(evicted_lows) - NEEDED) + len(wrong),
-            preempted_events_max=max(events.values(), default=0),
-            actuated=done,
-            released=released,
-            seconds=round(seconds, 2),
-        )
+        result.evicted = sorted(set(evicted_lows) | set(wrong))
+        result.eviction_calls = sum(calls.values())
+        result.double_evictions = sum(c - 1 for c in calls.values() if c > 1)
+        result.unneeded_evictions = max(0, len(evicted_lows) - NEEDED) + len(wrong)
+        result.preempted_events_max = max(events.values(), default=0)
+        result.actuated = done
+        result.released = released
+        result.ready_after = ready
+        result.seconds = round(seconds, 2)
         self.log(
-            f"run {index:2d}: {role:8s} {fault:16s} killed-at-point={died!s:5s} "
-            f"evicted={','.join(result.evicted)} calls={result.eviction_calls} "
-            f"double={result.double_evictions} unneeded={result.unneeded_evictions} "
-            f"actuated={done} released={released} {seconds:.1f}s"
+            f"run {index:2d}: {result.kind:14s} {result.target:8s} {result.fault:22s} "
+            f"hit={result.killed!s:5s} evicted={','.join(result.evicted)} "
+            f"calls={result.eviction_calls} double={result.double_evictions} "
+            f"unneeded={result.unneeded_evictions} actuated={done} released={released} "
+            f"ready={ready} patches={result.patch_attempts} down={result.down_seconds}s "
+            f"{seconds:.1f}s"
         )
         return result
 
@@ -395,24 +746,35 @@ def summarize(results: Sequence[RunResult]) -> dict[str, Any]:
         ),
         "actuated": sum(1 for r in results if r.actuated),
         "released": sum(1 for r in results if r.released),
+        "ready_after": sum(1 for r in results if r.ready_after),
+        "patches_made_again": sum(r.patch_attempts - 1 for r in results),
+        "failed_open": sum(1 for r in results if r.failed_open),
+        "reconciler_planned": sum(1 for r in results if r.reconciler_planned),
+        "late_admission_entries_landed": sum(1 for r in results if r.admission_entry_landed),
+        "late_admission_entries_left": sum(1 for r in results if r.admission_entry_left),
         "all_ok": all(r.ok for r in results),
         "median_seconds": sorted(r.seconds for r in results)[len(results) // 2] if results else 0,
         "max_seconds": max((r.seconds for r in results), default=0),
+        "median_down_seconds": (
+            sorted(r.down_seconds for r in results)[len(results) // 2] if results else 0
+        ),
     }
 
 
 def print_table(results: Sequence[RunResult]) -> None:
     header = (
-        f"{'run':>3}  {'target':8}  {'fault':16}  {'hit':3}  {'evicted':19}  {'calls':>5}  "
-        f"{'double':>6}  {'unneeded':>8}  {'actuated':8}  {'released':8}  {'s':>5}"
+        f"{'run':>3}  {'kind':14}  {'target':8}  {'fault':22}  {'hit':3}  {'evicted':19}  "
+        f"{'calls':>5}  {'double':>6}  {'unneeded':>8}  {'actuated':8}  {'released':8}  "
+        f"{'ready':5}  {'patches':>7}  {'s':>5}"
     )
     print(header)
     for r in results:
         print(
-            f"{r.run:>3}  {r.target:8}  {r.fault:16}  {'yes' if r.killed else '-':3}  "
+            f"{r.run:>3}  {r.kind:14}  {r.target:8}  {r.fault:22}  "
+            f"{'yes' if r.killed else '-':3}  "
             f"{','.join(x.removeprefix('low-') for x in r.evicted):19}  {r.eviction_calls:>5}  "
             f"{r.double_evictions:>6}  {r.unneeded_evictions:>8}  {r.actuated!s:8}  "
-            f"{r.released!s:8}  {r.seconds:>5.1f}"
+            f"{r.released!s:8}  {r.ready_after!s:5}  {r.patch_attempts:>7}  {r.seconds:>5.1f}"
         )
 
 
@@ -420,11 +782,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench faults", description=__doc__)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--fault",
+        choices=("replica", *CONTROL_PLANE_KINDS, "control-plane"),
+        default="replica",
+        help="what is broken: a service replica (default), kube-apiserver, etcd; "
+        "control-plane: kube-apiserver --runs times, then each etcd fault a third as often",
+    )
     parser.add_argument("--quick", action="store_true", help="3 runs (a smoke run)")
     parser.add_argument("--no-write", action="store_true", help="do not write the results")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="keep certificates, logs and etcd data here (default: a temporary directory)",
+    )
     args = parser.parse_args(argv)
     runs = 3 if args.quick else args.runs
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    if args.fault == "control-plane":
+        plan = [("kube-apiserver", runs)] + [
+            (k, max(1, runs // 3)) for k in CONTROL_PLANE_KINDS[1:]
+        ]
+    else:
+        plan = [(args.fault, runs)]
 
     from harness.binaries import ensure_binaries
     from harness.launcher import ControlPlane, ControlPlaneConfig
@@ -432,8 +812,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     binaries = ensure_binaries()
     results: list[RunResult] = []
-    with tempfile.TemporaryDirectory(prefix="rpw-faults-") as tmp:
-        state = Path(tmp)
+    with contextlib.ExitStack() as scope:
+        if args.state_dir is not None:
+            state = args.state_dir
+            state.mkdir(parents=True, exist_ok=True)
+        else:
+            state = Path(scope.enter_context(tempfile.TemporaryDirectory(prefix="rpw-faults-")))
         with ControlPlane(binaries, ControlPlaneConfig(state_dir=state)) as cp:
             options = NodeOptions(stop_grace_cap=1.0)
             with HollowNodes(cp, default_nodes(1), options) as nodes:
@@ -446,30 +830,58 @@ def main(argv: Sequence[str] | None = None) -> int:
                     nodes.known_pods,
                     rng=random.Random(seed),
                     log=lambda line: print(line, file=sys.stderr, flush=True),
+                    control_plane=cp,
                 ).start()
+                reviews: dict[str, Any] = {}
                 try:
-                    for i in range(runs):
-                        results.append(rig.run_once(i))
+                    for kind, count in plan:
+                        for k in range(count):
+                            i = len(results)
+                            if kind == "replica":
+                                results.append(rig.run_once(i))
+                            elif kind == "kube-apiserver":
+                                # Every point of the plan, in turn, and a random delay
+                                # after the resize between them.
+                                fault = (
+                                    APISERVER_POINTS[(k // 2) % len(APISERVER_POINTS)]
+                                    if k % 2 == 0
+                                    else f"delay {rig.rng.uniform(0.0, 3.0):.2f}s"
+                                )
+                                results.append(rig.run_control_plane(i, kind, fault=fault))
+                            else:
+                                results.append(rig.run_control_plane(i, kind))
+                    if args.fault != "replica":
+                        # Replicas that were never restarted: their counters cover it all.
+                        reviews = rig.review_figures()
                 finally:
                     rig.stop()
     print_table(results)
-    summary = summarize(results)
+    summaries = {kind: summarize([r for r in results if r.kind == kind]) for kind, _ in plan}
+    summary = summaries[plan[0][0]] if len(plan) == 1 else summarize(results)
     summary["seed"] = seed
-    print(json.dumps(summary, indent=2))
+    report: dict[str, Any] = {"summary": summary}
+    if reviews:
+        report["reviews"] = reviews
+    if len(plan) > 1:
+        report["by_fault"] = summaries
+    print(json.dumps(report, indent=2))
     if not args.no_write and not args.quick:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(
+        name = "faults.json" if args.fault == "replica" else f"faults-{args.fault}.json"
+        path = RESULTS.parent / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
             json.dumps(
                 {
-                    "command": f"python -m bench.faults --runs {runs} --seed {seed}",
-                    "summary": summary,
+                    "command": f"python -m bench.faults --fault {args.fault} --runs {runs} "
+                    f"--seed {seed}",
+                    **report,
                     "runs": [asdict(r) for r in results],
                 },
                 indent=2,
             )
             + "\n"
         )
-    return 0 if summary["all_ok"] else 1
+    return 0 if all(r.ok for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -10,7 +10,11 @@ worker the master would fork again). Nothing is armed unless the environment say
 * ``RPW_FAULT=<point>:<n>`` kills the process the n-th time it reaches ``point``;
 * ``RPW_FAULT_FILE=<path>`` (``{identity}`` is replaced by the process's identity) reads
   the same ``<point>:<n>`` from a file whenever a point is reached, so a test can arm a
-  running process; the file is removed before the kill.
+  running process; the file is removed before the kill;
+* ``<point>:<n>:pause`` in that file holds the thread that reaches the point instead of
+  killing anything: it writes ``<path>.paused`` and goes on once a test removed it (after
+  at most :data:`PAUSE_LIMIT` seconds), so the test can break the control plane at
+  exactly that point.
 
 Points: ``admitted`` (a ledger write just recorded a new entry - an admission or the
 reconciler's - before the answer or the worker's turn), ``evicted`` (an eviction call
@@ -26,6 +30,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -40,6 +45,8 @@ FAULT_ENV: Final = "RPW_FAULT"
 FAULT_FILE_ENV: Final = "RPW_FAULT_FILE"
 #: What runs the service with these hooks (``harness.webhook_process.launch``'s command).
 COMMAND: Final = (sys.executable, "-m", "harness.fault_hooks", "serve")
+#: Seconds a paused point waits for the test at most.
+PAUSE_LIMIT: Final = 60.0
 
 
 class Fault:
@@ -62,7 +69,8 @@ class Fault:
 
     def reached(self, point: str) -> None:
         armed = self._armed()
-        target, _, count = armed.partition(":")
+        target, _, rest = armed.partition(":")
+        count, _, action = rest.partition(":")
         if target.strip() != point:
             return
         with self._lock:
@@ -73,8 +81,22 @@ class Fault:
             if self.path:
                 with contextlib.suppress(OSError):
                     os.unlink(self.path)
+        if action.strip() == "pause" and self.path:
+            self._pause(point)
+            return
         log.warning("fault injection: killing the process group at %s", point)
         os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    def _pause(self, point: str) -> None:
+        marker = self.path + ".paused"
+        with open(marker, "w", encoding="utf-8") as f:
+            f.write(point)
+        log.warning("fault injection: paused at %s until %s is removed", point, marker)
+        deadline = time.monotonic() + PAUSE_LIMIT
+        while os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with contextlib.suppress(OSError):
+            os.unlink(marker)
 
 
 class FaultLedger:

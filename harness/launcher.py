@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import signal
 import socket
 import ssl
 import tempfile
@@ -204,6 +205,46 @@ class ControlPlane:
                 raise ControlPlaneError(
                     f"{name} exited with {process.popen.returncode}:\n{process.log_tail()}"
                 )
+
+    # --- faults: crash, restart and stall components in place ---------------------------
+
+    def kill_apiserver(self) -> None:
+        """SIGKILL kube-apiserver: every connection to it drops at once, watches included."""
+        self.processes["kube-apiserver"].kill()
+
+    def start_apiserver(self) -> float:
+        """Start kube-apiserver again, same flags, port, certificates and etcd, and wait
+        until it is ready; returns the seconds that took. Its log is appended to."""
+        began = time.monotonic()
+        self._start_apiserver()
+        self._wait_apiserver_ready()
+        self._write_state()
+        return time.monotonic() - began
+
+    def restart_apiserver(self, down_for: float = 0.0) -> float:
+        """:meth:`kill_apiserver`, ``down_for`` seconds down, :meth:`start_apiserver`;
+        returns the seconds from the kill until it was ready again."""
+        began = time.monotonic()
+        self.kill_apiserver()
+        time.sleep(down_for)
+        self.start_apiserver()
+        return time.monotonic() - began
+
+    def stall_etcd(self) -> None:
+        """SIGSTOP etcd: its connections stay open and nothing answers, as a disk that
+        hangs or a paused VM. :meth:`resume_etcd` undoes it; :meth:`stop` too."""
+        self.processes["etcd"].signal(signal.SIGSTOP)
+
+    def resume_etcd(self) -> None:
+        self.processes["etcd"].signal(signal.SIGCONT)
+
+    def restart_etcd(self, down_for: float = 0.0) -> None:
+        """SIGKILL etcd and start it again on its data (``--unsafe-no-fsync``: what it had
+        acknowledged before the kill may be lost only if the machine crashes, not here)."""
+        self.processes["etcd"].kill()
+        time.sleep(down_for)
+        self._start_etcd()
+        self._write_state()
 
     # --- steps ----------------------------------------------------------------------------
 

@@ -48,11 +48,27 @@ class ManagedProcess:
         except OSError:
             return ""
 
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the process group (SIGSTOP/SIGCONT stall and resume it)."""
+        if self.running():
+            _signal_group(self.pid, sig)
+
+    def kill(self, timeout: float = 10.0) -> None:
+        """SIGKILL the process group and reap it: a crash, with no chance to clean up."""
+        try:
+            _signal_group(self.pid, signal.SIGKILL)
+            self.popen.wait(timeout)
+        finally:
+            with _lock:
+                _live.pop(self.pid, None)
+
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left after ``timeout``."""
         try:
             if self.running():
+                # A stalled (SIGSTOPped) process must run again to act on SIGTERM.
                 _signal_group(self.pid, signal.SIGTERM)
+                _signal_group(self.pid, signal.SIGCONT)
                 try:
                     self.popen.wait(timeout)
                 except subprocess.TimeoutExpired:

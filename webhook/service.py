@@ -176,6 +176,9 @@ def build(
             readiness=lambda: {
                 "tls": bool(tls.loaded()),
                 "cache": cache.synced(),
+                # Past the bound every review fails open: let the Service send them to
+                # a replica whose watches are current.
+                "cache-current": cache.staleness() <= config.max_cache_staleness,
                 "ledger": lease_ledger.reachable(),
             },
         )

@@ -39,6 +39,7 @@ class StaticClusterView:
         *,
         synced: bool = True,
         age: float = 0.0,
+        staleness: float = 0.0,
     ) -> None:
         self._nodes = {n.name: n for n in nodes}
         self._pods = {p.key: p for p in pods}
@@ -58,6 +59,8 @@ class StaticClusterView:
         self._resolver = PriorityResolver(priority_classes)
         self._synced = synced
         self._age = age
+        #: Settable: a test makes the view stale and fresh again.
+        self.stale_for = staleness
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot, *, synced: bool = True) -> StaticClusterView:
@@ -110,6 +113,9 @@ class StaticClusterView:
 
     def age(self) -> float:
         return self._age
+
+    def staleness(self) -> float:
+        return self.stale_for
 
     # -- the reconciler's extra read ----------------------------------------------------
 

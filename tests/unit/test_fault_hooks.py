@@ -4,11 +4,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
-from harness.fault_hooks import FaultEvictor, FaultLedger, fault_hooks
+from harness.fault_hooks import Fault, FaultEvictor, FaultLedger, fault_hooks
 from tests.unit.test_worker_logic import entry, ref
 from webhook.engine.hooks import Hooks
 from webhook.engine.ledger import Change, LedgerEntry
@@ -76,3 +79,23 @@ def test_nothing_armed_keeps_the_service_as_built() -> None:
     store = InMemoryLedger()
     armed = fault_hooks({"RPW_FAULT_FILE": "/nonexistent/{identity}"})
     assert isinstance(armed.ledger(store, "replica-0"), FaultLedger)
+
+
+def test_a_paused_point_holds_its_thread_until_the_marker_is_removed(tmp_path: Path) -> None:
+    armed = tmp_path / "replica-0"
+    armed.write_text("evicted:2:pause")
+    fault = Fault(path=str(armed))
+    marker = Path(f"{armed}.paused")
+
+    fault.reached("evicted")  # the first arrival passes
+    assert not marker.exists()
+    held = threading.Thread(target=fault.reached, args=("evicted",))
+    held.start()
+    deadline = time.monotonic() + 5
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    assert ("evicted", True, False) == (marker.read_text(), held.is_alive(), armed.exists())
+    marker.unlink()
+    held.join(2)
+    assert not held.is_alive()

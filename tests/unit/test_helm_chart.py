@@ -50,6 +50,7 @@ CHART_SETTINGS = {
     "persistTimeout": "persist-timeout",
     "leaseDuration": "lease-duration",
     "resyncPeriod": "resync-period",
+    "maxCacheStaleness": "max-cache-staleness",
     "maxBodyBytes": "max-body-bytes",
     "schedulerName": "scheduler-name",
 }
@@ -227,6 +228,7 @@ SETTING_CASES = [
     ("persistTimeout", 4, "4"),
     ("leaseDuration", 20, "20"),
     ("resyncPeriod", 600, "600"),
+    ("maxCacheStaleness", 20, "20"),
     ("maxBodyBytes", 1048576, "1048576"),
     ("schedulerName", "custom-scheduler", "custom-scheduler"),
 ]

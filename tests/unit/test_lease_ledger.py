@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, replace
 
+import orjson
 import pytest
+from kubernetes.client import ApiClient
 
 from webhook.core.errors import ObjectError
 from webhook.core.model import PodRef
 from webhook.core.resources import Resources
+from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry, encode_entries
+from webhook.engine.metrics import Metrics
 from webhook.kube.client import RateLimiter
 from webhook.kube.ledger import (
+    LATE_AFTER,
     LEDGER_ANNOTATION,
     NODE_ANNOTATION,
+    REPLAY_WINDOW,
+    LeaseLedger,
     LeaseState,
     _LeaseStore,
     _micro_time,
     lease_name,
     parse_lease,
 )
+from webhook.kube.reflector import WatchEvent, parse_list_page
 
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -114,3 +123,97 @@ def test_rate_limiter_burst_then_qps() -> None:
     assert limiter.reserve() == 0.0
     with pytest.raises(ValueError):
         RateLimiter(0, 1)
+
+
+# -- a write that lands after its writer gave up ----------------------------------------
+
+
+@dataclass(frozen=True)
+class LateCase:
+    admitted_ago: float  # seconds before the watch delivers the entry
+    stream_age: float | None  # seconds the delivering watch has been open; None: a LIST
+    persisted: bool  # the reconciler's entry (the resize was in the spec already)
+    changed: bool  # an entry already known, changed (the worker dropped a victim)
+    void: bool
+
+
+LATE_CASES = [
+    LateCase(1.0, 30.0, False, False, False),
+    LateCase(LATE_AFTER + 5, 30.0, False, False, True),
+    LateCase(LATE_AFTER + 5, None, False, False, False),
+    LateCase(LATE_AFTER + 5, REPLAY_WINDOW / 2, False, False, False),
+    LateCase(LATE_AFTER + 5, 30.0, True, False, False),
+    LateCase(LATE_AFTER + 5, 30.0, False, True, False),
+]
+LATE_IDS = [
+    "on-time-counts",
+    "late-on-a-live-watch-is-void",
+    "first-seen-in-a-list-counts",
+    "replayed-by-a-new-watch-counts",
+    "the-reconcilers-entry-counts",
+    "a-known-entry-changed-counts",
+]
+
+
+@pytest.mark.parametrize("case", LATE_CASES, ids=LATE_IDS)
+def test_an_admission_entry_that_lands_late_is_void_and_dropped(case: LateCase) -> None:
+    now = 1000.0
+    metrics = Metrics()
+    ledger = LeaseLedger(ApiClient(), Config(namespace="rpw"), metrics=metrics, clock=lambda: now)
+    dropped: list[str] = []
+    ledger._drop_void = dropped.append  # type: ignore[method-assign]
+    other = replace(entry("other"), admitted_at=now - 1)
+    late = replace(entry("late"), admitted_at=now - case.admitted_ago, persisted=case.persisted)
+    before = [other, replace(late, victims=(PodRef("default", "v", "uid-v"),))]
+    ledger.reflector.load_pages(
+        [
+            parse_list_page(
+                orjson.dumps(
+                    {
+                        "metadata": {"resourceVersion": "10"},
+                        "items": [
+                            lease(
+                                "rpw-ledger-node-1",
+                                "10",
+                                {
+                                    NODE_ANNOTATION: "node-1",
+                                    LEDGER_ANNOTATION: encode_entries(
+                                        before if case.changed else [other]
+                                    ),
+                                },
+                            )
+                        ],
+                    }
+                )
+            )
+        ]
+    )
+    annotations = {NODE_ANNOTATION: "node-1", LEDGER_ANNOTATION: encode_entries([other, late])}
+    # The list above was the first sync; what follows comes as a watch of this age would.
+    ledger.reflector.stream_age = lambda: case.stream_age  # type: ignore[method-assign]
+    if case.stream_age is None:
+        ledger.reflector.load_pages(
+            [
+                parse_list_page(
+                    orjson.dumps(
+                        {
+                            "metadata": {"resourceVersion": "11"},
+                            "items": [lease("rpw-ledger-node-1", "11", annotations)],
+                        }
+                    )
+                )
+            ]
+        )
+    else:
+        ledger.reflector.apply(
+            WatchEvent("MODIFIED", lease("rpw-ledger-node-1", "11", annotations))
+        )
+
+    expected = ["review-other"] if case.void else ["review-late", "review-other"]
+    assert expected == sorted(e.review_uid for e in ledger.entries("node-1"))
+    assert expected == sorted(e.review_uid for e in ledger.all_entries())
+    assert (["node-1"] if case.void else []) == dropped
+    late_writes = metrics.registry.get_sample_value(
+        "rpw_errors_total", {"where": "ledger-late-write"}
+    )
+    assert (1 if case.void else None) == late_writes

@@ -224,6 +224,17 @@ class AdmissionEngine:
             type(old_obj) is dict or isinstance(old_obj, Mapping)
         ):
             raise InputError("the request lacks object or oldObject")
+        stale = self.cluster.staleness()
+        if stale > self.config.max_cache_staleness:
+            # The node may have changed since: a plan on this view could evict for room
+            # that is free already. The reconciler plans the resize once the watches are
+            # back if the kubelet defers it.
+            self.metrics.errors.labels("stale-cache").inc()
+            message = (
+                f"cluster cache out of date (watches lost {stale:.0f}s ago, bound "
+                f"{self.config.max_cache_staleness:g}s); resize allowed without a plan"
+            )
+            return Decision(uid, verdict="error", warnings=(PREFIX + message,), error=message)
         resolver = self.cluster.priority_resolver()
         old = self._stored_pod(old_obj) or parse_pod(old_obj, resolver)
         new = parse_pod(new_obj, resolver)

@@ -42,6 +42,10 @@ class Config:
     lease_duration: float = 15.0
     #: Full resync of the cache, seconds.
     resync_period: float = 300.0
+    #: Seconds a watch of the cache may be lost before nothing is decided on it: reviews
+    #: fail open, the worker and the reconciler wait, readiness goes false. Above a
+    #: relist of a large cluster (17 s at 150,000 pods) and the reflector's 30 s backoff.
+    max_cache_staleness: float = 60.0
     #: Largest AdmissionReview body accepted, bytes.
     max_body_bytes: int = 3 * 1024 * 1024
     scheduler_name: str = "resize-preemption-webhook"

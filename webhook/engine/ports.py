@@ -44,6 +44,11 @@ class ClusterView(Protocol):
         """Seconds since the cache last heard from the API server."""
         ...
 
+    def staleness(self) -> float:
+        """Seconds during which the view may have missed changes: 0 while it is fed by
+        open watches, growing from the moment one was lost until it is back."""
+        ...
+
 
 class EvictionResult(StrEnum):
     """What happened to one victim. All but ``blocked-by-pdb`` and ``failed`` are final."""

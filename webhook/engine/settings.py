@@ -94,6 +94,7 @@ SETTINGS: Final[dict[str, tuple[str, Callable[[Any], Any]]]] = {
     "identity": ("identity", _text),
     "lease-duration": ("lease_duration", _number),
     "resync-period": ("resync_period", _number),
+    "max-cache-staleness": ("max_cache_staleness", _number),
     "max-body-bytes": ("max_body_bytes", _count),
     "scheduler-name": ("scheduler_name", _text),
 }

@@ -280,6 +280,8 @@ class PreemptionWorker:
         stop = stop or threading.Event()
         if not self.cluster.synced():
             return  # an empty cache would make every pod look gone
+        if not self._cache_current():
+            return  # the pass runs again every interval: once the watches are back
         if self._budgets_changed:
             self._budgets_changed = False
             self.backoff.reset()
@@ -616,9 +618,21 @@ class PreemptionWorker:
         return True
 
     def _may_act(self) -> bool:
+        if not self._cache_current():
+            return False
         if self.may_act is None or self.may_act():
             return True
         log.info("not leading any more: no eviction until leadership is back")
+        return False
+
+    def _cache_current(self) -> bool:
+        """False while the cache's watches have been lost longer than
+        ``max_cache_staleness``: a victim's or a lender's state read from it may be that
+        old, so nothing is released, lent or evicted on it."""
+        stale = self.cluster.staleness()
+        if stale <= self.config.max_cache_staleness:
+            return True
+        log.info("cache watches lost %.0fs ago: no eviction until they are back", stale)
         return False
 
 

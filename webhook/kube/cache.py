@@ -497,6 +497,11 @@ class ClusterCache:
         past the watch read timeout (130 s) the connection is being replaced."""
         return max(r.age() for r in self._reflectors.values())
 
+    def staleness(self) -> float:
+        """Seconds the stalest kind may have missed changes for (see
+        :meth:`~webhook.kube.reflector.Reflector.staleness`): 0 while every watch is open."""
+        return max(r.staleness() for r in self._reflectors.values())
+
     # -- more reads for the worker and reconciler ----------------------------------------
 
     def pod_by_uid(self, uid: str) -> Pod | None:
@@ -563,6 +568,7 @@ class ClusterCache:
                 "objects": len(sink) if isinstance(sink, IndexedStore) else None,
                 "synced": r.synced(),
                 "age": round(r.age(), 3),
+                "staleness": round(r.staleness(), 3),
                 "resourceVersion": r.resource_version,
                 "lists": r.lists,
                 "watches": r.watches,

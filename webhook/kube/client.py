@@ -13,7 +13,11 @@ The returned client also
 * sizes the urllib3 pool for every thread that talks to the API at once: each watch holds
   one connection for minutes, admission threads write the ledger, the worker evicts;
 * optionally limits request rate client-side (token bucket, like client-go's QPS/burst);
-* turns on TCP keep-alive, so a watch through a dead proxy or NAT is noticed.
+* turns on TCP keep-alive, so a watch through a dead proxy or NAT is noticed;
+* never sends a request again after it timed out waiting for the answer (urllib3 would,
+  three times, for a PUT): the first may still land - etcd applies a write it held while
+  stalled - and the admission path has the API server's few seconds in all, not four
+  read timeouts. A request that never got through (refused connection) is retried.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import kubernetes.client
+import urllib3
 from kubernetes.client import rest
 from kubernetes.config import incluster_config, kube_config
 from kubernetes.config.config_exception import ConfigException
@@ -186,6 +191,7 @@ def make_api_client(
     cfg.connection_pool_maxsize = pool_size
     # TCP keep-alive with client-go's timings: a half-open watch connection is detected.
     cfg.keep_alive = True
+    cfg.retries = urllib3.Retry(total=3, read=False)
     limiter = RateLimiter(qps, burst) if qps else None
     return ApiClient(cfg, timeout=(connect_timeout, read_timeout), limiter=limiter)
 

@@ -21,6 +21,17 @@ call. Writes (:meth:`LeaseLedger.update`) are optimistic: compute from the cache
 PUT with the cached resourceVersion (or POST when there is no Lease yet); on 409 re-GET,
 recompute, retry. The writer's cache takes the write's response at once, so a process
 always reads its own writes. Leases are kept when they empty, for reuse.
+
+A write can land after its writer gave up on it: etcd stalls with the request in its
+socket buffer, the API server and then the webhook time out, the review is answered as
+failed open (no reservation) - and when etcd runs again it applies the write (seen in
+``tests/e2e/test_control_plane_faults.py``). Such an admission entry would have the
+worker evict for a review that told its user nobody was preempted. So an admission entry
+that a live watch delivers more than :data:`LATE_AFTER` seconds after its admission is
+void: left out of every read and of what the next write keeps, and dropped from the Lease
+at once. The reconciler plans the resize afresh if the kubelet defers it. An entry first
+seen in a LIST (a process that starts, or relists, after the late write landed and
+before it was dropped) cannot be told apart and counts.
 """
 
 from __future__ import annotations
@@ -70,6 +81,15 @@ MAX_ATTEMPTS: Final = 8
 #: (connect, read) seconds for one ledger request: the admission path waits for it, and
 #: the API server gives the webhook a few seconds in all.
 WRITE_TIMEOUT: Final = (2.0, 3.0)
+
+#: Seconds after its admission an entry may still first arrive. Past the webhook's
+#: ``timeoutSeconds`` (5 s in deploy/) the API server has stopped waiting for the review
+#: and let the resize through as failed open, whatever the webhook answers later; the
+#: rest is room for watch delay and clock offsets between replicas. A writer's clock that
+#: is further behind makes its entries void: its resizes are planned by the reconciler.
+LATE_AFTER: Final = 8.0
+#: Seconds after a watch opens during which it may be replaying the past, not now.
+REPLAY_WINDOW: Final = 2.0
 
 #: ``callback(node, entries)`` after a node's entries changed (watch or own write).
 LedgerSubscriber = Callable[[str, tuple[LedgerEntry, ...]], None]
@@ -240,9 +260,12 @@ class LeaseLedger:
                 {"label_selector": LABEL_SELECTOR},
             ),
             self._store,
-            notify=self._on_changes,
+            notify=self._on_watch,
             resync_period=self.config.resync_period,
         )
+        #: Review uids of admission entries whose write landed late (module docstring).
+        self._void: frozenset[str] = frozenset()
+        self._void_lock = threading.Lock()
         if metrics is not None:
             # Read at every scrape: always the entries as last seen, expired and spent
             # ones left out even when nobody has written the Lease since.
@@ -251,12 +274,19 @@ class LeaseLedger:
     # -- reads (the Ledger protocol) -----------------------------------------------------
 
     def entries(self, node: str) -> tuple[LedgerEntry, ...]:
-        """``node``'s entries as last seen, expired ones included (callers filter)."""
+        """``node``'s entries as last seen, expired ones included (callers filter), void
+        ones left out."""
         state = self._store.node(node)
-        return state.entries if state is not None else ()
+        return self._valid(state.entries) if state is not None else ()
 
     def all_entries(self) -> tuple[LedgerEntry, ...]:
-        return tuple(e for s in self._store.states() for e in s.entries)
+        return tuple(e for s in self._store.states() for e in self._valid(s.entries))
+
+    def _valid(self, entries: tuple[LedgerEntry, ...]) -> tuple[LedgerEntry, ...]:
+        void = self._void
+        if not void:
+            return entries
+        return tuple(e for e in entries if e.review_uid not in void)
 
     def live_entry_count(self) -> int:
         """Entries holding a reservation now: seen in the Leases, not yet expired, and
@@ -265,7 +295,8 @@ class LeaseLedger:
         if self._pods_on is None:
             return sum(1 for e in self.all_entries() if e.expires_at > now)
         return sum(
-            len(counting(s.entries, self._pods_on(s.node), now)) for s in self._store.states()
+            len(counting(self._valid(s.entries), self._pods_on(s.node), now))
+            for s in self._store.states()
         )
 
     def reachable(self) -> bool:
@@ -285,7 +316,7 @@ class LeaseLedger:
         """
         state = self._store.node(node)
         for attempt in range(self._max_attempts):
-            new, result = change(state.entries if state is not None else ())
+            new, result = change(self._valid(state.entries) if state is not None else ())
             if new is None:
                 return result
             now = self._clock()
@@ -399,6 +430,68 @@ class LeaseLedger:
             if callback in self._subscribers:
                 self._subscribers.remove(callback)
 
+    def _on_watch(self, kind: str, changes: Any) -> None:
+        """Changes the Lease watch (or a relist) brought: late admission entries are made
+        void before anyone hears of them."""
+        opened = self.reflector.stream_age()
+        if opened is not None and opened > REPLAY_WINDOW:
+            now = self._clock()
+            late: dict[str, str] = {}
+            for change in changes:
+                if change.new is None:
+                    continue
+                # New admissions only: an entry the worker changed keeps its review uid.
+                known = {e.review_uid for e in change.old.entries} if change.old else set()
+                late.update(
+                    (e.review_uid, change.new.node)
+                    for e in change.new.entries
+                    if e.review_uid not in known
+                    and not e.persisted
+                    and now - e.admitted_at > LATE_AFTER
+                )
+            if late:
+                self._make_void(late)
+        self._on_changes(kind, changes)
+
+    def _make_void(self, late: Mapping[str, str]) -> None:
+        with self._void_lock:
+            # Only uids still in some Lease are kept: the set stays as small as that.
+            present = {e.review_uid for s in self._store.states() for e in s.entries}
+            self._void = frozenset((self._void | late.keys()) & present)
+        for uid, node in late.items():
+            log.warning(
+                "ledger %s: entry of review %s landed after its writer gave up (the review "
+                "was answered as failed open); void, dropping it",
+                node,
+                uid,
+            )
+            if self._metrics is not None:
+                self._metrics.errors.labels("ledger-late-write").inc()
+        for node in set(late.values()):
+            threading.Thread(
+                target=self._drop_void, args=(node,), name="ledger-drop-void", daemon=True
+            ).start()
+
+    def _drop_void(self, node: str) -> None:
+        """Write ``node``'s Lease without its void entries (the reads leave them out), so
+        that a process listing it later does not count them; retried while the API server
+        fails."""
+
+        def rewrite(
+            entries: tuple[LedgerEntry, ...],
+        ) -> tuple[tuple[LedgerEntry, ...] | None, None]:
+            state = self._store.node(node)
+            held = state.entries if state is not None else ()
+            return (entries if len(held) != len(entries) else None), None
+
+        for _ in range(30):
+            try:
+                self.update(node, rewrite)
+                return
+            except ClusterError as e:
+                log.info("ledger %s: void entry not dropped yet: %s", node, e.message)
+                time.sleep(1.0)
+
     def _on_changes(self, _kind: str, changes: Any) -> None:
         with self._sub_lock:
             subscribers = tuple(self._subscribers)
@@ -406,7 +499,7 @@ class LeaseLedger:
             return
         for change in changes:
             state = change.new if change.new is not None else change.old
-            entries = change.new.entries if change.new is not None else ()
+            entries = self._valid(change.new.entries) if change.new is not None else ()
             if (
                 change.old is not None
                 and change.new is not None

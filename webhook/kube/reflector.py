@@ -17,6 +17,9 @@ bytes (``_preload_content=False``), parses them with orjson, and hands only slim
    object whose resourceVersion did not change is not parsed again.
 5. **Dead connections** are noticed by a socket read timeout (and TCP keep-alive); the
    server also ends each watch after a randomized 5-10 minutes, as client-go asks it to.
+6. **Staleness** (:meth:`Reflector.staleness`): 0 while a watch stream is open, else the
+   seconds since the last one ended or the last list was applied - how long changes may
+   have been missed. The service decides nothing on a cache staler than its bound.
 
 An object that ``convert`` rejects is logged once and skipped; if an earlier version of it
 was stored, that version stays (for capacity accounting a stale pod is safer than none).
@@ -291,8 +294,11 @@ class Reflector(Generic[V]):
         read_timeout: float = DEFAULT_READ_TIMEOUT,
         watch_timeout: tuple[int, int] = WATCH_TIMEOUT_RANGE,
         freeze_gc: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.resource = resource
+        #: Monotonic seconds, for freshness (a test's clock may stand still).
+        self._clock = clock
         self._freeze_gc = freeze_gc
         self.sink = sink
         self._notify = notify
@@ -316,6 +322,10 @@ class Reflector(Generic[V]):
         self._response_lock = threading.Lock()
         self._last_heard = 0.0
         self._last_list = 0.0
+        #: The last moment the sink was known to hold every change: a list applied, or
+        #: the end of a watch stream (up to which it delivered every event).
+        self._current_at = 0.0
+        self._stream_opened = 0.0
         self._watching = False
         self.lists = 0
         self.watches = 0
@@ -333,14 +343,34 @@ class Reflector(Generic[V]):
 
     def age(self) -> float:
         """Seconds since the API server last sent us anything (inf before the first)."""
-        return time.monotonic() - self._last_heard if self._last_heard else float("inf")
+        return self._clock() - self._last_heard if self._last_heard else float("inf")
+
+    def staleness(self) -> float:
+        """Seconds during which changes may have been missed: 0 while a watch stream is
+        open, else since the last list was applied or the last watch ended (inf before the
+        first list). A watch cut by the server, a restart or a refused reconnect shows
+        here at once; a connection that dies silently (no FIN, no RST) only when the read
+        timeout ends it."""
+        if not self.synced():
+            return float("inf")
+        if self._watching:
+            return 0.0
+        return self._clock() - self._current_at
+
+    def stream_age(self) -> float | None:
+        """Seconds the current watch stream has been open; None while none is (a relist
+        or a reconnect). A stream first replays what happened since the resourceVersion
+        it started from; what it delivers later happened just now."""
+        if not self._watching:
+            return None
+        return self._clock() - self._stream_opened
 
     def healthy(self) -> bool:
         """Synced, and a watch is open or the server was heard within the read timeout."""
         return self.synced() and (self._watching or self.age() < self._read_timeout)
 
     def _heard(self) -> None:
-        self._last_heard = time.monotonic()
+        self._last_heard = self._clock()
 
     # -- applying data (no I/O) ---------------------------------------------------------
 
@@ -399,7 +429,7 @@ class Reflector(Generic[V]):
         self._versions = versions
         self._failed &= versions.keys()
         self.resource_version = rv
-        self._last_list = time.monotonic()
+        self._last_list = self._current_at = self._clock()
         self.lists += 1
         self._heard()
         self._synced.set()
@@ -501,7 +531,7 @@ class Reflector(Generic[V]):
     def _watch_seconds(self) -> int:
         seconds = random.randint(*self._watch_timeout)
         if self.resync_period > 0:
-            due = self._last_list + self.resync_period - time.monotonic()
+            due = self._last_list + self.resync_period - self._clock()
             seconds = min(seconds, max(1, int(due) + 1))
         return seconds
 
@@ -522,6 +552,7 @@ class Reflector(Generic[V]):
             self._response = resp
         self.watches += 1
         self._heard()
+        self._stream_opened = self._clock()
         self._watching = True
         try:
             if self._stop.is_set():
@@ -530,6 +561,7 @@ class Reflector(Generic[V]):
             chunks = resp.stream(None) if resp.chunked else iter(lambda: resp.read1(65536), b"")
             self.consume(chunks)
         finally:
+            self._current_at = self._clock()
             self._watching = False
             with self._response_lock:
                 self._response = None
@@ -539,7 +571,7 @@ class Reflector(Generic[V]):
             resp.release_conn()
 
     def _resync_due(self) -> bool:
-        return self.resync_period > 0 and time.monotonic() - self._last_list >= self.resync_period
+        return self.resync_period > 0 and self._clock() - self._last_list >= self.resync_period
 
     def run(self) -> None:
         """The reflector loop; returns when :meth:`stop` is called."""
