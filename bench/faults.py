@@ -644,13 +644,16 @@ class FaultRig:
                 text = response.read().decode()
             for family in text_string_to_metric_families(text):
                 for s in family.samples:
-                    if s.name == "rpw_admission_reviews_total":
+                    if s.name == "resize_preemption_webhook_requests_total":
                         verdicts[s.labels["verdict"]] += int(s.value)
-                    elif s.name == "rpw_admission_review_duration_seconds_bucket" and (
+                    elif s.name == "resize_preemption_webhook_latency_seconds_bucket" and (
                         s.labels.get("endpoint") == "validate"
                     ):
                         buckets[float(s.labels["le"])] += s.value
-                    elif s.name == "rpw_errors_total" and s.labels.get("where") == "web":
+                    elif (
+                        s.name == "resize_preemption_errors_total"
+                        and s.labels.get("where") == "web"
+                    ):
                         web_errors += s.value
         total = max(buckets.values(), default=0.0)
 

@@ -214,6 +214,6 @@ def test_an_admission_entry_that_lands_late_is_void_and_dropped(case: LateCase) 
     assert expected == sorted(e.review_uid for e in ledger.all_entries())
     assert (["node-1"] if case.void else []) == dropped
     late_writes = metrics.registry.get_sample_value(
-        "rpw_errors_total", {"where": "ledger-late-write"}
+        "resize_preemption_errors_total", {"where": "ledger-late-write"}
     )
     assert (1 if case.void else None) == late_writes

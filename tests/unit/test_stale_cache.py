@@ -134,7 +134,9 @@ def test_a_review_on_a_cache_staler_than_the_bound_fails_open_with_a_reason(
     decision = engine.validate(review(high_pod, resized(high_pod, "6"))["request"])
 
     assert (True, case.verdict, case.writes) == (decision.allowed, decision.verdict, ledger.writes)
-    stale_errors = metrics.registry.get_sample_value("rpw_errors_total", {"where": "stale-cache"})
+    stale_errors = metrics.registry.get_sample_value(
+        "resize_preemption_errors_total", {"where": "stale-cache"}
+    )
     if case.verdict == "error":
         assert 1 == stale_errors
         [warning] = decision.warnings

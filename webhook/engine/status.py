@@ -119,6 +119,10 @@ class SnapshotView:
     def age(self) -> float:
         return 0.0
 
+    def staleness(self) -> float:
+        # A snapshot is read at once; it has no watches to lose.
+        return 0.0
+
     def pending_resizes(self) -> Sequence[Pod]:
         return tuple(p for p in self._snapshot.pods if p.resize in ("deferred", "infeasible"))
 
