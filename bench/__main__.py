@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "cache": "bench.cache_bench",
     "review": "bench.review_bench",
     "faults": "bench.faults",
+    "flood": "bench.flood",
 }
 
 

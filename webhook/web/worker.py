@@ -23,11 +23,22 @@ A connection that misses a deadline is closed without an answer; it is not the A
 server. What remains bounded by count rather than time is gunicorn's
 ``worker_connections`` per worker (see :mod:`webhook.web.server`).
 
-The whole worker process is cooperative: gevent patches the standard library before the
-app is loaded (gunicorn's worker does it), so the Kubernetes client's watches and the
-ledger writes wait on sockets the same way. Anything that bound a name from :mod:`ssl`
-or :mod:`socket` before that patch would block the process: :func:`check_cooperative`
-refuses to serve then, and the app factory runs only in the worker.
+**Overload.** Deadlines bound what one connection holds, not how many reviews arrive. A
+flood (a VPA rollout over thousands of pods) offered at 4 times what one worker decides
+per second let every review wait its turn on the event loop; answers came after the API
+server's ``timeoutSeconds`` (5), the API server closed those connections and opened new
+ones, and the worker spent its time on TLS handshakes and on reviews nobody waited for
+(``python -m bench flood``, ``docs/reliability.md``). So the worker measures how late its
+event loop runs a greenlet that is ready (:class:`LoopDelay`) - the time a review that
+has arrived waits before it is served - and while that passes ``shed_delay``:
+
+* the app answers reviews at once, allowed with a warning and without a decision
+  (``environ[OVERLOADED]``, :mod:`webhook.web.app`), at a seventh of a decision's CPU;
+* a new connection is reset before its TLS handshake (:class:`HandshakeDeadline`): the
+  API server fails open at once instead of paying us a handshake.
+
+Either way the resize goes ahead unchecked, as the API server would let it a few
+seconds later anyway; one the kubelet then defers is taken up by the reconciler.
 """
 
 from __future__ import annotations
@@ -37,15 +48,21 @@ import io
 import logging
 import socket
 import ssl
+import struct
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 import gevent
 from gevent.local import local
 from gunicorn.workers.ggevent import GeventWorker
 
+from webhook.web.app import OVERLOADED
+
 if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
     from webhook.web.tls import CertificateReloader
 
 log = logging.getLogger(__name__)
@@ -55,6 +72,9 @@ WORKER_CLASS: Final = "webhook.web.worker.ReviewWorker"
 
 #: Seconds a stopping worker keeps idle connections open for a request on its way.
 STOP_IDLE_LINGER: Final = 2.0
+
+#: How often :class:`LoopDelay` looks; also the least delay it can see.
+LOOP_PROBE_INTERVAL: Final = 0.05
 
 #: Modules that keep the ssl/socket classes they imported, and the names they keep.
 _BOUND_AT_IMPORT: Final = {
@@ -91,6 +111,9 @@ class HandshakeDeadline:
         self.timeout = timeout
 
     def wrap_socket(self, sock: socket.socket, **_: Any) -> ssl.SSLSocket:
+        if _serving is not None and _serving.overloaded():
+            _serving.refuse(sock)
+            raise gevent.GreenletExit
         conn = self.tls.context().wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         try:
             with gevent.Timeout(self.timeout):
@@ -110,6 +133,59 @@ def _peer(sock: socket.socket) -> str:
         return "a closed peer"
 
 
+class LoopDelay:
+    """How late this process's event loop runs a greenlet that is ready to run.
+
+    A probe greenlet sleeps :data:`LOOP_PROBE_INTERVAL` and notes how late it woke. While
+    it is overdue, the time it is overdue is a lower bound on the current delay, so
+    :meth:`current` rises as a queue builds instead of waiting for the probe's turn, and
+    falls again at the probe's first punctual wake-up. ``clock`` is monotonic seconds."""
+
+    def __init__(
+        self, interval: float = LOOP_PROBE_INTERVAL, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.interval = interval
+        self.clock = clock
+        self._due = clock() + interval
+        self._last = 0.0
+
+    def start(self) -> gevent.Greenlet:
+        return gevent.spawn(self._run)
+
+    def _run(self) -> None:
+        self._due = self.clock() + self.interval
+        while True:
+            gevent.sleep(self.interval)
+            self.woke()
+
+    def woke(self) -> None:
+        """The probe's wake-up; it sleeps again at once (tests call it with their clock)."""
+        now = self.clock()
+        self._last = max(0.0, now - self._due)
+        self._due = now + self.interval
+
+    def current(self) -> float:
+        """Seconds a greenlet that became ready now would wait, as far as is known."""
+        return max(self._last, self.clock() - self._due)
+
+
+def mark_overload(
+    app: WSGIApplication, delay: Callable[[], float], shed_delay: float
+) -> WSGIApplication:
+    """``app`` with ``environ[OVERLOADED]`` set on every request: whether ``delay()`` is
+    past ``shed_delay`` (0 or less: never)."""
+
+    def marked(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        environ[OVERLOADED] = shed_delay > 0 and delay() > shed_delay
+        return app(environ, start_response)
+
+    return marked
+
+
+#: The worker serving in this process (one per process), for :class:`HandshakeDeadline`.
+_serving: ReviewWorker | None = None
+
+
 class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
     """gunicorn's gevent worker with the deadlines of the module docstring; they come
     from the :class:`~webhook.web.server.ServerOptions` of the application it serves."""
@@ -120,6 +196,8 @@ class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
         self.header_timeout: float = options.header_timeout
         self.body_timeout: float = options.body_timeout
         self.max_body: int = options.max_body_bytes
+        self.shed_delay: float = options.shed_delay
+        self.loop_delay = LoopDelay()
         #: Per connection (greenlet): requests read so far.
         self._connection = local()
         #: Connections waiting for their next request's headers.
@@ -132,6 +210,23 @@ class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
         check_cooperative()
         self.app.tls.renew()
         super().load_wsgi()
+        self.loop_delay.start()
+        self.refused = 0
+        global _serving
+        _serving = self
+        served: WSGIApplication = self.wsgi  # type: ignore[has-type]  # set by gunicorn
+        self.wsgi = mark_overload(served, self.loop_delay.current, self.shed_delay)
+
+    def overloaded(self) -> bool:
+        return self.shed_delay > 0 and self.loop_delay.current() > self.shed_delay
+
+    def refuse(self, sock: socket.socket) -> None:
+        """Close a new connection at once, before its handshake: reset (no linger), so the
+        API server sees the failure now and fails open instead of waiting."""
+        self.refused += 1
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
 
     def handle(self, listener: Any, client: Any, addr: Any) -> None:
         self._connection.requests = 0

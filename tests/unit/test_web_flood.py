@@ -1,0 +1,164 @@
+"""Overload: how late the worker's event loop runs (LoopDelay), the mark it puts on each
+request, the app's answer while it is set, and the quick variant of the review flood
+(``python -m bench flood``: 4 times saturation against one replica)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pytest
+
+from bench import flood
+from tests.unit.web_fixtures import dumps, walkthrough_review, walkthrough_view
+from webhook.engine.config import Config
+from webhook.testing import InMemoryLedger
+from webhook.web.app import OVERLOADED, OVERLOADED_WARNING, create_app, metrics_of
+from webhook.web.worker import LoopDelay, mark_overload
+
+# --- LoopDelay ----------------------------------------------------------------------------
+
+
+@dataclass
+class Clock:
+    now: float = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True)
+class DelayCase:
+    id: str
+    #: Seconds after the probe went to sleep (for its 0.05 s) at which it wakes, or None.
+    woke_after: float | None
+    #: Seconds after it went to sleep at which the delay is read.
+    read_after: float
+    expected: float
+
+
+DELAY_CASES = [
+    DelayCase("punctual-probe-reads-zero", woke_after=0.05, read_after=0.06, expected=0.0),
+    DelayCase("asleep-not-due-yet", woke_after=None, read_after=0.03, expected=0.0),
+    DelayCase("overdue-probe-counts-the-overdue-time", None, read_after=0.55, expected=0.5),
+    DelayCase("late-wake-is-kept-until-the-next", woke_after=0.35, read_after=0.36, expected=0.3),
+]
+
+
+@pytest.mark.parametrize("case", DELAY_CASES, ids=[c.id for c in DELAY_CASES])
+def test_loop_delay(case: DelayCase) -> None:
+    clock = Clock()
+    delay = LoopDelay(interval=0.05, clock=clock)
+    if case.woke_after is not None:
+        clock.now += case.woke_after
+        delay.woke()
+        clock.now -= case.woke_after
+    clock.now += case.read_after
+    assert case.expected == pytest.approx(delay.current())
+
+
+def test_loop_delay_falls_back_at_the_first_punctual_wake() -> None:
+    clock = Clock()
+    delay = LoopDelay(interval=0.05, clock=clock)
+    clock.now += 1.05
+    delay.woke()
+    assert 1.0 == pytest.approx(delay.current())
+    clock.now += 0.05
+    delay.woke()
+    assert 0.0 == pytest.approx(delay.current())
+
+
+@pytest.mark.parametrize(
+    ("delay", "shed_delay", "expected"),
+    [(0.2, 0.1, True), (0.05, 0.1, False), (10.0, 0.0, False)],
+    ids=["late-is-overloaded", "on-time-is-not", "zero-switches-it-off"],
+)
+def test_mark_overload_tells_the_app(delay: float, shed_delay: float, expected: bool) -> None:
+    seen: dict[str, Any] = {}
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        seen.update(environ)
+        return []
+
+    mark_overload(app, lambda: delay, shed_delay)({}, None)  # type: ignore[arg-type]
+    assert expected is seen[OVERLOADED]
+
+
+# --- the app's answer while overloaded ------------------------------------------------------
+
+
+def post(app: Any, path: str, body: bytes, overloaded: bool) -> Any:
+    return app.test_client().post(
+        path,
+        data=body,
+        content_type="application/json",
+        environ_overrides={OVERLOADED: overloaded},
+    )
+
+
+@pytest.mark.parametrize("path", ["/validate-resize", "/mutate-resize"], ids=["validate", "mutate"])
+def test_overloaded_review_is_allowed_at_once_without_a_decision(path: str) -> None:
+    ledger = InMemoryLedger()
+    app = create_app(Config(), cluster=walkthrough_view(), ledger=ledger)
+    answer = post(app, path, dumps(walkthrough_review(uid="flooded")), overloaded=True)
+    assert 200 == answer.status_code
+    expected = {
+        "uid": "flooded",
+        "allowed": True,
+        "warnings": [OVERLOADED_WARNING],
+        "auditAnnotations": {"verdict": "overloaded"},
+    }
+    assert expected == orjson.loads(answer.data)["response"]
+    assert () == ledger.all_entries()  # no room taken, nobody preempted
+    endpoint = path.strip("/").split("-")[0]
+    labels = {"endpoint": endpoint, "verdict": "overloaded"}
+    assert 1.0 == metrics_of(app).registry.get_sample_value("rpw_admission_reviews_total", labels)
+
+
+def test_not_overloaded_the_review_is_decided() -> None:
+    ledger = InMemoryLedger()
+    app = create_app(Config(), cluster=walkthrough_view(), ledger=ledger)
+    answer = post(app, "/validate-resize", dumps(walkthrough_review()), overloaded=False)
+    assert "preempt" == orjson.loads(answer.data)["response"]["auditAnnotations"]["verdict"]
+    assert 1 == len(ledger.all_entries())
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [(b"not json", 400), (dumps({"kind": "AdmissionReview"}), 400)],
+    ids=["not-json", "no-request"],
+)
+def test_overloaded_bad_input_still_gets_its_400(body: bytes, status: int) -> None:
+    app = create_app(Config(), cluster=walkthrough_view())
+    answer = post(app, "/validate-resize", body, overloaded=True)
+    assert status == answer.status_code
+    assert "error" in orjson.loads(answer.data)
+
+
+def test_overloaded_probes_are_served_as_ever() -> None:
+    app = create_app(Config(), cluster=walkthrough_view())
+    answer = app.test_client().get("/readyz", environ_overrides={OVERLOADED: True})
+    assert 200 == answer.status_code
+
+
+# --- the flood, quick variant -------------------------------------------------------------
+
+
+def test_review_flood_quick() -> None:
+    """4 times saturation for a few seconds against one replica with its defaults: it
+    survives, no 5xx, every answer is the full decision or the overload answer, memory
+    stays bounded, and most reviews are answered (or refused at once) within the API
+    server's timeout; afterwards reviews are decided in full again."""
+    result = flood.run(seconds=5.0, factor=4.0, both=False)
+    (run,) = result["runs"]
+    counts = run["counts"]
+    assert run["worker_alive"], run
+    assert 0 == run["server_errors_5xx"], run
+    assert set(counts) <= {"full", "overloaded", "timed out", "connection error"}, run
+    assert counts.get("overloaded", 0) > 0, run  # the protection engaged
+    assert counts.get("timed out", 0) <= 0.1 * run["offered"], run
+    assert run["worker_rss_mb"]["after"] - run["worker_rss_mb"]["before"] < 100, run
+    after = run["after_flood"]
+    # Decided in full again (a busy moment of the shared machine may still shed one).
+    assert after.get("full", 0) >= 0.9 * sum(after.values()) > 0, run
