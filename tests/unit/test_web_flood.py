@@ -31,18 +31,20 @@ class Clock:
 @dataclass(frozen=True)
 class DelayCase:
     id: str
-    #: Seconds after the probe went to sleep (for its 0.05 s) at which it wakes, or None.
-    woke_after: float | None
-    #: Seconds after it went to sleep at which the delay is read.
+    #: Seconds late of each wake-up of the probe (every 0.05 s), in order.
+    wakes: tuple[float, ...]
+    #: Seconds after the last wake-up (or the start) at which the delay is read.
     read_after: float
     expected: float
 
 
 DELAY_CASES = [
-    DelayCase("punctual-probe-reads-zero", woke_after=0.05, read_after=0.06, expected=0.0),
-    DelayCase("asleep-not-due-yet", woke_after=None, read_after=0.03, expected=0.0),
-    DelayCase("overdue-probe-counts-the-overdue-time", None, read_after=0.55, expected=0.5),
-    DelayCase("late-wake-is-kept-until-the-next", woke_after=0.35, read_after=0.36, expected=0.3),
+    DelayCase("punctual-probe-reads-zero", wakes=(0.0, 0.0), read_after=0.01, expected=0.0),
+    DelayCase("asleep-not-due-yet", wakes=(), read_after=0.03, expected=0.0),
+    DelayCase("overdue-probe-counts-the-overdue-time", wakes=(), read_after=0.55, expected=0.5),
+    DelayCase("one-late-wake-is-a-busy-moment", wakes=(0.0, 0.3), read_after=0.01, expected=0.0),
+    DelayCase("late-wakes-in-a-row-are-a-queue", wakes=(0.2, 0.3), read_after=0.01, expected=0.2),
+    DelayCase("a-punctual-wake-ends-it", wakes=(0.2, 0.3, 0.0), read_after=0.01, expected=0.0),
 ]
 
 
@@ -50,23 +52,11 @@ DELAY_CASES = [
 def test_loop_delay(case: DelayCase) -> None:
     clock = Clock()
     delay = LoopDelay(interval=0.05, clock=clock)
-    if case.woke_after is not None:
-        clock.now += case.woke_after
+    for late in case.wakes:
+        clock.now += 0.05 + late
         delay.woke()
-        clock.now -= case.woke_after
     clock.now += case.read_after
     assert case.expected == pytest.approx(delay.current())
-
-
-def test_loop_delay_falls_back_at_the_first_punctual_wake() -> None:
-    clock = Clock()
-    delay = LoopDelay(interval=0.05, clock=clock)
-    clock.now += 1.05
-    delay.woke()
-    assert 1.0 == pytest.approx(delay.current())
-    clock.now += 0.05
-    delay.woke()
-    assert 0.0 == pytest.approx(delay.current())
 
 
 @pytest.mark.parametrize(

@@ -136,10 +136,11 @@ def _peer(sock: socket.socket) -> str:
 class LoopDelay:
     """How late this process's event loop runs a greenlet that is ready to run.
 
-    A probe greenlet sleeps :data:`LOOP_PROBE_INTERVAL` and notes how late it woke. While
-    it is overdue, the time it is overdue is a lower bound on the current delay, so
-    :meth:`current` rises as a queue builds instead of waiting for the probe's turn, and
-    falls again at the probe's first punctual wake-up. ``clock`` is monotonic seconds."""
+    A probe greenlet sleeps :data:`LOOP_PROBE_INTERVAL` and notes how late it woke. The
+    delay is the lesser of its last two wake-ups - one late wake is a busy moment of the
+    node (the process was not scheduled), not a queue; at 4 times saturation every wake
+    is late - or, while the probe is overdue, the time it is overdue: that rises as a
+    queue builds instead of waiting for the probe's turn. ``clock``: monotonic seconds."""
 
     def __init__(
         self, interval: float = LOOP_PROBE_INTERVAL, clock: Callable[[], float] = time.monotonic
@@ -147,7 +148,7 @@ class LoopDelay:
         self.interval = interval
         self.clock = clock
         self._due = clock() + interval
-        self._last = 0.0
+        self._lags = (0.0, 0.0)
 
     def start(self) -> gevent.Greenlet:
         return gevent.spawn(self._run)
@@ -161,12 +162,12 @@ class LoopDelay:
     def woke(self) -> None:
         """The probe's wake-up; it sleeps again at once (tests call it with their clock)."""
         now = self.clock()
-        self._last = max(0.0, now - self._due)
+        self._lags = (self._lags[1], max(0.0, now - self._due))
         self._due = now + self.interval
 
     def current(self) -> float:
         """Seconds a greenlet that became ready now would wait, as far as is known."""
-        return max(self._last, self.clock() - self._due)
+        return max(min(self._lags), self.clock() - self._due)
 
 
 def mark_overload(
