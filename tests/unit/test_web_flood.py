@@ -4,9 +4,11 @@ request, the app's answer while it is set, and the quick variant of the review f
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import Any
 
+import gevent
 import orjson
 import pytest
 
@@ -14,8 +16,15 @@ from bench import flood
 from tests.unit.web_fixtures import dumps, walkthrough_review, walkthrough_view
 from webhook.engine.config import Config
 from webhook.testing import InMemoryLedger
+from webhook.web import worker
 from webhook.web.app import OVERLOADED, OVERLOADED_WARNING, create_app, metrics_of
-from webhook.web.worker import LoopDelay, mark_overload
+from webhook.web.worker import (
+    HandshakeDeadline,
+    LoopDelay,
+    is_overloaded,
+    mark_overload,
+    reset,
+)
 
 # --- LoopDelay ----------------------------------------------------------------------------
 
@@ -59,20 +68,81 @@ def test_loop_delay(case: DelayCase) -> None:
     assert case.expected == pytest.approx(delay.current())
 
 
-@pytest.mark.parametrize(
-    ("delay", "shed_delay", "expected"),
-    [(0.2, 0.1, True), (0.05, 0.1, False), (10.0, 0.0, False)],
-    ids=["late-is-overloaded", "on-time-is-not", "zero-switches-it-off"],
-)
-def test_mark_overload_tells_the_app(delay: float, shed_delay: float, expected: bool) -> None:
+@dataclass(frozen=True)
+class OverloadCase:
+    id: str
+    delay: float
+    shed_delay: float
+    connections: int
+    expected: bool
+
+
+OVERLOAD_CASES = [
+    OverloadCase("late-with-a-queue-of-connections", 0.2, 0.1, 26, True),
+    OverloadCase("on-time", 0.05, 0.1, 200, False),
+    OverloadCase("late-but-no-more-connections-than-kept-idle", 2.0, 0.1, 25, False),
+    OverloadCase("zero-switches-it-off", 10.0, 0.0, 1000, False),
+]
+
+
+@pytest.mark.parametrize("case", OVERLOAD_CASES, ids=[c.id for c in OVERLOAD_CASES])
+def test_is_overloaded(case: OverloadCase) -> None:
+    assert case.expected is is_overloaded(case.delay, case.shed_delay, case.connections)
+
+
+@pytest.mark.parametrize("overloaded", [True, False])
+def test_mark_overload_tells_the_app(overloaded: bool) -> None:
     seen: dict[str, Any] = {}
 
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         seen.update(environ)
         return []
 
-    mark_overload(app, lambda: delay, shed_delay)({}, None)  # type: ignore[arg-type]
-    assert expected is seen[OVERLOADED]
+    mark_overload(app, lambda: overloaded)({}, None)  # type: ignore[arg-type]
+    assert overloaded is seen[OVERLOADED]
+
+
+# --- new connections while overloaded -------------------------------------------------------
+
+
+def test_reset_is_seen_by_the_peer_at_once() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname(), timeout=2)
+        accepted, _ = listener.accept()
+        reset(accepted)
+        with pytest.raises(ConnectionResetError):
+            client.recv(1)
+        client.close()
+
+
+@dataclass
+class Serving:
+    busy: bool
+    refused: list[socket.socket]
+
+    def overloaded(self) -> bool:
+        return self.busy
+
+    def refuse(self, sock: socket.socket) -> None:
+        self.refused.append(sock)
+
+
+class NoTLS:
+    def context(self) -> Any:
+        raise AssertionError("an overloaded worker must not start a handshake")
+
+
+def test_an_overloaded_worker_refuses_a_new_connection_before_its_handshake(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    serving = Serving(busy=True, refused=[])
+    monkeypatch.setattr(worker, "_serving", serving)
+    a, b = socket.socketpair()
+    with pytest.raises(gevent.GreenletExit):
+        HandshakeDeadline(NoTLS(), timeout=1.0).wrap_socket(a)  # type: ignore[arg-type]
+    assert [a] == serving.refused
+    b.close()
+    a.close()
 
 
 # --- the app's answer while overloaded ------------------------------------------------------

@@ -65,14 +65,14 @@ DEFAULT_MAX_BODY_BYTES: Final = Config().max_body_bytes
 #: the client, not us, closes an idle connection, so it never sends a review down a
 #: connection we are closing; and reviews rarely pay for a new TLS handshake.
 DEFAULT_KEEPALIVE: Final = 120
-#: Seconds a review may wait on a worker's event loop before the worker answers reviews
-#: at once without a decision and refuses new connections (webhook.web.worker,
-#: "Overload"). The API server keeps 25 idle connections to a webhook (client-go's
-#: transport) and opens a new one, a TLS handshake, for every review beyond them: at
-#: 600 reviews/s, 40 ms of delay already means handshakes, which cost more than the
-#: reviews. Measured at 4 times saturation (``python -m bench flood``, 15 s, a shared
-#: machine): 0.5 s let 5,051 of 8,000 reviews time out, 0.1 s 172. Five times the p99 of
-#: a worker at saturation (20 ms) keeps a busy moment from tripping it.
+#: Seconds a review may wait on a worker's event loop, with more connections open than
+#: the API server keeps idle, before the worker answers reviews at once without a
+#: decision and resets new connections (webhook.web.worker, "Overload"). The API server
+#: keeps 25 idle connections to a webhook (client-go's transport) and opens one, a TLS
+#: handshake, for every review beyond them: at 600 reviews/s, 40 ms of delay already
+#: means handshakes, which cost more than the reviews. Measured at 4 times saturation
+#: (``python -m bench flood``, 15 s, a shared machine): 0.5 s let 5,051 of 8,000 reviews
+#: time out, 0.1 s 172. Five times the p99 of a worker at saturation (20 ms).
 DEFAULT_SHED_DELAY: Final = 0.1
 #: Seconds a stopping worker lets in-flight reviews finish (well under the pod's
 #: terminationGracePeriodSeconds, 30 s by default).

@@ -30,7 +30,8 @@ server's ``timeoutSeconds`` (5), the API server closed those connections and ope
 ones, and the worker spent its time on TLS handshakes and on reviews nobody waited for
 (``python -m bench flood``, ``docs/reliability.md``). So the worker measures how late its
 event loop runs a greenlet that is ready (:class:`LoopDelay`) - the time a review that
-has arrived waits before it is served - and while that passes ``shed_delay``:
+has arrived waits before it is served - and while that passes ``shed_delay`` with more
+connections open than the API server keeps idle (:func:`is_overloaded`):
 
 * the app answers reviews at once, allowed with a warning and without a decision
   (``environ[OVERLOADED]``, :mod:`webhook.web.app`), at a seventh of a decision's CPU;
@@ -39,6 +40,12 @@ has arrived waits before it is served - and while that passes ``shed_delay``:
 
 Either way the resize goes ahead unchecked, as the API server would let it a few
 seconds later anyway; one the kubelet then defers is taken up by the reconciler.
+
+The whole worker process is cooperative: gevent patches the standard library before the
+app is loaded (gunicorn's worker does it), so the Kubernetes client's watches and the
+ledger writes wait on sockets the same way. Anything that bound a name from :mod:`ssl`
+or :mod:`socket` before that patch would block the process: :func:`check_cooperative`
+refuses to serve then, and the app factory runs only in the worker.
 """
 
 from __future__ import annotations
@@ -73,6 +80,11 @@ WORKER_CLASS: Final = "webhook.web.worker.ReviewWorker"
 #: Seconds a stopping worker keeps idle connections open for a request on its way.
 STOP_IDLE_LINGER: Final = 2.0
 
+#: Idle connections the API server keeps to one webhook (client-go's transport cache,
+#: ``idleConnsPerHost``): more open at once mean it has more reviews outstanding.
+BUSY_CONNECTIONS: Final = 25
+#: Seconds between two log lines about connections reset while overloaded.
+RESET_LOG_INTERVAL: Final = 10.0
 #: How often :class:`LoopDelay` looks; also the least delay it can see.
 LOOP_PROBE_INTERVAL: Final = 0.05
 
@@ -126,6 +138,14 @@ class HandshakeDeadline:
             raise gevent.GreenletExit from None
 
 
+def reset(sock: socket.socket) -> None:
+    """Close ``sock`` with a reset (no linger): the peer - the API server - sees the
+    failure at once and fails open, instead of waiting for an answer."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
 def _peer(sock: socket.socket) -> str:
     try:
         return str(sock.getpeername())
@@ -170,14 +190,23 @@ class LoopDelay:
         return max(min(self._lags), self.clock() - self._due)
 
 
-def mark_overload(
-    app: WSGIApplication, delay: Callable[[], float], shed_delay: float
-) -> WSGIApplication:
-    """``app`` with ``environ[OVERLOADED]`` set on every request: whether ``delay()`` is
-    past ``shed_delay`` (0 or less: never)."""
+def is_overloaded(delay: float, shed_delay: float, connections: int) -> bool:
+    """Overloaded: the loop ``delay`` past ``shed_delay`` (0: never) with more
+    ``connections`` open than the API server keeps idle (:data:`BUSY_CONNECTIONS`).
+
+    The delay alone also rises when the worker is merely slow for a while - a relist of
+    50,000 pods in the same process held reviews 0.2 to 2 s, all of them decided within
+    the API server's timeout, and shedding on the delay alone failed 94% of them open -
+    or when the node is busy; only a queue of reviews makes the API server open more
+    connections than it keeps."""
+    return 0 < shed_delay < delay and connections > BUSY_CONNECTIONS
+
+
+def mark_overload(app: WSGIApplication, overloaded: Callable[[], bool]) -> WSGIApplication:
+    """``app`` with ``environ[OVERLOADED]`` set on every request to ``overloaded()``."""
 
     def marked(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        environ[OVERLOADED] = shed_delay > 0 and delay() > shed_delay
+        environ[OVERLOADED] = overloaded()
         return app(environ, start_response)
 
     return marked
@@ -198,6 +227,8 @@ class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
         self.body_timeout: float = options.body_timeout
         self.max_body: int = options.max_body_bytes
         self.shed_delay: float = options.shed_delay
+        #: Connections past their handshake, open now.
+        self._open = 0
         self.loop_delay = LoopDelay()
         #: Per connection (greenlet): requests read so far.
         self._connection = local()
@@ -212,26 +243,36 @@ class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
         self.app.tls.renew()
         super().load_wsgi()
         self.loop_delay.start()
-        self.refused = 0
+        #: Connections reset since the last log line about them, and when that was.
+        self._reset = {"count": 0, "told": -RESET_LOG_INTERVAL}
         global _serving
         _serving = self
         served: WSGIApplication = self.wsgi  # type: ignore[has-type]  # set by gunicorn
-        self.wsgi = mark_overload(served, self.loop_delay.current, self.shed_delay)
+        self.wsgi = mark_overload(served, self.overloaded)
 
     def overloaded(self) -> bool:
-        return self.shed_delay > 0 and self.loop_delay.current() > self.shed_delay
+        return is_overloaded(self.loop_delay.current(), self.shed_delay, self._open)
 
     def refuse(self, sock: socket.socket) -> None:
-        """Close a new connection at once, before its handshake: reset (no linger), so the
-        API server sees the failure now and fails open instead of waiting."""
-        self.refused += 1
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        sock.close()
+        """Close a new connection at once, before its handshake."""
+        reset(sock)
+        self._reset["count"] += 1
+        now = time.monotonic()
+        if now - self._reset["told"] >= RESET_LOG_INTERVAL:
+            # One line per interval: a line per connection would add to the overload.
+            log.warning(
+                "overloaded: %d new connections reset before their handshake",
+                self._reset["count"],
+            )
+            self._reset = {"count": 0, "told": now}
 
     def handle(self, listener: Any, client: Any, addr: Any) -> None:
         self._connection.requests = 0
-        super().handle(listener, client, addr)
+        self._open += 1
+        try:
+            super().handle(listener, client, addr)
+        finally:
+            self._open -= 1
 
     @contextlib.contextmanager
     def timeout_ctx(self) -> Iterator[None]:
