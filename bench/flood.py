@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results" / "flood.json"
+RELIST_RESULTS = RESULTS.with_name("flood-relist.json")
 REPO = Path(__file__).resolve().parents[1]
 
 #: The webhook configuration's timeoutSeconds (deploy/base, the chart's default).
@@ -63,6 +64,8 @@ def serve_main(argv: Sequence[str]) -> int:
     parser.add_argument("--key", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--shed-delay", type=float, default=None)
+    parser.add_argument("--relist", help="PodList pages to relist over and over, one per line")
+    parser.add_argument("--relist-log", help="one JSON line per relist: pods, seconds")
     args = parser.parse_args(argv)
 
     from bench.review_bench import cluster_objects
@@ -88,6 +91,10 @@ def serve_main(argv: Sequence[str]) -> int:
 
         def start() -> Callable[[], None]:
             after_review.start()
+            if args.relist:
+                import gevent
+
+                gevent.spawn(_relist_forever, Path(args.relist), Path(args.relist_log))
             return after_review.stop
 
         return WorkerApp(app, start=start, registry=metrics_of(app).registry)
@@ -102,6 +109,35 @@ def serve_main(argv: Sequence[str]) -> int:
         log_level="warning",
         shed_delay=DEFAULT_SHED_DELAY if args.shed_delay is None else args.shed_delay,
     )
+
+
+def _relist_forever(pages: Path, log_path: Path) -> None:
+    """The cluster cache's pod reflector in this process, relisting ``pages`` again and
+    again, as after a watch expired: each page parsed and converted, the store replaced.
+    A page read from the API server waits on its socket, where the worker serves reviews
+    meanwhile; reading from a file does not, so each page yields once in its place."""
+    import gevent
+
+    from webhook.kube.cache import PODS, ClusterCache
+    from webhook.kube.reflector import parse_list_page
+
+    cache = ClusterCache(None)
+    reflector = cache.reflector(PODS)
+
+    def read() -> Iterator[Any]:
+        with pages.open("rb") as f:
+            for line in f:
+                gevent.sleep(0)
+                yield parse_list_page(line)
+
+    with log_path.open("a") as log:
+        while True:
+            started = time.monotonic()
+            reflector.load_pages(read())
+            log.write(
+                json.dumps({"pods": len(cache.pods), "seconds": time.monotonic() - started}) + "\n"
+            )
+            log.flush()
 
 
 # -- the client process (gevent: thousands of connections, one thread) --------------------
@@ -266,8 +302,11 @@ def _rss_kb(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def flood_server(files: dict[str, Path], shed_delay: float | None) -> Iterator[tuple[int, int]]:
-    """A flood server on a free port: yields (port, its one worker's pid) once ready."""
+def flood_server(
+    files: dict[str, Path], shed_delay: float | None, relist: Path | None = None
+) -> Iterator[tuple[int, int]]:
+    """A flood server on a free port: yields (port, its one worker's pid) once ready;
+    with ``relist``, relisting those pages meanwhile (log beside them, ``.log``)."""
     from bench.review_bench import _free_port, _wait_ready, _worker_pids
 
     port = _free_port()
@@ -275,6 +314,8 @@ def flood_server(files: dict[str, Path], shed_delay: float | None) -> Iterator[t
     command += ["--cert", str(files["tls.crt"]), "--key", str(files["tls.key"])]
     if shed_delay is not None:
         command += ["--shed-delay", str(shed_delay)]
+    if relist is not None:
+        command += ["--relist", str(relist), "--relist-log", str(relist.with_suffix(".log"))]
     server = subprocess.Popen(command, cwd=REPO, start_new_session=True)
     try:
         _wait_ready(port, str(files["ca.crt"]), server)
@@ -310,10 +351,14 @@ def _centiles(values: list[float]) -> dict[str, float]:
 
 
 def flood(
-    files: dict[str, Path], rate: float, seconds: float, shed_delay: float | None
+    files: dict[str, Path],
+    rate: float,
+    seconds: float,
+    shed_delay: float | None,
+    relist: Path | None = None,
 ) -> dict[str, Any]:
     """One server, flooded at ``rate`` for ``seconds``: the figures of one run."""
-    with flood_server(files, shed_delay) as (port, worker):
+    with flood_server(files, shed_delay, relist) as (port, worker):
         rss_before = _rss_kb(worker)
         result = _drive(port, files, seconds, rate=rate)
         alive = os.path.exists(f"/proc/{worker}")
@@ -347,22 +392,73 @@ def flood(
     }
 
 
-def run(
-    seconds: float, factor: float, both: bool, shed_delay: float | None = None
-) -> dict[str, Any]:
+def _files(tmp: str) -> dict[str, Path]:
     from bench.review_bench import cluster_objects, review_body
     from webhook import pki
 
+    ca = pki.make_ca("flood bench CA")
+    pair = pki.make_serving_cert(ca, ip_addresses=["127.0.0.1"])
+    files = {name: Path(tmp, name) for name in ("ca.crt", "tls.crt", "tls.key", "review")}
+    files["ca.crt"].write_bytes(ca.cert_pem)
+    files["tls.crt"].write_bytes(pair.cert_pem)
+    files["tls.key"].write_bytes(pair.key_pem)
+    _, resizing = cluster_objects()
+    files["review"].write_bytes(review_body(resizing))
+    return files
+
+
+def relist_run(
+    pods: int, seconds: float, share: float, shed_delay: float | None = None
+) -> dict[str, Any]:
+    """Reviews at ``share`` of saturation for ``seconds``, without and then with the pod
+    reflector of the same worker process relisting ``pods`` pods over and over (then that
+    again without the overload answer)."""
+    from bench.cache_bench import generate
+
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="flood-relist-") as tmp:
+        files = _files(tmp)
+        pages = Path(tmp, "pods.jsonl")
+        generate(pages, pods, max(1, pods // 30))
+        with flood_server(files, None) as (port, _):
+            saturation = _drive(port, files, 5.0, closed=4)
+        sustained = saturation["counts"].get("full", 0) / saturation["seconds"]
+        rate = round(sustained * share, 1)
+        quiet = flood(files, rate, seconds, shed_delay)
+        busy = flood(files, rate, seconds, shed_delay, relist=pages)
+        # The same without the overload answer (the server before it had one).
+        unprotected = flood(files, rate, seconds, 0.0, relist=pages)
+        relists = [json.loads(line) for line in pages.with_suffix(".log").read_text().splitlines()]
+    return {
+        "benchmark": "reviews_during_relist",
+        "server": "gunicorn, the webhook's gevent worker, 1 worker, TLS; reviews decided on "
+        "the review benchmark's in-process cluster while the same process's pod reflector "
+        f"relists {pods} pods (bench.cache_bench's pods, pages of 100) over and over",
+        "cpus": os.cpu_count(),
+        "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0]},
+        "saturation_per_s": round(sustained, 1),
+        "offered_per_s": rate,
+        "seconds": seconds,
+        "without_relist": quiet,
+        "with_relist": busy,
+        "with_relist_unprotected": unprotected,
+        "relists": {
+            "count": len(relists),
+            "first_sync_s": round(relists[0]["seconds"], 2) if relists else None,
+            "median_s": round(statistics.median(r["seconds"] for r in relists), 2)
+            if relists
+            else None,
+            "pods": relists[-1]["pods"] if relists else 0,
+        },
+    }
+
+
+def run(
+    seconds: float, factor: float, both: bool, shed_delay: float | None = None
+) -> dict[str, Any]:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="flood-bench-") as tmp:
-        ca = pki.make_ca("flood bench CA")
-        pair = pki.make_serving_cert(ca, ip_addresses=["127.0.0.1"])
-        files = {name: Path(tmp, name) for name in ("ca.crt", "tls.crt", "tls.key", "review")}
-        files["ca.crt"].write_bytes(ca.cert_pem)
-        files["tls.crt"].write_bytes(pair.cert_pem)
-        files["tls.key"].write_bytes(pair.key_pem)
-        _, resizing = cluster_objects()
-        files["review"].write_bytes(review_body(resizing))
+        files = _files(tmp)
         with flood_server(files, None) as (port, _):
             saturation = _drive(port, files, min(10.0, max(3.0, seconds / 6)), closed=4)
         sustained = saturation["counts"].get("full", 0) / saturation["seconds"]
@@ -426,7 +522,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--shed-delay", type=float, default=None, help="the server's (default: its default)"
     )
+    parser.add_argument(
+        "--relist-pods",
+        type=int,
+        default=0,
+        help="instead: reviews at half saturation while the worker relists this many pods",
+    )
     args = parser.parse_args(argv)
+    if args.relist_pods:
+        result = relist_run(
+            args.relist_pods, 5.0 if args.quick else args.seconds / 2, 0.5, args.shed_delay
+        )
+        print(json.dumps(result, indent=2))
+        if not args.quick:
+            RELIST_RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        return 0
     seconds = 5.0 if args.quick else args.seconds
     result = run(seconds, args.factor, not args.protected_only, args.shed_delay)
     print(table(result))
