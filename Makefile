@@ -6,15 +6,18 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha1sum | cut -c1-12)
 
-.PHONY: help venv binaries tools lint unit e2e test cluster cluster-down demo bench compare certs clean
+.PHONY: help venv binaries vpa tools lint unit e2e test cluster cluster-down demo bench compare certs clean
 
 help:
 	@echo "make demo          local control plane + webhook, replays the resize walkthrough"
 	@echo "make test          lint, type checks, layering contract, unit and end-to-end tests"
 	@echo "make cluster       start the local control plane and leave it running"
 	@echo "                   (CLUSTER_ARGS=\"--nodes 2 --cpu 4 --memory 8Gi --grace-cap 1\")"
+	@echo "make cluster VPA=1 the same, with the deployment and replicaset controllers and the"
+	@echo "                   VPA updater (docs/vpa.md)"
 	@echo "make cluster-down  stop it"
 	@echo "make certs         a CA, the serving certificate and its Secret manifest in certs/"
+	@echo "make vpa           the VPA updater and its CRDs (built from the Go module proxy)"
 	@echo "make tools         helm (built from the Go module proxy), promtool and prometheus"
 	@echo "make bench         benchmarks under bench/"
 	@echo "make compare       this webhook vs kube-scheduler v1.37.2 resize preemption (docs/comparison.md)"
@@ -29,6 +32,11 @@ venv: $(STAMP)
 
 binaries:
 	@scripts/build-control-plane.sh >/dev/null
+
+# The Vertical Pod Autoscaler's updater and CRDs (built from the Go module proxy, cached like
+# the control plane), for `make cluster VPA=1`, tests/e2e/test_vpa.py and bench/vpa.py.
+vpa:
+	@scripts/build-vpa.sh >/dev/null
 
 # helm (built from the Go module proxy, cached like the control plane) and promtool and
 # prometheus (Debian's package), for the chart and monitoring tests.
@@ -45,14 +53,14 @@ lint: venv
 unit: venv tools binaries
 	$(PY) -m pytest tests/unit -q
 
-e2e: venv binaries tools
+e2e: venv binaries vpa tools
 	$(PY) -m pytest tests/e2e -q
 
-test: lint binaries tools
+test: lint binaries vpa tools
 	$(PY) -m pytest -q
 
-cluster: venv binaries
-	@$(PY) -m harness up $(CLUSTER_ARGS)
+cluster: venv binaries $(if $(filter 1,$(VPA)),vpa)
+	@$(PY) -m harness up $(CLUSTER_ARGS) $(if $(filter 1,$(VPA)),--vpa)
 
 cluster-down: venv
 	@$(PY) -m harness down

@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "review": "bench.review_bench",
     "faults": "bench.faults",
     "flood": "bench.flood",
+    "vpa": "bench.vpa",
 }
 
 

@@ -2,9 +2,11 @@
 
 ``up`` starts a supervisor process in the background that owns the control plane, the
 nodes' kubelets (hollow: the v1.37.2 kubelet without containers, see :mod:`harness.nodes`)
-and the webhook, waits until everything is ready, and prints shell ``export`` lines
-(``eval "$(python -m harness up)"``). ``down`` stops the supervisor, which stops the
-rest. State (kubeconfig, logs, pids) lives in ``.cluster/`` at the repository root.
+and the webhook (with ``--vpa`` also the deployment and replicaset controllers and the
+Vertical Pod Autoscaler's updater, :mod:`harness.vpa`), waits until everything is ready,
+and prints shell ``export`` lines (``eval "$(python -m harness up)"``). ``down`` stops the
+supervisor, which stops the rest. State (kubeconfig, logs, pids) lives in ``.cluster/`` at
+the repository root.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from harness.binaries import REPO_ROOT, Binaries, BinariesUnavailable, ensure_bi
 from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import ControlPlane, ControlPlaneConfig, ControlPlaneError
 from harness.nodes import HollowNodes, NodeError, NodeOptions, default_nodes
+from harness.vpa import VpaBinaries, VpaError, VpaUpdater, ensure_vpa
 from harness.webhook_process import (
     CONFIGURATION_PATH,
     WebhookProcess,
@@ -87,6 +90,11 @@ def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
         help="a container takes at most this long to stop; 'none' (the default) gives each "
         "pod its whole terminationGracePeriodSeconds",
     )
+    parser.add_argument(
+        "--vpa",
+        action="store_true",
+        help="also the deployment and replicaset controllers and the VPA updater (docs/vpa.md)",
+    )
 
 
 def _exports(ready: dict[str, Any]) -> str:
@@ -126,7 +134,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 0
     try:
         binaries = ensure_binaries()
-    except BinariesUnavailable as e:
+        vpa = ensure_vpa() if args.vpa else None
+    except (BinariesUnavailable, VpaError) as e:
         _say(f"error: {e}")
         return 1
     shutil.rmtree(STATE_DIR, ignore_errors=True)
@@ -157,6 +166,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         ]
     if args.no_webhook:
         argv.append("--no-webhook")
+    if vpa is not None:
+        argv += ["--vpa", "--vpa-bin", str(vpa.directory)]
     log = STATE_DIR / "logs" / "supervisor.log"
     with log.open("ab") as out:
         # Its own session and no parent-death signal: it must outlive this command.
@@ -181,9 +192,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         time.sleep(0.1)
     nodes = ", ".join(f"node-{i}" for i in range(1, args.nodes + 1))
     grace = "whole grace period" if args.grace_cap is None else f"stops within {args.grace_cap} s"
+    controllers = "disruption, deployment, replicaset" if args.vpa else "disruption"
     _say(
         f"control plane {ready['version']} up in {time.monotonic() - began:.1f} s: etcd, "
-        f"kube-apiserver, kube-controller-manager (disruption), kube-scheduler; "
+        f"kube-apiserver, kube-controller-manager ({controllers}), kube-scheduler; "
         f"nodes: {nodes} ({args.cpu} CPU, {args.memory}, {args.pods} pods; "
         f"kubelet {ready['version']}, hollow; {grace})"
     )
@@ -193,9 +205,47 @@ def cmd_up(args: argparse.Namespace) -> int:
         _say(f"webhook NOT running, continuing without it: {ready['webhook_error']}")
     else:
         _say("webhook: not started (--no-webhook)")
+    if ready.get("vpa"):
+        _say(_vpa_usage(ready["vpa"]))
     _say(f"state and logs: {STATE_DIR}; stop with `make cluster-down`")
     print(_exports(ready))
     return 0
+
+
+def _vpa_usage(vpa: dict[str, Any]) -> str:
+    """How to drive the updater by hand: one Deployment, its VPA, a recommendation."""
+    resources = {"cpu": "2", "memory": "256Mi"}
+    recommendation = {
+        "containerName": "pause",
+        **{bound: resources for bound in ("target", "lowerBound", "upperBound")},
+    }
+    status = {"status": {"recommendation": {"containerRecommendations": [recommendation]}}}
+    autoscaler = {
+        "apiVersion": "autoscaling.k8s.io/v1",
+        "kind": "VerticalPodAutoscaler",
+        "metadata": {"name": "web"},
+        "spec": {
+            "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
+            "updatePolicy": {"updateMode": "InPlace"},
+        },
+    }
+
+    def compact(obj: Any) -> str:
+        return json.dumps(obj, separators=(",", ":"))
+
+    lines = [
+        f"vpa: updater {vpa['version']}, a loop every {vpa['interval']}, update modes InPlace "
+        f"and InPlaceOrRecreate; no recommender runs: write status.recommendation yourself "
+        f"(log: {vpa['log']}). Try (docs/vpa.md has more):",
+        "  kubectl create deployment web --image=registry.k8s.io/pause:3.10",
+        "  kubectl set resources deployment web --requests=cpu=1,memory=256Mi "
+        "--limits=cpu=1,memory=256Mi",
+        f"  echo '{compact(autoscaler)}' | kubectl apply -f -",
+        f"  kubectl patch vpa web --subresource status --type merge -p '{compact(status)}'",
+        "  kubectl get pods -l app=web -o jsonpath="
+        "'{.items[0].status.containerStatuses[0].resources}'   # cpu 2, same pod",
+    ]
+    return "\n".join(lines)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -203,7 +253,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     processes.install_signal_handlers()
     (STATE_DIR / PID_FILE).write_text(str(os.getpid()))
     binaries = Binaries(Path(args.bin))
-    config = ControlPlaneConfig(state_dir=STATE_DIR, feature_gates=args.feature_gates)
+    config = ControlPlaneConfig(
+        state_dir=STATE_DIR, feature_gates=args.feature_gates, workload_controllers=args.vpa
+    )
     options = NodeOptions(stop_grace_cap=args.grace_cap, feature_gates=args.feature_gates)
     try:
         with (
@@ -213,6 +265,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             ) as nodes,
         ):
             pids = {name: nodes.pid(name) for name in nodes.names}
+            updater: VpaUpdater | None = None
+            if args.vpa:
+                updater = VpaUpdater(cp, VpaBinaries(Path(args.vpa_bin))).start()
+                pids["vpa-updater"] = updater.process.pid if updater.process else 0
             (STATE_DIR / NODES_FILE).write_text(json.dumps({"pids": pids}, indent=2))
             webhook: WebhookProcess | None = None
             webhook_error = None
@@ -233,6 +289,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     if webhook
                     else None,
                     "webhook_error": webhook_error,
+                    "vpa": {
+                        "version": updater.binaries.version,
+                        "interval": f"{updater.options.interval:g} s",
+                        "log": str(updater.log_path),
+                    }
+                    if updater
+                    else None,
                 }
                 (STATE_DIR / READY_FILE).write_text(json.dumps(ready, indent=2))
                 print("ready", flush=True)
@@ -240,10 +303,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     time.sleep(1)
                     cp.check_alive()
                     nodes.check_alive()
+                    if updater is not None:
+                        updater.check_alive()
             finally:
                 if webhook is not None:
                     webhook.stop()
-    except (ControlPlaneError, NodeError) as e:
+                if updater is not None:
+                    updater.stop()
+    except (ControlPlaneError, NodeError, VpaError) as e:
         print(f"cluster failed: {e}", flush=True)
         return 1
     finally:
@@ -325,6 +392,12 @@ def cmd_status(_args: argparse.Namespace) -> int:
                 "webhook not registered"
                 + (f" ({ready['webhook_error']})" if ready.get("webhook_error") else "")
             )
+        if vpa := ready.get("vpa"):
+            autoscalers = client.get("/apis/autoscaling.k8s.io/v1/verticalpodautoscalers")
+            print(
+                f"vpa updater {vpa['version']}, a loop every {vpa['interval']}: "
+                f"{len(autoscalers['items'])} VerticalPodAutoscalers (log: {vpa['log']})"
+            )
     finally:
         client.close()
     return 0
@@ -352,6 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve = sub.add_parser("_serve")  # internal: the supervisor started by `up`
     _add_cluster_options(serve)
     serve.add_argument("--bin", required=True)
+    serve.add_argument("--vpa-bin")
     serve.set_defaults(func=cmd_serve)
     sub.add_parser("down", help="stop it").set_defaults(func=cmd_down)
     sub.add_parser("status", help="show what runs").set_defaults(func=cmd_status)

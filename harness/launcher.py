@@ -6,8 +6,10 @@
   feature gates, ``PodResizeValidator`` enabled when the version has it and the
   ``ServiceAccount`` admission plugin disabled (no token controller runs, so it would reject
   every pod for lack of a ``default`` service account);
-* kube-controller-manager runs ONLY the disruption controller (PDB status): the default set
-  includes node-lifecycle, which would evict pods whenever a node misses a heartbeat;
+* kube-controller-manager runs ONLY the disruption controller (PDB status), plus the
+  deployment and replicaset controllers when asked (workloads for the VPA updater, see
+  :mod:`harness.vpa`): the default set includes node-lifecycle, which would evict pods
+  whenever a node misses a heartbeat;
 * kube-scheduler runs without leader election.
 
 Every port is picked free; every process is stopped by :meth:`ControlPlane.stop`, by the
@@ -38,6 +40,10 @@ from harness.processes import ManagedProcess, spawn
 from webhook import pki
 
 SERVICE_CIDR = "10.0.0.0/24"
+#: What a Deployment needs to get pods: its ReplicaSets, and their pods. No garbage
+#: collector: nothing here relies on cascading deletion (whoever removes a Deployment
+#: removes its ReplicaSets and pods too), and its graph watches every resource type.
+WORKLOAD_CONTROLLERS = ("deployment-controller", "replicaset-controller")
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 CONTEXT = "rpw-local"
 # Only the admission/eviction paths matter to the webhook's tests; everything else stays
@@ -69,6 +75,8 @@ class ControlPlaneConfig:
     ``feature_gates``: passed to kube-apiserver, kube-controller-manager and kube-scheduler.
     ``audit_policy``: replaces :data:`AUDIT_POLICY` (e.g. to log every request when
     counting a component's API calls); None keeps the default.
+    ``workload_controllers``: kube-controller-manager also runs
+    :data:`WORKLOAD_CONTROLLERS`, so Deployments get ReplicaSets and pods.
     """
 
     state_dir: Path | None = None
@@ -79,6 +87,7 @@ class ControlPlaneConfig:
     audit_policy: Mapping[str, Any] | None = None
     apiserver_args: Sequence[str] = ()
     start_timeout: float = 60.0
+    workload_controllers: bool = False
 
 
 _handed_out: set[int] = set()
@@ -353,10 +362,14 @@ class ControlPlane:
             [
                 str(self.binaries.kube_controller_manager),
                 *self._component_args("controller-manager"),
-                "--controllers=disruption-controller",
+                "--controllers=" + ",".join(self._controllers()),
                 "--use-service-account-credentials=false",
             ],
         )
+
+    def _controllers(self) -> list[str]:
+        workloads = WORKLOAD_CONTROLLERS if self.config.workload_controllers else ()
+        return ["disruption-controller", *workloads]
 
     def _start_scheduler(self) -> None:
         self._spawn(

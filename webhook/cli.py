@@ -1,12 +1,15 @@
-"""Command line: ``python -m webhook plan|serve|certs ...``.
+"""Command line: ``python -m webhook plan|status|serve|certs|metrics ...``.
 
-Every subcommand turns expected failures (bad input, unreachable files) into one line on
-stderr and exit code 2; a traceback means a bug.
+Every subcommand turns expected failures into one line on stderr and an exit code: 2 for
+bad input or unreadable files, 3 when the cluster cannot be reached (or no client
+configuration is found), 4 when the cluster refuses the request (RBAC); a traceback means
+a bug.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -27,15 +30,31 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
+EXIT_UNREACHABLE = 3
+EXIT_FORBIDDEN = 4
+#: The ClusterRole that grants what ``status`` and ``plan --kubeconfig`` read.
+VIEWER_ROLE = "resize-preemption-webhook-viewer"
 
 
 class UsageError(InputError):
     """A command-line argument that cannot be used."""
 
 
+class ClusterUnusable(WebhookError):
+    """The cluster could not be asked: ``code`` is the exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def _read_documents(path: str) -> list[object]:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        if path == "-":
+            path = "standard input"
+            text = sys.stdin.read()
+        else:
+            text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise UsageError(f"cannot read snapshot {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:
@@ -79,19 +98,97 @@ def _pod_key(text: str) -> str:
     return f"{namespace}/{name}"
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    snapshot = load_snapshot(_read_documents(args.snapshot))
-    now = time.time() if args.now is None else parse_time(args.now, "--now")
-    assert now is not None
-    policy = DefaultPolicy(
+def _policy(args: argparse.Namespace) -> DefaultPolicy:
+    return DefaultPolicy(
         pdb_mode=args.pdb_mode,
         max_victims=args.max_victims,
         protected_namespaces=frozenset(args.protected_namespace or ()),
         lending=args.lending,
     )
-    plan = plan_snapshot_resize(
-        snapshot, _pod_key(args.pod), _read_patch(args.resize), now=now, policy=policy
+
+
+def _now(args: argparse.Namespace) -> float:
+    now = time.time() if args.now is None else parse_time(args.now, "--now")
+    assert now is not None
+    return now
+
+
+def _errno_text(message: str) -> str:
+    """The last ``[Errno N] text`` of a transport error (urllib3 nests it deep), else the
+    message."""
+    found = re.findall(r"\[Errno -?\d+\] ([^'\")]+)", message)
+    return found[-1].strip() if found else message
+
+
+def _ask_cluster(args: argparse.Namespace, read: Any) -> Any:
+    """``read(api_client)`` against the cluster of ``--kubeconfig``/``--context``, its
+    failures turned into :class:`ClusterUnusable` with a one-line message."""
+    from webhook.kube.client import make_api_client
+    from webhook.kube.errors import ClusterError, Forbidden, Unavailable
+
+    try:
+        api = make_api_client(args.kubeconfig, context=args.context, connect_timeout=5.0)
+    except ClusterError as e:
+        raise ClusterUnusable(str(e), EXIT_UNREACHABLE) from None
+    try:
+        return read(api)
+    except Forbidden as e:
+        raise ClusterUnusable(
+            f"the cluster refused: {e} (a viewer needs the {VIEWER_ROLE} ClusterRole and "
+            f"its Role in namespace {args.namespace}, docs/operations.md)",
+            EXIT_FORBIDDEN,
+        ) from None
+    except Unavailable as e:
+        host = api.configuration.host
+        raise ClusterUnusable(
+            f"cannot reach the API server at {host}: {_errno_text(str(e))}", EXIT_UNREACHABLE
+        ) from None
+    except ClusterError as e:
+        host = api.configuration.host
+        raise ClusterUnusable(f"the API server at {host} answered {e}", EXIT_UNREACHABLE) from None
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+
+
+def _live_plan(args: argparse.Namespace, key: str, patch: dict[str, Any]) -> Any:
+    from webhook.engine.ledger import counting
+    from webhook.kube.errors import NotFound
+    from webhook.kube.status import read_live, read_pod
+
+    namespace, name = key.split("/", 1)
+
+    def read(api: Any) -> Any:
+        try:
+            pod = read_pod(api, namespace, name)
+        except NotFound:
+            raise LookupFailed(f"no pod {key} in the cluster") from None
+        # An unbound pod: node "" reads the pods bound nowhere (it among them), no node.
+        return read_live(
+            api, namespace=args.namespace, node=(pod.get("spec") or {}).get("nodeName") or ""
+        )
+
+    live = _ask_cluster(args, read)
+    snapshot = load_snapshot(live.objects)
+    now = _now(args)
+    pod = next((p for p in snapshot.pods if p.key == key), None)
+    pods = snapshot.pods_on(pod.node) if pod is not None else ()
+    # As the admission path plans: against every other reservation holding room.
+    others = [e for e in live.entries if pod is None or e.pod.uid != pod.uid]
+    reservations = [e.reservation() for e in counting(others, pods, now)]
+    return plan_snapshot_resize(
+        snapshot, key, patch, now=now, policy=_policy(args), reservations=reservations
     )
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    key, patch = _pod_key(args.pod), _read_patch(args.resize)
+    if (args.snapshot is None) == (args.kubeconfig is None):
+        raise UsageError("plan needs one of --snapshot FILE and --kubeconfig FILE")
+    if args.kubeconfig is not None:
+        plan = _live_plan(args, key, patch)
+    else:
+        snapshot = load_snapshot(_read_documents(args.snapshot))
+        plan = plan_snapshot_resize(snapshot, key, patch, now=_now(args), policy=_policy(args))
     if args.output == "json":
         sys.stdout.write(orjson.dumps(plan_to_dict(plan)).decode() + "\n")
     else:
@@ -180,6 +277,70 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from webhook.engine.config import Config
+    from webhook.engine.status import service_status, status_text, status_to_dict
+    from webhook.kube.status import read_live
+
+    live = _ask_cluster(args, lambda api: read_live(api, namespace=args.namespace, node=args.node))
+    policy = _policy(args)
+    config = Config(
+        namespace=args.namespace,
+        pdb_mode=policy.pdb_mode,
+        max_victims=policy.max_victims,
+        protected_namespaces=policy.protected_namespaces,
+        lending=policy.lending,
+    )
+    status = service_status(
+        load_snapshot(live.objects),
+        live.entries,
+        live.leader,
+        config,
+        now=_now(args),
+        node=args.node,
+    )
+    if args.output == "json":
+        sys.stdout.write(orjson.dumps(status_to_dict(status)).decode() + "\n")
+    else:
+        sys.stdout.write(status_text(status) + "\n")
+    return EXIT_OK
+
+
+def _cluster_arguments(parser: argparse.ArgumentParser, *, kubeconfig_help: str) -> None:
+    parser.add_argument("--kubeconfig", metavar="FILE", help=kubeconfig_help)
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    parser.add_argument(
+        "--namespace",
+        default="resize-preemption-system",
+        metavar="NAMESPACE",
+        help="the webhook's namespace, where its ledger and leader Leases are",
+    )
+
+
+def _policy_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pdb-mode", choices=("respect", "best-effort"), default="respect")
+    parser.add_argument("--max-victims", type=_non_negative_int, default=None)
+    parser.add_argument("--protected-namespace", action="append", metavar="NAMESPACE")
+    parser.add_argument(
+        "--no-lending",
+        dest="lending",
+        action="store_false",
+        help="plan evictions only: pods with a floor annotation do not lend",
+    )
+    parser.add_argument("--now", metavar="RFC3339", help="evaluate as of this time")
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from webhook.engine.metrics import METRICS, markdown_table
+
+    if args.markdown:
+        sys.stdout.write(markdown_table())
+    else:
+        for d in METRICS:
+            sys.stdout.write(f"{d.name}\t{d.kind}\t{','.join(d.labels)}\t{d.help}\n")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m webhook",
@@ -189,14 +350,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser(
         "plan",
-        help="plan a resize against a snapshot of cluster objects",
-        description="Plan a resize offline: which lower-priority pods would have to go.",
+        help="plan a resize against a snapshot of cluster objects or the live cluster",
+        description=(
+            "Plan a resize: which lower-priority pods would have to go. Against a snapshot "
+            "(--snapshot) or, read-only, the live cluster and the webhook's ledger "
+            "(--kubeconfig)."
+        ),
     )
     plan.add_argument(
         "--snapshot",
-        required=True,
         metavar="FILE",
-        help="Nodes, Pods, PodDisruptionBudgets, PriorityClasses (YAML or JSON)",
+        help="Nodes, Pods, PodDisruptionBudgets, PriorityClasses (YAML or JSON; - reads "
+        "standard input, e.g. kubectl get nodes,pods,pdb,priorityclasses -A -o yaml)",
     )
     plan.add_argument("--pod", required=True, metavar="NAMESPACE/NAME")
     plan.add_argument(
@@ -206,17 +371,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="the JSON given to kubectl patch --subresource resize (or @file)",
     )
     plan.add_argument("-o", "--output", choices=("text", "json"), default="text")
-    plan.add_argument("--pdb-mode", choices=("respect", "best-effort"), default="respect")
-    plan.add_argument("--max-victims", type=_non_negative_int, default=None)
-    plan.add_argument("--protected-namespace", action="append", metavar="NAMESPACE")
-    plan.add_argument(
-        "--no-lending",
-        dest="lending",
-        action="store_false",
-        help="plan evictions only: pods with a floor annotation do not lend",
-    )
-    plan.add_argument("--now", metavar="RFC3339", help="evaluate as of this time")
+    _cluster_arguments(plan, kubeconfig_help="plan against the cluster of this kubeconfig")
+    _policy_arguments(plan)
     plan.set_defaults(func=cmd_plan)
+
+    status = sub.add_parser(
+        "status",
+        help="what the service is doing now: reservations, loans, Deferred resizes, leader",
+        description=(
+            "Read-only: the reservations and loans the ledger holds per node, the pods whose "
+            "resize the kubelet Deferred and why each waits (planned as the reconciler "
+            "would, nothing written), and the leader. Needs a viewer's rights (the "
+            f"{VIEWER_ROLE} ClusterRole)."
+        ),
+    )
+    _cluster_arguments(status, kubeconfig_help="default: $KUBECONFIG, ~/.kube/config")
+    status.add_argument("--node", metavar="NAME", help="one node only")
+    status.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    _policy_arguments(status)
+    status.set_defaults(func=cmd_status)
 
     srv = sub.add_parser(
         "serve",
@@ -294,6 +467,16 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--kubeconfig", metavar="FILE", help="default $KUBECONFIG, in-cluster")
     certs.add_argument("--context", metavar="NAME", help="kubeconfig context")
     certs.set_defaults(func=cmd_certs)
+
+    metrics = sub.add_parser(
+        "metrics",
+        help="list the metrics the service exports",
+        description="List every metric the service exports: name, type, labels, meaning.",
+    )
+    metrics.add_argument(
+        "--markdown", action="store_true", help="as the table in docs/operations.md"
+    )
+    metrics.set_defaults(func=cmd_metrics)
     return parser
 
 
@@ -308,6 +491,9 @@ def main(argv: Sequence[str] | None = None, *, hooks: Hooks | None = None) -> in
     except (InputError, LookupFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except ClusterUnusable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.code
     except WebhookError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -24,7 +24,7 @@ from webhook.kube.cache import BUDGETS, ClusterCache
 from webhook.kube.client import make_api_client
 from webhook.kube.events import EventRecorder
 from webhook.kube.evictor import Evictor
-from webhook.kube.leader import LeaderElector
+from webhook.kube.leader import LEADER_LEASE, LeaderElector
 from webhook.kube.ledger import LeaseLedger
 from webhook.kube.resizer import Resizer
 from webhook.web.app import create_app
@@ -125,7 +125,7 @@ def build(
         elector = LeaderElector(
             act_api,
             namespace=config.namespace,
-            name="resize-preemption-webhook-leader",
+            name=LEADER_LEASE,
             identity=identity,
             lease_duration=config.lease_duration,
             renew_deadline=config.lease_duration * 2 / 3,

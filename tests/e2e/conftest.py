@@ -1,9 +1,9 @@
 """Fixtures for end-to-end tests against a real local control plane.
 
-* ``cluster`` (session): etcd, kube-apiserver, kube-controller-manager (disruption
-  controller), kube-scheduler and ``node-1`` (8 CPU, 16Gi, 110 pods): a hollow kubelet (the
-  v1.37.2 kubelet without containers, :mod:`harness.nodes`) whose containers stop within
-  1 s. Logs stay under pytest's basetemp.
+* ``cluster`` (session): etcd, kube-apiserver, kube-controller-manager (disruption,
+  deployment and replicaset controllers), kube-scheduler and ``node-1`` (8 CPU, 16Gi, 110
+  pods): a hollow kubelet (the v1.37.2 kubelet without containers, :mod:`harness.nodes`)
+  whose containers stop within 1 s. Logs stay under pytest's basetemp.
 * ``namespace``: a fresh namespace per test; its pods are removed (and gone from the node)
   before the next test starts, so every test finds node-1 empty.
 * ``kubectl``: runs the real kubectl against the cluster, in the test's namespace.
@@ -95,7 +95,9 @@ class Kubectl:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     install_signal_handlers()
     binaries = ensure_binaries()
-    config = ControlPlaneConfig(state_dir=tmp_path_factory.mktemp("cluster"))
+    config = ControlPlaneConfig(
+        state_dir=tmp_path_factory.mktemp("cluster"), workload_controllers=True
+    )
     with ControlPlane(binaries, config) as control_plane:
         nodes = HollowNodes(control_plane, default_nodes(1), NodeOptions(stop_grace_cap=GRACE_CAP))
         with nodes:

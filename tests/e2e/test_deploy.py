@@ -50,6 +50,9 @@ RBAC_KINDS = (
     "ClusterRoleBinding",
     "Role",
     "RoleBinding",
+    # The viewer's (python -m webhook status), bound to nobody.
+    "ClusterRole",
+    "Role",
 )
 CERT_MANAGER_GROUP = "cert-manager.io"
 #: Impersonated to learn what every ServiceAccount of the namespace may do without bindings.

@@ -102,7 +102,7 @@ def kubectl_events(kubectl: Kubectl, name: str) -> list[dict[str, Any]]:
 
 
 def count(metrics: Metrics, result: str) -> float:
-    value = metrics.registry.get_sample_value("rpw_preemptions_total", {"result": result})
+    value = metrics.registry.get_sample_value("resize_preemption_victims_total", {"result": result})
     return value or 0.0
 
 
@@ -233,7 +233,9 @@ def test_a_failed_event_is_counted_never_raised(metrics: Metrics, cluster: Clust
         bad = EventRecorder(api, controller="not a qualified name!", instance="x", metrics=metrics)
         assert not bad.preempted(PodRef("default", "p", "u"), PodRef("default", "q", "v"), NODE)
     assert bad.failures == 1
-    assert metrics.registry.get_sample_value("rpw_errors_total", {"where": "event"}) == 1
+    assert (
+        metrics.registry.get_sample_value("resize_preemption_errors_total", {"where": "event"}) == 1
+    )
 
 
 def test_a_pdb_protected_victim_is_blocked_and_kept(

@@ -145,9 +145,9 @@ def test_install_walkthrough_upgrade_and_uninstall(
     manifest = helm("get", "manifest", RELEASE).stdout
     kinds = sorted(o.split("/")[0] for o in helm_objects(cluster, manifest))
     assert [
-        "ClusterRole", "ClusterRoleBinding", "Deployment", "MutatingWebhookConfiguration",
-        "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount",
-        "ValidatingWebhookConfiguration",
+        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Deployment",
+        "MutatingWebhookConfiguration", "PodDisruptionBudget", "Role", "Role", "RoleBinding",
+        "Secret", "Service", "ServiceAccount", "ValidatingWebhookConfiguration",
     ] == kinds  # fmt: skip
     config = get(cluster, f"{VALIDATING}/{FULLNAME}")
     assert config is not None

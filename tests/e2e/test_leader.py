@@ -36,7 +36,9 @@ class Candidate:
 
     @property
     def gauge(self) -> float | None:
-        return self.metrics.registry.get_sample_value("rpw_leader")
+        return self.metrics.registry.get_sample_value(
+            "resize_preemption_leader_election_master_status"
+        )
 
 
 Elect = Callable[..., Candidate]

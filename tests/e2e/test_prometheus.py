@@ -40,6 +40,8 @@ MAIN_PANELS = (
     "Ledger size",
     "Cache age",
     "Leader",
+    "Time to actuation p90",
+    "Deferred resizes",
 )
 SCRAPE_INTERVAL = 1.0
 
@@ -60,6 +62,8 @@ def query(port: int, expr: str) -> dict[str, Any]:
             answer: dict[str, Any] = json.load(response)
     except urllib.error.HTTPError as e:
         answer = json.load(e)
+    except urllib.error.URLError as e:
+        answer = {"status": "error", "error": f"prometheus not reachable: {e.reason}"}
     return answer
 
 
@@ -129,6 +133,8 @@ def test_every_panel_and_alert_evaluates_and_the_main_panels_show_the_walkthroug
     wait_until: Waiter,
 ) -> None:
     process, port = prometheus
+    # A scrape before the walkthrough: rate() and increase() need the counts from before.
+    wait_until(lambda: scraped(port, 1), timeout=30, interval=0.2, what="a first scrape")
     walkthrough(kubectl, priority_classes)
     expect_preempted_and_actuated(
         cluster, namespace, resize(kubectl, "high-priority-pod", "6"), wait_until, cpu="6"
@@ -139,6 +145,9 @@ def test_every_panel_and_alert_evaluates_and_the_main_panels_show_the_walkthroug
     if not process.running():
         pytest.fail(f"prometheus exited:\n{process.log_tail()}")
 
+    # The worker times the actuation on its next pass (a second), then a scrape sees it.
+    timed = dict(expressions())["Time to actuation p90"]
+    wait_until(lambda: actuation_seconds(port, timed) > 0, timeout=30, what="actuation timed")
     answers = {where: query(port, expr) for where, expr in expressions()}
 
     failed = {w: a.get("error") for w, a in answers.items() if a.get("status") != "success"}
@@ -157,6 +166,14 @@ def test_every_panel_and_alert_evaluates_and_the_main_panels_show_the_walkthroug
     # Prometheus evaluated each loaded rule itself, once a second: all healthy.
     unhealthy = wait_until(lambda: rule_health(port), timeout=10, what="every rule evaluated")
     assert {} == {name: health for name, health in unhealthy.items() if health != ("ok", "")}
+
+
+def actuation_seconds(port: int, expr: str) -> float:
+    """The panel's value, 0 while there is none (no sample, or NaN: nothing timed yet)."""
+    answer = query(port, expr)
+    result = answer.get("data", {}).get("result") or []
+    value = float(result[0]["value"][1]) if result else 0.0
+    return value if value == value else 0.0
 
 
 def rule_health(port: int) -> dict[str, tuple[str, str]] | None:

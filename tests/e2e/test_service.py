@@ -197,7 +197,7 @@ def test_two_worker_processes_preempt_once_and_count_into_one_view(
         # Reviews are counted right after they are answered, off the review path.
         return sample(
             scrape(service.metrics_port),
-            "rpw_admission_reviews_total",
+            "resize_preemption_webhook_requests_total",
             endpoint="validate",
             verdict="preempt",
         )
@@ -205,10 +205,10 @@ def test_two_worker_processes_preempt_once_and_count_into_one_view(
     wait_until(counted, what="the review to be counted")
     metrics = scrape(service.metrics_port)
     assert 1.0 == sample(
-        metrics, "rpw_admission_reviews_total", endpoint="validate", verdict="preempt"
+        metrics, "resize_preemption_webhook_requests_total", endpoint="validate", verdict="preempt"
     )
     # The two processes elect one leader between them; the master shows the replica's.
-    assert 1.0 == sample(metrics, "rpw_leader")
+    assert 1.0 == sample(metrics, "resize_preemption_leader_election_master_status")
 
 
 # -- 2. infeasible ---------------------------------------------------------------------------
@@ -425,7 +425,7 @@ def test_in_best_effort_pdb_mode_the_eviction_api_refuses_and_the_victim_stays(
     ] == kubectl_warnings(result)
     wait_until(
         lambda: sample(
-            scrape(service.metrics_port), "rpw_preemptions_total", result="blocked-by-pdb"
+            scrape(service.metrics_port), "resize_preemption_victims_total", result="blocked-by-pdb"
         ),
         timeout=30,
         what="the worker's eviction to be refused by the PDB",
@@ -441,7 +441,7 @@ def test_in_best_effort_pdb_mode_the_eviction_api_refuses_and_the_victim_stays(
         entry["handled"],
         [f"{v['namespace']}/{v['name']}" for v in entry["victims"]],
     )
-    assert 1.0 == sample(scrape(service.metrics_port), "rpw_ledger_entries")
+    assert 1.0 == sample(scrape(service.metrics_port), "resize_preemption_ledger_entries")
 
 
 # -- 6. the service down ----------------------------------------------------------------------
@@ -633,7 +633,7 @@ def test_metrics_count_reviews_by_verdict(
     result = resize(kubectl, "high-priority-pod", cpu)
 
     assert 0 == result.returncode, result.stderr
-    counted = "rpw_admission_reviews_total"
+    counted = "resize_preemption_webhook_requests_total"
 
     def counted_since() -> float:
         # Reviews are counted right after they are answered, off the review path.
@@ -645,7 +645,9 @@ def test_metrics_count_reviews_by_verdict(
     wait_until(lambda: counted_since() >= 1.0, what="the review to be counted")
     after = scrape(service.metrics_port)
     assert 1.0 == counted_since()
-    assert 1.0 == sample(after, "rpw_admission_review_duration_seconds_count", endpoint="validate")
+    assert 1.0 == sample(
+        after, "resize_preemption_webhook_latency_seconds_count", endpoint="validate"
+    )
     # The admitted resize holds a reservation until the kubelet actuated it.
     wait_until(
         lambda: actual_cpu(read_pod(cluster, namespace, "high-priority-pod")) == cpu,
@@ -653,7 +655,7 @@ def test_metrics_count_reviews_by_verdict(
         what=f"the resize to be actuated at {cpu} CPU",
     )
     wait_until(
-        lambda: sample(scrape(service.metrics_port), "rpw_ledger_entries") == 0.0,
+        lambda: sample(scrape(service.metrics_port), "resize_preemption_ledger_entries") == 0.0,
         timeout=30,
         what="the reservation to be released",
     )

@@ -21,7 +21,7 @@ RULES = PROMETHEUS / "rules.yaml"
 RULES_TEST = PROMETHEUS / "rules-test.yaml"
 DASHBOARD = PROMETHEUS / "dashboard.json"
 INSTALL = REPO / "scripts" / "install-test-tools.sh"
-METRIC = re.compile(r"\brpw_[a-z_]+\b")
+METRIC = re.compile(r"\bresize_preemption_[a-z_]+\b")
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_every_alert_has_a_severity_and_a_summary() -> None:
 )
 def test_expressions_read_only_metrics_the_service_exports(where: str, expr: str) -> None:
     used = set(METRIC.findall(expr))
-    assert used, f"{where} reads no rpw_ metric"
+    assert used, f"{where} reads no resize_preemption_ metric"
     assert set() == used - exported_series(), where
 
 

@@ -601,3 +601,79 @@ def test_loans_in_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
         "loans, in the order taken:",
         "  default/low-priority-pod  priority 1000  container app  cpu 3->2  frees cpu 1",
     ] == out.splitlines()[-2:]
+
+
+# -- standard input and the live cluster ---------------------------------------------------
+
+
+def test_snapshot_from_standard_input_as_kubectl_prints_it(tmp_path: Path) -> None:
+    listed = yaml.safe_dump(as_list(walkthrough_objects()))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = ["plan", "--snapshot", "-", "--pod", "default/high-priority-pod"]
+    result = subprocess.run(
+        [sys.executable, "-m", "webhook", *args, "--resize", WALKTHROUGH_PATCH, "-o", "json"],
+        cwd=REPO,
+        env=env,
+        input=listed,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert (0, "") == (result.returncode, result.stderr)
+    assert ("preempt", ["default/low-priority-pod"]) == (
+        json.loads(result.stdout)["verdict"],
+        json.loads(result.stdout)["victims"],
+    )
+
+
+def unreachable_kubeconfig(tmp_path: Path) -> Path:
+    """A kubeconfig whose server refuses connections (port 1 on loopback)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "args"),
+    [
+        pytest.param(
+            3, "cannot reach the API server at https://127.0.0.1:1", ["status"], id="status"
+        ),
+        pytest.param(
+            3,
+            "cannot reach the API server at https://127.0.0.1:1",
+            ["plan", "--pod", "default/p", "--resize", WALKTHROUGH_PATCH],
+            id="plan",
+        ),
+        pytest.param(
+            2,
+            "plan needs one of --snapshot FILE and --kubeconfig FILE",
+            ["plan", "--pod", "default/p", "--resize", WALKTHROUGH_PATCH, "--snapshot", "-"],
+            id="plan-with-both",
+        ),
+    ],
+)
+def test_a_cluster_that_cannot_be_reached_is_one_line_and_its_exit_code(
+    tmp_path: Path, code: int, message: str, args: list[str]
+) -> None:
+    result = run_cli(*args, "--kubeconfig", str(unreachable_kubeconfig(tmp_path)))
+
+    assert (code, 1, "") == (result.returncode, len(result.stderr.splitlines()), result.stdout)
+    assert result.stderr.startswith(f"error: {message}"), result.stderr
+
+
+def test_a_missing_kubeconfig_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    result = run_cli("status", "--kubeconfig", str(tmp_path / "missing"))
+
+    assert (3, 1) == (result.returncode, len(result.stderr.splitlines()))
+    assert "cannot load Kubernetes client configuration" in result.stderr

@@ -33,7 +33,7 @@ def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 
 def reviews_counted(engine: AdmissionEngine) -> float:
     value = engine.metrics.registry.get_sample_value(
-        "rpw_admission_reviews_total", {"endpoint": "validate", "verdict": "preempt"}
+        "resize_preemption_webhook_requests_total", {"endpoint": "validate", "verdict": "preempt"}
     )
     return value or 0.0
 
@@ -72,7 +72,9 @@ def test_with_a_backlog_the_review_path_only_queues(caplog: pytest.LogCaptureFix
 
     assert "preempt" == decision.verdict
     assert 1.0 == reviews_counted(engine)
-    assert 1.0 == engine.metrics.registry.get_sample_value("rpw_victims_planned_total")
+    assert 1.0 == engine.metrics.registry.get_sample_value(
+        "resize_preemption_planned_victims_total"
+    )
     [line] = logged(caplog)
     assert (review["uid"], "preempt", True) == (
         json.loads(line)["uid"],
@@ -94,7 +96,9 @@ def test_a_batch_is_counted_once_and_logged_as_one_record_of_its_lines(
         backlog.stop()
 
     assert 3.0 == reviews_counted(engine)
-    assert 3.0 == engine.metrics.registry.get_sample_value("rpw_victims_planned_total")
+    assert 3.0 == engine.metrics.registry.get_sample_value(
+        "resize_preemption_planned_victims_total"
+    )
     assert 1 == len([r for r in caplog.records if r.name == LOGGER])
     assert uids == [json.loads(line)["uid"] for line in logged(caplog)]
 

@@ -1,4 +1,5 @@
-"""``rpw_ledger_entries``: the Lease ledger exports how many admitted resizes hold room."""
+"""``resize_preemption_ledger_entries``: the Lease ledger exports how many admitted resizes
+hold room."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ class Clock:
 
 
 def gauge(metrics: Metrics) -> float | None:
-    return metrics.registry.get_sample_value("rpw_ledger_entries")
+    return metrics.registry.get_sample_value("resize_preemption_ledger_entries")
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ sum added once per batch may differ from one added value by value in its last di
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram
 
-from webhook.engine.metrics import LATENCY_BUCKETS_SECONDS, observe_all
+from webhook.engine.metrics import LATENCY_BUCKETS_SECONDS, METRICS, MetricDef, observe_all
 
 #: Every bound, and values just around them: where "<=" and "<" part ways.
 EDGES = [b + d for b in LATENCY_BUCKETS_SECONDS for d in (-1e-9, 0.0, 1e-9)]
@@ -72,3 +73,26 @@ def test_without_the_internals_each_value_is_observed(amounts: list[float]) -> N
     observe_all(plain, amounts)
 
     assert amounts == plain.seen
+
+
+#: Prometheus's and controller-runtime's naming rules, as operators read them.
+PREFIX = "resize_preemption_"
+UNITS = ("_seconds", "_bytes", "_cores")
+
+
+@pytest.mark.parametrize("metric", METRICS, ids=lambda d: d.name)
+def test_metric_names_follow_the_conventions_operators_know(metric: MetricDef) -> None:
+    name = metric.name
+    assert name.startswith(PREFIX), "one component prefix"
+    assert re.fullmatch(r"[a-z][a-z0-9_]*", name), "snake_case"
+    assert (metric.kind == "counter") == name.endswith("_total"), "_total is for counters"
+    if metric.kind == "histogram" and "victims" not in name:
+        assert name.endswith(UNITS), "a histogram of a quantity names its unit"
+    if "seconds" in metric.help.lower() or "time" in metric.help.lower().split():
+        assert name.removesuffix("_total").endswith("_seconds"), "times are in seconds"
+    for label in metric.labels:
+        assert re.fullmatch(r"[a-z][a-z_]*", label), label
+
+
+def test_every_metric_name_and_attribute_is_unique() -> None:
+    assert len(METRICS) == len({d.name for d in METRICS}) == len({d.attribute for d in METRICS})

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.unit.builders import (
     HIGH,
@@ -16,6 +18,7 @@ from tests.unit.builders import (
     NODE,
     NOW,
     OTHER_NODE,
+    T0,
     PodBuilder,
     make_node,
     make_pdb,
@@ -31,7 +34,13 @@ from webhook.core.resources import Resources
 from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.metrics import Metrics
-from webhook.engine.reconciler import Reconciler, giving_back, review_uid_for, skip_reason
+from webhook.engine.reconciler import (
+    DEFERRED_REASONS,
+    Reconciler,
+    giving_back,
+    review_uid_for,
+    skip_reason,
+)
 from webhook.testing import InMemoryLedger, StaticClusterView
 
 CONFIG = Config(reservation_ttl=120.0)
@@ -358,8 +367,8 @@ def test_a_second_pass_adds_nothing_and_counts_once() -> None:
     assert [o.admitted for o in first] == [True] and second == []
     assert ledger.writes == writes
     sample = metrics.registry.get_sample_value
-    assert sample("rpw_reconciler_actions_total", {"verdict": "preempt"}) == 1
-    assert sample("rpw_victims_planned_total") == 1
+    assert sample("resize_preemption_reconciler_actions_total", {"verdict": "preempt"}) == 1
+    assert sample("resize_preemption_planned_victims_total") == 1
 
 
 def test_started_it_plans_at_once_and_again_when_woken() -> None:
@@ -401,7 +410,7 @@ def test_a_pod_left_pending_is_counted_on_changes_only_and_told_only_when_planne
         reconciler.reconcile()
     assert [] == decisions
     assert 1 == metrics.registry.get_sample_value(
-        "rpw_reconciler_actions_total", {"verdict": "infeasible"}
+        "resize_preemption_reconciler_actions_total", {"verdict": "infeasible"}
     )
 
     # The budget's status changed (the cache wakes the reconciler): planned on that pass.
@@ -410,8 +419,8 @@ def test_a_pod_left_pending_is_counted_on_changes_only_and_told_only_when_planne
 
     assert [("high", "preempt", True)] == decisions
     sample = metrics.registry.get_sample_value
-    assert sample("rpw_reconciler_actions_total", {"verdict": "infeasible"}) == 1
-    assert sample("rpw_reconciler_actions_total", {"verdict": "preempt"}) == 1
+    assert sample("resize_preemption_reconciler_actions_total", {"verdict": "infeasible"}) == 1
+    assert sample("resize_preemption_reconciler_actions_total", {"verdict": "preempt"}) == 1
 
 
 def test_a_racing_admission_wins_and_the_pass_records_nothing() -> None:
@@ -468,3 +477,122 @@ def test_a_deferred_give_back_is_told_apart_from_a_deferred_resize() -> None:
     # Its owner asked for another amount: an ordinary deferred resize.
     assert not giving_back(cached_pod("lender", cpu="4", allocated="1", resize="Deferred"), entries)
     assert not giving_back(cached_pod("lender", cpu="3", allocated="1", resize="Deferred"), ())
+
+
+def deferred_gauges(metrics: Metrics) -> dict[str, tuple[float, float]]:
+    """reason -> (pods, longest wait) for every reason with pods."""
+    sample = metrics.registry.get_sample_value
+    gauges = {
+        reason: (
+            sample("resize_preemption_deferred_resizes", {"reason": reason}),
+            sample("resize_preemption_deferred_resizes_longest_wait_seconds", {"reason": reason}),
+        )
+        for reason in DEFERRED_REASONS
+    }
+    assert all(v is not None for pair in gauges.values() for v in pair), "every reason is set"
+    return {r: (float(n or 0), float(w or 0)) for r, (n, w) in gauges.items() if n}
+
+
+#: high() has waited since T0 + 500: NOW - 500 - T0 seconds.
+WAITED = NOW - T0 - 500
+
+
+@pytest.mark.parametrize(
+    ("expected", "pods", "budgets"),
+    [
+        pytest.param({"preempt": (1.0, WAITED)}, (high(), *BASE), (), id="preemption-helps"),
+        pytest.param(
+            {"infeasible": (1.0, WAITED)},
+            (high(), *BASE),
+            (make_pdb("low-a").allowing(0).build(),),
+            id="a-budget-keeps-the-victim",
+        ),
+        pytest.param({"fits": (1.0, WAITED)}, (high(), low("low-a", "1")), (), id="room-appeared"),
+        pytest.param(
+            {"preemption-disabled": (1.0, WAITED)},
+            (high().resize_preemption_disabled(), *BASE),
+            (),
+            id="opted-out-pod",
+        ),
+        pytest.param(
+            {"preempt": (1.0, WAITED), "fits": (2.0, NOW - T0 - 300)},
+            (
+                high(),
+                make_pod("high-2").on(OTHER_NODE).priority(HIGH).requests(cpu="1").deferred(300),
+                make_pod("high-3").on(OTHER_NODE).priority(HIGH).requests(cpu="1").deferred(900),
+                *BASE,
+            ),
+            (),
+            id="one-gauge-per-reason",
+        ),
+        pytest.param(
+            {},
+            (make_pod("big").priority(HIGH).requests(cpu="1").resize_pending("Infeasible"),),
+            (),
+            id="infeasible-by-the-kubelet-is-not-deferred",
+        ),
+    ],
+)
+def test_deferred_resizes_are_counted_by_why_they_wait(
+    expected: dict[str, tuple[float, float]],
+    pods: tuple[PodBuilder, ...],
+    budgets: tuple[DisruptionBudget, ...],
+) -> None:
+    nodes = [make_node(NODE).build(), make_node(OTHER_NODE).build()]
+    metrics = Metrics()
+    view = StaticClusterView(nodes, [p.build() for p in pods], budgets)
+    reconciler = Reconciler(CONFIG, view, InMemoryLedger(), metrics=metrics, clock=lambda: NOW)
+
+    reconciler.reconcile()
+    reconciler.reconcile()  # an admitted plan is the worker's now: still waiting on preemption
+
+    assert expected == deferred_gauges(metrics)
+
+
+def test_a_stopped_reconciler_counts_no_deferred_resizes() -> None:
+    metrics = Metrics()
+    view = StaticClusterView([make_node(NODE).build()], [p.build() for p in (high(), *BASE)])
+    reconciler = Reconciler(CONFIG, view, InMemoryLedger(), metrics=metrics, clock=lambda: NOW)
+    reconciler.reconcile()
+
+    reconciler.stop(5)
+
+    assert {} == deferred_gauges(metrics)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["Deferred", "Infeasible"]),
+            st.sampled_from(["plain", "disabled", "terminating", "unbound", "elsewhere"]),
+            st.integers(min_value=1, max_value=12),
+            st.integers(min_value=0, max_value=9000),
+        ),
+        max_size=8,
+    )
+)
+def test_every_deferred_pod_is_counted_under_exactly_one_reason(
+    pods: list[tuple[str, str, int, int]],
+) -> None:
+    built = []
+    for i, (pending, kind, cpu, since) in enumerate(pods):
+        b = make_pod(f"p{i}").priority(HIGH).requests(cpu=str(cpu)).resize_pending(pending, since)
+        b = {
+            "plain": b,
+            "disabled": b.resize_preemption_disabled(),
+            "terminating": b.terminating(),
+            "unbound": b.unbound(),
+            "elsewhere": b.on("gone-node"),
+        }[kind]
+        built.append(b.build())
+    metrics = Metrics()
+    view = StaticClusterView([make_node(NODE).build()], [*built, *(p.build() for p in BASE)])
+    reconciler = Reconciler(CONFIG, view, InMemoryLedger(), metrics=metrics, clock=lambda: NOW)
+
+    reconciler.reconcile()
+
+    gauges = deferred_gauges(metrics)
+    deferred = [p for p in built if p.resize == "deferred"]
+    assert len(deferred) == sum(n for n, _ in gauges.values())
+    for _, longest in gauges.values():
+        assert 0 <= longest <= NOW - T0

@@ -169,7 +169,9 @@ def test_an_api_failure_is_failed_not_raised(status: int) -> None:
     metrics = Metrics()
 
     assert LoanResult.FAILED == Resizer(server, None, metrics).lend(CPU_LOAN, BORROWER, "node-1")
-    assert None is metrics.registry.get_sample_value("rpw_loans_total", {"result": "made"})
+    assert None is metrics.registry.get_sample_value(
+        "resize_preemption_loans_total", {"result": "made"}
+    )
 
 
 def test_a_loan_made_is_told_on_the_lender_and_counted() -> None:
@@ -180,7 +182,9 @@ def test_a_loan_made_is_told_on_the_lender_and_counted() -> None:
     Resizer(PodServer(lender("1")), recorder, metrics).lend(CPU_LOAN, BORROWER, "node-1")  # type: ignore[arg-type]
 
     assert [("batch-1", "Lent", "lent cpu 2 to pod uid-high on node-1")] == recorder.notes
-    assert 1.0 == metrics.registry.get_sample_value("rpw_loans_total", {"result": "made"})
+    assert 1.0 == metrics.registry.get_sample_value(
+        "resize_preemption_loans_total", {"result": "made"}
+    )
 
 
 def test_lent_note_names_the_amount_in_kubernetes_notation() -> None:

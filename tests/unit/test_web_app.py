@@ -108,7 +108,13 @@ def test_walkthrough_preempts_with_warning_audit_and_reservation() -> None:
     (entry,) = svc.ledger.entries("node-1")
     assert tuple(v.key for v in entry.victims) == ("default/low-priority-pod",)
     assert (
-        counter(svc.app, "rpw_admission_reviews_total", endpoint="validate", verdict="preempt") == 1
+        counter(
+            svc.app,
+            "resize_preemption_webhook_requests_total",
+            endpoint="validate",
+            verdict="preempt",
+        )
+        == 1
     )
 
 
@@ -490,7 +496,7 @@ def test_an_exception_after_the_review_was_read_fails_open() -> None:
     assert answer["uid"] == "u-9"
     assert answer["allowed"] is True
     assert "internal error" in answer["warnings"][0]
-    assert counter(app, "rpw_errors_total", where="web") == 1
+    assert counter(app, "resize_preemption_errors_total", where="web") == 1
 
 
 def test_an_exception_before_the_review_was_read_is_400(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -506,7 +512,7 @@ def test_an_exception_before_the_review_was_read_is_400(monkeypatch: pytest.Monk
 
     assert resp.status_code == 400
     assert "could not be read" in assert_json(resp)["error"]
-    assert counter(app, "rpw_errors_total", where="web") == 1
+    assert counter(app, "resize_preemption_errors_total", where="web") == 1
 
 
 #: Ways of sending a review; the API server's first.
@@ -553,7 +559,7 @@ def test_failures_are_answered_alike_every_way(
     exploding = create_app(engine=ExplodingEngine(Config(), walkthrough_view(), InMemoryLedger()))
     resp = _send(exploding, "/validate-resize", orjson.dumps(walkthrough_review(uid="u")), delivery)
     assert (200, True) == (resp.status_code, assert_json(resp)["response"]["allowed"])
-    assert 1 == counter(exploding, "rpw_errors_total", where="web")
+    assert 1 == counter(exploding, "resize_preemption_errors_total", where="web")
 
     resp = _send(create_app(), "/validate-resize", b"[1]", delivery)
     assert 400 == resp.status_code
@@ -567,7 +573,7 @@ def test_failures_are_answered_alike_every_way(
     resp = _send(app, "/validate-resize", orjson.dumps(walkthrough_review()), delivery)
     assert 400 == resp.status_code
     assert "could not be read" in assert_json(resp)["error"]
-    assert 1 == counter(app, "rpw_errors_total", where="web")
+    assert 1 == counter(app, "resize_preemption_errors_total", where="web")
 
 
 def test_metrics_are_injected_not_global() -> None:
@@ -578,9 +584,20 @@ def test_metrics_are_injected_not_global() -> None:
     other = create_app(cluster=walkthrough_view())
     assert metrics_of(other) is not metrics
     assert (
-        counter(other, "rpw_admission_reviews_total", endpoint="validate", verdict="preempt") == 0
+        counter(
+            other,
+            "resize_preemption_webhook_requests_total",
+            endpoint="validate",
+            verdict="preempt",
+        )
+        == 0
     )
-    assert counter(app, "rpw_admission_reviews_total", endpoint="validate", verdict="preempt") == 1
+    assert (
+        counter(
+            app, "resize_preemption_webhook_requests_total", endpoint="validate", verdict="preempt"
+        )
+        == 1
+    )
 
 
 # -- probes ----------------------------------------------------------------------------------

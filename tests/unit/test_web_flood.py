@@ -173,7 +173,8 @@ def test_overloaded_review_is_allowed_at_once_without_a_decision(path: str) -> N
     assert () == ledger.all_entries()  # no room taken, nobody preempted
     endpoint = path.strip("/").split("-")[0]
     labels = {"endpoint": endpoint, "verdict": "overloaded"}
-    assert 1.0 == metrics_of(app).registry.get_sample_value("rpw_admission_reviews_total", labels)
+    registry = metrics_of(app).registry
+    assert 1.0 == registry.get_sample_value("resize_preemption_webhook_requests_total", labels)
 
 
 def test_not_overloaded_the_review_is_decided() -> None:

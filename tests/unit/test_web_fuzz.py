@@ -2,7 +2,7 @@
 
 Whatever arrives: never a 5xx, always a JSON body; a 200 is an AdmissionReview that
 echoes the request's uid; and hostile *input* is never mistaken for an internal error
-(``rpw_errors{where="internal"}`` and ``{where="web"}`` stay at zero) - those counters
+(``resize_preemption_errors{where="internal"}`` and ``{where="web"}`` stay at zero) - those counters
 must mean "a bug", or nobody can alert on them.
 """
 
@@ -198,7 +198,7 @@ def _check(app: Flask, endpoint: str, body: bytes, content_type: str | None) -> 
 def _bugs(app: Flask) -> float:
     registry = metrics_of(app).registry
     return sum(
-        registry.get_sample_value("rpw_errors_total", {"where": where}) or 0.0
+        registry.get_sample_value("resize_preemption_errors_total", {"where": where}) or 0.0
         for where in ("internal", "web")
     )
 

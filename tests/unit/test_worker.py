@@ -276,7 +276,7 @@ def test_victims_found_leaving_in_the_cache_are_settled_without_a_call(
     assert evictor.calls == []
     assert 0 == ledger.writes - written_before
     sample = metrics.registry.get_sample_value
-    assert sample("rpw_preemptions_total", {"result": "skipped-terminating"}) == 1
+    assert sample("resize_preemption_victims_total", {"result": "skipped-terminating"}) == 1
 
 
 def test_nothing_happens_before_the_cache_synced(
@@ -302,7 +302,10 @@ def test_errors_are_counted_and_the_entry_retried(
 
     evictor.on_evict = boom
     worker.run_once()
-    assert metrics.registry.get_sample_value("rpw_errors_total", {"where": "worker"}) == 1
+    assert (
+        metrics.registry.get_sample_value("resize_preemption_errors_total", {"where": "worker"})
+        == 1
+    )
 
     evictor.on_evict = None
     clock.now += worker.backoff.cap
@@ -442,7 +445,9 @@ def test_nodes_are_worked_on_side_by_side(
 
     assert {("low", "high", "node-1"), ("low-2", "high-2", "node-2")} == set(evictor.calls)
     assert not together.broken
-    assert None is metrics.registry.get_sample_value("rpw_errors_total", {"where": "worker"})
+    assert None is metrics.registry.get_sample_value(
+        "resize_preemption_errors_total", {"where": "worker"}
+    )
     worker.stop()
 
 
@@ -458,3 +463,43 @@ def test_ledger_changes_are_pure_and_report_presence() -> None:
     assert update_entry("other", drop=("uid-low-a",))((e,)) == (None, False)
     assert remove_entry(e.review_uid)((e,)) == ((), True)
     assert remove_entry("other")((e,)) == (None, False)
+
+
+def actuation_times(metrics: Metrics) -> tuple[float | None, float | None]:
+    """(count, sum) of ``resize_preemption_time_to_actuation_seconds``."""
+    name = "resize_preemption_time_to_actuation_seconds"
+    return (
+        metrics.registry.get_sample_value(f"{name}_count"),
+        metrics.registry.get_sample_value(f"{name}_sum"),
+    )
+
+
+def test_admission_to_actuation_is_timed_once_when_the_reservation_is_spent(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    metrics = Metrics()
+    add(ledger, entry("low", persisted=True))
+    cluster = Cluster(HIGH_RESIZED, LOW, MID)
+    worker = make_worker(cluster, ledger, evictor, clock, metrics=metrics)
+    worker.run_once()  # evicts "low": waiting
+    cluster.set(pod("high", cpu="6", priority=1000), MID)
+    clock.now = ADMITTED + 7.0
+
+    worker.run_once()
+    worker.run_once()
+
+    assert (1.0, 7.0) == actuation_times(metrics)
+
+
+def test_an_entry_found_spent_by_a_new_leader_is_not_timed(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    # Admitted before this worker ran, actuated before it looked: when is not known.
+    metrics = Metrics()
+    add(ledger, entry("low", persisted=True))
+    worker = make_worker(Cluster(pod("high", cpu="6", priority=1000), MID), ledger, evictor, clock)
+    worker.metrics = metrics
+
+    worker.run_once()
+
+    assert (0.0, 0.0) == actuation_times(metrics)

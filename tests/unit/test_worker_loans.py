@@ -141,11 +141,12 @@ def test_what_is_lent_is_measured_per_node() -> None:
 
     worker.run_once()
 
-    assert 2000.0 == metrics.registry.get_sample_value(
-        "rpw_lent", {"node": "node-1", "resource": "cpu"}
+    assert 2.0 == metrics.registry.get_sample_value(
+        "resize_preemption_lent_resources", {"node": "node-1", "resource": "cpu", "unit": "core"}
     )
     assert 0.0 == metrics.registry.get_sample_value(
-        "rpw_lent", {"node": "node-1", "resource": "memory"}
+        "resize_preemption_lent_resources",
+        {"node": "node-1", "resource": "memory", "unit": "byte"},
     )
 
 
@@ -198,5 +199,5 @@ def test_what_is_lent_drops_to_zero_once_the_node_has_no_entries() -> None:
     worker.run_once()
 
     assert 0.0 == metrics.registry.get_sample_value(
-        "rpw_lent", {"node": "node-1", "resource": "cpu"}
+        "resize_preemption_lent_resources", {"node": "node-1", "resource": "cpu", "unit": "core"}
     )

@@ -1,10 +1,17 @@
-"""The service's Prometheus metrics, in one injectable object (no global registry)."""
+"""The service's Prometheus metrics, in one injectable object (no global registry).
+
+Every metric is named once, in :data:`METRICS`: :class:`Metrics` builds its attributes
+from it and ``python -m webhook metrics --markdown`` prints the table docs/operations.md
+shows (a test keeps the two equal). A new metric is a new row there and an attribute
+annotation on :class:`Metrics`.
+"""
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -27,92 +34,203 @@ LATENCY_BUCKETS_SECONDS = (
     1.0,
 )
 
+#: Resizes wait on evictions (grace periods of seconds to minutes) and on the kubelet.
+ACTUATION_BUCKETS_SECONDS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
+
+Kind = Literal["counter", "gauge", "histogram"]
+#: prometheus-client's ways of combining a gauge of several processes (the live ones).
+Combine = Literal["livemax", "livesum", "livemostrecent"]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricDef:
+    """One exported metric. ``name`` is the name a query uses (counters end in
+    ``_total``); ``attribute`` the :class:`Metrics` attribute code updates it through.
+    ``multiprocess_mode`` (gauges): how the values of several worker processes combine
+    (webhook.web.shared_metrics)."""
+
+    attribute: str
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    multiprocess_mode: Combine = "livemax"
+
+
+#: ``unit`` label and divisor of a quantity exported in Prometheus's base units, as
+#: kube-state-metrics exports requests (``kube_pod_container_resource_requests``).
+RESOURCE_UNITS: dict[str, tuple[str, int]] = {"cpu": ("core", 1000), "memory": ("byte", 1)}
+
+
+def in_base_unit(resource: str, amount: int) -> tuple[str, float]:
+    """``(unit, value)`` of an exact amount (millicores, bytes) for a gauge."""
+    unit, divisor = RESOURCE_UNITS[resource]
+    return unit, amount / divisor
+
+
+#: Every metric the service exports, in the order the docs list them.
+METRICS: tuple[MetricDef, ...] = (
+    MetricDef(
+        "reviews",
+        "resize_preemption_webhook_requests_total",
+        "counter",
+        "AdmissionReviews answered, by endpoint and verdict",
+        ("endpoint", "verdict"),
+    ),
+    MetricDef(
+        "review_latency",
+        "resize_preemption_webhook_latency_seconds",
+        "histogram",
+        "Time to answer one AdmissionReview (buckets from 0.5 ms)",
+        ("endpoint",),
+        buckets=LATENCY_BUCKETS_SECONDS,
+    ),
+    MetricDef(
+        "errors",
+        "resize_preemption_errors_total",
+        "counter",
+        "Internal errors by where they happened; reviews failed open",
+        ("where",),
+    ),
+    MetricDef(
+        "preemptions",
+        "resize_preemption_victims_total",
+        "counter",
+        "Victims acted on, by result (evicted, deleted, gone, skipped, blocked, failed)",
+        ("result",),
+    ),
+    MetricDef(
+        "loans",
+        "resize_preemption_loans_total",
+        "counter",
+        "Loans acted on, by result (made, refused, returned)",
+        ("result",),
+    ),
+    MetricDef(
+        "lent",
+        "resize_preemption_lent_resources",
+        "gauge",
+        "Room the loans in the ledger free now, per node, in kube-state-metrics' form: cpu "
+        "in cores (unit core), memory in bytes (unit byte)",
+        ("node", "resource", "unit"),
+    ),
+    MetricDef(
+        "victims_planned",
+        "resize_preemption_planned_victims_total",
+        "counter",
+        "Victims named by admitted plans",
+    ),
+    MetricDef(
+        "victims_per_plan",
+        "resize_preemption_victims_per_plan",
+        "histogram",
+        "Victims per preempting plan",
+        buckets=(1, 2, 3, 5, 8, 13, 21),
+    ),
+    MetricDef(
+        "ledger_conflicts",
+        "resize_preemption_ledger_conflicts_total",
+        "counter",
+        "Ledger writes retried after a resourceVersion conflict",
+    ),
+    # Gauges with several worker processes: the largest value among the live ones - the
+    # worst cache age, the leading process's ledger.
+    MetricDef(
+        "ledger_entries",
+        "resize_preemption_ledger_entries",
+        "gauge",
+        "Admitted resizes holding a reservation (expired and spent entries left out)",
+    ),
+    MetricDef(
+        "cache_age",
+        "resize_preemption_cache_age_seconds",
+        "gauge",
+        "Seconds since the cache last heard from the API server",
+    ),
+    MetricDef(
+        "reconciler_actions",
+        "resize_preemption_reconciler_actions_total",
+        "counter",
+        "Deferred resizes the reconciler acted on, by verdict",
+        ("verdict",),
+    ),
+    MetricDef(
+        "time_to_actuation",
+        "resize_preemption_time_to_actuation_seconds",
+        "histogram",
+        "Time from a preempting resize's admission until the kubelet actuated it, observed "
+        "by the leader's worker when the reservation is spent",
+        buckets=ACTUATION_BUCKETS_SECONDS,
+    ),
+    # No node label: a pod per node would make a series per node of the cluster; the
+    # reason is a short fixed list (webhook.engine.reconciler.DEFERRED_REASONS), and
+    # ``python -m webhook status`` names the pods and nodes.
+    MetricDef(
+        "deferred_resizes",
+        "resize_preemption_deferred_resizes",
+        "gauge",
+        "Pods whose resize the kubelet Deferred, as the reconciler sees them, by why they "
+        "wait (preempt: preemption is making room)",
+        ("reason",),
+    ),
+    MetricDef(
+        "deferred_longest_wait",
+        "resize_preemption_deferred_resizes_longest_wait_seconds",
+        "gauge",
+        "Seconds the longest-waiting Deferred resize has waited, by why it waits",
+        ("reason",),
+    ),
+    MetricDef(
+        "leader",
+        "resize_preemption_leader_election_master_status",
+        "gauge",
+        "1 while this replica runs the preemption worker and the reconciler",
+    ),
+)
+
 
 class Metrics:
-    """Every metric the service exports, registered in its own registry."""
+    """Every metric of :data:`METRICS`, registered in its own registry, as attributes."""
+
+    reviews: Counter
+    review_latency: Histogram
+    errors: Counter
+    preemptions: Counter
+    loans: Counter
+    lent: Gauge
+    victims_planned: Counter
+    victims_per_plan: Histogram
+    ledger_conflicts: Counter
+    ledger_entries: Gauge
+    cache_age: Gauge
+    reconciler_actions: Counter
+    time_to_actuation: Histogram
+    deferred_resizes: Gauge
+    deferred_longest_wait: Gauge
+    leader: Gauge
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.reviews = Counter(
-            "rpw_admission_reviews",
-            "AdmissionReviews answered, by endpoint and verdict",
-            ["endpoint", "verdict"],
-            registry=r,
-        )
-        self.review_latency = Histogram(
-            "rpw_admission_review_duration_seconds",
-            "Time to answer one AdmissionReview",
-            ["endpoint"],
-            buckets=LATENCY_BUCKETS_SECONDS,
-            registry=r,
-        )
-        self.errors = Counter(
-            "rpw_errors",
-            "Internal errors by where they happened; reviews failed open",
-            ["where"],
-            registry=r,
-        )
-        self.preemptions = Counter(
-            "rpw_preemptions",
-            "Victims acted on, by result (evicted, deleted, gone, skipped, blocked, failed)",
-            ["result"],
-            registry=r,
-        )
-        self.loans = Counter(
-            "rpw_loans",
-            "Loans acted on, by result (made, refused, returned)",
-            ["result"],
-            registry=r,
-        )
-        self.victims_planned = Counter(
-            "rpw_victims_planned", "Victims named by admitted plans", registry=r
-        )
-        self.victims_per_plan = Histogram(
-            "rpw_victims_per_plan",
-            "Victims per preempting plan",
-            buckets=(1, 2, 3, 5, 8, 13, 21),
-            registry=r,
-        )
-        self.ledger_conflicts = Counter(
-            "rpw_ledger_conflicts",
-            "Ledger writes retried after a resourceVersion conflict",
-            registry=r,
-        )
-        # Gauges with several worker processes (webhook.web.shared_metrics): the largest
-        # value among the live ones - the worst cache age, the leading process's ledger.
-        self.ledger_entries = Gauge(
-            "rpw_ledger_entries",
-            "Admitted resizes holding a reservation",
-            registry=r,
-            multiprocess_mode="livemax",
-        )
-        self.lent = Gauge(
-            "rpw_lent",
-            "Room currently lent by lower-priority pods, per node (cpu in millicores, "
-            "memory in bytes)",
-            ["node", "resource"],
-            registry=r,
-            multiprocess_mode="livemax",
-        )
-        self.cache_age = Gauge(
-            "rpw_cache_age_seconds",
-            "Seconds since the cache last heard from the API server",
-            registry=r,
-            multiprocess_mode="livemax",
-        )
-        self.reconciler_actions = Counter(
-            "rpw_reconciler_actions",
-            "Deferred resizes the reconciler acted on, by verdict",
-            ["verdict"],
-            registry=r,
-        )
-        self.leader = Gauge(
-            "rpw_leader",
-            "1 while this replica runs the preemption worker",
-            registry=r,
-            multiprocess_mode="livemax",
-        )
+        for d in METRICS:
+            setattr(self, d.attribute, _build(d, self.registry))
+
+
+def _build(d: MetricDef, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
+    if d.kind == "counter":
+        return Counter(d.name, d.help, d.labels, registry=registry)
+    if d.kind == "histogram":
+        return Histogram(d.name, d.help, d.labels, buckets=d.buckets, registry=registry)
+    return Gauge(d.name, d.help, d.labels, registry=registry, multiprocess_mode=d.multiprocess_mode)
+
+
+def markdown_table(metrics: Sequence[MetricDef] = METRICS) -> str:
+    """The metrics table of docs/operations.md (``python -m webhook metrics --markdown``)."""
+    lines = ["| Metric | Type | Labels | Meaning |", "|---|---|---|---|"]
+    for d in metrics:
+        labels = ", ".join(f"`{label}`" for label in d.labels)
+        lines.append(f"| `{d.name}` | {d.kind} | {labels} | {d.help} |")
+    return "\n".join(lines) + "\n"
 
 
 def observe_all(histogram: Any, amounts: Sequence[float]) -> None:

@@ -47,6 +47,22 @@ log = logging.getLogger(__name__)
 PERIOD = 5.0
 #: Changes arrive in bursts (a deletion is several watch events): one pass per burst.
 DEBOUNCE = 0.05
+#: Why a Deferred resize waits, as ``resize_preemption_deferred_resizes{reason}`` tells:
+#: the verdict of its plan (``preempt``: victims are being made to go, by this pass or an
+#: entry the worker carries out), or why the reconciler does not plan for it.
+DEFERRED_REASONS = (
+    "preempt",
+    "fits",
+    "fits-once-terminated",
+    "not-eligible",
+    "infeasible",
+    "not-bound",
+    "leaving",
+    "preemption-disabled",
+    "giving-back",
+    "node-unknown",
+    "error",
+)
 
 
 class DeferredView(ClusterView, Protocol):
@@ -143,6 +159,8 @@ class Reconciler:
 
     def stop(self, timeout: float | None = 10.0) -> None:
         self._loop.stop(timeout)
+        # Another replica counts them now; a gauge left set would be counted twice.
+        self._count_deferred({})
 
     def wake(self) -> None:
         """Ask for a pass soon (cheap, thread-safe)."""
@@ -155,22 +173,49 @@ class Reconciler:
             return []
         outcomes = []
         seen: set[tuple[str, int]] = set()
+        waiting: dict[str, list[Pod]] = {}
         for pod in sorted(self.cluster.pending_resizes(), key=_kubelet_order):
-            if skip_reason(pod):
+            planned = not skip_reason(pod)
+            reason, outcome = self.consider(pod)
+            if pod.resize == "deferred":
+                waiting.setdefault(reason, []).append(pod)
+            if not planned:
                 continue
             seen.add((pod.uid, pod.generation))
-            try:
-                outcome = self._reconcile_pod(pod)
-            except WebhookError as e:
-                log.warning("deferred resize of %s not planned: %s", pod.key, e)
-                self._count_error()
-                continue
             if outcome is not None:
                 outcomes.append(outcome)
                 self._report(pod, outcome)
         for key in set(self._last) - seen:
             del self._last[key]
+        self._count_deferred(waiting)
         return outcomes
+
+    def consider(self, pod: Pod) -> tuple[str, Outcome | None]:
+        """Why ``pod``'s pending resize waits (one of :data:`DEFERRED_REASONS`, or
+        ``infeasible``/``not-pending`` for a pod the kubelet did not defer) and what a
+        pass decides for it (``None``: nothing new), through the ledger's ``update``; a
+        ledger that keeps its writes to itself makes this a read-only look (``python -m
+        webhook status``). Reports nothing: :meth:`reconcile` does."""
+        skip = skip_reason(pod)
+        if skip:
+            return skip, None
+        try:
+            return self._reconcile_pod(pod)
+        except WebhookError as e:
+            log.warning("deferred resize of %s not planned: %s", pod.key, e)
+            self._count_error()
+            return "error", None
+
+    def _count_deferred(self, waiting: dict[str, list[Pod]]) -> None:
+        """Sets both deferred gauges for every reason (0 without pods), so a reason
+        whose pods went is not left at its last count."""
+        now = self.clock()
+        for reason in DEFERRED_REASONS:
+            pods = waiting.get(reason, [])
+            since = [p.resize_pending_since for p in pods if p.resize_pending_since is not None]
+            self.metrics.deferred_resizes.labels(reason).set(len(pods))
+            longest = max(0.0, now - min(since)) if since else 0.0
+            self.metrics.deferred_longest_wait.labels(reason).set(longest)
 
     def _count_error(self) -> None:
         # The series appears with the first error, not before.
@@ -200,19 +245,21 @@ class Reconciler:
             except Exception:
                 log.exception("reconciler decision hook failed for %s", pod.key)
 
-    def _reconcile_pod(self, pod: Pod) -> Outcome | None:
+    def _reconcile_pod(self, pod: Pod) -> tuple[str, Outcome | None]:
+        """Why ``pod`` waits (one of :data:`DEFERRED_REASONS`) and what this pass decided
+        for it (``None``: nothing new)."""
         now = self.clock()
         node = self.cluster.node(pod.node)
         if node is None:
-            return None
+            return "node-unknown", None
         pods = tuple(self.cluster.pods_on(node.name))
         # Cheap pre-check on the cached ledger; the update below decides atomically.
         if any(e.pod.uid == pod.uid for e in counting(self.ledger.entries(node.name), pods, now)):
-            return None
+            return "preempt", None
         if giving_back(pod, self.ledger.entries(node.name)):
             # A lender getting its loan back, deferred by the kubelet: the give-back took
             # only room nobody more important waited for, and is never preempted for.
-            return None
+            return "giving-back", None
         budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
         holds = self._held.of(node.name, pods)
         uid = review_uid_for(pod)
@@ -251,14 +298,15 @@ class Reconciler:
 
         plan, entry = self.ledger.update(node.name, change)
         if plan is None:
-            return None
+            return "preempt", None
         if entry is not None:
             log.info(
                 "deferred resize of %s: %s (%s)", pod.key, plan.reason, ", ".join(plan.victim_keys)
             )
             if self.on_admitted is not None:
                 self.on_admitted(entry)
-        return Outcome(pod.key, plan.verdict, entry is not None, plan, plan.code)
+        reason: str = plan.code if plan.code == "fits-once-terminated" else plan.verdict
+        return reason, Outcome(pod.key, plan.verdict, entry is not None, plan, plan.code)
 
 
 def _log_decision(pod: Pod, plan: Plan, admitted: bool) -> None:

@@ -48,8 +48,8 @@ Guarantees:
   resumes from it, and a victim evicted before the crash is found terminating (a new
   leader acts only after the old one's Lease ran out, seconds after its last eviction
   reached every watch);
-* errors are logged, counted (``rpw_errors{where="worker"}``) and retried; they never end
-  the thread.
+* errors are logged, counted (``resize_preemption_errors_total{where="worker"}``) and
+  retried; they never end the thread.
 
 Only the leader must run it: the service registers it with
 :class:`~webhook.engine.loop.Runnables` as needing leader election. It reaches the
@@ -75,7 +75,7 @@ from webhook.engine.config import Config
 from webhook.engine.giveback import give_backs
 from webhook.engine.ledger import Ledger, LedgerEntry, counting
 from webhook.engine.loop import Backoff, Loop
-from webhook.engine.metrics import Metrics
+from webhook.engine.metrics import RESOURCE_UNITS, Metrics, in_base_unit
 from webhook.engine.ports import (
     ClusterView,
     EvictionResult,
@@ -203,8 +203,12 @@ class PreemptionWorker:
         self._settled: set[tuple[str, str]] = set()
         #: Review uids released (logged, told) once; the entry may stay in the ledger.
         self._released: set[str] = set()
+        #: Review uids seen not actuated yet: their actuation is timed (a new leader
+        #: cannot tell when an entry it finds spent was actuated).
+        self._unactuated: set[str] = set()
+        self._started_at = float("inf")
         self._budgets_changed = False
-        #: Nodes whose ``rpw_lent`` was set by the last pass.
+        #: Nodes whose ``resize_preemption_lent_resources`` was set by the last pass.
         self._lent_nodes: set[str] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -212,6 +216,7 @@ class PreemptionWorker:
     def start(self) -> None:
         """Start the worker thread (idempotent); its first pass resumes whatever the
         ledger holds."""
+        self._started_at = min(self._started_at, self.clock())
         self._loop.start()
         log.info("preemption worker started")
 
@@ -280,6 +285,7 @@ class PreemptionWorker:
         # Forget state of entries no longer in the ledger, and evictions the cache shows.
         self.backoff.retain(live)
         self._released &= live
+        self._unactuated &= live
         self._settled = {k for k in self._settled if k[0] in live}
         with self._lock:
             self._evicted = {
@@ -291,11 +297,11 @@ class PreemptionWorker:
             }
 
     def _count_lent(self, groups: dict[str, list[LedgerEntry]]) -> None:
-        """``rpw_lent``: what the loans the ledger records and the cache shows made
-        free, per node and resource (0 on a node whose entries are gone)."""
+        """``resize_preemption_lent_resources``: what the loans the ledger records and the
+        cache shows made free, per node and resource (0 on a node whose entries are gone)."""
         for node in self._lent_nodes - set(groups):
             for resource in ("cpu", "memory"):
-                self.metrics.lent.labels(node, resource).set(0)
+                self.metrics.lent.labels(node, resource, RESOURCE_UNITS[resource][0]).set(0)
         self._lent_nodes = set(groups)
         for node, entries in groups.items():
             by_uid = {p.uid: p for p in self.cluster.pods_on(node)}
@@ -307,7 +313,8 @@ class PreemptionWorker:
                     seen.add(key)
                     lent[loan.resource] += loan.frees
             for resource, amount in lent.items():
-                self.metrics.lent.labels(node, resource).set(amount)
+                unit, value = in_base_unit(resource, amount)
+                self.metrics.lent.labels(node, resource, unit).set(value)
 
     def _process_node(self, entries: list[LedgerEntry], stop: threading.Event) -> None:
         for entry in sorted(entries, key=lambda e: (e.admitted_at, e.review_uid)):
@@ -400,6 +407,8 @@ class PreemptionWorker:
         if not self.backoff.ready(entry.review_uid):
             return None
         action = self.decide(entry)
+        if not isinstance(action, Release):
+            self._unactuated.add(entry.review_uid)
         if isinstance(action, Release):
             # 1. Nothing more to do for this resize.
             self._release(entry, action)
@@ -417,12 +426,21 @@ class PreemptionWorker:
         if entry.review_uid in self._released:
             return
         self._released.add(entry.review_uid)
+        if action.reason == "actuated":
+            self._time_actuation(entry)
         log.info("released %s on %s: %s", entry.pod.key, entry.node, action.detail)
         if action.reason not in ABANDONING or self.recorder is None:
             return
         left = [v for v in self._with_evicted(entry).pending_victims if self._live(v)]
         if left:
             self.recorder.abandoned(entry.pod, left, entry.node, action.detail)
+
+    def _time_actuation(self, entry: LedgerEntry) -> None:
+        """Observes admission to actuation once per entry, for entries this worker saw
+        waiting or that were admitted while it ran; up to a pass late (``interval``)."""
+        if entry.review_uid in self._unactuated or entry.admitted_at >= self._started_at:
+            self._unactuated.discard(entry.review_uid)
+            self.metrics.time_to_actuation.observe(max(0.0, self.clock() - entry.admitted_at))
 
     def _count_settled(self, entry: LedgerEntry, settle: tuple[PodRef, ...]) -> None:
         """Counts each victim found leaving or gone once per entry; no API call."""

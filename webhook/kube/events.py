@@ -19,8 +19,8 @@ all its victims went (it expired, or the victims no longer sufficed) gets one Wa
 ``ResizePreemptionAbandoned`` on the resizing pod: nobody else would say so.
 
 Contract: recording never raises to the caller. A failure is logged and counted
-(:attr:`EventRecorder.failures` and the ``rpw_errors{where="event"}`` metric) - an event
-is feedback, never a reason to stop preempting.
+(:attr:`EventRecorder.failures` and the ``resize_preemption_errors_total{where="event"}``
+metric) - an event is feedback, never a reason to stop preempting.
 """
 
 from __future__ import annotations

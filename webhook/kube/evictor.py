@@ -33,7 +33,7 @@ Contract - idempotent, safe to call again after a crash or by another replica:
   its last eviction reached the watch;
 * NotFound (or a uid precondition conflict) at any later step -> ``gone``;
 * ``evicted``/``deleted`` are followed by the upstream ``Preempted`` event on the victim;
-* every outcome is counted in ``rpw_preemptions{result=...}``; nothing is raised: API
+* every outcome is counted in ``resize_preemption_victims{result=...}``; nothing is raised: API
   failures are logged and reported as ``failed``.
 """
 

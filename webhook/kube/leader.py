@@ -44,6 +44,8 @@ from webhook.kube.jsonapi import request_json
 
 log = logging.getLogger(__name__)
 
+#: The Lease the replicas elect their leader with, in the webhook's namespace.
+LEADER_LEASE: Final = "resize-preemption-webhook-leader"
 #: client-go's ``leaderelection.JitterFactor``.
 JITTER_FACTOR: Final = 1.2
 

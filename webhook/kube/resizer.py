@@ -17,8 +17,8 @@ Contract - idempotent, safe to call again after a crash or by another replica:
 * a give-back (:meth:`Resizer.give_back`) is the same call the other way: the lender
   back from ``after`` to ``before``, only while it still asks for ``after``;
 * ``lent`` is followed by a ``Lent`` event on the lender, related to the borrower, and
-  counted in ``rpw_loans{result="made"}``; nothing is raised: API failures are logged and
-  reported as ``failed``.
+  counted in ``resize_preemption_loans_total{result="made"}``; nothing is raised: API
+  failures are logged and reported as ``failed``.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class Resizer:
     def give_back(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
         """Return ``loan``: the lender back to ``before``, only while it still asks for
         the loan's ``after`` (``done`` at ``before`` already, ``void`` at any other
-        amount: its owner's spec wins). Counted in ``rpw_loans{result="returned"}``.
+        amount: its owner's spec wins). Counted in ``resize_preemption_loans{result="returned"}``.
         Never raises."""
         try:
             result = self._resize(loan, expect=loan.after, amount=loan.before)

@@ -9,12 +9,13 @@ Contract of the review endpoints (``POST /validate-resize``, ``POST /mutate-resi
   method -> 405; an unknown path -> 404. Every error body is JSON;
 * never a 500: an unexpected exception after the review was read is answered with an
   allowed AdmissionReview carrying a warning (fail open, as the engine itself does),
-  before that with a 400; either way ``rpw_errors{where="web"}`` counts it;
+  before that with a 400; either way ``resize_preemption_errors{where="web"}`` counts it;
 * while the serving worker is overloaded (``environ[OVERLOADED]``, set by
   :mod:`webhook.web.worker`), a review is answered at once without a decision: allowed,
   :data:`OVERLOADED_WARNING`, audit annotation ``verdict: overloaded``, counted in
-  ``rpw_admission_reviews{verdict="overloaded"}``, no decision-log line. Anything that
-  cannot be answered so (no uid, too large, not JSON) takes the ordinary path.
+  ``resize_preemption_webhook_requests{verdict="overloaded"}``, no decision-log line.
+  Anything that cannot be answered so (no uid, too large, not JSON) takes the ordinary
+  path.
 
 The app holds no global state: everything it uses is injected into :func:`create_app`,
 so several apps (tests, benchmarks) live side by side in one process.

@@ -1,0 +1,359 @@
+"""What the service is doing now, from one read of the cluster: ``python -m webhook status``.
+
+Pure: the caller reads the cluster (``webhook.kube.status``) and passes the time. For
+each node, the reservations its ledger holds (entries still counting: not expired, not
+spent) and the loans they made or will make; the pods whose resize the kubelet Deferred
+and why each waits, as the reconciler would judge it now (:meth:`Reconciler.consider`
+over a ledger that keeps its writes to itself: the same plans, nothing written); the leader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from webhook.core.lending import Loan, loan_state
+from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
+from webhook.core.objects import PriorityResolver
+from webhook.core.plan import Plan
+from webhook.core.resources import format_amount
+from webhook.core.snapshot import Snapshot
+from webhook.engine.config import Config
+from webhook.engine.ledger import Change, LedgerEntry, R, counting
+from webhook.engine.metrics import Metrics
+from webhook.engine.reconciler import Reconciler
+
+#: What each reason the reconciler gives means to a person (a plan's own reason is used
+#: when there is a plan).
+REASON_TEXT: Final[Mapping[str, str]] = {
+    "not-bound": "not bound to a node",
+    "leaving": "the pod is terminating",
+    "preemption-disabled": "preemption is disabled for this pod (PodResizePreemptionDisabled)",
+    "giving-back": "a loan given back: never preempted for; the kubelet actuates it when "
+    "room appears",
+    "node-unknown": "its node is not in the cluster",
+    "error": "could not be planned (the service log says why)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Leader:
+    """The leader-election Lease: who holds it and when it was renewed (epoch seconds,
+    ``None`` when never)."""
+
+    holder: str
+    renewed_at: float | None
+    lease_seconds: int
+    transitions: int
+
+    def expired(self, now: float) -> bool:
+        if not self.holder or self.renewed_at is None:
+            return True
+        return now > self.renewed_at + self.lease_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class LoanStatus:
+    loan: Loan
+    borrower: PodRef
+    state: str  # lent, pending or void (webhook.core.lending.loan_state)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    name: str
+    reservations: tuple[LedgerEntry, ...]
+    loans: tuple[LoanStatus, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A pod whose resize the kubelet Deferred. ``reason``: one of
+    :data:`webhook.engine.reconciler.DEFERRED_REASONS`; ``detail``: the plan's reason or
+    what the reason means; ``victims``: who would go or is going for it."""
+
+    pod: Pod
+    waited: float | None
+    reason: str
+    detail: str
+    victims: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    now: float
+    leader: Leader | None
+    nodes: tuple[NodeStatus, ...]
+    deferred: tuple[Waiting, ...]
+
+
+class SnapshotView:
+    """A :class:`~webhook.engine.ports.ClusterView` (and the reconciler's
+    ``pending_resizes``) over one :class:`Snapshot`."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+        self._pods = {p.key: p for p in snapshot.pods}
+        self._resolver = PriorityResolver(snapshot.priority_classes)
+
+    def node(self, name: str) -> Node | None:
+        return self._snapshot.nodes.get(name)
+
+    def pods_on(self, node: str) -> Sequence[Pod]:
+        return self._snapshot.pods_on(node)
+
+    def pod(self, namespace: str, name: str) -> Pod | None:
+        return self._pods.get(f"{namespace}/{name}")
+
+    def budgets(self, namespaces: Iterable[str]) -> Sequence[DisruptionBudget]:
+        wanted = set(namespaces)
+        return tuple(b for b in self._snapshot.budgets if b.namespace in wanted)
+
+    def priority_resolver(self) -> PriorityResolver:
+        return self._resolver
+
+    def synced(self) -> bool:
+        return True
+
+    def age(self) -> float:
+        return 0.0
+
+    def pending_resizes(self) -> Sequence[Pod]:
+        return tuple(p for p in self._snapshot.pods if p.resize in ("deferred", "infeasible"))
+
+
+class ScratchLedger:
+    """A :class:`~webhook.engine.ledger.Ledger` that starts from fixed entries and keeps
+    its writes in this object: a plan admitted for one deferred resize holds its room for
+    the next one, as in a reconciler pass, and nothing reaches the cluster."""
+
+    def __init__(self, entries: Iterable[LedgerEntry]) -> None:
+        self._entries = tuple(entries)
+
+    def entries(self, node: str) -> tuple[LedgerEntry, ...]:
+        return tuple(e for e in self._entries if e.node == node)
+
+    def all_entries(self) -> tuple[LedgerEntry, ...]:
+        return self._entries
+
+    def update(self, node: str, change: Change[R]) -> R:
+        new, result = change(self.entries(node))
+        if new is not None:
+            self._entries = (*(e for e in self._entries if e.node != node), *new)
+        return result
+
+    def reachable(self) -> bool:
+        return True
+
+
+def service_status(
+    snapshot: Snapshot,
+    entries: Iterable[LedgerEntry],
+    leader: Leader | None,
+    config: Config,
+    *,
+    now: float,
+    node: str | None = None,
+) -> Status:
+    """The :class:`Status` of ``snapshot`` and the ledger's ``entries`` at ``now``; with
+    ``node``, that node's only. Nodes appear when their ledger holds something."""
+    view = SnapshotView(snapshot)
+    ledger = ScratchLedger(entries)
+    nodes = []
+    for name in sorted({e.node for e in ledger.all_entries()}):
+        if node is not None and name != node:
+            continue
+        pods = view.pods_on(name)
+        by_uid = {p.uid: p for p in pods}
+        held = ledger.entries(name)
+        loans = tuple(
+            LoanStatus(loan, e.pod, loan_state(loan, by_uid.get(loan.pod.uid)))
+            for e in held
+            for loan in e.loans
+        )
+        live = counting(held, pods, now)
+        if live or any(s.state == "lent" for s in loans):
+            nodes.append(NodeStatus(name, tuple(live), loans))
+    reconciler = Reconciler(config, view, ledger, metrics=Metrics(), clock=lambda: now)
+    deferred = []
+    for pod in sorted(view.pending_resizes(), key=lambda p: (-p.priority, p.key)):
+        if pod.resize != "deferred" or (node is not None and pod.node != node):
+            continue
+        reason, outcome = reconciler.consider(pod)
+        waited = None if pod.resize_pending_since is None else now - pod.resize_pending_since
+        live = counting(ledger.entries(pod.node), view.pods_on(pod.node), now)
+        deferred.append(_waiting(pod, waited, reason, outcome.plan if outcome else None, live))
+    return Status(now, leader, tuple(nodes), tuple(deferred))
+
+
+def _waiting(
+    pod: Pod, waited: float | None, reason: str, plan: Plan | None, live: Sequence[LedgerEntry]
+) -> Waiting:
+    """``live``: the entries counting on the pod's node."""
+    if plan is not None:
+        detail = plan.reason
+        if plan.verdict == "preempt":
+            detail += "; the reconciler admits this on its next pass"
+        return Waiting(pod, waited, reason, detail, plan.victim_keys)
+    if reason == "preempt":
+        entry = next((e for e in live if e.pod.uid == pod.uid), None)
+        victims = tuple(v.key for v in entry.pending_victims) if entry else ()
+        return Waiting(pod, waited, reason, "preemption under way (a ledger entry)", victims)
+    return Waiting(pod, waited, reason, REASON_TEXT.get(reason, reason))
+
+
+# -- rendering ---------------------------------------------------------------------------
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _loan_dict(s: LoanStatus) -> dict[str, Any]:
+    r = s.loan.resource
+    return {
+        "lender": s.loan.pod.key,
+        "container": s.loan.container,
+        "resource": r,
+        "from": format_amount(r, s.loan.before),
+        "to": format_amount(r, s.loan.after),
+        "state": s.state,
+        "borrower": s.borrower.key,
+    }
+
+
+def status_to_dict(status: Status) -> dict[str, Any]:
+    """The ``status -o json`` contract: quantities in Kubernetes notation, times in
+    seconds."""
+    leader: dict[str, Any] | None = None
+    if status.leader is not None:
+        lead = status.leader
+        leader = {
+            "holder": lead.holder,
+            "renewedSecondsAgo": None
+            if lead.renewed_at is None
+            else round(status.now - lead.renewed_at, 3),
+            "leaseDurationSeconds": lead.lease_seconds,
+            "transitions": lead.transitions,
+            "expired": lead.expired(status.now),
+        }
+    return {
+        "leader": leader,
+        "nodes": [
+            {
+                "node": n.name,
+                "reservations": [
+                    {
+                        "pod": e.pod.key,
+                        "requests": {
+                            "cpu": format_amount("cpu", e.resources.cpu),
+                            "memory": format_amount("memory", e.resources.memory),
+                        },
+                        "victimsPending": [v.key for v in e.pending_victims],
+                        "victims": [v.key for v in e.victims],
+                        "admittedSecondsAgo": round(status.now - e.admitted_at, 3),
+                        "expiresInSeconds": round(e.expires_at - status.now, 3),
+                        "review": e.review_uid,
+                    }
+                    for e in n.reservations
+                ],
+                "loans": [_loan_dict(s) for s in n.loans],
+            }
+            for n in status.nodes
+        ],
+        "deferred": [
+            {
+                "pod": w.pod.key,
+                "node": w.pod.node,
+                "priority": w.pod.priority,
+                "waitingSeconds": None if w.waited is None else round(w.waited, 3),
+                "reason": w.reason,
+                "detail": w.detail,
+                "victims": list(w.victims),
+            }
+            for w in status.deferred
+        ],
+    }
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
+    if not rows:
+        return ["  (none)"]
+    everything = [header, *rows]
+    widths = [max(len(r[i]) for r in everything) for i in range(len(header))]
+    return [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in everything
+    ]
+
+
+def status_text(status: Status) -> str:
+    """A few tables a person reads at a glance."""
+    lead = status.leader
+    if lead is None:
+        lines = ["leader: none (no leader Lease: is the webhook running?)"]
+    elif lead.expired(status.now):
+        lines = [f"leader: none (the Lease of {lead.holder or '-'} has run out)"]
+    else:
+        renewed = _ago(None if lead.renewed_at is None else status.now - lead.renewed_at)
+        lines = [f"leader: {lead.holder} (renewed {renewed} ago, lease {lead.lease_seconds}s)"]
+    reservations = [
+        (
+            n.name,
+            e.pod.key,
+            e.resources.describe(),
+            ", ".join(v.key for v in e.pending_victims) or "-",
+            _ago(status.now - e.admitted_at),
+            _ago(e.expires_at - status.now),
+        )
+        for n in status.nodes
+        for e in n.reservations
+    ]
+    lines += ["", "reservations:"]
+    lines += _table(
+        ("NODE", "POD", "REQUESTS", "VICTIMS PENDING", "AGE", "EXPIRES IN"), reservations
+    )
+    loans = [
+        (
+            n.name,
+            d["lender"],
+            d["container"],
+            d["resource"],
+            d["from"],
+            d["to"],
+            d["state"],
+            d["borrower"],
+        )
+        for n in status.nodes
+        for d in (_loan_dict(s) for s in n.loans)
+    ]
+    lines += ["", "loans:"]
+    lines += _table(
+        ("NODE", "LENDER", "CONTAINER", "RESOURCE", "FROM", "TO", "STATE", "BORROWER"), loans
+    )
+    deferred = [
+        (w.pod.key, w.pod.node or "-", _ago(w.waited), w.reason, w.detail) for w in status.deferred
+    ]
+    lines += ["", "deferred resizes:"]
+    lines += _table(("POD", "NODE", "WAITING", "REASON", "WHY"), deferred)
+    return "\n".join(lines)
+
+
+__all__ = [
+    "Leader",
+    "ScratchLedger",
+    "SnapshotView",
+    "Status",
+    "Waiting",
+    "service_status",
+    "status_text",
+    "status_to_dict",
+]
