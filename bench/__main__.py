@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "review": "bench.review_bench",
     "faults": "bench.faults",
     "faults-control-plane": "bench.faults_control_plane",
+    "flood": "bench.flood",
     "vpa": "bench.vpa",
 }
 

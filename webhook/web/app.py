@@ -9,7 +9,13 @@ Contract of the review endpoints (``POST /validate-resize``, ``POST /mutate-resi
   method -> 405; an unknown path -> 404. Every error body is JSON;
 * never a 500: an unexpected exception after the review was read is answered with an
   allowed AdmissionReview carrying a warning (fail open, as the engine itself does),
-  before that with a 400; either way ``resize_preemption_errors{where="web"}`` counts it.
+  before that with a 400; either way ``resize_preemption_errors{where="web"}`` counts it;
+* while the serving worker is overloaded (``environ[OVERLOADED]``, set by
+  :mod:`webhook.web.worker`), a review is answered at once without a decision: allowed,
+  :data:`OVERLOADED_WARNING`, audit annotation ``verdict: overloaded``, counted in
+  ``resize_preemption_webhook_requests{verdict="overloaded"}``, no decision-log line.
+  Anything that cannot be answered so (no uid, too large, not JSON) takes the ordinary
+  path.
 
 The app holds no global state: everything it uses is injected into :func:`create_app`,
 so several apps (tests, benchmarks) live side by side in one process.
@@ -26,6 +32,7 @@ user sees.
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
 import time
@@ -57,7 +64,15 @@ REVIEW_PATHS: Final[dict[str, Endpoint]] = {
     "/mutate-resize": "mutate",
 }
 _JSON: Final = "application/json"
+#: The WSGI environ key by which the serving worker says it is overloaded (a bool).
+OVERLOADED: Final = "rpw.overloaded"
 _FAILED_OPEN_WARNING: Final = PREFIX + "internal error answering this review; resize allowed"
+OVERLOADED_WARNING: Final = (
+    PREFIX
+    + "overloaded; resize allowed unplanned (if the kubelet defers it, the reconciler plans it)"
+)
+#: Seconds between two log lines about answering without a decision.
+OVERLOAD_LOG_INTERVAL: Final = 10.0
 
 
 def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -185,8 +200,57 @@ def create_app(
         log.error("error before the review was read: %r", e, exc_info=e)
         return _error(400, "the request could not be read as an AdmissionReview")
 
-    app.wsgi_app = _last_resort(app.wsgi_app, web_errors.inc)  # type: ignore[method-assign,assignment]
+    app.wsgi_app = _last_resort(  # type: ignore[method-assign,assignment]
+        _answer_when_overloaded(app.wsgi_app, metrics, config.max_body_bytes),
+        web_errors.inc,
+    )
     return app
+
+
+def _answer_when_overloaded(
+    wsgi_app: WSGIApplication, metrics: Metrics, max_body: int
+) -> WSGIApplication:
+    """The overload answer of the module docstring, before Flask sees the request: it
+    must cost a fraction of a decision, or shedding would not shorten the queue."""
+    counters = {path: metrics.reviews.labels(e, "overloaded") for path, e in REVIEW_PATHS.items()}
+    told = {"at": -OVERLOAD_LOG_INTERVAL, "since": 0}
+
+    def guarded(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        counter = counters.get(environ.get("PATH_INFO", ""))
+        if not environ.get(OVERLOADED) or counter is None or environ["REQUEST_METHOD"] != "POST":
+            return wsgi_app(environ, start_response)
+        length = environ.get("CONTENT_LENGTH")
+        if not length or not length.isdigit() or int(length) > max_body:
+            return wsgi_app(environ, start_response)
+        body = environ["wsgi.input"].read(int(length))
+        try:
+            api_version, req = parse_review(body)
+        except InputError:
+            environ["wsgi.input"] = io.BytesIO(body)  # the ordinary path answers it 400
+            return wsgi_app(environ, start_response)
+        answer = orjson.dumps(
+            response(
+                api_version,
+                req["uid"],
+                warnings=(OVERLOADED_WARNING,),
+                audit={"verdict": "overloaded"},
+            )
+        )
+        counter.inc()
+        told["since"] += 1
+        now = time.monotonic()
+        if now - told["at"] >= OVERLOAD_LOG_INTERVAL:
+            # One line per interval: a line per review would add to the overload.
+            log.warning(
+                "overloaded: %d reviews allowed without a decision in the last %.0f s",
+                told["since"],
+                min(now - told["at"], OVERLOAD_LOG_INTERVAL),
+            )
+            told["at"], told["since"] = now, 0
+        start_response("200 OK", [("Content-Type", _JSON), ("Content-Length", str(len(answer)))])
+        return [answer]
+
+    return guarded
 
 
 def route_review(app: Flask, path: str, answer: Answer) -> None:

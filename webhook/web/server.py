@@ -65,6 +65,15 @@ DEFAULT_MAX_BODY_BYTES: Final = Config().max_body_bytes
 #: the client, not us, closes an idle connection, so it never sends a review down a
 #: connection we are closing; and reviews rarely pay for a new TLS handshake.
 DEFAULT_KEEPALIVE: Final = 120
+#: Seconds a review may wait on a worker's event loop, with more connections open than
+#: the API server keeps idle, before the worker answers reviews at once without a
+#: decision and resets new connections (webhook.web.worker, "Overload"). The API server
+#: keeps 25 idle connections to a webhook (client-go's transport) and opens one, a TLS
+#: handshake, for every review beyond them: at 600 reviews/s, 40 ms of delay already
+#: means handshakes, which cost more than the reviews. Measured at 4 times saturation
+#: (``python -m bench flood``, 15 s, a shared machine): 0.5 s let 5,051 of 8,000 reviews
+#: time out, 0.1 s 172. Five times the p99 of a worker at saturation (20 ms).
+DEFAULT_SHED_DELAY: Final = 0.1
 #: Seconds a stopping worker lets in-flight reviews finish (well under the pod's
 #: terminationGracePeriodSeconds, 30 s by default).
 DEFAULT_GRACEFUL_TIMEOUT: Final = 15
@@ -128,6 +137,8 @@ class ServerOptions:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: 0: never answer without a decision, however late (the benchmark's "before").
+    shed_delay: float = DEFAULT_SHED_DELAY
 
     def validate(self) -> None:
         """Raises ``ValueError`` on a combination that cannot work."""
@@ -137,6 +148,8 @@ class ServerOptions:
             raise ValueError("handshake, header and body timeouts must be positive")
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be at least 1")
+        if self.shed_delay < 0:
+            raise ValueError("shed_delay must be 0 (off) or positive")
 
     @property
     def shared_metrics(self) -> bool:
@@ -310,6 +323,7 @@ def serve(
     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    shed_delay: float = DEFAULT_SHED_DELAY,
 ) -> NoReturn:
     """Serve HTTPS on ``host:port`` until SIGTERM/SIGINT; exits the process (gunicorn's
     master calls ``sys.exit``).
@@ -333,6 +347,7 @@ def serve(
         header_timeout=header_timeout,
         body_timeout=body_timeout,
         max_body_bytes=max_body_bytes,
+        shed_delay=shed_delay,
     )
     options.validate()
     tls = CertificateReloader(cert_file, key_file, check_interval=tls_check_interval)

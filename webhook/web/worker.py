@@ -23,6 +23,24 @@ A connection that misses a deadline is closed without an answer; it is not the A
 server. What remains bounded by count rather than time is gunicorn's
 ``worker_connections`` per worker (see :mod:`webhook.web.server`).
 
+**Overload.** Deadlines bound what one connection holds, not how many reviews arrive. A
+flood (a VPA rollout over thousands of pods) offered at 4 times what one worker decides
+per second let every review wait its turn on the event loop; answers came after the API
+server's ``timeoutSeconds`` (5), the API server closed those connections and opened new
+ones, and the worker spent its time on TLS handshakes and on reviews nobody waited for
+(``python -m bench flood``, ``docs/reliability.md``). So the worker measures how late its
+event loop runs a greenlet that is ready (:class:`LoopDelay`) - the time a review that
+has arrived waits before it is served - and while that passes ``shed_delay`` with more
+connections open than the API server keeps idle (:func:`is_overloaded`):
+
+* the app answers reviews at once, allowed with a warning and without a decision
+  (``environ[OVERLOADED]``, :mod:`webhook.web.app`), at a seventh of a decision's CPU;
+* a new connection is reset before its TLS handshake (:class:`HandshakeDeadline`): the
+  API server fails open at once instead of paying us a handshake.
+
+Either way the resize goes ahead unchecked, as the API server would let it a few
+seconds later anyway; one the kubelet then defers is taken up by the reconciler.
+
 The whole worker process is cooperative: gevent patches the standard library before the
 app is loaded (gunicorn's worker does it), so the Kubernetes client's watches and the
 ledger writes wait on sockets the same way. Anything that bound a name from :mod:`ssl`
@@ -37,15 +55,21 @@ import io
 import logging
 import socket
 import ssl
+import struct
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 import gevent
 from gevent.local import local
 from gunicorn.workers.ggevent import GeventWorker
 
+from webhook.web.app import OVERLOADED
+
 if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
     from webhook.web.tls import CertificateReloader
 
 log = logging.getLogger(__name__)
@@ -55,6 +79,14 @@ WORKER_CLASS: Final = "webhook.web.worker.ReviewWorker"
 
 #: Seconds a stopping worker keeps idle connections open for a request on its way.
 STOP_IDLE_LINGER: Final = 2.0
+
+#: Idle connections the API server keeps to one webhook (client-go's transport cache,
+#: ``idleConnsPerHost``): more open at once mean it has more reviews outstanding.
+BUSY_CONNECTIONS: Final = 25
+#: Seconds between two log lines about connections reset while overloaded.
+RESET_LOG_INTERVAL: Final = 10.0
+#: How often :class:`LoopDelay` looks; also the least delay it can see.
+LOOP_PROBE_INTERVAL: Final = 0.05
 
 #: Modules that keep the ssl/socket classes they imported, and the names they keep.
 _BOUND_AT_IMPORT: Final = {
@@ -91,6 +123,9 @@ class HandshakeDeadline:
         self.timeout = timeout
 
     def wrap_socket(self, sock: socket.socket, **_: Any) -> ssl.SSLSocket:
+        if _serving is not None and _serving.overloaded():
+            _serving.refuse(sock)
+            raise gevent.GreenletExit
         conn = self.tls.context().wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         try:
             with gevent.Timeout(self.timeout):
@@ -103,11 +138,82 @@ class HandshakeDeadline:
             raise gevent.GreenletExit from None
 
 
+def reset(sock: socket.socket) -> None:
+    """Close ``sock`` with a reset (no linger): the peer - the API server - sees the
+    failure at once and fails open, instead of waiting for an answer."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
 def _peer(sock: socket.socket) -> str:
     try:
         return str(sock.getpeername())
     except OSError:
         return "a closed peer"
+
+
+class LoopDelay:
+    """How late this process's event loop runs a greenlet that is ready to run.
+
+    A probe greenlet sleeps :data:`LOOP_PROBE_INTERVAL` and notes how late it woke. The
+    delay is the lesser of its last two wake-ups - one late wake is a busy moment of the
+    node (the process was not scheduled), not a queue; at 4 times saturation every wake
+    is late - or, while the probe is overdue, the time it is overdue: that rises as a
+    queue builds instead of waiting for the probe's turn. ``clock``: monotonic seconds."""
+
+    def __init__(
+        self, interval: float = LOOP_PROBE_INTERVAL, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.interval = interval
+        self.clock = clock
+        self._due = clock() + interval
+        self._lags = (0.0, 0.0)
+
+    def start(self) -> gevent.Greenlet:
+        return gevent.spawn(self._run)
+
+    def _run(self) -> None:
+        self._due = self.clock() + self.interval
+        while True:
+            gevent.sleep(self.interval)
+            self.woke()
+
+    def woke(self) -> None:
+        """The probe's wake-up; it sleeps again at once (tests call it with their clock)."""
+        now = self.clock()
+        self._lags = (self._lags[1], max(0.0, now - self._due))
+        self._due = now + self.interval
+
+    def current(self) -> float:
+        """Seconds a greenlet that became ready now would wait, as far as is known."""
+        return max(min(self._lags), self.clock() - self._due)
+
+
+def is_overloaded(delay: float, shed_delay: float, connections: int) -> bool:
+    """Overloaded: the loop ``delay`` past ``shed_delay`` (0: never) with more
+    ``connections`` open than the API server keeps idle (:data:`BUSY_CONNECTIONS`).
+
+    The delay alone also rises when the worker is merely slow for a while - a relist of
+    50,000 pods in the same process held reviews 0.2 to 2 s, all of them decided within
+    the API server's timeout, and shedding on the delay alone failed 94% of them open -
+    or when the node is busy; only a queue of reviews makes the API server open more
+    connections than it keeps."""
+    return 0 < shed_delay < delay and connections > BUSY_CONNECTIONS
+
+
+def mark_overload(app: WSGIApplication, overloaded: Callable[[], bool]) -> WSGIApplication:
+    """``app`` with ``environ[OVERLOADED]`` set on every request to ``overloaded()``."""
+
+    def marked(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        environ[OVERLOADED] = overloaded()
+        return app(environ, start_response)
+
+    return marked
+
+
+#: The worker serving in this process (one per process), for :class:`HandshakeDeadline`.
+_serving: ReviewWorker | None = None
 
 
 class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
@@ -120,6 +226,10 @@ class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
         self.header_timeout: float = options.header_timeout
         self.body_timeout: float = options.body_timeout
         self.max_body: int = options.max_body_bytes
+        self.shed_delay: float = options.shed_delay
+        #: Connections past their handshake, open now.
+        self._open = 0
+        self.loop_delay = LoopDelay()
         #: Per connection (greenlet): requests read so far.
         self._connection = local()
         #: Connections waiting for their next request's headers.
@@ -132,10 +242,37 @@ class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
         check_cooperative()
         self.app.tls.renew()
         super().load_wsgi()
+        self.loop_delay.start()
+        #: Connections reset since the last log line about them, and when that was.
+        self._reset = {"count": 0, "told": -RESET_LOG_INTERVAL}
+        global _serving
+        _serving = self
+        served: WSGIApplication = self.wsgi  # type: ignore[has-type]  # set by gunicorn
+        self.wsgi = mark_overload(served, self.overloaded)
+
+    def overloaded(self) -> bool:
+        return is_overloaded(self.loop_delay.current(), self.shed_delay, self._open)
+
+    def refuse(self, sock: socket.socket) -> None:
+        """Close a new connection at once, before its handshake."""
+        reset(sock)
+        self._reset["count"] += 1
+        now = time.monotonic()
+        if now - self._reset["told"] >= RESET_LOG_INTERVAL:
+            # One line per interval: a line per connection would add to the overload.
+            log.warning(
+                "overloaded: %d new connections reset before their handshake",
+                self._reset["count"],
+            )
+            self._reset = {"count": 0, "told": now}
 
     def handle(self, listener: Any, client: Any, addr: Any) -> None:
         self._connection.requests = 0
-        super().handle(listener, client, addr)
+        self._open += 1
+        try:
+            super().handle(listener, client, addr)
+        finally:
+            self._open -= 1
 
     @contextlib.contextmanager
     def timeout_ctx(self) -> Iterator[None]:

@@ -1,0 +1,551 @@
+"""Review flood: one replica driven at a multiple of what it sustains, as the API server would.
+
+``python -m bench flood`` (60 s) or ``python -m bench flood --quick`` (a few seconds):
+
+1. starts one server with the service's serving defaults (gunicorn, the webhook's gevent
+   worker, one worker process, TLS) answering from the review benchmark's in-process
+   cluster: a warm :class:`~webhook.testing.StaticClusterView` of a full node and an
+   in-memory ledger (:mod:`bench.review_bench`); every review preempts one pod;
+2. measures its saturation: 4 kept-alive connections posting reviews back to back;
+3. offers ``--factor`` (4) times that rate for ``--seconds`` (60) from a client that
+   behaves as the API server's webhook client does: an open loop (a review arrives every
+   1/rate seconds, whatever the answers do), each on an idle kept-alive connection or a
+   new one, each given up after the webhook configuration's ``timeoutSeconds`` (5) - the
+   connection is then closed, and the API server fails open without the webhook's answer;
+   as client-go's transport, it keeps at most 25 idle connections and closes the rest.
+
+Every answer is checked: 200, the uid echoed, and either the full decision (verdict
+``preempt``) or the overload answer (allowed, preemption skipped). Figures: answers by
+outcome and status, latency centiles of the answers, the server worker's RSS before and
+after, whether it survived. ``--shed-delay 0`` switches the overload answer off (the
+server as it was before it had one) for the before/after comparison; the default run
+measures both and writes ``bench/results/flood.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results" / "flood.json"
+RELIST_RESULTS = RESULTS.with_name("flood-relist.json")
+REPO = Path(__file__).resolve().parents[1]
+
+#: The webhook configuration's timeoutSeconds (deploy/base, the chart's default).
+API_SERVER_TIMEOUT = 5.0
+#: More than one worker holds (gunicorn's worker_connections, 1,000): the API server
+#: opens connections as its requests need them.
+MAX_CONNECTIONS = 1500
+#: Idle connections the API server's webhook client keeps per host (client-go's
+#: transport cache, ``idleConnsPerHost``); a connection freed beyond them is closed.
+MAX_IDLE = 25
+#: Marks the overload answer (webhook.web.app).
+OVERLOADED = b"overloaded"
+
+
+# -- the server process ------------------------------------------------------------------
+
+
+def serve_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="flood serve")
+    parser.add_argument("--cert", required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--shed-delay", type=float, default=None)
+    parser.add_argument("--relist", help="PodList pages to relist over and over, one per line")
+    parser.add_argument("--relist-log", help="one JSON line per relist: pods, seconds")
+    args = parser.parse_args(argv)
+
+    from bench.review_bench import cluster_objects
+    from webhook.engine.admission import AdmissionEngine
+    from webhook.engine.backlog import Backlog
+    from webhook.engine.config import Config
+    from webhook.testing import InMemoryLedger, StaticClusterView
+    from webhook.web.app import create_app, metrics_of
+    from webhook.web.server import DEFAULT_SHED_DELAY, WorkerApp, serve
+    from webhook.web.tls import CertificateReloader
+
+    decisions = logging.getLogger("webhook.decisions")
+    decisions.setLevel(logging.INFO)
+    decisions.addHandler(logging.FileHandler(os.devnull))
+    decisions.propagate = False
+
+    def factory(tls: CertificateReloader) -> WorkerApp:
+        objects, _ = cluster_objects()
+        view = StaticClusterView.from_objects(objects)
+        after_review = Backlog(name="after-review")
+        engine = AdmissionEngine(Config(), view, InMemoryLedger(), after=after_review.submit)
+        app = create_app(engine=engine, readiness=lambda: {"tls": tls.loaded()})
+
+        def start() -> Callable[[], None]:
+            after_review.start()
+            if args.relist:
+                import gevent
+
+                gevent.spawn(_relist_forever, Path(args.relist), Path(args.relist_log))
+            return after_review.stop
+
+        return WorkerApp(app, start=start, registry=metrics_of(app).registry)
+
+    serve(
+        factory,
+        cert_file=args.cert,
+        key_file=args.key,
+        host="127.0.0.1",
+        port=args.port,
+        metrics_port=None,
+        log_level="warning",
+        shed_delay=DEFAULT_SHED_DELAY if args.shed_delay is None else args.shed_delay,
+    )
+
+
+def _relist_forever(pages: Path, log_path: Path) -> None:
+    """The cluster cache's pod reflector in this process, relisting ``pages`` again and
+    again, as after a watch expired: each page parsed and converted, the store replaced.
+    A page read from the API server waits on its socket, where the worker serves reviews
+    meanwhile; reading from a file does not, so each page yields once in its place."""
+    import gevent
+
+    from webhook.kube.cache import PODS, ClusterCache
+    from webhook.kube.reflector import parse_list_page
+
+    cache = ClusterCache(None)
+    reflector = cache.reflector(PODS)
+
+    def read() -> Iterator[Any]:
+        with pages.open("rb") as f:
+            for line in f:
+                gevent.sleep(0)
+                yield parse_list_page(line)
+
+    with log_path.open("a") as log:
+        while True:
+            started = time.monotonic()
+            reflector.load_pages(read())
+            log.write(
+                json.dumps({"pods": len(cache.pods), "seconds": time.monotonic() - started}) + "\n"
+            )
+            log.flush()
+
+
+# -- the client process (gevent: thousands of connections, one thread) --------------------
+
+
+def drive_main(argv: Sequence[str]) -> int:
+    """Closed loop (``--closed N``: N connections back to back, the saturation) or open
+    loop (``--rate``): prints JSON with every answer's outcome and latency."""
+    from gevent import monkey
+
+    monkey.patch_all()
+    import socket
+    import ssl
+    import uuid
+
+    import gevent
+    from gevent.pool import Pool
+
+    from bench.review_bench import REVIEW_UID, _read_response
+
+    parser = argparse.ArgumentParser(prog="flood drive")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--ca", required=True)
+    parser.add_argument("--body", required=True)
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--rate", type=float, default=0.0)
+    parser.add_argument("--closed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=API_SERVER_TIMEOUT)
+    parser.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS)
+    args = parser.parse_args(argv)
+
+    body = Path(args.body).read_bytes()
+    context = ssl.create_default_context(cafile=args.ca)
+    at = body.index(REVIEW_UID.encode())
+    head = (
+        f"POST /validate-resize HTTP/1.1\r\nHost: 127.0.0.1:{args.port}\r\n"
+        f"Content-Type: application/json\r\nAccept: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body[:at]
+    tail = body[at + len(REVIEW_UID) :]
+    idle: list[Any] = []
+    counts: dict[str, int] = {}
+    latencies: dict[str, list[float]] = {"full": [], "overloaded": []}
+    opened = [0]
+    late = [0.0]
+
+    def count(outcome: str) -> None:
+        counts[outcome] = counts.get(outcome, 0) + 1
+
+    def connect() -> Any:
+        opened[0] += 1
+        sock = context.wrap_socket(
+            socket.create_connection(("127.0.0.1", args.port)), server_hostname="127.0.0.1"
+        )
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def review() -> None:
+        """One review as the API server sends it: an idle connection or a new one, the
+        whole call (connect included) given up after the timeout."""
+        t0 = time.monotonic()
+        sock = None
+        try:
+            with gevent.Timeout(args.timeout):
+                sock = idle.pop() if idle else connect()
+                uid = str(uuid.uuid4()).encode()
+                sock.sendall(head + uid + tail)
+                status, answer, _ = _read_response(sock, b"")
+        except gevent.Timeout:
+            count("timed out")
+            if sock is not None:
+                sock.close()
+            return
+        except OSError:
+            count("connection error")
+            if sock is not None:
+                sock.close()
+            return
+        latency = (time.monotonic() - t0) * 1000
+        if status != 200:
+            count(f"http {status}")
+        elif uid not in answer:
+            count("wrong uid")
+        elif OVERLOADED in answer and b'"allowed":true' in answer:
+            count("overloaded")
+            latencies["overloaded"].append(latency)
+        elif b'"verdict":"preempt"' in answer:
+            count("full")
+            latencies["full"].append(latency)
+        else:
+            count("wrong answer")
+        if len(idle) < MAX_IDLE:
+            idle.append(sock)
+        else:
+            sock.close()
+
+    start = time.monotonic()
+    end = start + args.seconds
+    # The client shares the machine too: how late its own loop runs is part of every
+    # latency it measures, and is reported beside them.
+    lags: list[float] = []
+
+    def probe() -> None:
+        while time.monotonic() < end:
+            due = time.monotonic() + 0.05
+            gevent.sleep(0.05)
+            lags.append((time.monotonic() - due) * 1000)
+
+    gevent.spawn(probe)
+    pool = Pool(args.max_connections)
+    if args.closed:
+
+        def loop() -> None:
+            while time.monotonic() < end:
+                review()
+
+        pool_greenlets = [gevent.spawn(loop) for _ in range(args.closed)]
+        gevent.joinall(pool_greenlets)
+        offered = sum(counts.values())
+    else:
+        offered = 0
+        while True:
+            due = start + offered / args.rate
+            if due >= end:
+                break
+            now = time.monotonic()
+            if due > now:
+                gevent.sleep(due - now)
+            else:
+                late[0] = max(late[0], now - due)
+            # A full pool (every connection waiting) holds arrivals back: counted as
+            # the client falling behind, not as the server's latency.
+            pool.spawn(review)
+            offered += 1
+        pool.join(timeout=args.timeout + 5)
+    elapsed = time.monotonic() - start
+    json.dump(
+        {
+            "offered": offered,
+            "seconds": round(elapsed, 2),
+            "counts": counts,
+            "latencies_ms": latencies,
+            "connections_opened": opened[0],
+            "client_behind_s": round(late[0], 3),
+            "client_loop_lag_ms": lags,
+            "client_cpu_s": round(time.process_time(), 2),
+        },
+        sys.stdout,
+    )
+    return 0
+
+
+# -- orchestration --------------------------------------------------------------------------
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+@contextlib.contextmanager
+def flood_server(
+    files: dict[str, Path], shed_delay: float | None, relist: Path | None = None
+) -> Iterator[tuple[int, int]]:
+    """A flood server on a free port: yields (port, its one worker's pid) once ready;
+    with ``relist``, relisting those pages meanwhile (log beside them, ``.log``)."""
+    from bench.review_bench import _free_port, _wait_ready, _worker_pids
+
+    port = _free_port()
+    command = [sys.executable, "-m", "bench.flood", "serve", "--port", str(port)]
+    command += ["--cert", str(files["tls.crt"]), "--key", str(files["tls.key"])]
+    if shed_delay is not None:
+        command += ["--shed-delay", str(shed_delay)]
+    if relist is not None:
+        command += ["--relist", str(relist), "--relist-log", str(relist.with_suffix(".log"))]
+    server = subprocess.Popen(command, cwd=REPO, start_new_session=True)
+    try:
+        _wait_ready(port, str(files["ca.crt"]), server)
+        pids = _worker_pids(server.pid)
+        if len(pids) != 1:
+            raise SystemExit(f"expected one gunicorn worker, found {pids}")
+        yield port, pids[0]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
+
+
+def _drive(port: int, files: dict[str, Path], seconds: float, **mode: float) -> dict[str, Any]:
+    command = [sys.executable, "-m", "bench.flood", "drive", "--port", str(port)]
+    command += ["--ca", str(files["ca.crt"]), "--body", str(files["review"])]
+    command += ["--seconds", str(seconds)]
+    for name, value in mode.items():
+        command += [f"--{name.replace('_', '-')}", str(value)]
+    out = subprocess.run(command, cwd=REPO, check=True, capture_output=True, timeout=seconds + 120)
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def _centiles(values: list[float]) -> dict[str, float]:
+    if len(values) < 2:
+        return {"p50_ms": values[0] if values else 0.0, "p99_ms": values[0] if values else 0.0}
+    q = statistics.quantiles(values, n=100)
+    return {
+        "p50_ms": round(statistics.median(values), 1),
+        "p99_ms": round(q[98], 1),
+        "max_ms": round(max(values), 1),
+    }
+
+
+def flood(
+    files: dict[str, Path],
+    rate: float,
+    seconds: float,
+    shed_delay: float | None,
+    relist: Path | None = None,
+) -> dict[str, Any]:
+    """One server, flooded at ``rate`` for ``seconds``: the figures of one run."""
+    with flood_server(files, shed_delay, relist) as (port, worker):
+        rss_before = _rss_kb(worker)
+        result = _drive(port, files, seconds, rate=rate)
+        alive = os.path.exists(f"/proc/{worker}")
+        rss_after = _rss_kb(worker) if alive else 0
+        # Still answering in full once the flood is over.
+        time.sleep(1.0)
+        after = _drive(port, files, 2.0, closed=1)
+    answered = result["counts"].get("full", 0) + result["counts"].get("overloaded", 0)
+    all_latencies = [x for v in result["latencies_ms"].values() for x in v]
+    return {
+        "shed_delay_s": shed_delay,
+        "offered_per_s": round(result["offered"] / seconds, 1),
+        "offered": result["offered"],
+        "counts": result["counts"],
+        "answered_in_time": answered,
+        "server_errors_5xx": sum(n for k, n in result["counts"].items() if k.startswith("http 5")),
+        "full_per_s": round(result["counts"].get("full", 0) / seconds, 1),
+        "latency_all": _centiles(all_latencies),
+        "latency_full": _centiles(result["latencies_ms"]["full"]),
+        "latency_overloaded": _centiles(result["latencies_ms"]["overloaded"]),
+        "connections_opened": result["connections_opened"],
+        "client_behind_s": result["client_behind_s"],
+        "client_loop_lag": _centiles(result["client_loop_lag_ms"]),
+        "client_cpu_s": result["client_cpu_s"],
+        "worker_alive": alive,
+        "worker_rss_mb": {
+            "before": round(rss_before / 1024, 1),
+            "after": round(rss_after / 1024, 1),
+        },
+        "after_flood": after["counts"],
+    }
+
+
+def _files(tmp: str) -> dict[str, Path]:
+    from bench.review_bench import cluster_objects, review_body
+    from webhook import pki
+
+    ca = pki.make_ca("flood bench CA")
+    pair = pki.make_serving_cert(ca, ip_addresses=["127.0.0.1"])
+    files = {name: Path(tmp, name) for name in ("ca.crt", "tls.crt", "tls.key", "review")}
+    files["ca.crt"].write_bytes(ca.cert_pem)
+    files["tls.crt"].write_bytes(pair.cert_pem)
+    files["tls.key"].write_bytes(pair.key_pem)
+    _, resizing = cluster_objects()
+    files["review"].write_bytes(review_body(resizing))
+    return files
+
+
+def relist_run(
+    pods: int, seconds: float, share: float, shed_delay: float | None = None
+) -> dict[str, Any]:
+    """Reviews at ``share`` of saturation for ``seconds``, without and then with the pod
+    reflector of the same worker process relisting ``pods`` pods over and over (then that
+    again without the overload answer)."""
+    from bench.cache_bench import generate
+
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="flood-relist-") as tmp:
+        files = _files(tmp)
+        pages = Path(tmp, "pods.jsonl")
+        generate(pages, pods, max(1, pods // 30))
+        with flood_server(files, None) as (port, _):
+            saturation = _drive(port, files, 5.0, closed=4)
+        sustained = saturation["counts"].get("full", 0) / saturation["seconds"]
+        rate = round(sustained * share, 1)
+        quiet = flood(files, rate, seconds, shed_delay)
+        busy = flood(files, rate, seconds, shed_delay, relist=pages)
+        # The same without the overload answer (the server before it had one).
+        unprotected = flood(files, rate, seconds, 0.0, relist=pages)
+        relists = [json.loads(line) for line in pages.with_suffix(".log").read_text().splitlines()]
+    return {
+        "benchmark": "reviews_during_relist",
+        "server": "gunicorn, the webhook's gevent worker, 1 worker, TLS; reviews decided on "
+        "the review benchmark's in-process cluster while the same process's pod reflector "
+        f"relists {pods} pods (bench.cache_bench's pods, pages of 100) over and over",
+        "cpus": os.cpu_count(),
+        "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0]},
+        "saturation_per_s": round(sustained, 1),
+        "offered_per_s": rate,
+        "seconds": seconds,
+        "without_relist": quiet,
+        "with_relist": busy,
+        "with_relist_unprotected": unprotected,
+        "relists": {
+            "count": len(relists),
+            "first_sync_s": round(relists[0]["seconds"], 2) if relists else None,
+            "median_s": round(statistics.median(r["seconds"] for r in relists), 2)
+            if relists
+            else None,
+            "pods": relists[-1]["pods"] if relists else 0,
+        },
+    }
+
+
+def run(
+    seconds: float, factor: float, both: bool, shed_delay: float | None = None
+) -> dict[str, Any]:
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="flood-bench-") as tmp:
+        files = _files(tmp)
+        with flood_server(files, None) as (port, _):
+            saturation = _drive(port, files, min(10.0, max(3.0, seconds / 6)), closed=4)
+        sustained = saturation["counts"].get("full", 0) / saturation["seconds"]
+        rate = round(sustained * factor, 1)
+        runs = [flood(files, rate, seconds, shed_delay)]
+        if both:
+            runs.append(flood(files, rate, seconds, 0.0))
+    return {
+        "benchmark": "review_flood",
+        "server": "gunicorn, the webhook's gevent worker, 1 worker (the service's default), "
+        "TLS; the review benchmark's in-process cluster (a full node of 110 pods, "
+        "in-memory ledger)",
+        "client": "open loop, one gevent process; each review on an idle kept-alive "
+        f"connection or a new one (up to {MAX_CONNECTIONS}), given up after "
+        f"{API_SERVER_TIMEOUT} s",
+        "cpus": os.cpu_count(),
+        "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0]},
+        "saturation_per_s": round(sustained, 1),
+        "factor": factor,
+        "seconds": seconds,
+        "runs": runs,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [
+        f"review flood: saturation {result['saturation_per_s']} reviews/s (4 connections, "
+        f"closed loop); offered x{result['factor']} for {result['seconds']} s",
+        f"{'shed delay':>10} {'offered/s':>9} {'full':>7} {'overload':>8} {'timed out':>9} "
+        f"{'conn err':>8} {'5xx':>4} {'p50 ms':>7} {'p99 ms':>8} {'RSS MB':>13} {'alive':>5}",
+    ]
+    for r in result["runs"]:
+        c = r["counts"]
+        shed = "off" if r["shed_delay_s"] == 0 else "default"
+        lines.append(
+            f"{shed:>10} {r['offered_per_s']:>9.0f} {c.get('full', 0):>7} "
+            f"{c.get('overloaded', 0):>8} {c.get('timed out', 0):>9} "
+            f"{c.get('connection error', 0):>8} {r['server_errors_5xx']:>4} "
+            f"{r['latency_all']['p50_ms']:>7.1f} {r['latency_all']['p99_ms']:>8.1f} "
+            f"{r['worker_rss_mb']['before']:>6.1f}->{r['worker_rss_mb']['after']:<6.1f}"
+            f"{'yes' if r['worker_alive'] else 'NO':>5}"
+        )
+    load = result["load_average_1m"]
+    lines.append(f"load average (1 min): {load['before']:.2f} before, {load['after']:.2f} after")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "serve":
+        return serve_main(argv[1:])
+    if argv and argv[0] == "drive":
+        return drive_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m bench flood")
+    parser.add_argument("--quick", action="store_true", help="a few seconds, no results file")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--factor", type=float, default=4.0)
+    parser.add_argument(
+        "--protected-only", action="store_true", help="skip the run without the overload answer"
+    )
+    parser.add_argument(
+        "--shed-delay", type=float, default=None, help="the server's (default: its default)"
+    )
+    parser.add_argument(
+        "--relist-pods",
+        type=int,
+        default=0,
+        help="instead: reviews at half saturation while the worker relists this many pods",
+    )
+    args = parser.parse_args(argv)
+    if args.relist_pods:
+        result = relist_run(
+            args.relist_pods, 5.0 if args.quick else args.seconds / 2, 0.5, args.shed_delay
+        )
+        print(json.dumps(result, indent=2))
+        if not args.quick:
+            RELIST_RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        return 0
+    seconds = 5.0 if args.quick else args.seconds
+    result = run(seconds, args.factor, not args.protected_only, args.shed_delay)
+    print(table(result))
+    if not args.quick:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
