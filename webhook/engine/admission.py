@@ -33,7 +33,7 @@ from webhook.engine.config import Config
 from webhook.engine.decision import Decision
 from webhook.engine.decision_log import Facts, decision_logger, emit, line
 from webhook.engine.held_amounts import HeldAmounts
-from webhook.engine.ledger import Ledger, LedgerEntry, counting, giving_back, kept
+from webhook.engine.ledger import Ledger, LedgerEntry, counting, giving_back, owing
 from webhook.engine.metrics import Metrics, observe_all
 from webhook.engine.ports import ClusterView
 from webhook.engine.wire import AdmissionRequest, AdmissionReview, is_pod_resize, response
@@ -332,12 +332,13 @@ class AdmissionEngine:
                 ttl=self.config.reservation_ttl,
                 persist_timeout=self.config.persist_timeout,
             )
-            # Entries that expired or were spent are dropped with this write: the one
-            # write a plan costs also clears what nobody reads any more (an entry whose
-            # loans are not given back yet stays, holding no room).
-            keep = {e.review_uid for e in kept(entries, scene.pods, now)}
-            owing = tuple(e for e in entries if e.review_uid in keep and e not in live)
-            return (*live, *owing, entry), (plan, entry)
+            # Entries that expired or were spent, and an earlier one of this pod (the new
+            # resize supersedes it), are dropped with this write: the one write a plan
+            # costs also clears what nobody reads any more. An entry whose loans are not
+            # given back yet stays, holding no room.
+            counted = {e.review_uid for e in live}
+            lent = owing((e for e in entries if e.review_uid not in counted), scene.pods, now)
+            return (*live, *lent, entry), (plan, entry)
 
         plan, entry = self.ledger.update(scene.node.name, change)
         if entry is not None and self.on_admitted is not None:
