@@ -40,10 +40,15 @@ def rank(
     budgets: Sequence[DisruptionBudget],
     policy: PreemptionPolicy,
     now: float,
+    spends: Mapping[str, tuple[int, ...]] | None = None,
 ) -> Ranking:
     """``pods`` bound to ``node`` and not terminal, in ``policy``'s importance order at
     ``now`` (a total order: the same whatever order they come in), and the budgets of
-    ``budgets`` each would spend from in the policy's PDB mode."""
+    ``budgets`` each would spend from in the policy's PDB mode.
+
+    ``spends``, when given, must be ``spending(pods, budgets, policy.pdb_mode)`` (of at
+    least the pods on the node): a caller that knows it for most of the pods already
+    computes only the rest."""
     on_node = [p for p in pods if p.node == node and not p.terminal]
     on_node.sort(key=lambda p: policy.importance(p, now))
     kept = tuple(budgets)
@@ -52,6 +57,6 @@ def rank(
         pods=tuple(on_node),
         place={p.uid: i for i, p in enumerate(on_node)},
         budgets=kept,
-        spends=spending(on_node, kept, policy.pdb_mode),
+        spends=spending(on_node, kept, policy.pdb_mode) if spends is None else spends,
         settled=max(started, default=float("-inf")),
     )

@@ -230,8 +230,11 @@ def counting(
     ``pods``: what every reader plans against. Entries that expired or were spent stay in
     the ledger until the next write to their node drops them; nobody writes to remove
     them."""
+    listed = tuple(entries)
+    if not listed:
+        return ()  # most nodes have no entry: their pods need no index
     by_uid = {p.uid: p for p in pods}
-    return tuple(e for e in entries if e.counts(by_uid, now))
+    return tuple(e for e in listed if e.counts(by_uid, now))
 
 
 def kept(

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from webhook.core.accounting import pod_requests
+from webhook.core.disruption import spending
 from webhook.core.headroom import Holdings, holdings
 from webhook.core.model import DisruptionBudget, Node, Pod
 from webhook.core.policy import PreemptionPolicy
@@ -106,7 +107,7 @@ class NodeMemo:
                 node.allocatable,
                 by_id,
                 holdings(node, pods, lambda p: by_id[id(p)]),
-                rank(node.name, pods, budgets, self.policy, now),
+                rank(node.name, pods, budgets, self.policy, now, self._spends(kept, pods, budgets)),
                 now,
             )
         with self._lock:
@@ -115,6 +116,18 @@ class NodeMemo:
                 del self._kept[next(iter(self._kept))]
             self._kept[node.name] = facts
         return facts
+
+    def _spends(
+        self, kept: NodeFacts | None, pods: tuple[Pod, ...], budgets: tuple[DisruptionBudget, ...]
+    ) -> dict[str, tuple[int, ...]] | None:
+        """``spending`` of ``pods``: what the kept facts say of the very pods they share,
+        under the same budgets, and computed for the others (None: nothing to share)."""
+        if kept is None or kept.budgets is not budgets:
+            return None
+        known = {id(p): kept.ranking.spends[p.uid] for p in kept.ranking.pods}
+        spends = {p.uid: known[id(p)] for p in pods if id(p) in known}
+        fresh = [p for p in pods if id(p) not in known]
+        return spends | spending(fresh, budgets, self.policy.pdb_mode)
 
     def __len__(self) -> int:
         return len(self._kept)
