@@ -10,12 +10,13 @@ step of victim selection runs.
 Run ``python -m bench plan``. Figures are per call, in milliseconds, from
 ``time.perf_counter_ns`` after a warm-up; the machine is shared, so quote the median.
 
-Two ways of calling it. *Warm* (the headline): as the admission engine calls it, with
-its one memo (:class:`~webhook.engine.held_amounts.HeldAmounts`) of what each of the
-node's pods holds, kept while the cluster view hands out the same tuple of pods. *Cold*:
-without it, every pod's amount computed afresh, as on the first decision after a node's
-pods changed. *One pod changed*: with the memo, each call on another tuple of the node's
-pods, one of them a new object, as after a pod's status changed.
+Three ways of calling it. *Warm* (the headline): as the admission engine calls it, with
+its one memo (:class:`~webhook.engine.node_memo.NodeMemo`) of what the node's pods hold
+and how they rank, with the budgets each one's eviction spends from, kept while the
+cluster view hands out the same tuples of pods and budgets. *Cold*: without it, all of
+that computed afresh. *One pod changed*: with the memo, each call on another tuple of
+the node's pods, one of them a new object, as after a pod's status changed: the memo
+reuses what it knows of the pods the tuples share and ranks them again.
 
 A *lending* case runs the same nodes with one in four lower-priority pods annotated to
 lend CPU down to half its request (``resize-preemption.io/floor``): the plan borrows

@@ -1,4 +1,9 @@
-"""Node usage: what the other pods and the reservations hold on a node."""
+"""Node usage: what the other pods and the reservations hold on a node.
+
+What the node's pods hold (:func:`holdings`) depends on the pods alone; the usage one
+resize sees (:func:`node_usage`) leaves the resizing pod out and adds the reservations.
+A caller deciding many resizes on the same pods keeps the first between decisions.
+"""
 
 from __future__ import annotations
 
