@@ -10,12 +10,13 @@ step of victim selection runs.
 Run ``python -m bench plan``. Figures are per call, in milliseconds, from
 ``time.perf_counter_ns`` after a warm-up; the machine is shared, so quote the median.
 
-Two ways of calling it. *Warm* (the headline): as the admission engine calls it, with
-its one memo (:class:`~webhook.engine.held_amounts.HeldAmounts`) of what each of the
-node's pods holds, kept while the cluster view hands out the same tuple of pods. *Cold*:
-without it, every pod's amount computed afresh, as on the first decision after a node's
-pods changed. *One pod changed*: with the memo, each call on another tuple of the node's
-pods, one of them a new object, as after a pod's status changed.
+Three ways of calling it. *Warm* (the headline): as the admission engine calls it, with
+its one memo (:class:`~webhook.engine.node_memo.NodeMemo`) of what the node's pods hold
+and how they rank, with the budgets each one's eviction spends from, kept while the
+cluster view hands out the same tuples of pods and budgets. *Cold*: without it, all of
+that computed afresh. *One pod changed*: with the memo, each call on another tuple of
+the node's pods, one of them a new object, as after a pod's status changed: the memo
+reuses what it knows of the pods the tuples share and ranks them again.
 
 A *lending* case runs the same nodes with one in four lower-priority pods annotated to
 lend CPU down to half its request (``resize-preemption.io/floor``): the plan borrows
@@ -48,7 +49,7 @@ from webhook.core.policy import DefaultPolicy
 from webhook.core.reservation import Reservation, active_on
 from webhook.core.resize import apply_resize
 from webhook.core.resources import Resources
-from webhook.engine.held_amounts import HeldAmounts
+from webhook.engine.node_memo import NodeMemo
 
 RESULTS = Path(__file__).resolve().parent / "results" / "plan.json"
 #: Medians per call the decision core must stay under on a 110- and a 1,000-pod node.
@@ -127,10 +128,14 @@ class Scenario:
     budgets: tuple[DisruptionBudget, ...]
     reservations: tuple[Reservation, ...]
 
-    def run(self, memo: HeldAmounts | None = None, pods: tuple[Pod, ...] | None = None) -> Plan:
+    def run(self, memo: NodeMemo | None = None, pods: tuple[Pod, ...] | None = None) -> Plan:
         """One decision; with ``memo``, as the engine makes it; on ``pods`` (default: the
         scenario's)."""
         pods = self.pods if pods is None else pods
+        kept: dict[str, Any] = {}
+        if memo is not None:
+            facts = memo.of(self.node, pods, self.budgets, NOW)
+            kept = {"holdings": facts.holdings, "ranking": facts.ranking}
         return plan_resize(
             self.old,
             self.new,
@@ -140,7 +145,7 @@ class Scenario:
             budgets=self.budgets,
             reservations=self.reservations,
             policy=POLICY,
-            **({} if memo is None else {"holds": memo.of(NODE, pods)}),
+            **kept,
         )
 
 
@@ -287,7 +292,7 @@ def measure_changed(scenario: Scenario, reps: int, warmup: int) -> list[int]:
     """Like :func:`measure` with the engine's memo, but every call sees another tuple of
     the node's pods, one pod replaced by an equal copy, as after a pod's status changed:
     the memo keeps the amounts of the pods the tuples share."""
-    memo = HeldAmounts()
+    memo = NodeMemo(POLICY)
     one = len(scenario.pods) // 2
     copy = tuple(replace(p) if i == one else p for i, p in enumerate(scenario.pods))
     calls = [
@@ -323,7 +328,7 @@ def run(sizes: Sequence[tuple[int, int]], warmup: int) -> dict[str, Any]:
         plan = scenario.run()
         if plan.verdict != "preempt":
             raise SystemExit(f"benchmark scenario does not preempt: {plan.verdict} {plan.reason}")
-        memo = HeldAmounts()
+        memo = NodeMemo(POLICY)
         if scenario.run(memo) != plan:
             raise SystemExit("the memo changed the plan")
         warm = _figures(measure(functools.partial(scenario.run, memo), reps, warmup))
@@ -333,7 +338,7 @@ def run(sizes: Sequence[tuple[int, int]], warmup: int) -> dict[str, Any]:
         lent = lenders.run()
         if not lent.loans:
             raise SystemExit(f"lending scenario borrows nothing: {lent.reason}")
-        lending_memo = HeldAmounts()
+        lending_memo = NodeMemo(POLICY)
         lending = _figures(measure(functools.partial(lenders.run, lending_memo), reps, warmup))
         rows.append(
             {

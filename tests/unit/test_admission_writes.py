@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -193,5 +193,33 @@ def test_an_admission_write_keeps_an_entry_until_its_loans_are_given_back(
     engine = AdmissionEngine(Config(), view, ledger, clock=lambda: NOW)
 
     engine.validate(review(high, resized(high, "5"))["request"])
+
+    assert expected == sorted(e.review_uid for e in ledger.entries("node-1"))
+
+
+@pytest.mark.parametrize(
+    ("expected", "loans"),
+    [
+        pytest.param(["review-2"], False, id="the-earlier-entry-is-superseded"),
+        pytest.param(["review-1", "review-2"], True, id="kept-while-its-loan-is-out"),
+    ],
+)
+def test_a_newer_admission_of_a_pod_drops_its_earlier_entry(
+    expected: list[str], loans: bool
+) -> None:
+    # high-priority-pod is admitted at 5 CPU, then at 6 before the first is persisted:
+    # the first entry still counts, but the newer resize replaces it.
+    node, low, high = walkthrough_objects()
+    view = StaticClusterView.from_objects((node, low, high))
+    ledger = InMemoryLedger()
+    engine = AdmissionEngine(Config(), view, ledger, clock=lambda: NOW)
+    engine.validate(review(high, resized(high, "5"), uid="review-1")["request"])
+    if loans:
+        lender = view.pod("default", "low-priority-pod")
+        assert lender is not None
+        loan = Loan(lender.ref, 1000, "app", "cpu", 4000, 3000, 1000, True)
+        ledger.update("node-1", lambda es: (tuple(replace(e, loans=(loan,)) for e in es), None))
+
+    engine.validate(review(high, resized(high, "6"), uid="review-2")["request"])
 
     assert expected == sorted(e.review_uid for e in ledger.entries("node-1"))

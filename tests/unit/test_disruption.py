@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.builders import LOW, PdbBuilder, make_pdb, make_pod
-from webhook.core.disruption import budget_matches, split_by_violation
+from webhook.core.disruption import budget_matches, spending, split_by_violation
 from webhook.core.model import PdbMode, Pod
 
 
@@ -109,7 +109,8 @@ def test_budget_matches(budget: PdbBuilder, pod: Pod, mode: PdbMode, expected: b
 def _split(
     pods: list[Pod], budgets: list[PdbBuilder], mode: PdbMode = "respect"
 ) -> tuple[list[str], list[str]]:
-    violating, other = split_by_violation(pods, [b.build() for b in budgets], mode)
+    built = [b.build() for b in budgets]
+    violating, other = split_by_violation(pods, built, spending(pods, built, mode))
     return [p.name for p in violating], [p.name for p in other]
 
 

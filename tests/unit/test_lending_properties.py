@@ -30,7 +30,7 @@ from webhook.core.plan import Plan, is_candidate, lent, plan_resize, shortfall
 from webhook.core.policy import DefaultPolicy
 from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import Resources, total
-from webhook.engine.held_amounts import HeldAmounts
+from webhook.engine.node_memo import NodeMemo
 
 Mi = 2**20
 FAST = settings(
@@ -246,6 +246,7 @@ def test_deterministic_under_pod_order_and_the_memo(world: World, rnd: Any) -> N
     rnd.shuffle(pods)
 
     assert plan == world.plan(pods)
+    facts = NodeMemo(world.policy).of(world.node, tuple(pods), tuple(world.budgets), NOW)
     assert plan == plan_resize(
         world.old,
         world.new,
@@ -255,7 +256,8 @@ def test_deterministic_under_pod_order_and_the_memo(world: World, rnd: Any) -> N
         budgets=world.budgets,
         reservations=world.reservations,
         policy=world.policy,
-        holds=HeldAmounts().of(NODE, tuple(pods)),
+        holdings=facts.holdings,
+        ranking=facts.ranking,
     )
 
 

@@ -26,9 +26,10 @@ from webhook.core.headroom import NodeUsage, node_usage
 from webhook.core.model import DisruptionBudget, Node, Pod
 from webhook.core.plan import Plan, plan_resize, shortfall
 from webhook.core.policy import DefaultPolicy, importance_key
+from webhook.core.ranking import rank
 from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import Resources, total
-from webhook.engine.held_amounts import HeldAmounts
+from webhook.engine.node_memo import NodeMemo
 
 # Priority tiers, weighted; HIGH + 1 is above most resizing pods.
 POD_PRIORITIES = (ZERO_PRIORITY, LOW, LOW, MID, MID, HIGH, HIGH + 1)
@@ -305,8 +306,9 @@ def test_plan_is_deterministic_and_independent_of_input_order(world: World, rnd:
 
     assert plan == world.plan()
     assert plan == world.plan(pods, budgets, reservations)
-    # The engine's memo of what pods hold never changes a decision.
+    # The engine's memo of what pods hold and how they rank never changes a decision.
     listed = tuple(pods)
+    facts = NodeMemo(world.policy).of(world.node, listed, tuple(budgets), NOW)
     assert plan == plan_resize(
         world.old,
         world.new,
@@ -316,5 +318,31 @@ def test_plan_is_deterministic_and_independent_of_input_order(world: World, rnd:
         budgets=budgets,
         reservations=reservations,
         policy=world.policy,
-        holds=HeldAmounts().of(NODE, listed),
+        holdings=facts.holdings,
+        ranking=facts.ranking,
+    )
+
+
+@FAST
+@given(worlds(), st.floats(min_value=0, max_value=2 * 86_400))
+def test_the_memo_filled_earlier_gives_the_plan_of_now(world: World, earlier: float) -> None:
+    # Kept from a decision ``earlier`` seconds ago, when pods not started yet (which
+    # rank as starting now) stood elsewhere among the started ones.
+    memo = NodeMemo(world.policy)
+    pods, budgets = tuple(world.pods), tuple(world.budgets)
+    memo.of(world.node, pods, budgets, NOW - earlier)
+    facts = memo.of(world.node, pods, budgets, NOW)
+
+    assert rank(NODE, pods, budgets, world.policy, NOW) == facts.ranking
+    assert world.plan() == plan_resize(
+        world.old,
+        world.new,
+        world.node,
+        pods,
+        now=NOW,
+        budgets=budgets,
+        reservations=world.reservations,
+        policy=world.policy,
+        holdings=facts.holdings,
+        ranking=facts.ranking,
     )

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from webhook.core.model import DisruptionBudget, PdbMode, Pod
 
@@ -27,29 +27,44 @@ def budget_matches(budget: DisruptionBudget, pod: Pod, mode: PdbMode) -> bool:
     return budget.selector.matches(pod.labels)
 
 
-def split_by_violation(
-    pods: Sequence[Pod], budgets: Sequence[DisruptionBudget], mode: PdbMode
-) -> tuple[list[Pod], list[Pod]]:
-    """Split ``pods`` (most important first) into (violating, non-violating).
-
-    Walking in order, each pod spends one disruption from every budget that covers it,
-    unless the API server already counted it (``status.disruptedPods``). A pod that
-    drives any budget below zero would violate it. Both lists keep the input order.
-    """
-    left = [b.disruptions_allowed for b in budgets]
+def spending(
+    pods: Iterable[Pod], budgets: Sequence[DisruptionBudget], mode: PdbMode
+) -> dict[str, tuple[int, ...]]:
+    """Which budgets an eviction of each of ``pods`` spends from, by pod uid: the indexes
+    in ``budgets`` of those covering it (:func:`budget_matches`), leaving out any that
+    already counted the pod (``status.disruptedPods``)."""
     # Only a budget of the pod's own namespace can cover it: the walk costs pods x
     # (budgets in their namespace), not pods x budgets of the whole cluster.
     in_namespace: dict[str, list[int]] = {}
     for i, budget in enumerate(budgets):
         in_namespace.setdefault(budget.namespace, []).append(i)
+    return {
+        pod.uid: tuple(
+            i
+            for i in in_namespace.get(pod.namespace, ())
+            if pod.name not in budgets[i].disrupted_pods and budget_matches(budgets[i], pod, mode)
+        )
+        for pod in pods
+    }
+
+
+def split_by_violation(
+    pods: Sequence[Pod],
+    budgets: Sequence[DisruptionBudget],
+    spends: Mapping[str, Sequence[int]],
+) -> tuple[list[Pod], list[Pod]]:
+    """Split ``pods`` (most important first) into (violating, non-violating).
+
+    Walking in order, each pod spends one disruption from every budget it spends from
+    (``spends``, by uid, as :func:`spending` says). A pod that drives any budget below
+    zero would violate it. Both lists keep the input order.
+    """
+    left = [b.disruptions_allowed for b in budgets]
     violating: list[Pod] = []
     other: list[Pod] = []
     for pod in pods:
         violated = False
-        for i in in_namespace.get(pod.namespace, ()):
-            budget = budgets[i]
-            if pod.name in budget.disrupted_pods or not budget_matches(budget, pod, mode):
-                continue
+        for i in spends[pod.uid]:
             left[i] -= 1
             violated = violated or left[i] < 0
         (violating if violated else other).append(pod)

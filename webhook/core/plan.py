@@ -11,16 +11,17 @@ same inputs, same :class:`Plan`, whatever order the pods come in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from webhook.core.accounting import pod_requests
 from webhook.core.disruption import split_by_violation
-from webhook.core.headroom import NodeUsage, node_usage
+from webhook.core.headroom import Holdings, NodeUsage, node_usage
 from webhook.core.lending import Loan, borrow, room
 from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
+from webhook.core.ranking import Ranking, rank
 from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import (
     RESOURCE_NAMES,
@@ -191,16 +192,15 @@ def select_victims(
     preemptor: Pod,
     demand: Resources,
     node: Node,
-    pods: Iterable[Pod],
+    ranking: Ranking,
     usage: NodeUsage,
     claimed: frozenset[str],
-    budgets: Sequence[DisruptionBudget],
     policy: PreemptionPolicy,
-    now: float,
     reserved: frozenset[str] = frozenset(),
 ) -> Selection:
     """Upstream ``SelectVictimsOnNode`` for ``demand`` on a node used as ``usage`` says,
-    with lending (steps 5 and 6).
+    with lending (steps 5 and 6). ``ranking`` is :func:`~webhook.core.ranking.rank` of the
+    node's pods and budgets under ``policy``.
 
     Lenders are candidates with floors, when the policy lends, other than pods holding a
     reservation of their own (``reserved``: their size is promised to their own resize).
@@ -210,8 +210,8 @@ def select_victims(
     """
     allocatable = node.allocatable
 
-    # 1. Candidates: see is_candidate.
-    candidates = [p for p in pods if is_candidate(p, preemptor, node.name, claimed, policy)]
+    # 1. Candidates: see is_candidate. Taken in the ranking's order, which is step 3's.
+    candidates = [p for p in ranking.pods if is_candidate(p, preemptor, node.name, claimed, policy)]
 
     # 2. Remove every candidate; if the resize still does not fit, preempt nobody. What
     #    is already leaving counts as gone.
@@ -220,8 +220,8 @@ def select_victims(
     if not unmet.is_zero():
         return Selection(unmet=unmet)
 
-    # 3. Most important first (MoreImportantPod, made a total order by the policy).
-    candidates.sort(key=lambda p: policy.importance(p, now))
+    # 3. Most important first (MoreImportantPod, made a total order by the policy): the
+    #    candidates are in the ranking's order already.
 
     # Lenders, least important first, and what each holds once it lends every floor (a
     # pod that holds nothing, never admitted, has nothing to lend). Candidates whose
@@ -238,7 +238,7 @@ def select_victims(
     comes_back = {**usage.held, **at_floor} if at_floor else usage.held
 
     # 4. Split by PodDisruptionBudget violation, walking in that order.
-    violating, other = split_by_violation(candidates, budgets, policy.pdb_mode)
+    violating, other = split_by_violation(candidates, ranking.budgets, ranking.spends)
 
     # 5. Reprieve: add back the violating pods first, then the others, each in importance
     #    order; a pod whose return would make the resize not fit becomes a victim. A
@@ -264,8 +264,8 @@ def select_victims(
     # 7. Evicted least important first. Which victims overspend a budget is decided on the
     # victims themselves, in that order, as the Eviction API will meet them: step 4
     # counted every candidate, also more important pods the reprieve kept.
-    leaving.sort(key=lambda p: policy.importance(p, now), reverse=True)
-    over = {p.uid for p in split_by_violation(leaving, budgets, policy.pdb_mode)[0]}
+    leaving.sort(key=lambda p: ranking.place[p.uid], reverse=True)
+    over = {p.uid for p in split_by_violation(leaving, ranking.budgets, ranking.spends)[0]}
     return Selection(
         tuple(Victim(p.ref, p.priority, usage.held[p.uid], p.uid in over) for p in leaving),
         loans=loans,
@@ -283,7 +283,8 @@ def plan_resize(
     budgets: Sequence[DisruptionBudget] = (),
     reservations: Iterable[Reservation] = (),
     policy: PreemptionPolicy | None = None,
-    holds: Callable[[Pod], Resources] = pod_requests,
+    holdings: Holdings | None = None,
+    ranking: Ranking | None = None,
 ) -> Plan:
     """Decide what the resize of ``old`` into ``new`` needs on ``node``.
 
@@ -300,8 +301,10 @@ def plan_resize(
       with every kept lender at its floors); no loan goes below a floor, and the loans
       free no more than the resize is short of.
 
-    ``holds(pod)`` must equal ``pod_requests(pod)`` (what a pod holds by the kubelet's
-    model); the engine passes its memo of those amounts for the node's pods.
+    ``holdings`` and ``ranking``, when given, must be ``holdings(node, pods)``
+    (:mod:`webhook.core.headroom`) and ``rank(node.name, pods, budgets, policy, now)``
+    (:mod:`webhook.core.ranking`): what the decision reads of the pods alone, which the
+    engine keeps between decisions (:class:`~webhook.engine.node_memo.NodeMemo`).
     """
     policy = policy or DefaultPolicy()
     name, allocatable = node.name, node.allocatable
@@ -312,7 +315,7 @@ def plan_resize(
     stale_infeasible = old.resize == "infeasible" and new.same_declared_resources(old)
     demand = pod_requests(new, "infeasible" if stale_infeasible else "resizing")
     reserved = active_on(reservations, name, now, exclude_pod=new.uid)
-    usage = node_usage(node, pods, reserved, exclude_uid=new.uid, holds=holds)
+    usage = node_usage(node, pods, reserved, exclude_uid=new.uid, kept=holdings)
     projected = usage.in_use - usage.freeing
     short = shortfall(demand, projected, allocatable)
 
@@ -395,8 +398,10 @@ def plan_resize(
 
     # Step 5: victim selection, with lending.
     claimed = frozenset(uid for r in reserved.values() for uid in r.victims)
+    if ranking is None:
+        ranking = rank(name, pods, budgets, policy, now)
     selection = select_victims(
-        new, demand, node, pods, usage, claimed, budgets, policy, now, frozenset(reserved)
+        new, demand, node, ranking, usage, claimed, policy, frozenset(reserved)
     )
     if not selection.unmet.is_zero():
         return decide(

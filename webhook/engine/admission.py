@@ -27,14 +27,14 @@ from webhook.core.objects import parse_pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.quantity import format_cpu, format_memory
 from webhook.core.report import warnings_for
-from webhook.core.resources import RESOURCE_NAMES, Resources, format_amount
+from webhook.core.resources import RESOURCE_NAMES, format_amount
 from webhook.engine.backlog import After, run_now
 from webhook.engine.config import Config
 from webhook.engine.decision import Decision
 from webhook.engine.decision_log import Facts, decision_logger, emit, line
-from webhook.engine.held_amounts import HeldAmounts
-from webhook.engine.ledger import Ledger, LedgerEntry, counting, giving_back, kept
+from webhook.engine.ledger import Ledger, LedgerEntry, counting, giving_back, owing
 from webhook.engine.metrics import Metrics, observe_all
+from webhook.engine.node_memo import NodeFacts, NodeMemo
 from webhook.engine.ports import ClusterView
 from webhook.engine.wire import AdmissionRequest, AdmissionReview, is_pod_resize, response
 
@@ -45,14 +45,14 @@ log = logging.getLogger(__name__)
 
 
 class _Scene(NamedTuple):
-    """Everything a decision reads, taken from the cache once."""
+    """Everything a decision reads, taken from the cache once, at one time."""
 
     old: Pod
     new: Pod
     node: Node
     pods: tuple[Pod, ...]
     budgets: tuple[Any, ...]
-    holds: Callable[[Pod], Resources]
+    facts: NodeFacts
 
 
 def _audit(plan: Plan) -> dict[str, str]:
@@ -97,7 +97,7 @@ class AdmissionEngine:
         #: after the answer, in batches; for a warning event on each (webhook.service).
         self.on_floor_errors = on_floor_errors
         self.policy = config.policy()
-        self._held = HeldAmounts()
+        self._memo = NodeMemo(self.policy)
         self._counted: dict[tuple[str, str], Any] = {}
 
     # -- entry points ---------------------------------------------------------------
@@ -216,7 +216,7 @@ class AdmissionEngine:
 
     # -- reading the request ----------------------------------------------------------
 
-    def _scene(self, request: AdmissionRequest) -> _Scene | Decision:
+    def _scene(self, request: AdmissionRequest, now: float) -> _Scene | Decision:
         uid = request["uid"]
         new_obj, old_obj = request.get("object"), request.get("oldObject")
         # Decoded JSON is plain dicts: told apart before the (slower) ABC check.
@@ -252,7 +252,8 @@ class AdmissionEngine:
             )
         pods = tuple(self.cluster.pods_on(node.name))
         budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
-        return _Scene(old, new, node, pods, budgets, self._held.of(node.name, pods))
+        facts = self._memo.of(node, pods, budgets, now)
+        return _Scene(old, new, node, pods, budgets, facts)
 
     def _stored_pod(self, obj: Mapping[str, Any]) -> Pod | None:
         """The view's pod when it is this very version of the stored object ``obj`` (same
@@ -288,16 +289,17 @@ class AdmissionEngine:
             budgets=s.budgets,
             reservations=[e.reservation() for e in counting(entries, s.pods, now)],
             policy=self.policy,
-            holds=s.holds,
+            holdings=s.facts.holdings,
+            ranking=s.facts.ranking,
         )
 
     # -- validating -------------------------------------------------------------------
 
     def _validate(self, request: AdmissionRequest) -> Decision:
-        scene = self._scene(request)
+        uid, now = request["uid"], self.clock()
+        scene = self._scene(request, now)
         if isinstance(scene, Decision):
             return scene
-        uid, now = request["uid"], self.clock()
         acting = self.config.mode != "warn" and not request.get("dryRun")
         if not acting:
             plan = self._plan(scene, self.ledger.entries(scene.node.name), now)
@@ -332,12 +334,13 @@ class AdmissionEngine:
                 ttl=self.config.reservation_ttl,
                 persist_timeout=self.config.persist_timeout,
             )
-            # Entries that expired or were spent are dropped with this write: the one
-            # write a plan costs also clears what nobody reads any more (an entry whose
-            # loans are not given back yet stays, holding no room).
-            keep = {e.review_uid for e in kept(entries, scene.pods, now)}
-            owing = tuple(e for e in entries if e.review_uid in keep and e not in live)
-            return (*live, *owing, entry), (plan, entry)
+            # Entries that expired or were spent, and an earlier one of this pod (the new
+            # resize supersedes it), are dropped with this write: the one write a plan
+            # costs also clears what nobody reads any more. An entry whose loans are not
+            # given back yet stays, holding no room.
+            counted = {e.review_uid for e in live}
+            lent = owing((e for e in entries if e.review_uid not in counted), scene.pods, now)
+            return (*live, *lent, entry), (plan, entry)
 
         plan, entry = self.ledger.update(scene.node.name, change)
         if entry is not None and self.on_admitted is not None:
@@ -376,10 +379,10 @@ class AdmissionEngine:
             or str(annotations.get(FIT_TO_NODE_ANNOTATION, "")).lower() != "true"
         ):
             return Decision(uid)
-        scene = self._scene(request)
+        now = self.clock()
+        scene = self._scene(request, now)
         if isinstance(scene, Decision):
             return scene
-        now = self.clock()
         entries = counting(self.ledger.entries(scene.node.name), scene.pods, now)
         fitted = largest_fit(
             scene.old,

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from webhook.core.accounting import pod_requests
-from webhook.core.headroom import node_usage
+from webhook.core.headroom import holdings, node_usage
 from webhook.core.lending import Loan, loan_state, lowered, owed_back
 from webhook.core.model import Node, Pod
 from webhook.core.reservation import active_on
@@ -83,7 +83,8 @@ def _fits(
         return pod_requests(pod, "infeasible" if pod.resize == "infeasible" else "resizing")
 
     reservations = active_on([e.reservation() for e in entries], node.name, now)
-    usage = node_usage(node, pods, reservations, exclude_uid="", holds=holds)
+    counted = holdings(node, pods, holds)
+    usage = node_usage(node, counted.pods.values(), reservations, exclude_uid="", kept=counted)
     return usage.in_use.fits_in(node.allocatable)
 
 

@@ -230,8 +230,11 @@ def counting(
     ``pods``: what every reader plans against. Entries that expired or were spent stay in
     the ledger until the next write to their node drops them; nobody writes to remove
     them."""
+    listed = tuple(entries)
+    if not listed:
+        return ()  # most nodes have no entry: their pods need no index
     by_uid = {p.uid: p for p in pods}
-    return tuple(e for e in entries if e.counts(by_uid, now))
+    return tuple(e for e in listed if e.counts(by_uid, now))
 
 
 def kept(
@@ -243,12 +246,24 @@ def kept(
     until they expire, those owing a refused loan's lender its room (the borrower may
     hold it already)."""
     by_uid = {p.uid: p for p in pods}
-    return tuple(
-        e
-        for e in entries
-        if e.counts(by_uid, now)
-        or any(outstanding(loan, by_uid.get(loan.pod.uid)) for loan in e.loans)
-        or (e.expires_at > now and e.owes(by_uid))
+    return tuple(e for e in entries if e.counts(by_uid, now) or _kept_for_loans(e, by_uid, now))
+
+
+def owing(
+    entries: Iterable[LedgerEntry], pods: Iterable[Pod], now: float
+) -> tuple[LedgerEntry, ...]:
+    """The entries among ``entries`` that :func:`kept` keeps for their loans, counting or
+    not: a loan not given back yet, or a refused loan's lender owed its room."""
+    lending = tuple(e for e in entries if e.loans or e.refused)
+    if not lending:
+        return ()  # most entries borrowed nothing: the pods need no index
+    by_uid = {p.uid: p for p in pods}
+    return tuple(e for e in lending if _kept_for_loans(e, by_uid, now))
+
+
+def _kept_for_loans(entry: LedgerEntry, pods: Mapping[str, Pod], now: float) -> bool:
+    return any(outstanding(loan, pods.get(loan.pod.uid)) for loan in entry.loans) or (
+        entry.expires_at > now and entry.owes(pods)
     )
 
 

@@ -35,10 +35,10 @@ from webhook.core.model import Pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.engine.config import Config
 from webhook.engine.decision_log import decision_logger, plan_fields
-from webhook.engine.held_amounts import HeldAmounts
 from webhook.engine.ledger import Ledger, LedgerEntry, counting, giving_back, kept
 from webhook.engine.loop import Loop
 from webhook.engine.metrics import Metrics
+from webhook.engine.node_memo import NodeMemo
 from webhook.engine.ports import ClusterView
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ class Reconciler:
         self.on_decision = on_decision
         self.policy = config.policy()
         # Deferred pods share nodes, and a pass plans them all.
-        self._held = HeldAmounts()
+        self._memo = NodeMemo(self.policy)
         # (pod uid, generation) -> last (verdict, code): a pod left pending is looked at on
         # every pass; its metric, log line and event follow changes only.
         self._last: dict[tuple[str, int], tuple[str, str]] = {}
@@ -265,7 +265,7 @@ class Reconciler:
             # only room nobody more important waited for, and is never preempted for.
             return "giving-back", None
         budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
-        holds = self._held.of(node.name, pods)
+        facts = self._memo.of(node, pods, budgets, now)
         uid = review_uid_for(pod)
 
         def change(
@@ -283,7 +283,8 @@ class Reconciler:
                 budgets=budgets,
                 reservations=[e.reservation() for e in live],
                 policy=self.policy,
-                holds=holds,
+                holdings=facts.holdings,
+                ranking=facts.ranking,
             )
             if plan.verdict != "preempt":
                 # Nothing to reserve: room that appears lets the kubelet actuate by itself,
