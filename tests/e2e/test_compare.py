@@ -120,5 +120,8 @@ def test_each_side_did_the_preempting_itself(results: dict[str, dict[str, Measur
     for scenario in SCENARIOS:
         ours, upstream = results["ours"][scenario], results["upstream"][scenario]
         assert ours.breakdown.get("create pods/eviction", 0) == len(ours.victims), scenario
-        assert upstream.breakdown.get("delete pods", 0) == len(upstream.victims), scenario
-        assert upstream.breakdown.get("patch pods/status", 0) == len(upstream.victims), scenario
+        # kube-scheduler runs preemption again for a resize still Deferred while its victim
+        # terminates, and marks and DELETEs the same victim again (docs/reliability.md,
+        # "Both preemptors on"): at least one mark and one DELETE per victim.
+        assert upstream.breakdown.get("delete pods", 0) >= len(upstream.victims), scenario
+        assert upstream.breakdown.get("patch pods/status", 0) >= len(upstream.victims), scenario
