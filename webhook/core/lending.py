@@ -260,13 +260,19 @@ def refusal_state(loan: Loan, lender: Pod | None) -> RefusalState:
     )
 
 
+def loans_by_lender(loans: Iterable[Loan]) -> dict[str, list[Loan]]:
+    """``loans`` by their lender's uid, each lender's in the order given."""
+    by_lender: dict[str, list[Loan]] = {}
+    for loan in loans:
+        by_lender.setdefault(loan.pod.uid, []).append(loan)
+    return by_lender
+
+
 def owed_back(pods: Iterable[Pod], loans: Iterable[Loan]) -> tuple[Pod, ...]:
     """``pods`` with every refused loan of ``loans`` not ended counted at its ``before``:
     the kubelet allocated the lowered amount (and may have given it to the borrower, and
     reports the pod at it), but the lender never ran below ``before`` and is owed it."""
-    by_lender: dict[str, list[Loan]] = {}
-    for loan in loans:
-        by_lender.setdefault(loan.pod.uid, []).append(loan)
+    by_lender = loans_by_lender(loans)
     out = []
     for p in pods:
         for loan in by_lender.get(p.uid, ()):

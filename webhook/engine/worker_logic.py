@@ -62,6 +62,7 @@ from webhook.core.lending import (
     Loan,
     LoanState,
     loan_state,
+    loans_by_lender,
     lowered,
     owed_back,
     refusal_state,
@@ -192,9 +193,7 @@ def is_actuated(entry: LedgerEntry, pod: Pod) -> bool:
 def with_loans(pods: Sequence[Pod], loans: Iterable[Loan]) -> tuple[Pod, ...]:
     """``pods`` with every loan not void counted as actuated: the room it frees is
     spoken for by the resize that borrowed it, as a claimed victim's is."""
-    by_lender: dict[str, list[Loan]] = {}
-    for loan in loans:
-        by_lender.setdefault(loan.pod.uid, []).append(loan)
+    by_lender = loans_by_lender(loans)
     out = []
     for p in pods:
         for loan in by_lender.get(p.uid, ()):

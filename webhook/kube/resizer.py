@@ -155,8 +155,8 @@ class Resizer:
     def give_back(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
         """Return ``loan``: the lender back to ``before``, only while it still asks for
         the loan's ``after`` (``done`` at ``before`` already, ``void`` at any other
-        amount: its owner's spec wins). Counted in ``resize_preemption_loans{result="returned"}``.
-        Never raises."""
+        amount: its owner's spec wins). Counted in
+        ``resize_preemption_loans_total{result="returned"}``. Never raises."""
         try:
             result = self._resize(loan, expect=loan.after, amount=loan.before)
         except (ClusterError, ObjectError) as e:
