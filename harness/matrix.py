@@ -259,13 +259,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not re.fullmatch(r"v1\.\d+\.\d+", version):
             parser.error(f"not a Kubernetes version: {version!r} (like v1.36.3)")
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    results = []
+    # A run of some versions replaces their rows and keeps the others' (one version at a time
+    # fits better between other work than all four at once).
+    kept = {r.version: r for r in load(args.json) if r.version not in args.versions}
+    results: list[VersionResult] = []
+    merged = sorted(kept.values(), key=lambda r: version_key(r.version))
     for version in args.versions:
         results.append(run_version(version, args.log_dir))
+        merged = sorted([*kept.values(), *results], key=lambda r: version_key(r.version))
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
-    print(table(results))
+        args.json.write_text(json.dumps([asdict(r) for r in merged], indent=2) + "\n")
+    print(table(merged))
     return 0 if all(r.green for r in results) else 1
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.lstrip("v").split("."))
+
+
+def load(path: Path) -> list[VersionResult]:
+    """The results a former run wrote to ``path`` (none when there is no such file)."""
+    if not path.exists():
+        return []
+    results = []
+    for raw in json.loads(path.read_text()):
+        tests = [CaseOutcome(**t) for t in raw.pop("tests", [])]
+        results.append(VersionResult(**raw, tests=tests))
+    return results
 
 
 if __name__ == "__main__":

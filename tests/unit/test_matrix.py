@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from harness.matrix import CaseOutcome, VersionResult, parse_junit, table
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from harness.matrix import CaseOutcome, VersionResult, load, parse_junit, table, version_key
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="4">
@@ -72,3 +76,18 @@ def test_table_has_a_row_per_version_and_a_line_per_test_that_did_not_pass() -> 
         "* v1.36.3 failed: `m::b`: boom",
         "* v1.33.13: build failed: no compat_1_33.go",
     ] == lines[2:]
+
+
+def test_a_run_of_one_version_keeps_the_rows_of_the_others(tmp_path: Path) -> None:
+    path = tmp_path / "matrix.json"
+    earlier = [
+        VersionResult("v1.36.3", built=True, tests=[CaseOutcome("m::a", "passed", 1.0)]),
+        VersionResult("v1.33.13", error="build failed"),
+    ]
+    path.write_text(json.dumps([asdict(r) for r in earlier]))
+
+    assert earlier == load(path)
+    assert [] == load(tmp_path / "none.json")
+    assert ["v1.33.13", "v1.34.4", "v1.36.3"] == sorted(
+        ["v1.36.3", "v1.34.4", "v1.33.13"], key=version_key
+    )
