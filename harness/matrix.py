@@ -40,11 +40,12 @@ TEST_FILES = (
     "tests/e2e/test_reconciler.py",
     "tests/e2e/test_hollow_kubelet.py",
 )
-# Of test_service.py: the walkthrough, the infeasible resizes (warned, denied, reduced), the
-# dry runs and the PodDisruptionBudget cases; the other two files whole.
+# Of test_service.py: the walkthrough, the infeasible resizes (warned, denied, reduced, and
+# one beyond the node, which the API server or the kubelet refuses by version), the dry runs
+# and the PodDisruptionBudget cases; the other two files whole.
 SELECTION = (
     "test_reconciler or test_hollow_kubelet"
-    " or walkthrough or infeasible or only_told_about_preemption or pdb"
+    " or walkthrough or infeasible or beyond_the_node or only_told_about_preemption or pdb"
 )
 BUILD_TIMEOUT = 3 * 3600.0
 TEST_TIMEOUT = 45 * 60.0
