@@ -72,6 +72,13 @@ func (p *podCgroups) SetPodCgroupConfig(_ klog.Logger, pod *v1.Pod, config *cm.R
 	return nil
 }
 
+// GetNodeAllocatableAbsolute is what the allocation manager of 1.34 and 1.35 checks a
+// resize's feasibility against (read once, when the kubelet starts); the stub answers nothing,
+// which would make every resize that adds CPU or memory Infeasible.
+func (m *containerManager) GetNodeAllocatableAbsolute() v1.ResourceList {
+	return m.allocatableAbsolute()
+}
+
 // resourceConfigForPod is what the kubelet writes into a pod's cgroup (CPU limits enforced,
 // no memory QoS).
 func resourceConfigForPod(pod *v1.Pod) *cm.ResourceConfig {

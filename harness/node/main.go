@@ -183,6 +183,7 @@ func run(f *nodeFlags) error {
 		ContainerManager: cm.NewStubContainerManager(),
 		reservation:      reservationFile(f.reservationFile),
 		pods:             pods,
+		machine:          capacity,
 	}
 	cadvisor := newCadvisor(f.name, capacity, pods)
 

@@ -41,6 +41,22 @@ type containerManager struct {
 	cm.ContainerManager
 	reservation reservationFile
 	pods        *podCgroups
+	machine     machine // for GetNodeAllocatableAbsolute where a version needs it (compat_*.go)
+}
+
+// allocatableAbsolute is the node's size less its reservation, what a real container
+// manager answers for GetNodeAllocatableAbsolute.
+func (m *containerManager) allocatableAbsolute() v1.ResourceList {
+	cpu := *resource.NewQuantity(int64(m.machine.cores), resource.DecimalSI)
+	memory := *resource.NewQuantity(m.machine.memory, resource.BinarySI)
+	reserved := m.reservation.read()
+	if r, ok := reserved[v1.ResourceCPU]; ok {
+		cpu.Sub(r)
+	}
+	if r, ok := reserved[v1.ResourceMemory]; ok {
+		memory.Sub(r)
+	}
+	return v1.ResourceList{v1.ResourceCPU: cpu, v1.ResourceMemory: memory}
 }
 
 func (m *containerManager) GetNodeAllocatableReservation() v1.ResourceList {
