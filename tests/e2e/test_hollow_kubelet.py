@@ -205,12 +205,15 @@ def test_a_resize_that_does_not_fit_is_deferred_then_actuated_when_the_pod_in_th
         "Node didn't have enough resource: cpu, requested: 4000, used: 1000, capacity: 4000"
         == pending["message"]
     )
-    if cluster.binaries.kube_version[1] >= 35:  # no ResizeDeferred event before 1.35
+    minor = cluster.binaries.kube_version[1]
+    if minor >= 35:  # no ResizeDeferred event before 1.35
         deferred = wait_until(
             lambda: [m for reason, m in pods.events("grower") if reason == "ResizeDeferred"],
             what="ResizeDeferred event",
         )
-        assert deferred[0].startswith("Pod resize OutOfcpu: ")
+        # 1.35 names the condition's reason, 1.36 and later the admit reason.
+        prefix = "Pod resize OutOfcpu: " if minor >= 36 else "Pod resize Deferred: "
+        assert deferred[0].startswith(prefix)
     assert "3" == pods.actual_cpu("grower")
 
     cluster.client.delete(f"{pods.path}/in-the-way")
