@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha1sum | cut -c1-12)
 
-.PHONY: help venv binaries vpa tools lint unit e2e test cluster cluster-down demo bench compare certs clean
+.PHONY: help venv binaries vpa tools lint unit e2e test cluster cluster-down demo bench compare matrix certs clean
 
 help:
 	@echo "make demo          local control plane + webhook, replays the resize walkthrough"
@@ -21,6 +21,7 @@ help:
 	@echo "make tools         helm (built from the Go module proxy), promtool and prometheus"
 	@echo "make bench         benchmarks under bench/"
 	@echo "make compare       this webhook vs kube-scheduler v1.37.2 resize preemption (docs/comparison.md)"
+	@echo "make matrix        the main e2e tests on Kubernetes v1.33-v1.36 (builds each; docs/control-plane.md)"
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,6 +74,12 @@ bench: venv
 
 compare: venv binaries
 	$(PY) -m bench.compare --repeat 3
+
+# Opt-in, never part of `make test`: builds four more control planes (a quarter of an hour
+# each on two cores, cached like v1.37.2) and runs the main e2e tests on each
+# (MATRIX_ARGS="--versions v1.36.3").
+matrix: venv
+	$(PY) -m harness.matrix $(MATRIX_ARGS)
 
 # A private CA and the serving certificate in certs/ (git-ignored), with the Secret manifest
 # and the caBundle patch beside them; see certs/README.md.

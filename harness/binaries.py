@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -25,6 +26,13 @@ NAMES = (
     "kubectl",
     "rpw-node",
 )
+
+
+def listed_feature_gates(help_text: str) -> frozenset[str]:
+    """The gate names of a kube component's ``--feature-gates`` help: lines like
+    ``kube:InPlacePodVerticalScaling=true|false (BETA - default=true)`` (the ``kube:`` prefix
+    appeared in 1.31)."""
+    return frozenset(re.findall(r"^\s+(?:kube:)?(\w+)=true\|false \(", help_text, re.M))
 
 
 class BinariesUnavailable(RuntimeError):
@@ -95,6 +103,22 @@ class Binaries:
             re.S,
         )
         return frozenset(p.strip() for p in match.group(1).split(",")) if match else frozenset()
+
+    @cached_property
+    def feature_gates(self) -> frozenset[str]:
+        """Feature gates this version lets a user set (kube-apiserver's ``--help``, which
+        lists every gate of the kube components, the kubelet's included; gates that went GA
+        and are locked on are not listed)."""
+        out = subprocess.run(
+            [str(self.kube_apiserver), "--help"], capture_output=True, text=True, check=False
+        ).stdout
+        return listed_feature_gates(out)
+
+    def settable(self, gates: Mapping[str, bool]) -> dict[str, bool]:
+        """``gates`` without those this version does not know: a gate newer than the binary
+        means the feature is absent, and the binary would refuse to start with it."""
+        known = self.feature_gates
+        return {name: value for name, value in gates.items() if name in known}
 
     def missing(self) -> list[str]:
         return [n for n in NAMES if not os.access(self.path(n), os.X_OK)]

@@ -80,7 +80,8 @@ class ControlPlaneConfig:
 
     ``state_dir``: where certificates, kubeconfig, logs and etcd data go; None means a
     temporary directory removed by :meth:`ControlPlane.stop`.
-    ``feature_gates``: passed to kube-apiserver, kube-controller-manager and kube-scheduler.
+    ``feature_gates``: passed to kube-apiserver, kube-controller-manager and kube-scheduler,
+    less those the binaries' version does not know (:meth:`Binaries.settable`).
     ``audit_policy``: replaces :data:`AUDIT_POLICY` (e.g. to log every request when
     counting a component's API calls); None keeps the default.
     ``workload_controllers``: kube-controller-manager also runs
@@ -338,7 +339,12 @@ class ControlPlane:
         )
 
     def _feature_gates_arg(self) -> list[str]:
-        gates = self.config.feature_gates
+        # A gate the binary does not know (newer than its version) would stop it from
+        # starting; the feature is absent there anyway (control-plane.json lists what was left
+        # out).
+        gates = (
+            self.binaries.settable(self.config.feature_gates) if self.config.feature_gates else {}
+        )
         if not gates:
             return []
         return ["--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in gates.items())]
@@ -434,6 +440,12 @@ class ControlPlane:
             "ports": self.ports,
             "pids": {name: p.pid for name, p in self.processes.items()},
             "feature_gates": dict(self.config.feature_gates),
+            "feature_gates_left_out": sorted(
+                set(self.config.feature_gates)
+                - set(self.binaries.settable(self.config.feature_gates))
+            )
+            if self.config.feature_gates
+            else [],
         }
         (self.state_dir / "control-plane.json").write_text(json.dumps(state, indent=2))
 

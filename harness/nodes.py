@@ -67,7 +67,8 @@ class NodeOptions:
 
     ``stop_grace_cap``: seconds a container takes to stop at most; None gives each victim its
     whole grace period, as a process that ignores SIGTERM would take (fast tests cap it).
-    ``feature_gates``: the kubelets' feature gates (the control plane has its own).
+    ``feature_gates``: the kubelets' feature gates (the control plane has its own), less
+    those the binaries' version does not know.
     ``status_update_frequency``: seconds between the kubelet's Node status syncs; a change of
     allocatable shows within about this long.
     """
@@ -291,9 +292,14 @@ class HollowNodes:
         ]
         if options.stop_grace_cap is not None:
             argv.append(f"--stop-grace-cap={options.stop_grace_cap}s")
-        if options.feature_gates:
-            gates = ",".join(f"{k}={str(v).lower()}" for k, v in options.feature_gates.items())
-            argv.append(f"--feature-gates={gates}")
+        gates = (
+            self.control_plane.binaries.settable(options.feature_gates)
+            if options.feature_gates
+            else {}
+        )
+        if gates:
+            text = ",".join(f"{k}={str(v).lower()}" for k, v in gates.items())
+            argv.append(f"--feature-gates={text}")
         log = self.control_plane.log_dir / f"kubelet-{spec.name}.log"
         node = _Node(spec, directory, spawn(f"kubelet-{spec.name}", argv, log))
         self._nodes[spec.name] = node

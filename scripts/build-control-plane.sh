@@ -11,6 +11,7 @@
 #   RPW_ASSETS=/dir          use binaries already in /dir (all six names), build nothing
 #   KUBEBUILDER_ASSETS=/dir  same, for directories prepared for controller-runtime's envtest
 #   RPW_KUBE_VERSION         first Kubernetes version to try (default v1.37.2)
+#   RPW_KUBE_NO_FALLBACK=1   build RPW_KUBE_VERSION or fail, never an other version (make matrix)
 #   RPW_ETCD_VERSION         etcd version (default v3.6.16)
 #   RPW_CACHE                cache root (default ~/.cache/resize-preemption-webhook)
 set -euo pipefail
@@ -18,6 +19,7 @@ set -euo pipefail
 BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd rpw-node)
 NODE_SOURCES="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/harness/node"
 KUBE_VERSIONS=("${RPW_KUBE_VERSION:-v1.37.2}" v1.36.3 v1.35.4)
+[[ -n "${RPW_KUBE_NO_FALLBACK:-}" ]] && KUBE_VERSIONS=("${KUBE_VERSIONS[0]}")
 ETCD_VERSION="${RPW_ETCD_VERSION:-v3.6.16}"
 CACHE="${RPW_CACHE:-$HOME/.cache/resize-preemption-webhook}"
 
@@ -130,13 +132,27 @@ build_node() {
   local work="$CACHE/work/node-$version"
   mkdir -p "$work" "$out"
   write_wrapper_gomod "$work" rpw.local/node "$version" || return 1
+  # An older kubelet's Go API differs in a few places, held by harness/node/compat_1_<minor>.go
+  # (compat_1_37.go: v1.37 and later). Only that one is copied, so that go mod tidy never sees
+  # another version's imports, and its build tag is set.
+  local minor=${version#v1.}; minor=${minor%%.*}
+  local compat=compat_1_37.go tags=()
+  if ((minor < 37)); then
+    compat=compat_1_$minor.go
+    tags=(-tags "kube1_$minor")
+  fi
+  [[ -f "$NODE_SOURCES/$compat" ]] || { log "rpw-node $version: no $compat, version not supported"; return 1; }
   rm -f "$work"/*.go
-  cp "$NODE_SOURCES"/*.go "$work/"
+  local src
+  for src in "$NODE_SOURCES"/*.go; do
+    [[ "$(basename "$src")" == compat_* ]] || cp "$src" "$work/"
+  done
+  cp "$NODE_SOURCES/$compat" "$work/"
   log "rpw-node $version: resolving modules"
   (cd "$work" && go mod tidy -e >&2)
   log "rpw-node $version: compiling (first time: a few minutes)"
   local start=$SECONDS
-  (cd "$work" && go build -trimpath -ldflags="$(version_ldflags "$version")" -o "$out/rpw-node.tmp" . >&2) || return 1
+  (cd "$work" && go build "${tags[@]}" -trimpath -ldflags="$(version_ldflags "$version")" -o "$out/rpw-node.tmp" . >&2) || return 1
   mv "$out/rpw-node.tmp" "$out/rpw-node"
   echo "$id" > "$out/rpw-node.sources"
   log "rpw-node $version: done in $((SECONDS - start)) s"

@@ -34,7 +34,6 @@ import (
 	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/component-base/version"
-	remote "k8s.io/cri-client/pkg"
 	fakeremote "k8s.io/cri-client/pkg/fake"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/cmd/kubelet/app/options"
@@ -169,10 +168,7 @@ func run(f *nodeFlags) error {
 	}
 	defer fakeRuntime.Stop()
 	go clearCallLogs(ctx, fakeRuntime, f.clearCallsEvery)
-	runtimeClient, err := remote.NewRemoteRuntimeServiceBuilder().
-		WithEndpoint(endpoint).
-		WithConnectionTimeout(15 * time.Second).
-		Build(ctx)
+	runtimeClient, err := newRuntimeClient(ctx, endpoint)
 	if err != nil {
 		return fmt.Errorf("runtime client: %w", err)
 	}
@@ -188,6 +184,7 @@ func run(f *nodeFlags) error {
 		ContainerManager: cm.NewStubContainerManager(),
 		reservation:      reservationFile(f.reservationFile),
 		pods:             pods,
+		machine:          capacity,
 	}
 	cadvisor := newCadvisor(f.name, capacity, pods)
 

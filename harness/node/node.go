@@ -5,9 +5,7 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"time"
 
-	cadvisorapi "github.com/google/cadvisor/lib/model"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
@@ -24,7 +22,8 @@ type machine struct {
 
 // fakeCadvisor reports the node's size and, for the pod cgroups of podCgroups, the pod's
 // memory usage (podCgroups.usage): the kubelet reads it before it lowers a pod's memory
-// limit and refuses the resize when it is missing or the new limit is not above it.
+// limit and refuses the resize when it is missing or the new limit is not above it. Its MachineInfo and ContainerInfoV2 are in the compat_*.go
+// files (cadvisor's types and the method signatures change between Kubernetes versions).
 type fakeCadvisor struct {
 	cadvisortest.Fake
 	machine machine
@@ -35,38 +34,6 @@ func newCadvisor(name string, m machine, pods *podCgroups) *fakeCadvisor {
 	return &fakeCadvisor{Fake: cadvisortest.Fake{NodeName: name}, machine: m, pods: pods}
 }
 
-func (c *fakeCadvisor) MachineInfo(logger klog.Logger) (*cadvisorapi.MachineInfo, error) {
-	info, err := c.Fake.MachineInfo(logger)
-	if err != nil {
-		return nil, err
-	}
-	info.NumCores = c.machine.cores
-	info.MemoryCapacity = uint64(c.machine.memory)
-	return info, nil
-}
-
-func (c *fakeCadvisor) ContainerInfoV2(name string, options cadvisorapi.RequestOptions) (map[string]cadvisorapi.ContainerInfo, error) {
-	if !c.pods.knownCgroup(name) {
-		return c.Fake.ContainerInfoV2(name, options)
-	}
-	now := time.Now()
-	usage := c.pods.usageOf(name)
-	return map[string]cadvisorapi.ContainerInfo{
-		name: {
-			Spec: cadvisorapi.ContainerSpec{
-				CreationTime: now,
-				HasCpu:       true,
-				HasMemory:    true,
-				Memory:       cadvisorapi.MemorySpec{Limit: math.MaxUint64},
-			},
-			Stats: []*cadvisorapi.ContainerStats{{
-				Timestamp: now,
-				Memory:    &cadvisorapi.MemoryStats{Usage: usage, WorkingSet: usage},
-			}},
-		},
-	}, nil
-}
-
 // containerManager is the stub container manager of kubemark with two changes: the node's
 // reservation (capacity minus allocatable) is read from a file, so a test can change a
 // node's room while the kubelet runs, and pod cgroups are kept in memory.
@@ -74,6 +41,22 @@ type containerManager struct {
 	cm.ContainerManager
 	reservation reservationFile
 	pods        *podCgroups
+	machine     machine // for GetNodeAllocatableAbsolute where a version needs it (compat_*.go)
+}
+
+// allocatableAbsolute is the node's size less its reservation, what a real container
+// manager answers for GetNodeAllocatableAbsolute.
+func (m *containerManager) allocatableAbsolute() v1.ResourceList {
+	cpu := *resource.NewQuantity(int64(m.machine.cores), resource.DecimalSI)
+	memory := *resource.NewQuantity(m.machine.memory, resource.BinarySI)
+	reserved := m.reservation.read()
+	if r, ok := reserved[v1.ResourceCPU]; ok {
+		cpu.Sub(r)
+	}
+	if r, ok := reserved[v1.ResourceMemory]; ok {
+		memory.Sub(r)
+	}
+	return v1.ResourceList{v1.ResourceCPU: cpu, v1.ResourceMemory: memory}
 }
 
 func (m *containerManager) GetNodeAllocatableReservation() v1.ResourceList {
@@ -262,7 +245,7 @@ func (p *podCgroups) record(pod *v1.Pod) *cm.ResourceConfig {
 	if !ok {
 		// A pod whose sandbox this process did not create (the node restarted): its cgroup
 		// would hold what its allocation says.
-		config = withDefaults(cm.ResourceConfigForPod(pod, true, cpuPeriod, false, ""))
+		config = withDefaults(resourceConfigForPod(pod))
 		p.configs[pod.UID] = config
 		_, name := cgroupName(pod.UID)
 		p.names[name] = pod.UID
@@ -274,39 +257,16 @@ func (p *podCgroups) GetPodContainerName(pod *v1.Pod) (cm.CgroupName, string) {
 	return cgroupName(pod.UID)
 }
 
-func (p *podCgroups) EnsureExists(_ klog.Logger, pod *v1.Pod) error {
+// The methods of cm.PodContainerManager whose signatures change between Kubernetes versions
+// (a klog.Logger argument) are in the compat_*.go files; they call ensure and set.
+
+func (p *podCgroups) ensure(pod *v1.Pod) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.record(pod)
-	return nil
 }
 
-func (p *podCgroups) Exists(*v1.Pod) bool { return true }
-
-func (p *podCgroups) Destroy(klog.Logger, cm.CgroupName) error { return nil }
-
-func (p *podCgroups) ReduceCPULimits(klog.Logger, cm.CgroupName) error { return nil }
-
-func (p *podCgroups) GetAllPodsFromCgroups(klog.Logger) (map[types.UID]cm.CgroupName, error) {
-	return nil, nil
-}
-
-func (p *podCgroups) IsPodCgroup(string) (bool, types.UID) { return false, "" }
-
-func (p *podCgroups) GetPodCgroupMemoryUsage(pod *v1.Pod) (uint64, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.noteUsage(pod)
-	return p.usage[pod.UID], nil
-}
-
-func (p *podCgroups) GetPodCgroupConfig(pod *v1.Pod, _ v1.ResourceName) (*cm.ResourceConfig, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return copyConfig(p.record(pod)), nil
-}
-
-func (p *podCgroups) SetPodCgroupConfig(_ klog.Logger, pod *v1.Pod, config *cm.ResourceConfig) error {
+func (p *podCgroups) set(pod *v1.Pod, config *cm.ResourceConfig) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	current := p.record(pod)
@@ -323,5 +283,21 @@ func (p *podCgroups) SetPodCgroupConfig(_ klog.Logger, pod *v1.Pod, config *cm.R
 	if set.CPUPeriod != nil {
 		current.CPUPeriod = set.CPUPeriod
 	}
-	return nil
+}
+
+func (p *podCgroups) Exists(*v1.Pod) bool { return true }
+
+func (p *podCgroups) IsPodCgroup(string) (bool, types.UID) { return false, "" }
+
+func (p *podCgroups) GetPodCgroupMemoryUsage(pod *v1.Pod) (uint64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.noteUsage(pod)
+	return p.usage[pod.UID], nil
+}
+
+func (p *podCgroups) GetPodCgroupConfig(pod *v1.Pod, _ v1.ResourceName) (*cm.ResourceConfig, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return copyConfig(p.record(pod)), nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/types"
 	internalapi "k8s.io/cri-api/pkg/apis"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -80,7 +79,7 @@ func (r *runtimeShim) recordResources(containerID string, linux *runtimeapi.Linu
 	if !ok {
 		return
 	}
-	recorded := proto.Clone(linux).(*runtimeapi.LinuxContainerResources)
+	recorded := cloneLinuxResources(linux)
 	container.LinuxResources = recorded
 	container.Resources = &runtimeapi.ContainerResources{Linux: recorded}
 }

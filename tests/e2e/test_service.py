@@ -246,6 +246,47 @@ def test_an_infeasible_resize_evicts_nobody_and_says_why(
     assert [] == events(kubectl, "low-priority-pod", "Preempted")
 
 
+def test_a_resize_beyond_the_node_evicts_nobody_whichever_component_refuses_it(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    """From 1.36 the API server's PodResizeValidator refuses a resize above the node's
+    allocatable; before, it reaches the kubelet, which marks it Infeasible. Either way
+    nobody is evicted and nothing is reserved."""
+    start_service()
+    walkthrough(kubectl, priority_classes)
+
+    result = resize(kubectl, "high-priority-pod", "9")
+
+    if "PodResizeValidator" in cluster.binaries.admission_plugins:
+        assert 0 != result.returncode
+        assert (
+            "node didn't have enough allocatable resources: cpu, requested: 9000, "
+            "allocatable: 8000" in result.stderr
+        ), result.stderr
+        high = read_pod(cluster, namespace, "high-priority-pod")
+        assert high is not None and "4" == spec_cpu(high)
+    else:
+        assert 0 == result.returncode, result.stderr
+        assert [f"requests exceed {NODE} allocatable: cpu 9 > 8"] == kubectl_warnings(result)
+        high = wait_until(
+            lambda: (
+                (p := read_pod(cluster, namespace, "high-priority-pod")) and resize_pending(p) and p
+            ),
+            timeout=30,
+            what="the kubelet to mark the resize Infeasible",
+        )
+        assert ("Infeasible", "9", "4") == (resize_pending(high), spec_cpu(high), actual_cpu(high))
+    assert [] == entries_of(ledger_entries(cluster), namespace)
+    low = read_pod(cluster, namespace, "low-priority-pod")
+    assert low is not None and not terminating(low)
+    assert [] == events(kubectl, "low-priority-pod", "Preempted")
+
+
 @pytest.mark.parametrize(
     "flags",
     [
@@ -433,7 +474,14 @@ def test_in_best_effort_pdb_mode_the_eviction_api_refuses_and_the_victim_stays(
     low = read_pod(cluster, namespace, "low-priority-pod")
     assert low is not None and not terminating(low)
     assert [] == events(kubectl, "low-priority-pod", "Preempted")
-    high = read_pod(cluster, namespace, "high-priority-pod")
+    # A 1.33 kubelet can take a few seconds more to mark the resize (seen in make matrix).
+    high = wait_until(
+        lambda: (
+            (p := read_pod(cluster, namespace, "high-priority-pod")) and resize_pending(p) and p
+        ),
+        timeout=20,
+        what="the kubelet to defer the resize",
+    )
     assert ("Deferred", "4") == (resize_pending(high), actual_cpu(high))
     # The admitted resize keeps its reservation while the budget blocks the eviction.
     [entry] = entries_of(ledger_entries(cluster), namespace)
