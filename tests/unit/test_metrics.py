@@ -1,79 +1,14 @@
-"""Metrics observed a batch at a time read as observed one by one (the same counts; a
-sum added once per batch may differ from one added value by value in its last digits)."""
+"""The metrics' names follow the conventions operators know."""
 
 # House style puts the expected value on the left of ==.
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, Histogram
 
-from webhook.engine.metrics import LATENCY_BUCKETS_SECONDS, METRICS, MetricDef, observe_all
-
-#: Every bound, and values just around them: where "<=" and "<" part ways.
-EDGES = [b + d for b in LATENCY_BUCKETS_SECONDS for d in (-1e-9, 0.0, 1e-9)]
-
-
-def samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
-    """Every sample but the creation times (which differ by the microsecond)."""
-    return [
-        (s.name, s.labels, s.value)
-        for metric in registry.collect()
-        for s in metric.samples
-        if not s.name.endswith("_created")
-    ]
-
-
-def histogram() -> tuple[CollectorRegistry, Histogram]:
-    registry = CollectorRegistry()
-    return registry, Histogram(
-        "h", "a histogram", ["endpoint"], buckets=LATENCY_BUCKETS_SECONDS, registry=registry
-    )
-
-
-@given(
-    st.lists(
-        st.one_of(
-            st.sampled_from(EDGES),
-            st.floats(min_value=-1.0, max_value=10.0, allow_nan=False),
-        ),
-        max_size=60,
-    )
-)
-def test_a_batch_reads_as_each_value_observed(amounts: list[float]) -> None:
-    one_by_one, each = histogram()
-    child = each.labels("validate")
-    for a in amounts:
-        child.observe(a)
-    batched, batch = histogram()
-
-    observe_all(batch.labels("validate"), amounts)
-
-    assert samples(one_by_one) == samples(batched)
-
-
-@pytest.mark.parametrize(
-    "amounts", [pytest.param([], id="empty"), pytest.param([0.001, 2.0], id="values")]
-)
-def test_without_the_internals_each_value_is_observed(amounts: list[float]) -> None:
-    class Plain:
-        def __init__(self) -> None:
-            self.seen: list[Any] = []
-
-        def observe(self, amount: float) -> None:
-            self.seen.append(amount)
-
-    plain = Plain()
-
-    observe_all(plain, amounts)
-
-    assert amounts == plain.seen
-
+from webhook.engine.metrics import METRICS, MetricDef
 
 #: Prometheus's and controller-runtime's naming rules, as operators read them.
 PREFIX = "resize_preemption_"

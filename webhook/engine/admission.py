@@ -33,7 +33,7 @@ from webhook.engine.config import Config
 from webhook.engine.decision import Decision
 from webhook.engine.decision_log import Facts, decision_logger, emit, line
 from webhook.engine.ledger import Ledger, LedgerEntry, counting, giving_back, owing
-from webhook.engine.metrics import Metrics, observe_all
+from webhook.engine.metrics import Metrics
 from webhook.engine.node_memo import NodeFacts, NodeMemo
 from webhook.engine.ports import ClusterView
 from webhook.engine.wire import AdmissionRequest, AdmissionReview, is_pod_resize, response
@@ -194,15 +194,18 @@ class AdmissionEngine:
                 except Exception:
                     # A line that cannot be written must not cost the batch its counts.
                     log.exception("decision-log line of review %s", d.uid)
-        # Metrics move once per batch (per bucket for histograms): in a worker of
-        # several, each move is a write to a shared file.
+        # Counters move once per batch: in a worker of several, each move is a write to
+        # a shared file.
         for key, n in counts.items():
             self._counter(key).inc(n)
         for endpoint, amounts in latencies.items():
-            observe_all(metrics.review_latency.labels(endpoint), amounts)
+            latency = metrics.review_latency.labels(endpoint)
+            for amount in amounts:
+                latency.observe(amount)
         if victims:
             metrics.victims_planned.inc(sum(victims))
-            observe_all(metrics.victims_per_plan, victims)
+            for n in victims:
+                metrics.victims_per_plan.observe(n)
         if lines:
             emit(lines)
 

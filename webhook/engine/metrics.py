@@ -8,10 +8,9 @@ annotation on :class:`Metrics`.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -231,35 +230,3 @@ def markdown_table(metrics: Sequence[MetricDef] = METRICS) -> str:
         labels = ", ".join(f"`{label}`" for label in d.labels)
         lines.append(f"| `{d.name}` | {d.kind} | {labels} | {d.help} |")
     return "\n".join(lines) + "\n"
-
-
-def observe_all(histogram: Any, amounts: Sequence[float]) -> None:
-    """``histogram.observe(a)`` for each of ``amounts`` (a histogram, or one labelled
-    child), in one update per bucket: the same counts, and the sum added once (so it may
-    differ in its last digits from values added one by one).
-
-    A batch of reviews is counted after the answers (``webhook/engine/backlog.py``):
-    observing one value takes a lock and, in a worker of several, a write to a shared
-    file, for the sum and again for its bucket. This reads prometheus-client's
-    histogram internals (``_upper_bounds``, ``_buckets``, ``_sum``, as ``observe`` uses
-    them, at the pinned version); a test compares both ways on every run, and a
-    histogram without them is observed value by value.
-    """
-    if not amounts:
-        return
-    bounds = getattr(histogram, "_upper_bounds", None)
-    buckets = getattr(histogram, "_buckets", None)
-    total = getattr(histogram, "_sum", None)
-    if bounds is None or buckets is None or total is None:
-        for amount in amounts:
-            histogram.observe(amount)
-        return
-    histogram._raise_if_not_observable()
-    counts = [0] * len(bounds)
-    for amount in amounts:
-        # The first bucket whose bound is >= amount, as observe() finds it.
-        counts[bisect_left(bounds, amount)] += 1
-    total.inc(sum(amounts))
-    for bucket, n in zip(buckets, counts, strict=True):
-        if n:
-            bucket.inc(n)
