@@ -150,6 +150,20 @@ def test_what_is_lent_is_measured_per_node() -> None:
     )
 
 
+def test_the_oldest_loan_out_is_timed_from_its_admission_and_zero_once_none_is_out() -> None:
+    metrics = Metrics()
+    worker, ledger, _, _, _ = setup(Cluster(HIGH_RESIZED, LENT, MID_0), metrics=metrics)
+    ledger.update("node-1", lambda es: ((replace(es[0], loans=(LOAN,), victims=()),), None))
+    worker.run_once()
+    # The worker's clock reads a second after the admission.
+    assert 1.0 == metrics.registry.get_sample_value("resize_preemption_oldest_loan_age_seconds")
+
+    worker.cluster.set(HIGH_RESIZED, pod("lender", cpu="3"), MID_0)  # its owner's spec won
+    worker.run_once()
+
+    assert 0.0 == metrics.registry.get_sample_value("resize_preemption_oldest_loan_age_seconds")
+
+
 def giving_back(cluster: Cluster, *entries: LedgerEntry) -> tuple[PreemptionWorker, list[str]]:
     log: list[str] = []
     ledger = InMemoryLedger()

@@ -115,6 +115,13 @@ METRICS: tuple[MetricDef, ...] = (
         ("node", "resource", "unit"),
     ),
     MetricDef(
+        "oldest_loan_age",
+        "resize_preemption_oldest_loan_age_seconds",
+        "gauge",
+        "Seconds since the resize that borrowed the oldest loan still out was admitted "
+        "(0: none out); set by the leader",
+    ),
+    MetricDef(
         "victims_planned",
         "resize_preemption_planned_victims_total",
         "counter",
@@ -198,6 +205,7 @@ class Metrics:
     preemptions: Counter
     loans: Counter
     lent: Gauge
+    oldest_loan_age: Gauge
     victims_planned: Counter
     victims_per_plan: Histogram
     ledger_conflicts: Counter

@@ -258,6 +258,8 @@ class PreemptionWorker:
         if pool is not None:
             # Its threads finish the victim in progress (they see the stop flag) and end.
             pool.shutdown(wait=False)
+        # A replica that no longer leads tells nothing of the loans out.
+        self.metrics.oldest_loan_age.set(0.0)
         log.info("preemption worker stopped")
 
     @property
@@ -292,7 +294,7 @@ class PreemptionWorker:
         self.metrics.ledger_entries.set(
             sum(len(counting(g, self.cluster.pods_on(n), now)) for n, g in groups.items())
         )
-        self._count_lent(groups)
+        self._count_lent(groups, now)
         live = {e.review_uid for g in groups.values() for e in g}
         nodes = sorted(groups, key=lambda n: min(e.admitted_at for e in groups[n]))
         if len(nodes) == 1 or self.parallelism <= 1:
@@ -327,9 +329,12 @@ class PreemptionWorker:
                 if v.uid in self._evicted and self._live(v)
             }
 
-    def _count_lent(self, groups: dict[str, list[LedgerEntry]]) -> None:
+    def _count_lent(self, groups: dict[str, list[LedgerEntry]], now: float) -> None:
         """``resize_preemption_lent_resources``: what the loans the ledger records and the
-        cache shows made free, per node and resource (0 on a node whose entries are gone)."""
+        cache shows made free, per node and resource (0 on a node whose entries are gone);
+        ``resize_preemption_oldest_loan_age_seconds``: how long ago the oldest entry with a
+        loan still out was admitted (a loan is made right after its admission)."""
+        oldest: float | None = None
         for node in self._lent_nodes - set(groups):
             for resource in ("cpu", "memory"):
                 self.metrics.lent.labels(node, resource, RESOURCE_UNITS[resource][0]).set(0)
@@ -343,9 +348,13 @@ class PreemptionWorker:
                 if key not in seen and loan_state(loan, by_uid.get(loan.pod.uid)) == "lent":
                     seen.add(key)
                     lent[loan.resource] += loan.frees
+            for entry in entries:
+                if any(loan_state(x, by_uid.get(x.pod.uid)) == "lent" for x in entry.loans):
+                    oldest = entry.admitted_at if oldest is None else min(oldest, entry.admitted_at)
             for resource, amount in lent.items():
                 unit, value = in_base_unit(resource, amount)
                 self.metrics.lent.labels(node, resource, unit).set(value)
+        self.metrics.oldest_loan_age.set(0.0 if oldest is None else max(0.0, now - oldest))
 
     def _process_node(self, entries: list[LedgerEntry], stop: threading.Event) -> None:
         for entry in sorted(entries, key=lambda e: (e.admitted_at, e.review_uid)):
