@@ -178,7 +178,7 @@ def build(
                 "cache": cache.synced(),
                 # Past the bound every review fails open: let the Service send them to
                 # a replica whose watches are current.
-                "cache-current": cache.staleness() <= config.max_cache_staleness,
+                "cache-current": config.cache_current(cache.staleness()),
                 "ledger": lease_ledger.reachable(),
             },
         )

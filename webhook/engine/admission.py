@@ -228,7 +228,7 @@ class AdmissionEngine:
         ):
             raise InputError("the request lacks object or oldObject")
         stale = self.cluster.staleness()
-        if stale > self.config.max_cache_staleness:
+        if not self.config.cache_current(stale):
             # The node may have changed since: a plan on this view could evict for room
             # that is free already. The reconciler plans the resize once the watches are
             # back if the kubelet defers it.

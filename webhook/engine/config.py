@@ -50,6 +50,12 @@ class Config:
     max_body_bytes: int = 3 * 1024 * 1024
     scheduler_name: str = "resize-preemption-webhook"
 
+    def cache_current(self, staleness: float) -> bool:
+        """Whether a view that may have missed changes for ``staleness`` seconds (see
+        :meth:`~webhook.engine.ports.ClusterView.staleness`) may still be decided on:
+        the one bound reviews, the worker, the reconciler and readiness all apply."""
+        return staleness <= self.max_cache_staleness
+
     def policy(self) -> DefaultPolicy:
         return DefaultPolicy(
             pdb_mode=self.pdb_mode,

@@ -171,7 +171,7 @@ class Reconciler:
         if not self.cluster.synced():
             # A half-listed cache misses pods and budgets: never plan victims on it.
             return []
-        if self.cluster.staleness() > self.config.max_cache_staleness:
+        if not self.config.cache_current(self.cluster.staleness()):
             # Its watches are lost: the pass runs again every period, and the relist
             # that brings them back wakes it.
             return []

@@ -639,7 +639,7 @@ class PreemptionWorker:
         ``max_cache_staleness``: a victim's or a lender's state read from it may be that
         old, so nothing is released, lent or evicted on it."""
         stale = self.cluster.staleness()
-        if stale <= self.config.max_cache_staleness:
+        if self.config.cache_current(stale):
             return True
         log.info("cache watches lost %.0fs ago: no eviction until they are back", stale)
         return False
