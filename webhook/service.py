@@ -196,6 +196,12 @@ def build(
             runnables.start()
             return runnables.stop
 
-        return WorkerApp(app, start=start, registry=metrics.registry, ready=cache.synced)
+        return WorkerApp(
+            app,
+            start=start,
+            registry=metrics.registry,
+            ready=cache.synced,
+            refused=metrics.connections_refused.inc,
+        )
 
     return factory

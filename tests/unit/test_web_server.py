@@ -6,6 +6,7 @@ import http.client
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,7 +34,7 @@ from webhook.web.app import create_app
 from webhook.web.metrics_server import start_metrics_server
 from webhook.web.server import ServerOptions, WebhookServer, WorkerApp
 from webhook.web.tls import CertificateReloader
-from webhook.web.worker import HandshakeDeadline
+from webhook.web.worker import HandshakeDeadline, ReviewWorker
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,6 +95,26 @@ def test_ipv6_bind(tmp_path: Path) -> None:
     tls = CertificateReloader(options.cert_file, options.key_file)
     server = WebhookServer(lambda t: WorkerApp(create_app()), options, tls)
     assert server.settings()["bind"] == ["[::]:9443"]
+
+
+def test_a_connection_refused_unserved_is_counted_by_the_app(tmp_path: Path) -> None:
+    """An overloaded worker resets a new connection before any request of it reaches the
+    app: the worker tells the server, the server the app's ``refused`` hook."""
+    files = make_tls_files(tmp_path)
+    options = ServerOptions(str(files.cert_file), str(files.key_file))
+    tls = CertificateReloader(options.cert_file, options.key_file)
+    registry = CollectorRegistry()
+    refused = Counter("refused", "connections refused", registry=registry)
+    server = WebhookServer(lambda t: WorkerApp(create_app(), refused=refused.inc), options, tls)
+    server.load()
+    worker = ReviewWorker.__new__(ReviewWorker)  # only what refuse() reads
+    worker.app = server
+    worker._reset = {"count": 0, "told": 0.0}
+    for _ in range(3):
+        a, b = socket.socketpair()
+        worker.refuse(a)
+        b.close()
+    assert 3.0 == registry.get_sample_value("refused_total")
 
 
 def _spawn_server(tmp_path: Path, files: TLSFiles, port: int, *flags: str) -> ManagedProcess:

@@ -93,6 +93,13 @@ METRICS: tuple[MetricDef, ...] = (
         ("where",),
     ),
     MetricDef(
+        "connections_refused",
+        "resize_preemption_webhook_connections_refused_total",
+        "counter",
+        "New connections reset before their TLS handshake because the serving worker was "
+        "overloaded; the API server fails those reviews open",
+    ),
+    MetricDef(
         "preemptions",
         "resize_preemption_victims_total",
         "counter",
@@ -202,6 +209,7 @@ class Metrics:
     reviews: Counter
     review_latency: Histogram
     errors: Counter
+    connections_refused: Counter
     preemptions: Counter
     loans: Counter
     lent: Gauge

@@ -106,6 +106,9 @@ class WorkerApp:
     #: Whether the app can decide yet (the cluster cache synced). With several workers,
     #: a worker waits for it before accepting connections: :meth:`WebhookServer._settle`.
     ready: Callable[[], bool] | None = None
+    #: Called for each new connection the overloaded worker resets before its handshake
+    #: (:mod:`webhook.web.worker`): no request of it ever reaches ``app`` to be counted.
+    refused: Callable[[], None] | None = None
 
 
 #: Builds the app in the worker process. Its argument is the serving certificate, whose
@@ -238,6 +241,12 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
         """Called in the worker process, after the fork."""
         self._worker_app = self._factory(self.tls)
         return self._worker_app.app
+
+    def connection_refused(self) -> None:
+        """The worker reset a new connection unserved (overloaded): tell the app."""
+        served = self._worker_app
+        if served is not None and served.refused is not None:
+            served.refused()
 
     # -- hooks (run in the worker) ----------------------------------------------------
 

@@ -36,7 +36,9 @@ connections open than the API server keeps idle (:func:`is_overloaded`):
 * the app answers reviews at once, allowed with a warning and without a decision
   (``environ[OVERLOADED]``, :mod:`webhook.web.app`), at a seventh of a decision's CPU;
 * a new connection is reset before its TLS handshake (:class:`HandshakeDeadline`): the
-  API server fails open at once instead of paying us a handshake.
+  API server fails open at once instead of paying us a handshake. Its review never
+  reaches the app, so the worker counts it apart
+  (``resize_preemption_webhook_connections_refused_total``).
 
 Either way the resize goes ahead unchecked, as the API server would let it a few
 seconds later anyway; one the kubelet then defers is taken up by the reconciler.
@@ -256,6 +258,7 @@ class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
     def refuse(self, sock: socket.socket) -> None:
         """Close a new connection at once, before its handshake."""
         reset(sock)
+        self.app.connection_refused()
         self._reset["count"] += 1
         now = time.monotonic()
         if now - self._reset["told"] >= RESET_LOG_INTERVAL:
