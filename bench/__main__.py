@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "faults": "bench.faults",
     "faults-control-plane": "bench.faults_control_plane",
     "flood": "bench.flood",
+    "flood-cluster": "bench.flood_cluster",
     "vpa": "bench.vpa",
 }
 

@@ -14,12 +14,17 @@
    connection is then closed, and the API server fails open without the webhook's answer;
    as client-go's transport, it keeps at most 25 idle connections and closes the rest.
 
-Every answer is checked: 200, the uid echoed, and either the full decision (verdict
-``preempt``) or the overload answer (allowed, preemption skipped). Figures: answers by
+Every answer is checked (:func:`classify`): 200, the uid echoed, and either the full
+decision (verdict ``preempt``, or those given with ``--verdicts``), the overload answer
+(allowed, preemption skipped) or the engine failing open (allowed with its warning, no
+plan: with the real ledger, a write the API server did not take). Figures: answers by
 outcome and status, latency centiles of the answers, the server worker's RSS before and
 after, whether it survived. ``--shed-delay 0`` switches the overload answer off (the
 server as it was before it had one) for the before/after comparison; the default run
 measures both and writes ``bench/results/flood.json``.
+
+The same client floods the service itself, with its Lease ledger and a real kubelet, in
+:mod:`bench.flood_cluster` (``python -m bench flood-cluster``).
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ MAX_CONNECTIONS = 1500
 MAX_IDLE = 25
 #: Marks the overload answer (webhook.web.app).
 OVERLOADED = b"overloaded"
+#: Starts the warning of an answer that failed open (webhook.engine.admission.PREFIX).
+FAILED_OPEN = b'"resize-preemption: could not'
 
 
 # -- the server process ------------------------------------------------------------------
@@ -143,6 +150,29 @@ def _relist_forever(pages: Path, log_path: Path) -> None:
 # -- the client process (gevent: thousands of connections, one thread) --------------------
 
 
+def classify(
+    status: int, answer: bytes, uid: bytes, verdicts: Sequence[str]
+) -> tuple[str, str | None]:
+    """(outcome, verdict) of one answer to the review ``uid``: ``full`` (decided, with one
+    of ``verdicts``), ``failed open`` (allowed with the engine's own failure as warning
+    and no plan: a ledger write that did not go through), ``overloaded`` (the overload
+    answer), or what is wrong with it (``http N``, ``wrong uid``, ``wrong answer``)."""
+    if status != 200:
+        return f"http {status}", None
+    if uid not in answer:
+        return "wrong uid", None
+    if b'"allowed":true' not in answer:
+        return "wrong answer", None
+    if OVERLOADED in answer:
+        return "overloaded", None
+    for verdict in verdicts:
+        if f'"verdict":"{verdict}"'.encode() in answer:
+            return "full", verdict
+    if b'"verdict":' not in answer and FAILED_OPEN in answer:
+        return "failed open", None
+    return "wrong answer", None
+
+
 def drive_main(argv: Sequence[str]) -> int:
     """Closed loop (``--closed N``: N connections back to back, the saturation) or open
     loop (``--rate``): prints JSON with every answer's outcome and latency."""
@@ -161,7 +191,14 @@ def drive_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="flood drive")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ca", required=True)
-    parser.add_argument("--body", required=True)
+    parser.add_argument(
+        "--body", required=True, action="append", help="a review body; several: in turn"
+    )
+    parser.add_argument(
+        "--verdicts",
+        default="preempt",
+        help="the verdicts that are right answers, comma-separated (counted as full)",
+    )
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--rate", type=float, default=0.0)
     parser.add_argument("--closed", type=int, default=0)
@@ -169,20 +206,26 @@ def drive_main(argv: Sequence[str]) -> int:
     parser.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS)
     args = parser.parse_args(argv)
 
-    body = Path(args.body).read_bytes()
     context = ssl.create_default_context(cafile=args.ca)
-    at = body.index(REVIEW_UID.encode())
-    head = (
-        f"POST /validate-resize HTTP/1.1\r\nHost: 127.0.0.1:{args.port}\r\n"
-        f"Content-Type: application/json\r\nAccept: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body[:at]
-    tail = body[at + len(REVIEW_UID) :]
+    # (head, tail) of each body around its uid, which every review replaces.
+    bodies: list[tuple[bytes, bytes]] = []
+    for path in args.body:
+        body = Path(path).read_bytes()
+        at = body.index(REVIEW_UID.encode())
+        head = (
+            f"POST /validate-resize HTTP/1.1\r\nHost: 127.0.0.1:{args.port}\r\n"
+            f"Content-Type: application/json\r\nAccept: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body[:at]
+        bodies.append((head, body[at + len(REVIEW_UID) :]))
+    verdicts = tuple(args.verdicts.split(","))
     idle: list[Any] = []
     counts: dict[str, int] = {}
-    latencies: dict[str, list[float]] = {"full": [], "overloaded": []}
+    by_verdict: dict[str, int] = {}
+    latencies: dict[str, list[float]] = {"full": [], "overloaded": [], "failed open": []}
     opened = [0]
     late = [0.0]
+    sent = [0]
 
     def count(outcome: str) -> None:
         counts[outcome] = counts.get(outcome, 0) + 1
@@ -200,6 +243,8 @@ def drive_main(argv: Sequence[str]) -> int:
         whole call (connect included) given up after the timeout."""
         t0 = time.monotonic()
         sock = None
+        head, tail = bodies[sent[0] % len(bodies)]
+        sent[0] += 1
         try:
             with gevent.Timeout(args.timeout):
                 sock = idle.pop() if idle else connect()
@@ -217,18 +262,12 @@ def drive_main(argv: Sequence[str]) -> int:
                 sock.close()
             return
         latency = (time.monotonic() - t0) * 1000
-        if status != 200:
-            count(f"http {status}")
-        elif uid not in answer:
-            count("wrong uid")
-        elif OVERLOADED in answer and b'"allowed":true' in answer:
-            count("overloaded")
-            latencies["overloaded"].append(latency)
-        elif b'"verdict":"preempt"' in answer:
-            count("full")
-            latencies["full"].append(latency)
-        else:
-            count("wrong answer")
+        outcome, verdict = classify(status, answer, uid, verdicts)
+        count(outcome)
+        if outcome in latencies:
+            latencies[outcome].append(latency)
+        if verdict is not None:
+            by_verdict[verdict] = by_verdict.get(verdict, 0) + 1
         if len(idle) < MAX_IDLE:
             idle.append(sock)
         else:
@@ -279,6 +318,7 @@ def drive_main(argv: Sequence[str]) -> int:
             "offered": offered,
             "seconds": round(elapsed, 2),
             "counts": counts,
+            "verdicts": by_verdict,
             "latencies_ms": latencies,
             "connections_opened": opened[0],
             "client_behind_s": round(late[0], 3),
@@ -328,15 +368,32 @@ def flood_server(
         server.wait(30)
 
 
-def _drive(port: int, files: dict[str, Path], seconds: float, **mode: float) -> dict[str, Any]:
+def drive_command(
+    port: int, ca: Path, bodies: Sequence[Path], seconds: float, **mode: float | str
+) -> list[str]:
+    """The client (:func:`drive_main`) as a command: ``closed=N`` (the saturation) or
+    ``rate=R`` (the open loop), ``verdicts="preempt,fits"`` (the right answers)."""
     command = [sys.executable, "-m", "bench.flood", "drive", "--port", str(port)]
-    command += ["--ca", str(files["ca.crt"]), "--body", str(files["review"])]
-    command += ["--seconds", str(seconds)]
+    command += ["--ca", str(ca), "--seconds", str(seconds)]
+    for body in bodies:
+        command += ["--body", str(body)]
     for name, value in mode.items():
         command += [f"--{name.replace('_', '-')}", str(value)]
+    return command
+
+
+def drive(
+    port: int, ca: Path, bodies: Sequence[Path], seconds: float, **mode: float | str
+) -> dict[str, Any]:
+    """Runs the client to its end: its JSON figures."""
+    command = drive_command(port, ca, bodies, seconds, **mode)
     out = subprocess.run(command, cwd=REPO, check=True, capture_output=True, timeout=seconds + 120)
     result: dict[str, Any] = json.loads(out.stdout)
     return result
+
+
+def _drive(port: int, files: dict[str, Path], seconds: float, **mode: float) -> dict[str, Any]:
+    return drive(port, files["ca.crt"], [files["review"]], seconds, **mode)
 
 
 def _centiles(values: list[float]) -> dict[str, float]:

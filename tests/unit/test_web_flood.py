@@ -15,6 +15,8 @@ import pytest
 from bench import flood
 from tests.unit.web_fixtures import dumps, walkthrough_review, walkthrough_view
 from webhook.engine.config import Config
+from webhook.engine.wire import response
+from webhook.kube.errors import Conflict
 from webhook.testing import InMemoryLedger
 from webhook.web import worker
 from webhook.web.app import OVERLOADED, OVERLOADED_WARNING, create_app, metrics_of
@@ -201,6 +203,54 @@ def test_overloaded_probes_are_served_as_ever() -> None:
     app = create_app(Config(), cluster=walkthrough_view())
     answer = app.test_client().get("/readyz", environ_overrides={OVERLOADED: True})
     assert 200 == answer.status_code
+
+
+# --- how the flood's client judges an answer -----------------------------------------------
+
+
+class _UnreachableLedger(InMemoryLedger):
+    """A ledger whose writes fail as the Lease's do when the API server gives up."""
+
+    def update(self, node: str, change: Any) -> Any:
+        raise Conflict("ledger for node node-1: gave up after 8 conflicting writes", status=409)
+
+
+@dataclass(frozen=True)
+class AnswerCase:
+    id: str
+    #: The app's answer: decided, overloaded, or failed open (its ledger write refused).
+    answer: str
+    verdicts: tuple[str, ...]
+    expected: tuple[str, str | None]
+    uid: str = "flooded"
+    status: int = 200
+
+
+ANSWER_CASES = [
+    AnswerCase("decided", "decided", ("preempt",), ("full", "preempt")),
+    AnswerCase("decided-one-of-several", "decided", ("fits", "preempt"), ("full", "preempt")),
+    AnswerCase("decided-otherwise-is-wrong", "decided", ("fits",), ("wrong answer", None)),
+    AnswerCase("overload-answer", "overloaded", ("preempt",), ("overloaded", None)),
+    AnswerCase("ledger-write-failed-open", "failed open", ("preempt",), ("failed open", None)),
+    AnswerCase("another-reviews-uid", "decided", ("preempt",), ("wrong uid", None), uid="other"),
+    AnswerCase("server-error", "decided", ("preempt",), ("http 500", None), status=500),
+]
+
+
+@pytest.mark.parametrize("case", ANSWER_CASES, ids=[c.id for c in ANSWER_CASES])
+def test_the_flood_client_tells_answers_apart(case: AnswerCase) -> None:
+    ledger = _UnreachableLedger() if case.answer == "failed open" else InMemoryLedger()
+    app = create_app(Config(), cluster=walkthrough_view(), ledger=ledger)
+    body = dumps(walkthrough_review(uid="flooded"))
+    answer = post(app, "/validate-resize", body, overloaded=case.answer == "overloaded")
+    assert 200 == answer.status_code
+    outcome = flood.classify(case.status, answer.data, case.uid.encode(), case.verdicts)
+    assert case.expected == outcome
+
+
+def test_the_flood_client_counts_a_denial_as_wrong() -> None:
+    denied = dumps(response("admission.k8s.io/v1", "flooded", allowed=False, message="no"))
+    assert ("wrong answer", None) == flood.classify(200, denied, b"flooded", ("preempt",))
 
 
 # --- the flood, quick variant -------------------------------------------------------------

@@ -22,6 +22,15 @@ PUT with the cached resourceVersion (or POST when there is no Lease yet); on 409
 recompute, retry. The writer's cache takes the write's response at once, so a process
 always reads its own writes. Leases are kept when they empty, for reuse.
 
+Writes to one node's Lease from one process go one at a time (:class:`_WriteTurns`): two
+at once could only conflict at the API server, and each conflict costs a GET and another
+PUT - under a flood of reviews of one node's pods, a storm of them, with every review
+waiting past the API server's timeout and a connection to the API server held by each.
+The others wait their turn, at most :data:`MAX_QUEUED` of them and each at most
+:data:`QUEUE_WAIT` seconds; past either bound the write fails at once (:class:`Busy`, a
+``ClusterError``: the review fails open, the worker and the reconciler try again later).
+A change that writes nothing never waits.
+
 A write can land after its writer gave up on it: etcd stalls with the request in its
 socket buffer, the API server and then the webhook time out, the review is answered as
 failed open (no reservation) - and when etcd runs again it applies the write (seen in
@@ -36,13 +45,14 @@ before it was dropped) cannot be told apart and counts.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -81,6 +91,13 @@ MAX_ATTEMPTS: Final = 8
 #: (connect, read) seconds for one ledger request: the admission path waits for it, and
 #: the API server gives the webhook a few seconds in all.
 WRITE_TIMEOUT: Final = (2.0, 3.0)
+
+#: Writes of one node that may wait for their turn in one process, beyond the one going:
+#: at a few milliseconds a write, a fraction of a second of them.
+MAX_QUEUED: Final = 50
+#: Seconds a write may wait for its turn. The API server gives a review 5 s in all
+#: (``timeoutSeconds``), and the write itself may take up to WRITE_TIMEOUT after it.
+QUEUE_WAIT: Final = 1.0
 
 #: Seconds after its admission an entry may still first arrive. Past the webhook's
 #: ``timeoutSeconds`` (5 s in deploy/) the API server has stopped waiting for the review
@@ -162,6 +179,57 @@ def parse_lease(obj: Mapping[str, Any]) -> LeaseState:
     return LeaseState(name, node, rv if isinstance(rv, str) else "", entries)
 
 
+class Busy(ClusterError):
+    """A node's ledger has more writes waiting in this process than it takes (see the
+    module docstring); nothing was written."""
+
+
+class _WriteTurns:
+    """Writers of one node, one at a time; at most ``max_queued`` wait, each at most
+    ``max_wait`` seconds, or :class:`Busy` is raised. Thread-safe (and greenlet-safe
+    under gevent, whose patched locks these are)."""
+
+    def __init__(self, max_queued: int, max_wait: float) -> None:
+        self.max_queued = max_queued
+        self.max_wait = max_wait
+        self._lock = threading.Lock()
+        #: node -> (its lock, writers holding or waiting for it)
+        self._nodes: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextlib.contextmanager
+    def turn(self, node: str) -> Iterator[None]:
+        with self._lock:
+            lock, count = self._nodes.get(node) or (threading.Lock(), 0)
+            if count > self.max_queued:
+                raise Busy(
+                    f"ledger of node {node} busy: {count - 1} writes already waiting",
+                    reason="Busy",
+                )
+            self._nodes[node] = (lock, count + 1)
+        try:
+            if not lock.acquire(timeout=self.max_wait):
+                raise Busy(
+                    f"ledger of node {node} busy: no turn to write within {self.max_wait:g}s",
+                    reason="Busy",
+                )
+            try:
+                yield
+            finally:
+                lock.release()
+        finally:
+            with self._lock:
+                lock, count = self._nodes[node]
+                if count == 1:
+                    del self._nodes[node]
+                else:
+                    self._nodes[node] = (lock, count - 1)
+
+    def waiting(self, node: str) -> int:
+        """Writers of ``node`` holding or waiting for the turn (for tests)."""
+        with self._lock:
+            return self._nodes.get(node, (None, 0))[1]
+
+
 class _LeaseStore:
     """Leases by object key and by node; thread-safe (the watch thread and writers both
     update it); an update older than what is stored is ignored."""
@@ -234,8 +302,11 @@ class LeaseLedger:
         max_attempts: int = MAX_ATTEMPTS,
         timeout: tuple[float, float] = WRITE_TIMEOUT,
         pods_on: Callable[[str], Sequence[Pod]] | None = None,
+        max_queued: int = MAX_QUEUED,
+        queue_wait: float = QUEUE_WAIT,
     ) -> None:
         self.config = config or Config()
+        self._turns = _WriteTurns(max_queued, queue_wait)
         #: The cached pods of a node, to leave spent entries out of the gauge.
         self._pods_on = pods_on
         self.namespace = self.config.namespace
@@ -311,12 +382,32 @@ class LeaseLedger:
         ``change`` sees the cached entries first; after a conflict it sees the Lease as
         just read from the API server. Entries whose expiry has passed are dropped from
         what is written. A Lease deleted behind the cache's back is created again.
-        Raises :class:`Conflict` after ``max_attempts`` conflicts and another
-        :class:`ClusterError` when the API server fails.
+        A change that writes waits for the node's turn in this process, then sees the
+        entries as the writes before it left them. Raises :class:`Busy` when it cannot
+        have its turn (module docstring), :class:`Conflict` after ``max_attempts``
+        conflicts and another :class:`ClusterError` when the API server fails.
         """
         state = self._store.node(node)
+        new, result = change(self._valid(state.entries) if state is not None else ())
+        if new is None:
+            return result
+        with self._turns.turn(node):
+            return self._write_turn(node, change, state, (new, result))
+
+    def _write_turn(
+        self,
+        node: str,
+        change: Change[R],
+        seen: LeaseState | None,
+        computed: tuple[tuple[LedgerEntry, ...] | None, R],
+    ) -> R:
+        state = self._store.node(node)
         for attempt in range(self._max_attempts):
-            new, result = change(self._valid(state.entries) if state is not None else ())
+            if attempt == 0 and state is seen:
+                # Nobody wrote while this waited: what ``change`` made of it still holds.
+                new, result = computed
+            else:
+                new, result = change(self._valid(state.entries) if state is not None else ())
             if new is None:
                 return result
             now = self._clock()
@@ -533,7 +624,10 @@ __all__ = [
     "LABELS",
     "LABEL_SELECTOR",
     "LEDGER_ANNOTATION",
+    "MAX_QUEUED",
     "NODE_ANNOTATION",
+    "QUEUE_WAIT",
+    "Busy",
     "LeaseLedger",
     "LeaseState",
     "LedgerSubscriber",
