@@ -24,8 +24,9 @@ always reads its own writes. Leases are kept when they empty, for reuse.
 
 Writes to one node's Lease from one process go one at a time (:class:`_WriteTurns`): two
 at once could only conflict at the API server, and each conflict costs a GET and another
-PUT - under a flood of reviews of one node's pods, a storm of them, with every review
-waiting past the API server's timeout and a connection to the API server held by each.
+PUT - under a flood of reviews of one node's pods, a storm of them, with almost every
+review waiting past the API server's timeout (docs/reliability.md, "Ledger writes under
+a flood").
 The others wait their turn, at most :data:`MAX_QUEUED` of them and each at most
 :data:`QUEUE_WAIT` seconds; past either bound the write fails at once (:class:`Busy`, a
 ``ClusterError``: the review fails open, the worker and the reconciler try again later).
