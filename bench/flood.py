@@ -204,6 +204,9 @@ def drive_main(argv: Sequence[str]) -> int:
     parser.add_argument("--closed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=API_SERVER_TIMEOUT)
     parser.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS)
+    parser.add_argument(
+        "--warmup", type=float, default=0.0, help="seconds driven first and not counted"
+    )
     args = parser.parse_args(argv)
 
     context = ssl.create_default_context(cafile=args.ca)
@@ -238,9 +241,10 @@ def drive_main(argv: Sequence[str]) -> int:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
-    def review() -> None:
+    def review(measured: bool = True) -> None:
         """One review as the API server sends it: an idle connection or a new one, the
-        whole call (connect included) given up after the timeout."""
+        whole call (connect included) given up after the timeout. One not ``measured``
+        (the warm-up) only opens and warms connections."""
         t0 = time.monotonic()
         sock = None
         head, tail = bodies[sent[0] % len(bodies)]
@@ -252,28 +256,34 @@ def drive_main(argv: Sequence[str]) -> int:
                 sock.sendall(head + uid + tail)
                 status, answer, _ = _read_response(sock, b"")
         except gevent.Timeout:
-            count("timed out")
+            if measured:
+                count("timed out")
             if sock is not None:
                 sock.close()
             return
         except OSError:
-            count("connection error")
+            if measured:
+                count("connection error")
             if sock is not None:
                 sock.close()
             return
         latency = (time.monotonic() - t0) * 1000
         outcome, verdict = classify(status, answer, uid, verdicts)
-        count(outcome)
-        if outcome in latencies:
-            latencies[outcome].append(latency)
-        if verdict is not None:
-            by_verdict[verdict] = by_verdict.get(verdict, 0) + 1
+        if measured:
+            count(outcome)
+            if outcome in latencies:
+                latencies[outcome].append(latency)
+            if verdict is not None:
+                by_verdict[verdict] = by_verdict.get(verdict, 0) + 1
         if len(idle) < MAX_IDLE:
             idle.append(sock)
         else:
             sock.close()
 
-    start = time.monotonic()
+    # The warm-up opens the connections a steady flow keeps (the API server's are open
+    # long before a measurement): without it the first second is a burst of handshakes.
+    begin = time.monotonic()
+    start = begin + args.warmup
     end = start + args.seconds
     # The client shares the machine too: how late its own loop runs is part of every
     # latency it measures, and is reported beside them.
@@ -290,16 +300,16 @@ def drive_main(argv: Sequence[str]) -> int:
     if args.closed:
 
         def loop() -> None:
-            while time.monotonic() < end:
-                review()
+            while (now := time.monotonic()) < end:
+                review(now >= start)
 
         pool_greenlets = [gevent.spawn(loop) for _ in range(args.closed)]
         gevent.joinall(pool_greenlets)
         offered = sum(counts.values())
     else:
-        offered = 0
+        offered = arrived = 0
         while True:
-            due = start + offered / args.rate
+            due = begin + arrived / args.rate
             if due >= end:
                 break
             now = time.monotonic()
@@ -309,8 +319,9 @@ def drive_main(argv: Sequence[str]) -> int:
                 late[0] = max(late[0], now - due)
             # A full pool (every connection waiting) holds arrivals back: counted as
             # the client falling behind, not as the server's latency.
-            pool.spawn(review)
-            offered += 1
+            pool.spawn(review, due >= start)
+            arrived += 1
+            offered += due >= start
         pool.join(timeout=args.timeout + 5)
     elapsed = time.monotonic() - start
     json.dump(

@@ -254,9 +254,9 @@ def test_unset_settings_are_left_to_the_service_defaults() -> None:
 
 
 def test_server_options_become_flags() -> None:
-    objects = render({"server.workers": 2, "server.logLevel": "debug"})
+    objects = render({"server.workers": 1, "server.logLevel": "debug"})
     args = deployment_of(objects)["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert ["--workers", "2", "--log-level", "debug"] == args[-4:]
+    assert ["--workers", "1", "--log-level", "debug"] == args[-4:]
 
 
 @pytest.mark.parametrize(

@@ -282,6 +282,7 @@ def test_container_command_serves_tls_from_the_mounted_secret(
         "--tls-key": f"{TLS_DIR}/tls.key",
         "--port": "8443",
         "--metrics-port": "9090",
+        "--workers": "2",
     }
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
@@ -289,6 +290,12 @@ def test_container_command_serves_tls_from_the_mounted_secret(
     assert volumes["tls"]["secret"]["secretName"] == TLS_SECRET
     assert mounts["tmp"]["mountPath"] == "/tmp"
     assert "emptyDir" in volumes["tmp"]
+
+
+def test_one_worker_process_per_core_of_the_cpu_limit(container: dict[str, Any]) -> None:
+    args = container["args"]
+    workers = int(args[args.index("--workers") + 1])
+    assert int(container["resources"]["limits"]["cpu"]) == workers
 
 
 def test_environment_names_the_pod_and_its_namespace_and_is_valid(
