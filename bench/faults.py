@@ -161,6 +161,28 @@ class RunResult:
         return fine
 
 
+def pod_manifest(name: str, cpu: str, priority_class: str) -> dict[str, Any]:
+    """A Guaranteed pause pod of ``cpu`` bound to :data:`NODE`, its grace period 1 s."""
+    resources = {"cpu": cpu, "memory": "128Mi"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "nodeName": NODE,
+            "priorityClassName": priority_class,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "app",
+                    "image": PAUSE_IMAGE,
+                    "resources": {"requests": resources, "limits": dict(resources)},
+                }
+            ],
+        },
+    }
+
+
 class FaultRig:
     """Two replicas over a running control plane, and the runs against them."""
 
@@ -292,24 +314,7 @@ class FaultRig:
         return Counter(e["involvedObject"]["name"] for e in items if e.get("reason") == "Preempted")
 
     def _manifest(self, name: str, cpu: str, cls: str) -> dict[str, Any]:
-        resources = {"cpu": cpu, "memory": "128Mi"}
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app": name}},
-            "spec": {
-                "nodeName": NODE,
-                "priorityClassName": self.classes[cls],
-                "terminationGracePeriodSeconds": 1,
-                "containers": [
-                    {
-                        "name": "app",
-                        "image": PAUSE_IMAGE,
-                        "resources": {"requests": resources, "limits": dict(resources)},
-                    }
-                ],
-            },
-        }
+        return pod_manifest(name, cpu, self.classes[cls])
 
     def _wait(self, condition: Any, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

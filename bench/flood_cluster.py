@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import json
 import os
 import subprocess
@@ -45,8 +44,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.faults import NODE, pod_manifest
 from bench.flood import API_SERVER_TIMEOUT, REPO, _centiles, _rss_kb, drive, drive_command
-from bench.review_bench import REVIEW_UID, _worker_pids
+from bench.review_bench import _worker_pids, resize_review
 from harness.audit import eviction_codes
 from harness.kubeapi import KubeClient
 from harness.webhook_process import WebhookProcess
@@ -56,8 +56,8 @@ from webhook.engine.ledger import LedgerEntry, counting, decode_entries
 from webhook.kube.ledger import LEDGER_ANNOTATION, lease_name
 
 RESULTS = Path(__file__).resolve().parent / "results" / "flood-cluster.json"
-NODE = "node-1"
-PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+#: Who sends the flood's reviews.
+FLOOD_USER = {"username": "flood", "groups": ["system:authenticated"]}
 PREEMPTOR = "preemptor"
 GROWERS = ("grower-a", "grower-b", "grower-c")
 LOWS = ("low-a", "low-b", "low-c", "low-d")
@@ -205,24 +205,7 @@ class ClusterFlood:
         return counting(entries, pods, time.time())
 
     def _manifest(self, name: str, cls: str) -> dict[str, Any]:
-        resources = {"cpu": "1", "memory": "128Mi"}
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app": name}},
-            "spec": {
-                "nodeName": NODE,
-                "priorityClassName": self.classes[cls],
-                "terminationGracePeriodSeconds": 1,
-                "containers": [
-                    {
-                        "name": "app",
-                        "image": PAUSE_IMAGE,
-                        "resources": {"requests": resources, "limits": dict(resources)},
-                    }
-                ],
-            },
-        }
+        return pod_manifest(name, "1", self.classes[cls])
 
     def create_pods(self) -> None:
         items = [self._manifest(n, "high") for n in (PREEMPTOR, *GROWERS)]
@@ -244,33 +227,8 @@ class ClusterFlood:
         for name in GROWERS:
             old = self.pod(name)
             assert old is not None, name
-            new = copy.deepcopy(old)
-            for section in ("requests", "limits"):
-                new["spec"]["containers"][0]["resources"][section]["cpu"] = "2"
-            new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
-            review = {
-                "apiVersion": "admission.k8s.io/v1",
-                "kind": "AdmissionReview",
-                "request": {
-                    "uid": REVIEW_UID,
-                    "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                    "resource": {"group": "", "version": "v1", "resource": "pods"},
-                    "subResource": "resize",
-                    "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-                    "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-                    "requestSubResource": "resize",
-                    "name": name,
-                    "namespace": self.namespace,
-                    "operation": "UPDATE",
-                    "userInfo": {"username": "flood", "groups": ["system:authenticated"]},
-                    "object": new,
-                    "oldObject": old,
-                    "dryRun": False,
-                    "options": {"kind": "UpdateOptions", "apiVersion": "meta.k8s.io/v1"},
-                },
-            }
             path = self.workdir / f"review-{name}.json"
-            path.write_text(json.dumps(review, separators=(",", ":")))
+            path.write_bytes(resize_review(old, "2", FLOOD_USER))
             paths.append(path)
         return paths
 

@@ -332,42 +332,59 @@ def cluster_objects(seed: int = 5836) -> tuple[list[dict[str, Any]], dict[str, A
     return [node, *classes, *budgets, *objects, resizing], resizing
 
 
-def review_body(resizing: dict[str, Any]) -> bytes:
-    """``kubectl patch --subresource resize`` growing the pod from 2 to 3 CPU."""
-    new = copy.deepcopy(resizing)
+#: Who sends the benchmark's resize: an autoscaler's service account.
+AUTOSCALER = {
+    "username": "system:serviceaccount:team-0:autoscaler",
+    "uid": "c1f2e3d4-0000-4000-8000-000000000002",
+    "groups": [
+        "system:serviceaccounts",
+        "system:serviceaccounts:team-0",
+        "system:authenticated",
+    ],
+}
+
+
+def resize_review(
+    old: dict[str, Any], cpu: str, user: dict[str, Any], generation: int | None = None
+) -> bytes:
+    """The AdmissionReview kube-apiserver sends for ``kubectl patch --subresource resize``
+    of the stored pod ``old`` to ``cpu`` (requests and limits of its first container), with
+    :data:`REVIEW_UID` as its uid (clients splice a fresh one into each request)."""
+    new = copy.deepcopy(old)
     for section in ("requests", "limits"):
-        new["spec"]["containers"][0]["resources"][section]["cpu"] = "3"
-    new["metadata"]["generation"] = 4
+        new["spec"]["containers"][0]["resources"][section]["cpu"] = cpu
+    if generation is None:
+        generation = int(old["metadata"].get("generation", 1)) + 1
+    new["metadata"]["generation"] = generation
+    pod = {"group": "", "version": "v1", "kind": "Pod"}
+    pods = {"group": "", "version": "v1", "resource": "pods"}
     review = {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
             "uid": REVIEW_UID,
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "kind": pod,
+            "resource": pods,
             "subResource": "resize",
-            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": pod,
+            "requestResource": pods,
             "requestSubResource": "resize",
-            "name": PREEMPTOR,
-            "namespace": "team-0",
+            "name": old["metadata"]["name"],
+            "namespace": old["metadata"]["namespace"],
             "operation": "UPDATE",
-            "userInfo": {
-                "username": "system:serviceaccount:team-0:autoscaler",
-                "uid": "c1f2e3d4-0000-4000-8000-000000000002",
-                "groups": [
-                    "system:serviceaccounts",
-                    "system:serviceaccounts:team-0",
-                    "system:authenticated",
-                ],
-            },
+            "userInfo": user,
             "object": new,
-            "oldObject": resizing,
+            "oldObject": old,
             "dryRun": False,
             "options": {"kind": "UpdateOptions", "apiVersion": "meta.k8s.io/v1"},
         },
     }
     return json.dumps(review, separators=(",", ":")).encode()
+
+
+def review_body(resizing: dict[str, Any]) -> bytes:
+    """``kubectl patch --subresource resize`` growing the pod from 2 to 3 CPU."""
+    return resize_review(resizing, "3", AUTOSCALER, generation=4)
 
 
 # -- the server process ----------------------------------------------------------------------
