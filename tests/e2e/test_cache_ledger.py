@@ -326,8 +326,10 @@ def test_ledger_under_contention_loses_nothing(
     conflicts = sum(m.ledger_conflicts._value.get() for _, m in ledgers)
     assert conflicts > 0
     assert conflicts == sum(ledger.conflicts for ledger, _ in ledgers)
-    # Every retry re-ran the change on fresh entries.
-    assert sum(calls) == len(threads) + conflicts
+    # Each change ran once up front, again on fresh entries after every conflict, and at
+    # most once more when its turn came after writes of its own process had gone first
+    # (writes of one node take turns in a process: webhook.kube.ledger).
+    assert len(threads) + conflicts <= sum(calls) <= 2 * len(threads) + conflicts
 
 
 def test_ledger_drops_expired_entries_and_keeps_an_empty_lease(
