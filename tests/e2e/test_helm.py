@@ -41,7 +41,7 @@ MUTATING = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 #: The contract the harness's launcher speaks: the container's arguments must be it.
 CONTAINER_ARGS = [
     "serve", "--tls-cert", "/etc/rpw/tls/tls.crt", "--tls-key", "/etc/rpw/tls/tls.key",
-    "--port", "8443", "--metrics-port", "9090",
+    "--port", "8443", "--metrics-port", "9090", "--workers", "2",
 ]  # fmt: skip
 
 
@@ -101,6 +101,14 @@ def setting_flags(container: dict[str, Any]) -> list[str]:
             name = variable["name"].removeprefix("RPW_").lower().replace("_", "-")
             flags += [f"--{name}", variable["value"]]
     return flags
+
+
+def server_flags(container: dict[str, Any]) -> list[str]:
+    """The container's server options that are not the launcher's to give (paths, ports):
+    ``--workers 2`` as the chart passes it."""
+    args = container["args"]
+    at = args.index("--workers")
+    return args[at : at + 2]
 
 
 def helm_objects(cluster: Cluster, manifest: str) -> list[str]:
@@ -174,7 +182,13 @@ def test_install_walkthrough_upgrade_and_uninstall(
         ca_pem=(cert_dir / "ca.crt").read_bytes(),
         # What the downward API gives the pod: its namespace and its name.
         namespace=release_namespace,
-        extra_args=[*setting_flags(container), "--identity", f"{FULLNAME}-0"],
+        # The chart's server options as it passes them (two worker processes).
+        extra_args=[
+            *setting_flags(container),
+            *server_flags(container),
+            "--identity",
+            f"{FULLNAME}-0",
+        ],
     )
     service_config = config["webhooks"][0]["clientConfig"]
     by_url = {"url": f"https://127.0.0.1:{port}/validate-resize", "caBundle": ca_bundle}
