@@ -56,6 +56,7 @@ WORKDIR /tmp
 # 8443: HTTPS admission reviews, /livez, /readyz. 9090: plain-HTTP /metrics.
 EXPOSE 8443 9090
 
-# `serve` runs the gunicorn server; deploy/base/deployment.yaml spells out the same command.
+# `serve` runs the gunicorn server, two worker processes for the two cores the Deployment
+# gives it (docs/service.md "Processes"); deploy/base/deployment.yaml spells out the same command.
 ENTRYPOINT ["python", "-m", "webhook"]
-CMD ["serve", "--tls-cert", "/etc/rpw/tls/tls.crt", "--tls-key", "/etc/rpw/tls/tls.key", "--port", "8443", "--metrics-port", "9090"]
+CMD ["serve", "--tls-cert", "/etc/rpw/tls/tls.crt", "--tls-key", "/etc/rpw/tls/tls.key", "--port", "8443", "--metrics-port", "9090", "--workers", "2"]
