@@ -142,7 +142,7 @@ def build(
             metrics,
             recorder=recorder,
             may_act=elector.is_leader,
-            resizer=Resizer(act_api, recorder, metrics),
+            resizer=Resizer(act_api, recorder, metrics, lenders=cache.pod),
         )
 
         def admitted(_entry: object) -> None:

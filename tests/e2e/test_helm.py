@@ -72,6 +72,16 @@ def release_namespace(cluster: Cluster) -> Iterator[str]:
     _remove_namespace(cluster, name)
 
 
+@pytest.fixture
+def helm(cluster: Cluster, release_namespace: str) -> Iterator[Helm]:
+    run = Helm(cluster, release_namespace)
+    yield run
+    # Whatever the test's outcome, no release is left: its Deployment's pods land on the
+    # session's nodes and its webhook configurations are cluster-wide, so the tests after
+    # it would meet them.
+    run("uninstall", RELEASE, "--ignore-not-found", check=False)
+
+
 def get(cluster: Cluster, path: str) -> dict[str, Any] | None:
     try:
         return cluster.client.get(path)
@@ -127,6 +137,7 @@ def helm_objects(cluster: Cluster, manifest: str) -> list[str]:
 
 def test_install_walkthrough_upgrade_and_uninstall(
     cluster: Cluster,
+    helm: Helm,
     release_namespace: str,
     namespace: str,
     kubectl: Kubectl,
@@ -134,7 +145,6 @@ def test_install_walkthrough_upgrade_and_uninstall(
     wait_until: Waiter,
     tmp_path: Path,
 ) -> None:
-    helm = Helm(cluster, release_namespace)
     values = {
         "namespace.create": False,
         "namespace.name": "",

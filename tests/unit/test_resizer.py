@@ -11,7 +11,8 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from webhook.core.lending import Loan
-from webhook.core.model import PodRef
+from webhook.core.model import Pod, PodRef
+from webhook.core.objects import parse_pod
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import LoanResult
 from webhook.kube.resizer import Resizer, lent_note, refused_note, resize_patch
@@ -35,11 +36,18 @@ class _Response:
 
 @dataclass
 class PodServer:
-    """One pod behind an ``ApiClient``: GET it, PATCH its resize subresource."""
+    """One pod behind an ``ApiClient`` (PATCH its resize subresource), and the cluster
+    cache's copy of it (``lenders``)."""
 
     pod: dict[str, Any] | None
     calls: list[tuple[str, str, Any]] = field(default_factory=list)
     patch_status: int = 200
+
+    def lenders(self, namespace: str, name: str) -> Pod | None:
+        return parse_pod(self.pod) if self.pod is not None else None
+
+    def resizer(self, recorder: Any = None, metrics: Metrics | None = None) -> Resizer:
+        return Resizer(self, recorder, metrics or Metrics(), lenders=self.lenders)
 
     def param_serialize(self, **request: Any) -> tuple[Any, ...]:
         return (request["method"], request["resource_path"], request.get("body"))
@@ -112,7 +120,7 @@ def test_a_loan_lowers_only_the_lender_the_plan_saw(
 ) -> None:
     server = PodServer(pod)
 
-    result = Resizer(server, None, Metrics()).lend(CPU_LOAN, BORROWER, "node-1")
+    result = server.resizer().lend(CPU_LOAN, BORROWER, "node-1")
 
     assert expected == result
     patches = [c for c in server.calls if c[0] == "PATCH"]
@@ -122,7 +130,7 @@ def test_a_loan_lowers_only_the_lender_the_plan_saw(
 def test_the_patch_goes_to_the_resize_subresource_with_preconditions() -> None:
     server = PodServer(lender())
 
-    Resizer(server, None, Metrics()).lend(CPU_LOAN, BORROWER, "node-1")
+    server.resizer().lend(CPU_LOAN, BORROWER, "node-1")
 
     [(_, path, body)] = [c for c in server.calls if c[0] == "PATCH"]
     assert "/api/v1/namespaces/default/pods/batch-1/resize" == path
@@ -130,6 +138,14 @@ def test_the_patch_goes_to_the_resize_subresource_with_preconditions() -> None:
         "metadata": {"uid": "uid-batch", "resourceVersion": "42"},
         "spec": {"containers": [{"name": "worker", "resources": {"requests": {"cpu": "1"}}}]},
     } == body
+
+
+def test_a_loan_costs_one_request_the_lender_is_read_from_the_cache() -> None:
+    server = PodServer(lender())
+
+    server.resizer().lend(CPU_LOAN, BORROWER, "node-1")
+
+    assert ["PATCH"] == [method for method, _, _ in server.calls]
 
 
 @pytest.mark.parametrize(
@@ -165,7 +181,7 @@ def test_resize_patch(expected: dict[str, Any], loan: Loan, init: bool) -> None:
 def test_a_sidecar_lends_through_init_containers() -> None:
     server = PodServer(lender(sidecar=True))
 
-    assert LoanResult.LENT == Resizer(server, None, Metrics()).lend(CPU_LOAN, BORROWER, "node-1")
+    assert LoanResult.LENT == server.resizer().lend(CPU_LOAN, BORROWER, "node-1")
     [(_, _, body)] = [c for c in server.calls if c[0] == "PATCH"]
     assert ["initContainers"] == list(body["spec"])
 
@@ -177,7 +193,7 @@ def test_an_api_failure_is_failed_not_raised(status: int) -> None:
     server = PodServer(lender(), patch_status=status)
     metrics = Metrics()
 
-    assert LoanResult.FAILED == Resizer(server, None, metrics).lend(CPU_LOAN, BORROWER, "node-1")
+    assert LoanResult.FAILED == server.resizer(None, metrics).lend(CPU_LOAN, BORROWER, "node-1")
     assert None is metrics.registry.get_sample_value(
         "resize_preemption_loans_total", {"result": "made"}
     )
@@ -187,8 +203,8 @@ def test_a_loan_made_is_told_on_the_lender_and_counted() -> None:
     recorder = Recorder()
     metrics = Metrics()
 
-    Resizer(PodServer(lender()), recorder, metrics).lend(CPU_LOAN, BORROWER, "node-1")  # type: ignore[arg-type]
-    Resizer(PodServer(lender("1")), recorder, metrics).lend(CPU_LOAN, BORROWER, "node-1")  # type: ignore[arg-type]
+    PodServer(lender()).resizer(recorder, metrics).lend(CPU_LOAN, BORROWER, "node-1")
+    PodServer(lender("1")).resizer(recorder, metrics).lend(CPU_LOAN, BORROWER, "node-1")
 
     assert [("batch-1", "Lent", "lent cpu 2 to pod uid-high on node-1")] == recorder.notes
     assert 1.0 == metrics.registry.get_sample_value(
@@ -219,7 +235,7 @@ def test_a_refused_loan_is_put_back_only_on_the_lender_it_lowered(
     server = PodServer(pod)
     recorder = Recorder()
 
-    result = Resizer(server, recorder, Metrics()).put_back(CPU_LOAN, BORROWER, "node-1", WHY)  # type: ignore[arg-type]
+    result = server.resizer(recorder).put_back(CPU_LOAN, BORROWER, "node-1", WHY)
 
     assert expected == result
     patches = [c[2] for c in server.calls if c[0] == "PATCH"]

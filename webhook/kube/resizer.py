@@ -7,13 +7,16 @@ non-growing one and never plans for it.
 
 Contract - idempotent, safe to call again after a crash or by another replica:
 
-* the lender is read first. NotFound, another uid, ``deletionTimestamp`` set, or the
-  container gone -> ``void``; the resource's request at or below ``after`` -> ``done``
-  (lent already); any amount other than ``before`` -> ``void`` (its owner changed it
-  since the plan, and the new spec wins). No write in any of those cases;
-* the patch carries the lender's uid and the ``resourceVersion`` just read: a newer pod of
-  the same name, or a change made in between, fails it (``void`` or ``failed``, to be
-  judged again on the next pass) instead of being lowered;
+* the lender is looked up in the cluster cache (``lenders``), not read from the API
+  server: the patch's preconditions make a stale copy safe, so a loan costs one request.
+  Absent, another uid, terminating, or the container gone -> ``void``; the resource's
+  request at or below ``after`` -> ``done`` (lent already); any amount other than
+  ``before`` -> ``void`` (its owner changed it since the plan, and the new spec wins).
+  No write in any of those cases;
+* the patch carries the lender's uid and the ``resourceVersion`` the cache holds: a newer
+  pod of the same name, or a change the cache has not seen yet, fails it with a conflict
+  (``failed``, judged again on the next pass, when the cache has caught up) instead of
+  lowering the wrong amount; a lender deleted meanwhile is ``void``;
 * a give-back (:meth:`Resizer.give_back`) is the same call the other way: the lender
   back from ``after`` to ``before``, only while it still asks for ``after``;
 * a refused loan is put back (:meth:`Resizer.put_back`) the same way: the lender from
@@ -27,13 +30,13 @@ Contract - idempotent, safe to call again after a crash or by another replica:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any, Final
 
 from webhook.core.errors import ObjectError
 from webhook.core.lending import Loan
-from webhook.core.model import PodRef
-from webhook.core.quantity import cpu_millis, format_cpu, format_memory, memory_bytes
+from webhook.core.model import Pod, PodRef
+from webhook.core.quantity import format_cpu, format_memory
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import LoanResult
 from webhook.kube.errors import ClusterError, Conflict, NotFound
@@ -86,21 +89,6 @@ def resize_patch(
     }
 
 
-def _container(pod: Mapping[str, Any], name: str) -> tuple[Mapping[str, Any] | None, bool]:
-    spec = pod.get("spec") or {}
-    for key, init in (("containers", False), ("initContainers", True)):
-        for c in spec.get(key) or ():
-            if isinstance(c, Mapping) and c.get("name") == name:
-                return c, init
-    return None, False
-
-
-def _request(container: Mapping[str, Any], resource: str) -> int:
-    requests = (container.get("resources") or {}).get("requests") or {}
-    text = requests.get(resource, "0")
-    return cpu_millis(text) if resource == "cpu" else memory_bytes(text)
-
-
 def _pod_path(pod: PodRef) -> str:
     return f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
 
@@ -114,9 +102,12 @@ class Resizer:
         recorder: EventRecorder | None,
         metrics: Metrics,
         *,
+        lenders: Callable[[str, str], Pod | None],
         request_timeout: float = 10.0,
     ) -> None:
+        """``lenders(namespace, name)``: the pod as the cluster cache holds it."""
         self._api_client = api_client
+        self._lenders = lenders
         self.recorder = recorder
         self.metrics = metrics
         self._timeout = request_timeout
@@ -213,18 +204,13 @@ class Resizer:
         return result
 
     def _resize(self, loan: Loan, *, expect: int, amount: int) -> LoanResult:
-        path = _pod_path(loan.pod)
-        try:
-            pod = request_json(self._api_client, "GET", path, timeout=self._timeout)
-        except NotFound:
+        pod = self._lenders(loan.pod.namespace, loan.pod.name)
+        if pod is None or pod.uid != loan.pod.uid or pod.terminating:
             return LoanResult.VOID
-        meta = pod.get("metadata") or {}
-        if str(meta.get("uid") or "") != loan.pod.uid or meta.get("deletionTimestamp"):
-            return LoanResult.VOID
-        container, init = _container(pod, loan.container)
+        container = pod.container(loan.container)
         if container is None:
             return LoanResult.VOID
-        current = _request(container, loan.resource)
+        current = container.requests.get(loan.resource)
         lowering = amount < expect
         if current == amount or (lowering and current < amount):
             return LoanResult.DONE
@@ -234,14 +220,14 @@ class Resizer:
             loan,
             amount,
             uid=loan.pod.uid,
-            resource_version=str(meta.get("resourceVersion") or ""),
-            init=init,
+            resource_version=pod.resource_version,
+            init=container in pod.init_containers,
         )
         try:
             request_json(
                 self._api_client,
                 "PATCH",
-                path + "/resize",
+                _pod_path(loan.pod) + "/resize",
                 body=patch,
                 content_type=STRATEGIC_MERGE_PATCH,
                 timeout=self._timeout,
@@ -249,7 +235,8 @@ class Resizer:
         except NotFound:
             return LoanResult.VOID
         except Conflict:
-            # Changed in between (or replaced): the next pass reads it again.
+            # The cache's copy is older than the lender, or the lender was replaced: the
+            # next pass judges it again on the copy the cache has by then.
             return LoanResult.FAILED
         return LoanResult.LENT
 
