@@ -30,9 +30,10 @@ until its cache shows them leaving, a watch delay later.
 Guarantees:
 
 * never lends twice: a loan is made only while its lender still asks for the loan's
-  ``before`` (read from the cache, and again by the resizer before it patches, with the
-  lender's uid and resourceVersion as preconditions); a lender at or below ``after`` has
-  lent, and one whose owner changed it owes nothing;
+  ``before`` as the cache holds it, and the resizer's patch carries that copy's uid and
+  resourceVersion as preconditions (a copy the lender has moved on from fails, and is
+  judged again when the cache has caught up); a lender at or below ``after`` has lent,
+  and one whose owner changed it owes nothing;
 * never evicts a victim twice: victims terminating or gone in the cache, or evicted by
   this worker and not yet seen leaving, are skipped; the eviction carries the victim's
   uid as a precondition;
