@@ -65,6 +65,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness import fault_hooks
 from harness.audit import eviction_codes
 from harness.kubeapi import ApiError, KubeClient
+from harness.manifests import guaranteed_pod
 from harness.replicas import Replica, ReplicaSet, start_replicas
 from webhook.core.objects import parse_pod
 from webhook.engine.ledger import counting, decode_entries
@@ -73,7 +74,6 @@ RESULTS = Path(__file__).parent / "results" / "faults.json"
 NODE = "node-1"
 LEADER_LEASE = "resize-preemption-webhook-leader"
 LEASE_DURATION = 3
-PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 LOWS = ("low-a", "low-b", "low-c", "low-d")
 NEEDED = 3
 #: Armed points for the leader; the number is which arrival kills.
@@ -163,24 +163,7 @@ class RunResult:
 
 def pod_manifest(name: str, cpu: str, priority_class: str) -> dict[str, Any]:
     """A Guaranteed pause pod of ``cpu`` bound to :data:`NODE`, its grace period 1 s."""
-    resources = {"cpu": cpu, "memory": "128Mi"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {
-            "nodeName": NODE,
-            "priorityClassName": priority_class,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "app",
-                    "image": PAUSE_IMAGE,
-                    "resources": {"requests": resources, "limits": dict(resources)},
-                }
-            ],
-        },
-    }
+    return guaranteed_pod(name, cpu, priority_class, node=NODE, memory="128Mi")
 
 
 class FaultRig:

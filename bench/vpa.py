@@ -41,13 +41,13 @@ from typing import Any
 
 from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import ControlPlane
+from harness.manifests import guaranteed_pod
 
 RESULTS = Path(__file__).parent / "results" / "vpa.json"
 NODE = "node-1"
 WEB = "web"
 MEMORY = "256Mi"
 POLL = 0.05
-PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 
 
 @dataclass
@@ -234,24 +234,7 @@ class Rig:
 
 
 def _low_pod(name: str, classes: dict[str, str]) -> dict[str, Any]:
-    resources = {"cpu": "3", "memory": MEMORY}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {
-            "nodeName": NODE,
-            "priorityClassName": classes["low"],
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "app",
-                    "image": PAUSE_IMAGE,
-                    "resources": {"requests": resources, "limits": dict(resources)},
-                }
-            ],
-        },
-    }
+    return guaranteed_pod(name, "3", classes["low"], node=NODE, memory=MEMORY)
 
 
 def _ready(pod: dict[str, Any]) -> bool:

@@ -17,12 +17,12 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.kubeapi import ApiError
+from harness.manifests import guaranteed_pod
 from harness.webhook_process import NAMESPACE, WEBHOOK_NAME
 from tests.e2e.conftest import NODE, Cluster, Kubectl
 from webhook.core.quantity import cpu_millis
 from webhook.kube.ledger import LEDGER_ANNOTATION, lease_name
 
-PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases"
 
 
@@ -35,27 +35,9 @@ def pod_manifest(
     annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A Guaranteed pod bound to node-1, labelled ``app=<name>``."""
-    resources = {"cpu": cpu, "memory": memory}
-    metadata: dict[str, Any] = {"name": name, "labels": {"app": name}}
-    if annotations:
-        metadata["annotations"] = dict(annotations)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": metadata,
-        "spec": {
-            "nodeName": NODE,
-            "priorityClassName": priority_class,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "app",
-                    "image": PAUSE_IMAGE,
-                    "resources": {"requests": resources, "limits": dict(resources)},
-                }
-            ],
-        },
-    }
+    return guaranteed_pod(
+        name, cpu, priority_class, node=NODE, memory=memory, annotations=annotations
+    )
 
 
 def run_pods(kubectl: Kubectl, pods: Iterable[Mapping[str, Any]]) -> None:

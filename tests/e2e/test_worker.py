@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from harness.manifests import guaranteed_pod
 from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter, victim_leaves
 from webhook.core.resize import apply_resize
 from webhook.engine.admission import AdmissionEngine
@@ -81,23 +82,7 @@ def service(api_client: k8s.ApiClient, request: pytest.FixtureRequest) -> Iterat
 
 
 def pod(name: str, cpu: str, priority_class: str) -> dict[str, Any]:
-    resources = {"cpu": cpu, "memory": "256Mi"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {
-            "nodeName": NODE,
-            "priorityClassName": priority_class,
-            "containers": [
-                {
-                    "name": "app",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"requests": resources, "limits": resources},
-                }
-            ],
-        },
-    }
+    return guaranteed_pod(name, cpu, priority_class, node=NODE, grace_seconds=None)
 
 
 def resize_patch(cpu: str) -> dict[str, Any]:
