@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.faults import NODE, pod_manifest
-from bench.flood import API_SERVER_TIMEOUT, REPO, _centiles, _rss_kb, drive, drive_command
+from bench.flood import API_SERVER_TIMEOUT, REPO, _rss_kb, centiles, drive, drive_command
 from bench.review_bench import _worker_pids, resize_review
 from harness.audit import eviction_codes
 from harness.kubeapi import KubeClient
@@ -355,12 +355,12 @@ class ClusterFlood:
         result.counts = figures["counts"]
         result.verdicts = figures["verdicts"]
         latencies = figures["latencies_ms"]
-        result.latency_all = _centiles([x for v in latencies.values() for x in v])
-        result.latency_full = _centiles(latencies["full"])
-        result.latency_failed_open = _centiles(latencies["failed open"])
+        result.latency_all = centiles([x for v in latencies.values() for x in v])
+        result.latency_full = centiles(latencies["full"])
+        result.latency_failed_open = centiles(latencies["failed open"])
         result.connections_opened = figures["connections_opened"]
         result.client_behind_s = figures["client_behind_s"]
-        result.client_loop_lag = _centiles(figures["client_loop_lag_ms"])
+        result.client_loop_lag = centiles(figures["client_loop_lag_ms"])
 
     def _plan(self) -> tuple[str, list[str]]:
         """Who planned the real resize (``review``, ``reconciler``, or ``""``: nobody

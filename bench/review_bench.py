@@ -861,10 +861,11 @@ def run(pairs: int, slice_seconds: float, threads: int, two_workers: bool = True
 def _at_rate(port: int, files: dict[str, Path], seconds: float) -> dict[str, Any]:
     """``/validate-resize`` offered :data:`TARGET_RPS` reviews a second in an open loop
     (:mod:`bench.flood`'s client, the API server's way) for ``seconds``."""
-    from bench.flood import _centiles
-    from bench.flood import _drive as open_loop
+    from bench.flood import centiles, drive
 
-    result = open_loop(port, files, seconds, rate=TARGET_RPS, warmup=AT_RATE_WARMUP)
+    result = drive(
+        port, files["ca.crt"], [files["review"]], seconds, rate=TARGET_RPS, warmup=AT_RATE_WARMUP
+    )
     full = result["latencies_ms"]["full"]
     return {
         "offered_per_s": round(result["offered"] / seconds, 1),
@@ -872,8 +873,8 @@ def _at_rate(port: int, files: dict[str, Path], seconds: float) -> dict[str, Any
         # Anything but "full" (overloaded, timed out, an error) misses the target.
         "counts": result["counts"],
         "full_per_s": round(len(full) / seconds, 1),
-        **_centiles(full),
-        "client_loop_lag": _centiles(result["client_loop_lag_ms"]),
+        **centiles(full),
+        "client_loop_lag": centiles(result["client_loop_lag_ms"]),
     }
 
 
