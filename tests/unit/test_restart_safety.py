@@ -15,6 +15,7 @@ from tests.unit.test_worker import Clock, Cluster, FakeEvictor, add, make_worker
 from tests.unit.test_worker_logic import ADMITTED, CONFIG, NODE, entry, pod
 from webhook.core.model import Pod, PodRef
 from webhook.engine.ledger import counting
+from webhook.engine.ports import EvictionResult
 from webhook.engine.reconciler import Reconciler
 from webhook.engine.worker import PreemptionWorker
 from webhook.engine.worker_logic import Release, next_action
@@ -114,27 +115,32 @@ def test_the_reconcilers_entry_survives_a_crash_and_is_not_planned_twice() -> No
     assert world.calls == {v: 1 for v in VICTIMS}
 
 
-def test_room_that_appears_between_two_evictions_spares_the_rest() -> None:
+def test_room_that_appears_before_a_retry_spares_the_victim_left() -> None:
     world, ledger, clock = World(), InMemoryLedger(), Clock()
     add(ledger, entry(*VICTIMS, desired_cpu=5000, persisted=True))
     worker, evictor = worker_for(world, ledger, clock)
+    evictor.results["low-a"] = EvictionResult.FAILED
 
-    def and_mid_shrinks(victim: PodRef) -> None:
-        world.evicted(victim)
+    def and_mid_goes(victim: PodRef) -> None:
+        if victim.name != "low-a":
+            world.evicted(victim)
         # Meanwhile "mid" was deleted by its owner: 3 CPUs are free.
-        pods = [p for p in scene(*world.leaving) if p.name != "mid"]
-        world.cluster.set(*pods)
+        world.cluster.set(*(p for p in scene(*world.leaving) if p.name != "mid"))
 
-    evictor.on_evict = and_mid_shrinks
+    evictor.on_evict = and_mid_goes
+    worker.run_once()
+    clock.now += worker.backoff.cap
     worker.run_once()
 
-    assert world.calls == {"low-c": 1}
+    assert [("low-a", "high", "node-1")] == [c for c in evictor.calls if c[0] == "low-a"]
+    assert {"low-c": 1, "low-b": 1} == world.calls
 
 
-def test_a_replica_that_lost_its_lease_stops_between_victims() -> None:
+def test_a_replica_that_lost_its_lease_stops_between_victims_waiting_their_turn() -> None:
     world, ledger, clock = World(), InMemoryLedger(), Clock()
     add(ledger, entry(*VICTIMS, desired_cpu=5000, persisted=True))
     worker, _ = worker_for(world, ledger, clock)
+    worker.victim_parallelism = 1  # the others wait for a turn
     leading = [True]
     worker.may_act = lambda: leading[0]
     world_evicted = world.evicted

@@ -211,16 +211,17 @@ def test_blocked_by_pdb_keeps_the_victim_pending_and_backs_off(
     worker = make_worker(Cluster(HIGH_RESIZED, LOW_A, LOW_B, MID), ledger, evictor, clock)
 
     worker.run_once()
-    assert evictor.calls == [("low-a", "high", "node-1")]  # stops at the blocked one
+    # Evicted together: the blocked one does not hold back the other.
+    assert ["low-a", "low-b"] == sorted(c[0] for c in evictor.calls)
     assert only(ledger).pending_victims == (LOW_A.ref, LOW_B.ref)
 
     worker.run_once()  # backing off: no call
-    assert len(evictor.calls) == 1
+    assert 2 == len(evictor.calls)
 
     clock.now += worker.backoff.base
     evictor.results.clear()
     worker.run_once()
-    assert [c[0] for c in evictor.calls] == ["low-a", "low-a", "low-b"]
+    assert ["low-a"] == [c[0] for c in evictor.calls[2:]]  # low-b was evicted already
     worker.run_once()  # both evicted, the cache a watch delay behind: no call again
     assert 3 == len(evictor.calls)
 
@@ -243,12 +244,13 @@ def test_a_budget_change_ends_the_backoff(
     assert len(evictor.calls) == 2
 
 
-def test_a_superseded_entry_stops_between_victims(
+def test_a_superseded_entry_stops_between_victims_waiting_their_turn(
     ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
 ) -> None:
     first = entry("low-a", "low-b", persisted=True)
     add(ledger, first)
     worker = make_worker(Cluster(HIGH_RESIZED, LOW_A, LOW_B, MID), ledger, evictor, clock)
+    worker.victim_parallelism = 1  # low-b waits for a turn
 
     def newer_resize(_: PodRef) -> None:
         # A newer admission of the same pod replaced the entry meanwhile.
@@ -448,6 +450,59 @@ def test_nodes_are_worked_on_side_by_side(
     assert None is metrics.registry.get_sample_value(
         "resize_preemption_errors_total", {"where": "worker"}
     )
+    worker.stop()
+
+
+def test_a_plans_victims_are_evicted_together(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    # Each eviction waits until the other one started: only victims evicted side by side
+    # get past the barrier.
+    add(ledger, entry("low-a", "low-b", persisted=True))
+    together = threading.Barrier(2, timeout=5)
+    evictor.on_evict = lambda _: together.wait()
+    worker = make_worker(Cluster(HIGH_RESIZED, LOW_A, LOW_B, MID), ledger, evictor, clock)
+
+    worker.run_once()
+
+    assert ["low-a", "low-b"] == sorted(c[0] for c in evictor.calls)
+    assert not together.broken
+    assert worker.backoff.ready(only(ledger).review_uid)
+    worker.run_once()  # the cache a watch delay behind: never evicted again
+    assert 2 == len(evictor.calls)
+    worker.stop()
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 16], ids=["one-at-a-time", "two", "default"])
+def test_at_most_victim_parallelism_evictions_run_at_once(
+    parallelism: int, ledger: InMemoryLedger, clock: Clock
+) -> None:
+    lows = tuple(pod(f"low-{i}", cpu="1", start=f"2024-01-01T0{i}:00:00Z") for i in range(4))
+    high = pod("high", cpu="6", allocated="2", priority=1000, resize="Deferred")
+    mid = pod("mid", cpu="2", priority=2000)
+    add(ledger, entry(*(p.name for p in lows), desired_cpu=6000, persisted=True))
+    lock, running, most = threading.Lock(), [0], [0]
+
+    class CountingEvictor(FakeEvictor):
+        def evict(
+            self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
+        ) -> EvictionResult:
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            threading.Event().wait(0.05)
+            with lock:
+                running[0] -= 1
+            return super().evict(victim, preemptor, node, seen_live=seen_live)
+
+    evictor = CountingEvictor()
+    worker = make_worker(Cluster(high, mid, *lows), ledger, evictor, clock)
+    worker.victim_parallelism = parallelism
+
+    worker.run_once()
+
+    assert sorted(p.name for p in lows) == sorted(c[0] for c in evictor.calls)
+    assert min(2, parallelism) <= most[0] <= min(parallelism, len(lows))
     worker.stop()
 
 

@@ -17,10 +17,12 @@ node's entries one after another, oldest admission first. For each it asks
 3. ``Act`` - take victims no longer needed off the claim first (a ledger write, only when
    room appeared), then make the plan's pending loans (``pods/resize`` on each lender,
    through a :class:`~webhook.engine.ports.LenderResizer`), then evict the listed victims
-   in order. A loan that fails stops the entry's turn before any eviction. ``blocked-by-pdb`` or
-   ``failed`` stops the entry's turn and it is retried later with exponential backoff
-   (:class:`~webhook.engine.loop.Backoff`), or at once when a PodDisruptionBudget changes
-   (it may allow the eviction now).
+   together, as kube-scheduler's executor removes a candidate's victims (at most
+   ``VICTIM_PARALLELISM`` calls at once): the resize waits for the slowest victim, not for
+   the sum of them. A loan that fails stops the entry's turn before any eviction. A victim
+   ``blocked-by-pdb`` or ``failed`` does not hold back the others; the entry is retried
+   later with exponential backoff (:class:`~webhook.engine.loop.Backoff`), or at once when
+   a PodDisruptionBudget changes (it may allow the eviction now).
 
 So a plan carried out as admitted costs no ledger write here: the admission's write is
 the only one. Which victims are done is read from the cluster (terminating, gone, or
@@ -44,9 +46,9 @@ Guarantees:
 * a loan the kubelet refused is recorded (one write), put back (the lender's spec from
   the loan's ``after`` to its ``before``, with its uid and resourceVersion as
   preconditions) and counted once in ``resize_preemption_loans_total{result="refused"}``;
-* before each eviction the entry must still be in the ledger with the victim pending, and
-  (from the second victim on) a fresh decision on the current cache must still name it:
-  a newer resize of the same pod, a release, or room that appeared stops the old plan;
+* the victims evicted together are the ones a decision on the current cache named a
+  moment before, and before each eviction the entry must still be in the ledger with the
+  victim pending: a newer resize of the same pod or a release stops the old plan;
 * before each eviction the replica must still lead (``may_act``): a leader that lost its
   Lease stops acting before another can have taken over (renew deadline < lease
   duration);
@@ -112,6 +114,9 @@ log = logging.getLogger(__name__)
 #: calls (eviction, ledger write) that mostly waits on the API server; a burst of resizes
 #: across many nodes then takes about as long as its busiest node, not the sum of all.
 NODE_PARALLELISM = 8
+#: Victims of one plan evicted at once, at most (upstream's parallelizer default). Each
+#: eviction is a request and an event that wait on the API server, not on each other.
+VICTIM_PARALLELISM = 16
 
 EntryChange = tuple[tuple[LedgerEntry, ...] | None, bool]
 
@@ -198,6 +203,7 @@ class PreemptionWorker:
         rng: Callable[[], float] = random.random,
         may_act: Callable[[], bool] | None = None,
         parallelism: int = NODE_PARALLELISM,
+        victim_parallelism: int = VICTIM_PARALLELISM,
         resizer: LenderResizer | None = None,
     ) -> None:
         self.cluster = cluster
@@ -207,6 +213,9 @@ class PreemptionWorker:
         #: Nodes worked on at once in a pass (each node's entries one after another).
         self.parallelism = parallelism
         self._pool: ThreadPoolExecutor | None = None
+        #: Victims of one plan evicted at once (shared by the nodes worked on).
+        self.victim_parallelism = victim_parallelism
+        self._victim_pool: ThreadPoolExecutor | None = None
         #: Checked before every eviction: a replica that lost its leadership (and whose
         #: worker has not stopped yet) must not act beside the new leader.
         self.may_act = may_act
@@ -255,10 +264,12 @@ class PreemptionWorker:
         Idempotent: leadership loss, then exit."""
         self._loop.stop(timeout)
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            # Its threads finish the victim in progress (they see the stop flag) and end.
-            pool.shutdown(wait=False)
+            pools = (self._pool, self._victim_pool)
+            self._pool = self._victim_pool = None
+        for pool in pools:
+            if pool is not None:
+                # Its threads finish the victim in progress (they see the stop flag) and end.
+                pool.shutdown(wait=False)
         # A replica that no longer leads tells nothing of the loans out.
         self.metrics.oldest_loan_age.set(0.0)
         log.info("preemption worker stopped")
@@ -406,6 +417,14 @@ class PreemptionWorker:
                 )
             return self._pool
 
+    def _victims_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._victim_pool is None:
+                self._victim_pool = ThreadPoolExecutor(
+                    max_workers=self.victim_parallelism, thread_name_prefix="preemption-victim"
+                )
+            return self._victim_pool
+
     def _live(self, victim: PodRef) -> bool:
         cached = self.cluster.pod(victim.namespace, victim.name)
         return (
@@ -541,21 +560,14 @@ class PreemptionWorker:
             self.metrics.preemptions.labels(result.value).inc()
             log.info("victim %s of %s: %s", victim.key, entry.pod.key, result.value)
 
-    def _still_needed(self, entry: LedgerEntry, victim: PodRef, first: bool) -> bool:
-        """Whether ``victim`` must still go for ``entry``, judged on the ledger and cache
-        as they are now: the entry may have been released or superseded, or room may
-        have appeared since the action was decided (the victims evicted before it count
-        as leaving)."""
+    def _still_pending(self, entry: LedgerEntry, victim: PodRef) -> bool:
+        """Whether ``victim`` must still go for ``entry`` by the ledger as it is now: the
+        entry may have been released or superseded since the action was decided."""
         current = next(
             (e for e in self.ledger.entries(entry.node) if e.review_uid == entry.review_uid),
             None,
         )
-        if current is None or victim not in self._with_evicted(current).pending_victims:
-            return False
-        if first:
-            return True  # decided a moment ago on this very state
-        action = self.decide(current)
-        return isinstance(action, Act) and victim in action.evict
+        return current is not None and victim in self._with_evicted(current).pending_victims
 
     def _act(self, entry: LedgerEntry, action: Act, stop: threading.Event) -> None:
         self._count_settled(entry, action.settle)
@@ -571,31 +583,48 @@ class PreemptionWorker:
         # grace period. Nothing is written: whether a loan is made is read from the lender.
         if action.lend and not self._lend(entry, action, stop):
             return
-        # 3c. Victims in order. Nothing is written after an eviction: a crash right after
-        # one loses only this process's memory of it, and the victim is terminating or
-        # gone in every cache by the time another leader may act.
-        acted = False
-        for i, victim in enumerate(action.evict):
-            if stop.is_set() or not self._may_act():
-                break
-            if not self._still_needed(entry, victim, first=i == 0):
-                break
-            # Decided on the cache a moment ago: the victim is live under this uid.
-            result = self.evictor.evict(victim, entry.pod, entry.node, seen_live=True)
-            if not result.done:
-                log.info(
-                    "preempting %s for %s: %s; retrying later",
-                    victim.key,
-                    entry.pod.key,
-                    result.value,
-                )
-                self.backoff.failed(entry.review_uid)
-                break
+        # 3c. The victims together. Nothing is written after an eviction: a crash right
+        # after one loses only this process's memory of it, and the victim is terminating
+        # or gone in every cache by the time another leader may act.
+        results = self._evict_all(entry, action.evict, stop)
+        if any(not r.done for r in results if r is not None):
+            self.backoff.failed(entry.review_uid)
+        elif any(r is not None for r in results):
+            self.backoff.succeeded(entry.review_uid)
+
+    def _evict_all(
+        self, entry: LedgerEntry, victims: tuple[PodRef, ...], stop: threading.Event
+    ) -> list[EvictionResult | None]:
+        """Evict ``victims`` side by side (one alone on this thread); each one's result,
+        ``None`` for a victim not evicted (stopped, or no longer pending)."""
+        if len(victims) == 1 or self.victim_parallelism <= 1:
+            return [self._evict_one(entry, v, stop) for v in victims]
+        pool = self._victims_pool()
+        try:
+            futures = [pool.submit(self._evict_one, entry, v, stop) for v in victims]
+        except RuntimeError:
+            if stop.is_set():
+                return []  # stop() shut the pool down meanwhile
+            raise
+        return [f.result() for f in futures]
+
+    def _evict_one(
+        self, entry: LedgerEntry, victim: PodRef, stop: threading.Event
+    ) -> EvictionResult | None:
+        """Evict one victim still pending for ``entry`` while this replica may act; a
+        failure is logged here and backs the entry off in the caller."""
+        if stop.is_set() or not self._may_act() or not self._still_pending(entry, victim):
+            return None
+        # Decided on the cache a moment ago: the victim is live under this uid.
+        result = self.evictor.evict(victim, entry.pod, entry.node, seen_live=True)
+        if result.done:
             with self._lock:
                 self._evicted.add(victim.uid)
-            acted = True
-        if acted:
-            self.backoff.succeeded(entry.review_uid)
+        else:
+            log.info(
+                "preempting %s for %s: %s; retrying later", victim.key, entry.pod.key, result.value
+            )
+        return result
 
     def _lend(self, entry: LedgerEntry, action: Act, stop: threading.Event) -> bool:
         """Make ``action``'s loans in order; whether all are done (made, or owed no
@@ -649,6 +678,7 @@ class PreemptionWorker:
 __all__ = [
     "ABANDONING",
     "NODE_PARALLELISM",
+    "VICTIM_PARALLELISM",
     "PreemptionWorker",
     "refuse_entry",
     "remove_entry",
