@@ -1,4 +1,6 @@
-"""Command line: ``python -m webhook plan|status|serve|certs|metrics ...``.
+"""Command line: ``python -m webhook plan|status|serve|certs|metrics ...``, also installed
+as the console script ``resize-preemption-webhook`` and as the kubectl plugin
+``kubectl resize-preemption`` (:func:`kubectl_plugin`).
 
 Every subcommand turns expected failures into one line on stderr and an exit code: 2 for
 bad input or unreadable files, 3 when the cluster cannot be reached (or no client
@@ -34,6 +36,9 @@ EXIT_UNREACHABLE = 3
 EXIT_FORBIDDEN = 4
 #: The ClusterRole that grants what ``status`` and ``plan --kubeconfig`` read.
 VIEWER_ROLE = "resize-preemption-webhook-viewer"
+PROG = "python -m webhook"
+#: How kubectl names the plugin (the console script ``kubectl-resize_preemption``).
+KUBECTL_PLUGIN = "kubectl resize-preemption"
 
 
 class UsageError(InputError):
@@ -182,9 +187,10 @@ def _live_plan(args: argparse.Namespace, key: str, patch: dict[str, Any]) -> Any
 
 def cmd_plan(args: argparse.Namespace) -> int:
     key, patch = _pod_key(args.pod), _read_patch(args.resize)
-    if (args.snapshot is None) == (args.kubeconfig is None):
+    live = args.kubeconfig is not None or (args.live_by_default and args.snapshot is None)
+    if (args.snapshot is not None) == live:
         raise UsageError("plan needs one of --snapshot FILE and --kubeconfig FILE")
-    if args.kubeconfig is not None:
+    if live:
         plan = _live_plan(args, key, patch)
     else:
         snapshot = load_snapshot(_read_documents(args.snapshot))
@@ -306,30 +312,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cluster_arguments(parser: argparse.ArgumentParser, *, kubeconfig_help: str) -> None:
-    parser.add_argument("--kubeconfig", metavar="FILE", help=kubeconfig_help)
-    parser.add_argument("--context", metavar="NAME", help="kubeconfig context")
-    parser.add_argument(
-        "--namespace",
-        default="resize-preemption-system",
-        metavar="NAMESPACE",
-        help="the webhook's namespace, where its ledger and leader Leases are",
-    )
-
-
-def _policy_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pdb-mode", choices=("respect", "best-effort"), default="respect")
-    parser.add_argument("--max-victims", type=_non_negative_int, default=None)
-    parser.add_argument("--protected-namespace", action="append", metavar="NAMESPACE")
-    parser.add_argument(
-        "--no-lending",
-        dest="lending",
-        action="store_false",
-        help="plan evictions only: pods with a floor annotation do not lend",
-    )
-    parser.add_argument("--now", metavar="RFC3339", help="evaluate as of this time")
-
-
 def cmd_metrics(args: argparse.Namespace) -> int:
     from webhook.engine.metrics import METRICS, markdown_table
 
@@ -341,20 +323,61 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m webhook",
-        description="Make room for in-place pod resizes by preempting lower-priority pods.",
+def _cluster_arguments(parser: argparse.ArgumentParser, *, kubeconfig_help: str) -> None:
+    parser.add_argument("--kubeconfig", metavar="FILE", help=kubeconfig_help)
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    parser.add_argument(
+        "--namespace",
+        default="resize-preemption-system",
+        metavar="NAMESPACE",
+        help="the webhook's namespace, where its ledger and leader Leases are "
+        "(default: %(default)s)",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+
+def _policy_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pdb-mode",
+        choices=("respect", "best-effort"),
+        default="respect",
+        help="the service's pdb-mode setting (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-victims",
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
+        help="the service's max-victims setting (default: unlimited)",
+    )
+    parser.add_argument(
+        "--protected-namespace",
+        action="append",
+        metavar="NAMESPACE",
+        help="a namespace whose pods are never victims (repeatable)",
+    )
+    parser.add_argument(
+        "--no-lending",
+        dest="lending",
+        action="store_false",
+        help="plan evictions only: pods with a floor annotation do not lend",
+    )
+    parser.add_argument("--now", metavar="RFC3339", help="evaluate as of this time")
+
+
+def _output_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-o", "--output", choices=("text", "json"), default="text", help="(default: %(default)s)"
+    )
+
+
+def _plan_parser(sub: Any, live_by_default: bool) -> None:
     plan = sub.add_parser(
         "plan",
         help="plan a resize against a snapshot of cluster objects or the live cluster",
         description=(
             "Plan a resize: which lower-priority pods would have to go. Against a snapshot "
             "(--snapshot) or, read-only, the live cluster and the webhook's ledger "
-            "(--kubeconfig)."
+            + ("(the default)." if live_by_default else "(--kubeconfig).")
         ),
     )
     plan.add_argument(
@@ -363,18 +386,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="Nodes, Pods, PodDisruptionBudgets, PriorityClasses (YAML or JSON; - reads "
         "standard input, e.g. kubectl get nodes,pods,pdb,priorityclasses -A -o yaml)",
     )
-    plan.add_argument("--pod", required=True, metavar="NAMESPACE/NAME")
+    plan.add_argument("--pod", required=True, metavar="NAMESPACE/NAME", help="the resizing pod")
     plan.add_argument(
         "--resize",
         required=True,
         metavar="PATCH",
         help="the JSON given to kubectl patch --subresource resize (or @file)",
     )
-    plan.add_argument("-o", "--output", choices=("text", "json"), default="text")
-    _cluster_arguments(plan, kubeconfig_help="plan against the cluster of this kubeconfig")
+    _output_argument(plan)
+    kubeconfig_help = "plan against the cluster of this kubeconfig"
+    if live_by_default:
+        kubeconfig_help += " (default: $KUBECONFIG, ~/.kube/config)"
+    _cluster_arguments(plan, kubeconfig_help=kubeconfig_help)
     _policy_arguments(plan)
-    plan.set_defaults(func=cmd_plan)
+    plan.set_defaults(func=cmd_plan, live_by_default=live_by_default)
 
+
+def _status_parser(sub: Any) -> None:
     status = sub.add_parser(
         "status",
         help="what the service is doing now: reservations, loans, Deferred resizes, leader",
@@ -387,36 +415,65 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _cluster_arguments(status, kubeconfig_help="default: $KUBECONFIG, ~/.kube/config")
     status.add_argument("--node", metavar="NAME", help="one node only")
-    status.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    _output_argument(status)
     _policy_arguments(status)
     status.set_defaults(func=cmd_status)
+
+
+def _serve_parser(sub: Any) -> None:
+    from webhook.engine.settings import SETTINGS, env_name
 
     srv = sub.add_parser(
         "serve",
         help="run the admission webhook (HTTPS) and, when leading, the preemption worker",
-        description="Run the webhook. Settings: flags > RPW_* environment > --config file.",
+        description="Run the webhook. Settings: flags > RPW_* environment > --config file; "
+        "docs/service.md explains each.",
     )
-    srv.add_argument("--tls-cert", required=True, metavar="FILE")
-    srv.add_argument("--tls-key", required=True, metavar="FILE")
-    srv.add_argument("--host", default="0.0.0.0")
-    srv.add_argument("--port", type=int, default=8443)
-    srv.add_argument("--metrics-port", type=int, default=9090, help="0 disables /metrics")
-    srv.add_argument(
+    server = srv.add_argument_group("server (not settings)")
+    server.add_argument("--tls-cert", required=True, metavar="FILE", help="serving certificate")
+    server.add_argument("--tls-key", required=True, metavar="FILE", help="its private key")
+    server.add_argument("--host", default="0.0.0.0", help="address (default: %(default)s)")
+    server.add_argument("--port", type=int, default=8443, help="HTTPS (default: %(default)s)")
+    server.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        default=9090,
+        help="plain HTTP /metrics; 0 disables it (default: %(default)s)",
+    )
+    server.add_argument(
         "--workers",
         type=_positive_int,
+        metavar="N",
         default=1,
-        help="worker processes (default 1; 2 for a 2-core replica: each keeps its own "
-        "cluster cache, see webhook/web/server.py)",
+        help="worker processes, each with its own cluster cache; 2 for a 2-core replica "
+        "(default: %(default)s)",
     )
-    srv.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
-    srv.add_argument("--config", metavar="FILE", help="YAML file of settings")
-    srv.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    from webhook.engine.settings import SETTINGS
-
-    for name in SETTINGS:
-        srv.add_argument(f"--{name}", dest=name.replace("-", "_"), default=None)
+    server.add_argument(
+        "--kubeconfig", metavar="FILE", help="default: in-cluster, else $KUBECONFIG"
+    )
+    server.add_argument("--config", metavar="FILE", help="YAML file of settings")
+    server.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="(default: %(default)s)",
+    )
+    settings = srv.add_argument_group("settings (also RPW_* variables and --config keys)")
+    for name, setting in SETTINGS.items():
+        settings.add_argument(
+            f"--{name}",
+            dest=name.replace("-", "_"),
+            default=None,
+            metavar="{" + ",".join(setting.choices) + "}" if setting.choices else setting.metavar,
+            help=f"{setting.help} (default: {setting.default}; {env_name(name)})".replace(
+                "%", "%%"
+            ),
+        )
     srv.set_defaults(func=cmd_serve)
 
+
+def _certs_parser(sub: Any) -> None:
     certs = sub.add_parser(
         "certs",
         help="make a CA and the webhook's serving certificate (without cert-manager)",
@@ -426,48 +483,66 @@ def build_parser() -> argparse.ArgumentParser:
             "(or, with --secret-yaml, a kubernetes.io/tls Secret manifest)."
         ),
     )
-    certs.add_argument(
+    add = certs.add_argument
+    add(
         "--out",
         default="certs",
         metavar="DIR",
-        help="directory for the files (default certs, the repository's git-ignored folder)",
+        help="directory for the files (default: certs, the repository's git-ignored folder)",
     )
-    certs.add_argument("--service", default="resize-preemption-webhook", metavar="NAME")
-    certs.add_argument("--namespace", default="resize-preemption-system", metavar="NAMESPACE")
-    certs.add_argument("--cluster-domain", default="cluster.local", metavar="DOMAIN")
-    certs.add_argument(
-        "--dns", action="append", metavar="NAME", help="extra DNS subjectAltName (repeatable)"
+    add(
+        "--service",
+        default="resize-preemption-webhook",
+        metavar="NAME",
+        help="(default: %(default)s)",
     )
-    certs.add_argument(
-        "--ip", action="append", metavar="ADDRESS", help="IP subjectAltName (repeatable)"
+    add(
+        "--namespace",
+        default="resize-preemption-system",
+        metavar="NAMESPACE",
+        help="(default: %(default)s)",
     )
-    certs.add_argument("--days", type=int, default=365, help="validity of both certificates")
-    certs.add_argument(
+    add(
+        "--cluster-domain", default="cluster.local", metavar="DOMAIN", help="(default: %(default)s)"
+    )
+    add("--dns", action="append", metavar="NAME", help="extra DNS subjectAltName (repeatable)")
+    add("--ip", action="append", metavar="ADDRESS", help="IP subjectAltName (repeatable)")
+    add(
+        "--days", type=int, default=365, help="validity of both certificates (default: %(default)s)"
+    )
+    add(
         "--secret-yaml",
         action="store_true",
         help="print a kubernetes.io/tls Secret manifest instead of the caBundle",
     )
-    certs.add_argument("--secret-name", default="resize-preemption-webhook-tls", metavar="NAME")
-    certs.add_argument(
+    add(
+        "--secret-name",
+        default="resize-preemption-webhook-tls",
+        metavar="NAME",
+        help="(default: %(default)s)",
+    )
+    add(
         "--kustomize-patch",
         action="store_true",
         help="also write ca-bundle.yaml, the caBundle patch deploy/overlays/self-signed reads",
     )
-    certs.add_argument(
+    add(
         "--patch-webhooks",
         action="store_true",
         help="set the caBundle on the live webhook configurations",
     )
-    certs.add_argument(
+    add(
         "--webhook-config",
         action="append",
         metavar="NAME",
-        help="webhook configuration(s) to patch (default resize-preemption-webhook)",
+        help="webhook configuration(s) to patch (default: resize-preemption-webhook)",
     )
-    certs.add_argument("--kubeconfig", metavar="FILE", help="default $KUBECONFIG, in-cluster")
-    certs.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    add("--kubeconfig", metavar="FILE", help="default: $KUBECONFIG, in-cluster")
+    add("--context", metavar="NAME", help="kubeconfig context")
     certs.set_defaults(func=cmd_certs)
 
+
+def _metrics_parser(sub: Any) -> None:
     metrics = sub.add_parser(
         "metrics",
         help="list the metrics the service exports",
@@ -477,13 +552,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--markdown", action="store_true", help="as the table in docs/operations.md"
     )
     metrics.set_defaults(func=cmd_metrics)
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command line; as the kubectl plugin (``prog`` ``kubectl resize-preemption``),
+    ``plan`` asks the live cluster unless given a snapshot, as kubectl's own commands do."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Make room for in-place pod resizes by preempting lower-priority pods.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _plan_parser(sub, live_by_default=prog == KUBECTL_PLUGIN)
+    _status_parser(sub)
+    _serve_parser(sub)
+    _certs_parser(sub)
+    _metrics_parser(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None, *, hooks: Hooks | None = None) -> int:
+def kubectl_plugin(argv: Sequence[str] | None = None) -> int:
+    """``kubectl resize-preemption COMMAND ...``: kubectl runs the console script
+    ``kubectl-resize_preemption`` it finds on PATH with the arguments after the plugin's
+    name (and none of kubectl's own flags)."""
+    return main(argv, prog=KUBECTL_PLUGIN)
+
+
+def main(argv: Sequence[str] | None = None, *, hooks: Hooks | None = None, prog: str = PROG) -> int:
     """Run one subcommand. ``hooks`` wrap parts of what ``serve`` builds (a test harness
     passes them; see :class:`webhook.engine.hooks.Hooks`)."""
-    parser = build_parser()
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     args.hooks = hooks
     try:

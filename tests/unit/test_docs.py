@@ -53,11 +53,11 @@ def test_every_setting_is_documented_with_its_environment_variable() -> None:
 @pytest.mark.parametrize(
     ("setting", "field"),
     [
-        pytest.param(name, field, id=name)
-        for name, (field, _) in SETTINGS.items()
-        if isinstance(getattr(Config(), field), (int, float, str))
-        and not isinstance(getattr(Config(), field), bool)
-        and getattr(Config(), field) != ""
+        pytest.param(name, s.field, id=name)
+        for name, s in SETTINGS.items()
+        if isinstance(getattr(Config(), s.field), (int, float, str))
+        and not isinstance(getattr(Config(), s.field), bool)
+        and getattr(Config(), s.field) != ""
     ],
 )
 def test_documented_defaults_are_the_real_ones(setting: str, field: str) -> None:

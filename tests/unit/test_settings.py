@@ -9,7 +9,7 @@ import pytest
 
 from webhook.core.errors import InputError
 from webhook.engine.config import Config
-from webhook.engine.settings import describe_defaults, env_name, load_config
+from webhook.engine.settings import SETTINGS, env_name, load_config
 
 
 def test_defaults_without_any_source() -> None:
@@ -75,9 +75,9 @@ def test_unlimited_max_victims_from_environment() -> None:
 
 
 def test_every_setting_is_documented_with_its_variable() -> None:
-    rows = describe_defaults()
-    assert ("mode", "RPW_MODE", "'enforce'") in rows
-    assert all(env == env_name(name) for name, env, _ in rows)
+    rows = [(name, env_name(name), s.default) for name, s in SETTINGS.items()]
+    assert ("mode", "RPW_MODE", "enforce") in rows
+    assert all(env == "RPW_" + name.upper().replace("-", "_") for name, env, _ in rows)
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 import yaml
 
 from webhook.core.errors import InputError
-from webhook.engine.config import Config
+from webhook.core.model import PdbMode
+from webhook.engine.config import Config, EvictionMethod, Mode
 
 
 def _choice(*allowed: str) -> Callable[[object], str]:
@@ -79,24 +81,136 @@ def _text(value: object) -> str:
     return value
 
 
-#: setting name -> (Config field, parser)
-SETTINGS: Final[dict[str, tuple[str, Callable[[Any], Any]]]] = {
-    "mode": ("mode", _choice("enforce", "warn", "deny-infeasible")),
-    "eviction-method": ("eviction_method", _choice("evict", "delete")),
-    "pdb-mode": ("pdb_mode", _choice("respect", "best-effort")),
-    "protected-namespaces": ("protected_namespaces", _names),
-    "max-victims": ("max_victims", _optional_count),
-    "lending": ("lending", _switch),
-    "reservation-ttl": ("reservation_ttl", _number),
-    "grace-period-cap": ("grace_period_cap", _optional_count),
-    "persist-timeout": ("persist_timeout", _number),
-    "namespace": ("namespace", _text),
-    "identity": ("identity", _text),
-    "lease-duration": ("lease_duration", _number),
-    "resync-period": ("resync_period", _number),
-    "max-cache-staleness": ("max_cache_staleness", _number),
-    "max-body-bytes": ("max_body_bytes", _count),
-    "scheduler-name": ("scheduler_name", _text),
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting: the :class:`Config` field it sets, how a value given as text (or YAML)
+    is read, and what ``serve --help`` and the table in docs/service.md say of it."""
+
+    field: str
+    parse: Callable[[Any], Any]
+    #: One line for ``--help``; the docs' table says more.
+    help: str
+    #: What a value looks like on the command line, when not one of ``choices``.
+    metavar: str = "VALUE"
+    choices: tuple[str, ...] = ()
+    #: The default as a person reads it, where the field's default is no value
+    #: (``None``, ``""``, nothing): what that means.
+    default_text: str = ""
+
+    @property
+    def default(self) -> str:
+        """The default as ``--help`` and docs/service.md show it."""
+        value = getattr(Config(), self.field)
+        if self.default_text:
+            return self.default_text
+        if isinstance(value, bool):
+            return str(value).lower()
+        return str(value)
+
+
+def _one_of(field: str, allowed: tuple[str, ...], help: str) -> Setting:
+    return Setting(field, _choice(*allowed), help, choices=allowed)
+
+
+#: Every setting by name: the one list the command line, the environment, the file, the
+#: docs' table (tests/unit/test_docs.py) and ``serve --help`` (tests/unit/test_cli_help.py)
+#: are checked against.
+SETTINGS: Final[dict[str, Setting]] = {
+    "mode": _one_of(
+        "mode",
+        get_args(Mode),
+        "enforce: plan, reserve and preempt; warn: only tell what enforce would do; "
+        "deny-infeasible: enforce, and deny a resize that cannot fit",
+    ),
+    "eviction-method": _one_of(
+        "eviction_method",
+        get_args(EvictionMethod),
+        "evict: the Eviction API (PDBs enforced by the API server); delete: upstream's "
+        "DisruptionTarget condition, then DELETE",
+    ),
+    "pdb-mode": _one_of(
+        "pdb_mode",
+        get_args(PdbMode),
+        "respect: a plan that would violate a PodDisruptionBudget is infeasible; "
+        "best-effort: prefer victims that violate none, go ahead if needed",
+    ),
+    "protected-namespaces": Setting(
+        "protected_namespaces",
+        _names,
+        "namespaces whose pods are never victims",
+        metavar="NS[,NS...]",
+        default_text="none",
+    ),
+    "max-victims": Setting(
+        "max_victims",
+        _optional_count,
+        "a plan needing more victims is infeasible",
+        metavar="N",
+        default_text="unlimited",
+    ),
+    "lending": Setting(
+        "lending",
+        _switch,
+        "pods annotated with a floor lend CPU and memory in place before anyone is "
+        "evicted; false: evictions only",
+        metavar="{true,false}",
+    ),
+    "reservation-ttl": Setting(
+        "reservation_ttl",
+        _number,
+        "seconds an admitted resize holds its room unless released earlier",
+        metavar="SECONDS",
+    ),
+    "grace-period-cap": Setting(
+        "grace_period_cap",
+        _optional_count,
+        "upper bound, seconds, on a victim's termination grace period",
+        metavar="SECONDS",
+        default_text="the pod's own",
+    ),
+    "persist-timeout": Setting(
+        "persist_timeout",
+        _number,
+        "seconds the worker waits for an admitted resize to appear in the pod's spec",
+        metavar="SECONDS",
+    ),
+    "namespace": Setting(
+        "namespace",
+        _text,
+        "namespace of the ledger and leader Leases, the service's own",
+        metavar="NAMESPACE",
+    ),
+    "identity": Setting(
+        "identity",
+        _text,
+        "holder identity in leader election and ledger entries",
+        metavar="NAME",
+        default_text="process-unique",
+    ),
+    "lease-duration": Setting(
+        "lease_duration",
+        _number,
+        "leader Lease duration, seconds; a new leader takes over within it",
+        metavar="SECONDS",
+    ),
+    "resync-period": Setting(
+        "resync_period",
+        _number,
+        "seconds between full relists of the cache",
+        metavar="SECONDS",
+    ),
+    "max-cache-staleness": Setting(
+        "max_cache_staleness",
+        _number,
+        "seconds a lost watch of the cache is tolerated before reviews fail open",
+        metavar="SECONDS",
+    ),
+    "max-body-bytes": Setting(
+        "max_body_bytes", _count, "largest AdmissionReview accepted", metavar="BYTES"
+    ),
+    "scheduler-name": Setting(
+        "scheduler_name", _text, "reporting controller of the events", metavar="NAME"
+    ),
 }
 
 
@@ -109,9 +223,9 @@ def _apply(values: dict[str, Any], source: Mapping[str, Any], origin: str) -> No
         if key not in SETTINGS:
             known = ", ".join(sorted(SETTINGS))
             raise InputError(f"{origin}: unknown setting {key!r} (known: {known})")
-        field, parse = SETTINGS[key]
+        setting = SETTINGS[key]
         try:
-            values[field] = parse(raw)
+            values[setting.field] = setting.parse(raw)
         except (ValueError, TypeError) as e:
             raise InputError(f"{origin}: {key}={raw!r} {e}") from None
 
@@ -147,12 +261,3 @@ def load_config(
     if flags:
         _apply(values, {k: v for k, v in flags.items() if v is not None}, "command line")
     return dataclasses.replace(Config(), **values)
-
-
-def describe_defaults() -> list[tuple[str, str, str]]:
-    """(setting, environment variable, default) rows for the docs and ``--help``."""
-    defaults = Config()
-    return [
-        (name, env_name(name), repr(getattr(defaults, field)))
-        for name, (field, _) in SETTINGS.items()
-    ]
