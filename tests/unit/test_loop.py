@@ -10,9 +10,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from webhook.engine.loop import Backoff, Loop, Runnables
+from webhook.engine.loop import Backoff, KeyedBackoff, Loop, Runnables
 
 T0 = 1_000.0
+
+
+def doubling(base: float, cap: float) -> Backoff:
+    """The preemption worker's policy: doubling, capped, jittered in [50%, 100%]."""
+    return Backoff(initial=base, factor=2.0, cap=cap, jitter=(0.5, 1.0))
 
 
 class FakeClock:
@@ -50,7 +55,9 @@ BACKOFF_CASES = [
 
 @pytest.mark.parametrize("case", BACKOFF_CASES)
 def test_backoff_waits(case: BackoffCase) -> None:
-    backoff = Backoff(case.base, case.cap, clock=FakeClock(), rng=lambda: case.jitter)
+    backoff = KeyedBackoff(
+        doubling(case.base, case.cap), clock=FakeClock(), rng=lambda: case.jitter
+    )
 
     waits = tuple(backoff.failed("entry") - T0 for _ in range(case.failures))
 
@@ -87,15 +94,15 @@ READY_CASES = [
 
 
 def test_a_caller_counting_its_own_retries_gets_the_same_waits() -> None:
-    backoff = Backoff(0.5, 8.0, rng=lambda: 0.0)
+    backoff = doubling(0.5, 8.0)
 
-    assert [0.25, 0.5, 1.0, 2.0, 4.0, 4.0] == [backoff.jittered(n) for n in range(1, 7)]
+    assert [0.25, 0.5, 1.0, 2.0, 4.0, 4.0] == [backoff.delay(n, lambda: 0.0) for n in range(1, 7)]
 
 
 @pytest.mark.parametrize("case", READY_CASES)
 def test_backoff_ready(case: ReadyCase) -> None:
     clock = FakeClock()
-    backoff = Backoff(1.0, 30.0, clock=clock, rng=lambda: 1.0)
+    backoff = KeyedBackoff(doubling(1.0, 30.0), clock=clock, rng=lambda: 1.0)
 
     for step in case.steps:
         verb, _, arg = step.partition(":")
@@ -114,16 +121,81 @@ def test_backoff_ready(case: ReadyCase) -> None:
 
 
 @pytest.mark.parametrize(
-    ("base", "cap"),
+    "policy",
     [
-        pytest.param(0.0, 1.0, id="zero-base"),
-        pytest.param(-1.0, 1.0, id="negative-base"),
-        pytest.param(2.0, 1.0, id="cap-below-base"),
+        pytest.param({"initial": 0.0, "cap": 1.0}, id="zero-base"),
+        pytest.param({"initial": -1.0, "cap": 1.0}, id="negative-base"),
+        pytest.param({"initial": 2.0, "cap": 1.0}, id="cap-below-base"),
+        pytest.param({"initial": 1.0, "factor": 0.5}, id="shrinking"),
+        pytest.param({"initial": 1.0, "jitter": (1.2, 0.8)}, id="jitter-upside-down"),
+        pytest.param({"initial": 1.0, "jitter": (-0.1, 1.0)}, id="negative-jitter"),
+        pytest.param({"initial": 1.0, "attempts": 0}, id="no-attempt"),
     ],
 )
-def test_backoff_refuses_timings_that_cannot_work(base: float, cap: float) -> None:
+def test_backoff_refuses_timings_that_cannot_work(policy: dict[str, object]) -> None:
     with pytest.raises(ValueError):
-        Backoff(base, cap)
+        Backoff(**{"factor": 2.0, **policy})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class RetryCase:
+    """``Backoff.retry`` over attempts that answer ``outcomes`` in turn: what it returns,
+    and the waits it made in between."""
+
+    policy: Backoff
+    outcomes: tuple[bool, ...]
+    returns: bool
+    waits: tuple[float, ...]
+    stop_after_waits: int | None = None  # the stop flag is set by this wait
+    deadline: float | None = None  # on a clock that each wait moves on
+
+
+RETRY_CASES = [
+    pytest.param(
+        RetryCase(Backoff(initial=1.0, factor=2.0), (True,), True, ()), id="first-try-works"
+    ),
+    pytest.param(
+        RetryCase(Backoff(initial=1.0, factor=2.0), (False, False, True), True, (1.0, 2.0)),
+        id="waits-grow-until-it-works",
+    ),
+    pytest.param(
+        RetryCase(Backoff(initial=1.0, factor=1.0, attempts=3), (False,) * 5, False, (1.0, 1.0)),
+        id="attempts-spent",
+    ),
+    pytest.param(
+        RetryCase(
+            Backoff(initial=1.0, factor=1.0), (False,) * 5, False, (1.0, 1.0), stop_after_waits=2
+        ),
+        id="stopped-while-waiting",
+    ),
+    pytest.param(
+        RetryCase(Backoff(initial=2.0, factor=1.0), (False,) * 5, False, (2.0, 2.0), deadline=6.0),
+        id="no-try-at-or-past-the-deadline",
+    ),
+    pytest.param(
+        RetryCase(Backoff(initial=1.0, factor=1.0, jitter=(1.0, 2.2)), (False, True), True, (1.6,)),
+        id="jittered-period",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", RETRY_CASES)
+def test_backoff_retry(case: RetryCase) -> None:
+    outcomes = iter(case.outcomes)
+    clock = FakeClock(0.0)
+    waits: list[float] = []
+
+    def wait(seconds: float) -> bool:
+        waits.append(seconds)
+        clock.now += seconds
+        return len(waits) == case.stop_after_waits
+
+    deadline = None if case.deadline is None else (clock, case.deadline)
+    returned = case.policy.retry(
+        lambda: next(outcomes), wait=wait, rng=lambda: 0.5, deadline=deadline
+    )
+
+    assert (case.returns, case.waits) == (returned, tuple(pytest.approx(w) for w in waits))
 
 
 # -- Loop ------------------------------------------------------------------------------------

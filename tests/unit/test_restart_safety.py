@@ -129,7 +129,7 @@ def test_room_that_appears_before_a_retry_spares_the_victim_left() -> None:
 
     evictor.on_evict = and_mid_goes
     worker.run_once()
-    clock.now += worker.backoff.cap
+    clock.now += worker.backoff.policy.cap
     worker.run_once()
 
     assert [("low-a", "high", "node-1")] == [c for c in evictor.calls if c[0] == "low-a"]

@@ -218,7 +218,7 @@ def test_blocked_by_pdb_keeps_the_victim_pending_and_backs_off(
     worker.run_once()  # backing off: no call
     assert 2 == len(evictor.calls)
 
-    clock.now += worker.backoff.base
+    clock.now += worker.backoff.policy.initial
     evictor.results.clear()
     worker.run_once()
     assert ["low-a"] == [c[0] for c in evictor.calls[2:]]  # low-b was evicted already
@@ -310,7 +310,7 @@ def test_errors_are_counted_and_the_entry_retried(
     )
 
     evictor.on_evict = None
-    clock.now += worker.backoff.cap
+    clock.now += worker.backoff.policy.cap
     worker.run_once()
     worker.run_once()
     assert ["low", "low"] == [c[0] for c in evictor.calls]

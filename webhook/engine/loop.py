@@ -3,8 +3,9 @@ leads.
 
 * :class:`Loop` - a daemon thread that calls one step when woken, or after a period of
   quiet. The preemption worker, the reconciler and the after-review backlog are each one.
-* :class:`Backoff` - exponential backoff with jitter, per key: how long something that
-  failed waits before it is tried again.
+* :class:`Backoff` - the one retry policy (initial wait, factor, cap, jitter, attempts),
+  and :meth:`Backoff.retry` to call something until it works; :class:`KeyedBackoff` -
+  that policy per key: how long something that failed waits before it is tried again.
 * :class:`Runnables` - everything the service starts, started in order and stopped in
   reverse; the ones that need leader election run only while this replica leads.
 
@@ -14,6 +15,7 @@ No Kubernetes client and no HTTP here: what a step does is its owner's business.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -112,46 +114,92 @@ class Loop:
                 stop.wait(self.error_pause)
 
 
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How long to wait after a failure, and how many tries in all: the one retry policy
+    of the service (client-go's ``wait.Backoff``).
+
+    After the n-th failure in a row the wait is ``initial * factor**(n-1)``, at most
+    ``cap``, scaled by a random factor drawn evenly from ``jitter`` (low, high) so that
+    callers failing together do not come back together. ``attempts``: tries in all, the
+    first included (``None``: until it works or its caller stops). A factor of 1 makes a
+    jittered period (``wait.JitterUntil``).
+    """
+
+    initial: float
+    factor: float
+    cap: float = math.inf
+    jitter: tuple[float, float] = (1.0, 1.0)
+    attempts: int | None = None
+
+    def __post_init__(self) -> None:
+        low, high = self.jitter
+        if self.initial <= 0 or self.cap < self.initial or self.factor < 1:
+            raise ValueError("backoff needs 0 < initial <= cap and factor >= 1")
+        if not 0 <= low <= high:
+            raise ValueError("backoff jitter needs 0 <= low <= high")
+        if self.attempts is not None and self.attempts < 1:
+            raise ValueError("backoff needs at least one attempt")
+
+    def delay(self, failures: int, rng: Callable[[], float] = random.random) -> float:
+        """The wait after ``failures`` failures in a row (one or more)."""
+        low, high = self.jitter
+        base = min(self.cap, self.initial * self.factor ** max(0, failures - 1))
+        return base * (low + (high - low) * rng())
+
+    def spent(self, failures: int) -> bool:
+        """True when ``failures`` failures in a row used up every attempt."""
+        return self.attempts is not None and failures >= self.attempts
+
+    def retry(
+        self,
+        attempt: Callable[[], bool],
+        *,
+        wait: Callable[[float], object],
+        rng: Callable[[], float] = random.random,
+        deadline: tuple[Callable[[], float], float] | None = None,
+    ) -> bool:
+        """Call ``attempt`` until it returns True (then True). False when the attempts
+        are spent, when ``wait(delay)`` returns true (a stop flag's ``wait``: stopped),
+        or when the next try would start at or past ``deadline`` (a clock and the time
+        on it: client-go's ``PollImmediateUntil``)."""
+        failures = 0
+        while not attempt():
+            failures += 1
+            if self.spent(failures):
+                return False
+            delay = self.delay(failures, rng)
+            if deadline is not None and deadline[0]() + delay >= deadline[1]:
+                return False
+            if wait(delay):
+                return False
+        return True
+
+
 @dataclass(slots=True)
 class _Attempts:
     failures: int
     not_before: float
 
 
-class Backoff:
-    """Exponential backoff with jitter, per key (client-go's ``wait.Backoff`` with factor 2).
-
-    After the n-th failure in a row a key waits ``base * 2**(n-1)`` seconds, at most
-    ``cap``, scaled by a random factor in [0.5, 1] so that keys failing together do not
-    come back together. :meth:`succeeded` forgets a key; :meth:`reset` forgets them all
-    (something changed that may let every one of them through now). Thread-safe.
+class KeyedBackoff:
+    """A :class:`Backoff` per key: how long something that failed waits before it is tried
+    again. :meth:`succeeded` forgets a key; :meth:`reset` forgets them all (something
+    changed that may let every one of them through now). Thread-safe.
     """
 
     def __init__(
         self,
-        base: float,
-        cap: float,
+        policy: Backoff,
         *,
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
     ) -> None:
-        if base <= 0 or cap < base:
-            raise ValueError("backoff needs 0 < base <= cap")
-        self.base = base
-        self.cap = cap
+        self.policy = policy
         self._clock = clock
         self._rng = rng
         self._lock = threading.Lock()
         self._keys: dict[str, _Attempts] = {}
-
-    def delay(self, failures: int) -> float:
-        """The wait after ``failures`` failures in a row, before jitter."""
-        return min(self.cap, self.base * 2.0 ** max(0, failures - 1))
-
-    def jittered(self, failures: int) -> float:
-        """The wait after ``failures`` failures in a row: :meth:`delay` scaled by a random
-        factor in [0.5, 1]. For a caller that keeps its own count (one call's retries)."""
-        return self.delay(failures) * (0.5 + 0.5 * self._rng())
 
     def failed(self, key: str) -> float:
         """Count one more failure of ``key``; returns when it may be tried again (epoch
@@ -159,7 +207,8 @@ class Backoff:
         with self._lock:
             attempts = self._keys.get(key)
             failures = 1 if attempts is None else attempts.failures + 1
-            self._keys[key] = _Attempts(failures, self._clock() + self.jittered(failures))
+            wait = self.policy.delay(failures, self._rng)
+            self._keys[key] = _Attempts(failures, self._clock() + wait)
             return self._keys[key].not_before
 
     def ready(self, key: str) -> bool:
@@ -253,4 +302,4 @@ class Runnables:
                 registered.runnable.stop(registered.stop_timeout)
 
 
-__all__ = ["Backoff", "Loop", "Runnable", "Runnables", "Step"]
+__all__ = ["Backoff", "KeyedBackoff", "Loop", "Runnable", "Runnables", "Step"]

@@ -82,7 +82,7 @@ from webhook.core.model import PodRef
 from webhook.engine.config import Config
 from webhook.engine.giveback import give_backs
 from webhook.engine.ledger import Ledger, LedgerEntry, counting
-from webhook.engine.loop import Backoff, Loop
+from webhook.engine.loop import Backoff, KeyedBackoff, Loop
 from webhook.engine.metrics import RESOURCE_UNITS, Metrics, in_base_unit
 from webhook.engine.ports import (
     ClusterView,
@@ -227,7 +227,11 @@ class PreemptionWorker:
         self.recorder = recorder
         #: Entries whose last step failed (a refused or failed eviction, an error), by
         #: review uid.
-        self.backoff = Backoff(backoff_base, backoff_cap, clock=clock, rng=rng)
+        self.backoff = KeyedBackoff(
+            Backoff(initial=backoff_base, factor=2.0, cap=backoff_cap, jitter=(0.5, 1.0)),
+            clock=clock,
+            rng=rng,
+        )
         self._loop = Loop(
             "preemption-worker",
             self.run_once,

@@ -122,11 +122,13 @@ class Evictor:
         #: preemption worker sets 0: it retries with its own backoff, and at once when a
         #: budget changes, which sleeping in here would delay.
         self.pdb_retries = max_retries if pdb_retries is None else pdb_retries
-        self.backoff_base = backoff_base
-        self.backoff_cap = backoff_cap
         self._timeout = request_timeout
         self._sleep = sleep
-        self._retries = Backoff(backoff_base, backoff_cap, rng=rng)
+        self._rng = rng
+        #: Waits between two tries of a refused eviction, in one call.
+        self._retries = Backoff(
+            initial=backoff_base, factor=2.0, cap=backoff_cap, jitter=(0.5, 1.0)
+        )
         self._clock = clock
 
     # -- the one public call ----------------------------------------------------------------
@@ -186,11 +188,6 @@ class Evictor:
             options["gracePeriodSeconds"] = max(0, min(grace, self.grace_period_cap))
         return options
 
-    def backoff(self, attempt: int) -> float:
-        """Seconds to wait before retry ``attempt`` (0-based): exponential, capped, with
-        full jitter in [50%, 100%] so replicas and victims do not retry in lockstep."""
-        return self._retries.jittered(attempt + 1)
-
     def _evict_api(self, victim: PodRef, options: dict[str, Any]) -> EvictionResult:
         body = {
             "apiVersion": "policy/v1",
@@ -217,9 +214,10 @@ class Evictor:
                     if e.blocked_by_budget:
                         return EvictionResult.BLOCKED_BY_PDB
                     return EvictionResult.FAILED
-                delay = self.backoff(attempt)
+                # Jittered so that replicas and victims do not retry in lockstep.
+                delay = self._retries.delay(attempt + 1, self._rng)
                 if e.retry_after:
-                    delay = max(delay, min(e.retry_after, self.backoff_cap))
+                    delay = max(delay, min(e.retry_after, self._retries.cap))
                 self._sleep(delay)
         return EvictionResult.BLOCKED_BY_PDB  # pragma: no cover - the loop always returns
 

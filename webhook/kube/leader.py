@@ -34,9 +34,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from webhook.engine.loop import Backoff
 from webhook.engine.metrics import Metrics
 from webhook.kube.errors import ClusterError, NotFound
 from webhook.kube.events import micro_time
@@ -211,27 +212,26 @@ class LeaderElector:
     def _acquire(self) -> bool:
         """Try until the Lease is ours (True) or :meth:`stop` was called (False)."""
         log.info("%s: attempting to acquire leader lease %s", self.identity, self._describe())
-        while not self._stop.is_set():
-            if self._try_acquire_or_renew():
-                log.info("%s: acquired leader lease %s", self.identity, self._describe())
-                return True
-            # wait.JitterUntil(retryPeriod, JitterFactor): period + up to 1.2 periods.
-            self._stop.wait(self.retry_period * (1.0 + JITTER_FACTOR * self._rng()))
-        return False
+        # wait.JitterUntil(retryPeriod, JitterFactor): a period plus up to 1.2 periods.
+        every_period = Backoff(
+            initial=self.retry_period, factor=1.0, jitter=(1.0, 1.0 + JITTER_FACTOR)
+        )
+        acquired = every_period.retry(
+            self._try_acquire_or_renew, wait=self._stop.wait, rng=self._rng
+        )
+        if acquired:
+            log.info("%s: acquired leader lease %s", self.identity, self._describe())
+        return acquired
 
     def _renew(self) -> None:
         """Renew every retry period until a renewal misses its deadline or stop."""
+        # wait.PollImmediateUntil(retryPeriod, tryAcquireOrRenew, renewDeadline).
+        poll = Backoff(initial=self.retry_period, factor=1.0)
         while not self._stop.is_set():
-            deadline = self._monotonic() + self.renew_deadline
-            renewed = False
-            # wait.PollImmediateUntil(retryPeriod, tryAcquireOrRenew, renewDeadline).
-            while not self._stop.is_set():
-                if self._try_acquire_or_renew():
-                    renewed = True
-                    break
-                if self._monotonic() + self.retry_period >= deadline:
-                    break
-                self._stop.wait(self.retry_period)
+            deadline = (self._monotonic, self._monotonic() + self.renew_deadline)
+            renewed = poll.retry(
+                self._try_acquire_or_renew, wait=self._stop.wait, deadline=deadline
+            )
             if self._stop.is_set():
                 return
             if not renewed:
@@ -282,6 +282,8 @@ class LeaderElector:
         )
 
     def _try_acquire_or_renew(self) -> bool:
+        """One attempt at holding the Lease (client-go's ``tryAcquireOrRenew``): whether
+        this replica holds it now."""
         now = micro_time(self._clock())
         record = LeaderRecord(
             holder=self.identity,
@@ -290,87 +292,83 @@ class LeaderElector:
             renew_time=now,
         )
         observed = self.leader_record()
-
         # 1. Fast path: the leader updates optimistically, assuming the Lease it last wrote
         #    is still the current version.
-        if (
+        if self._holding(observed) and self._put(self._renewal(record, observed), "renew"):
+            return True
+        # 2. Obtain or create the Lease.
+        try:
+            current = self._read()
+        except NotFound:
+            return self._create(record)
+        if current is None:
+            return False
+        # 3. A change of the record restarts the local expiry clock; a valid Lease of
+        #    another holder is not ours to take.
+        if current != observed:
+            self._set_observed(current)
+        others = bool(current.holder) and current.holder != self.identity
+        if others and self._lease_valid(self._monotonic()):
+            return False
+        # 4. Take over (one more transition) or keep our own acquire time.
+        if current.holder == self.identity:
+            return self._put(self._renewal(record, current), "update")
+        return self._put(replace(record, transitions=current.transitions + 1), "update")
+
+    def _holding(self, observed: LeaderRecord) -> bool:
+        """Whether this replica held the Lease as last observed, and it has not expired."""
+        return (
             observed.holder == self.identity
             and self._lease is not None
             and self._lease_valid(self._monotonic())
-        ):
-            fast = LeaderRecord(
-                record.holder,
-                record.lease_duration_seconds,
-                observed.acquire_time,
-                record.renew_time,
-                observed.transitions,
-            )
-            try:
-                self._write(fast)
-                self._set_observed(fast)
-                return True
-            except ClusterError as e:
-                log.info("%s: optimistic renewal failed (%s), rereading", self.identity, e)
+        )
 
-        # 2. Obtain or create the Lease.
-        try:
-            lease = request_json(self._api_client, "GET", self._path, timeout=self._timeout)
-        except NotFound:
-            try:
-                self._lease = request_json(
-                    self._api_client,
-                    "POST",
-                    f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases",
-                    body={
-                        "apiVersion": "coordination.k8s.io/v1",
-                        "kind": "Lease",
-                        "metadata": {"name": self.name, "namespace": self.namespace},
-                        "spec": record.to_spec(),
-                    },
-                    timeout=self._timeout,
-                )
-            except ClusterError as e:
-                log.info("%s: could not create lease %s: %s", self.identity, self._path, e)
-                return False
-            self._set_observed(record)
-            return True
-        except ClusterError as e:
-            log.info("%s: could not read lease %s: %s", self.identity, self._describe(), e)
-            return False
-        self._lease = lease
-        current = LeaderRecord.from_spec(lease.get("spec") or {})
+    @staticmethod
+    def _renewal(record: LeaderRecord, held: LeaderRecord) -> LeaderRecord:
+        """``record`` keeping the acquire time and transitions of the Lease ``held``."""
+        return replace(record, acquire_time=held.acquire_time, transitions=held.transitions)
 
-        # 3. A change of the record restarts the local expiry clock.
-        if current != observed:
-            self._set_observed(current)
-        if (
-            current.holder
-            and self._lease_valid(self._monotonic())
-            and (current.holder != self.identity)
-        ):
-            return False
-
-        # 4. Take over (one more transition) or keep our own acquire time.
-        if current.holder == self.identity:
-            record = LeaderRecord(
-                record.holder,
-                record.lease_duration_seconds,
-                current.acquire_time,
-                record.renew_time,
-                current.transitions,
-            )
-        else:
-            record = LeaderRecord(
-                record.holder,
-                record.lease_duration_seconds,
-                record.acquire_time,
-                record.renew_time,
-                current.transitions + 1,
-            )
+    def _put(self, record: LeaderRecord, what: str) -> bool:
+        """Write ``record`` over the Lease as last read; whether it was written (a
+        concurrent writer makes it fail with 409)."""
         try:
             self._write(record)
         except ClusterError as e:
-            log.info("%s: could not update lease %s: %s", self.identity, self._describe(), e)
+            log.info("%s: could not %s lease %s: %s", self.identity, what, self._describe(), e)
+            return False
+        self._set_observed(record)
+        return True
+
+    def _read(self) -> LeaderRecord | None:
+        """The Lease's record as read now, keeping the Lease for the next write; ``None``
+        when the API server failed. Raises :class:`NotFound` when there is no Lease."""
+        try:
+            lease = request_json(self._api_client, "GET", self._path, timeout=self._timeout)
+        except NotFound:
+            raise
+        except ClusterError as e:
+            log.info("%s: could not read lease %s: %s", self.identity, self._describe(), e)
+            return None
+        self._lease = lease
+        return LeaderRecord.from_spec(lease.get("spec") or {})
+
+    def _create(self, record: LeaderRecord) -> bool:
+        """Create the Lease holding ``record``; whether it was created."""
+        try:
+            self._lease = request_json(
+                self._api_client,
+                "POST",
+                f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases",
+                body={
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": record.to_spec(),
+                },
+                timeout=self._timeout,
+            )
+        except ClusterError as e:
+            log.info("%s: could not create lease %s: %s", self.identity, self._path, e)
             return False
         self._set_observed(record)
         return True

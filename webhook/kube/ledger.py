@@ -50,7 +50,6 @@ import contextlib
 import functools
 import hashlib
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -71,6 +70,7 @@ from webhook.engine.ledger import (
     decode_entries,
     encode_entries,
 )
+from webhook.engine.loop import Backoff
 from webhook.engine.metrics import Metrics
 from webhook.kube import reflector as rf
 from webhook.kube.errors import ClusterError, Conflict, NotFound
@@ -315,7 +315,11 @@ class LeaseLedger:
         self._metrics = metrics
         self._clock = clock
         self._close_client = close_client
-        self._max_attempts = max_attempts
+        #: Between two conflicting writes: a jittered, growing pause, so that writers that
+        #: collided do not collide again.
+        self._conflicts = Backoff(
+            initial=0.005, factor=2.0, cap=0.2, jitter=(0.0, 1.0), attempts=max_attempts
+        )
         self._timeout = timeout
         self._store = _LeaseStore()
         self._last_ok: bool | None = None
@@ -403,8 +407,10 @@ class LeaseLedger:
         computed: tuple[tuple[LedgerEntry, ...] | None, R],
     ) -> R:
         state = self._store.node(node)
-        for attempt in range(self._max_attempts):
-            if attempt == 0 and state is seen:
+        tries = 0
+        while not self._conflicts.spent(tries):
+            tries += 1
+            if tries == 1 and state is seen:
                 # Nobody wrote while this waited: what ``change`` made of it still holds.
                 new, result = computed
             else:
@@ -424,15 +430,14 @@ class LeaseLedger:
                 continue
             except Conflict as e:
                 self._count_conflict()
-                log.debug("ledger %s: %s (attempt %d)", node, e.message, attempt + 1)
-                # Jittered, growing pause: writers that collided should not collide again.
-                time.sleep(random.uniform(0, min(0.2, 0.005 * 2**attempt)))
+                log.debug("ledger %s: %s (attempt %d)", node, e.message, tries)
+                time.sleep(self._conflicts.delay(tries))
                 state = self._read(node)
                 continue
             self._apply_own(written)
             return result
         raise Conflict(
-            f"ledger for node {node}: gave up after {self._max_attempts} conflicting writes",
+            f"ledger for node {node}: gave up after {tries} conflicting writes",
             status=409,
             reason="Conflict",
         )
@@ -576,13 +581,17 @@ class LeaseLedger:
             held = state.entries if state is not None else ()
             return (entries if len(held) != len(entries) else None), None
 
-        for _ in range(30):
+        def attempt() -> bool:
             try:
                 self.update(node, rewrite)
-                return
             except ClusterError as e:
                 log.info("ledger %s: void entry not dropped yet: %s", node, e.message)
-                time.sleep(1.0)
+                return False
+            return True
+
+        # Every second for half a minute: the API server is back by then, or the next
+        # admission's write on the node drops the entry.
+        Backoff(initial=1.0, factor=1.0, attempts=30).retry(attempt, wait=time.sleep)
 
     def _on_changes(self, _kind: str, changes: Any) -> None:
         with self._sub_lock:

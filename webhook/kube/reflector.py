@@ -45,6 +45,7 @@ import orjson
 import urllib3.exceptions
 
 from webhook.core.errors import InputError
+from webhook.engine.loop import Backoff
 from webhook.kube.errors import TRANSLATABLE, ClusterError, Expired, translate
 
 log = logging.getLogger(__name__)
@@ -256,22 +257,6 @@ class Resource(Generic[V]):
 
 
 Notify = Callable[[str, "Sequence[Change[Any]]"], None]
-
-
-class _Backoff:
-    """Jittered exponential backoff: 0.5 s doubling to 30 s."""
-
-    def __init__(self, initial: float = 0.5, cap: float = 30.0) -> None:
-        self.initial, self.cap = initial, cap
-        self._next = initial
-
-    def next(self) -> float:
-        delay = self._next * random.uniform(0.8, 1.2)
-        self._next = min(self._next * 2, self.cap)
-        return delay
-
-    def reset(self) -> None:
-        self._next = self.initial
 
 
 class Reflector(Generic[V]):
@@ -575,17 +560,19 @@ class Reflector(Generic[V]):
 
     def run(self) -> None:
         """The reflector loop; returns when :meth:`stop` is called."""
-        backoff = _Backoff()
+        # Waits between failed lists or watches, counted from the last success.
+        reconnect = Backoff(initial=0.5, factor=2.0, cap=30.0, jitter=(0.8, 1.2))
+        failures = 0
         need_list = True
         while not self._stop.is_set():
             try:
                 if need_list or self._resync_due():
                     self.relist()
                     need_list = False
-                    backoff.reset()
+                    failures = 0
                 self.watch_once()
                 # The server ended the watch (its timeout): continue from where we are.
-                backoff.reset()
+                failures = 0
                 self.last_error = ""
             except Expired as e:
                 self.relists_after_expiry += 1
@@ -609,13 +596,15 @@ class Reflector(Generic[V]):
                     log.debug("%s: watch idle past the read timeout", self.resource.name)
                     continue
                 self.last_error = err.message
-                delay = backoff.next()
+                failures += 1
+                delay = reconnect.delay(failures)
                 log.warning("%s: %s; retrying in %.1fs", self.resource.name, err.message, delay)
                 self._stop.wait(delay)
             except Exception:
                 if self._stop.is_set():
                     break
-                delay = backoff.next()
+                failures += 1
+                delay = reconnect.delay(failures)
                 self.last_error = "internal error"
                 log.exception("%s: reflector failed; retrying in %.1fs", self.resource.name, delay)
                 self._stop.wait(delay)
