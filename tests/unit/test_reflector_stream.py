@@ -130,9 +130,7 @@ class Recorder:
 
 
 def pod_reflector() -> tuple[Reflector[Pod], IndexedStore[Pod], Recorder]:
-    store: IndexedStore[Pod] = IndexedStore(
-        groups={"node": lambda p: p.node or None}, unique={"uid": lambda p: p.uid}
-    )
+    store: IndexedStore[Pod] = IndexedStore(groups={"node": lambda p: p.node or None})
     recorder = Recorder()
     reflector = Reflector(Resource("pods", no_api, parse_pod), store, notify=recorder)
     return reflector, store, recorder
@@ -232,7 +230,7 @@ def test_list_then_watch_keeps_the_store_current() -> None:
     assert store.group("node", "node-2") == ()
     a = store.get("default/a")
     assert a is not None and a.containers[0].requests.cpu == 2000
-    assert store.by("uid", "uid-b") is None
+    assert store.get("default/b") is None
     assert recorder.changes[3:] == [
         ("pods", "ADDED", "default/d"),
         ("pods", "MODIFIED", "default/a"),
@@ -348,12 +346,14 @@ def test_a_pod_recreated_under_the_same_name() -> None:
     reflector.load_pages(pages(list_page([pod_obj("a", "1", uid="one")], "5")))
     # Missed the DELETED (watch was down): the relist shows a new incarnation.
     reflector.load_pages(pages(list_page([pod_obj("a", "7", uid="two")], "8")))
-    assert store.by("uid", "one") is None
-    two = store.by("uid", "two")
-    assert two is not None and store.group("node", "node-1") == (two,)
+    two = store.get("default/a")
+    assert two is not None and "two" == two.uid
+    assert (two,) == store.group("node", "node-1")
     # And through the watch.
     reflector.consume([event("MODIFIED", pod_obj("a", "9", uid="three", node="node-2"))])
-    assert store.by("uid", "two") is None and store.by("uid", "three") is not None
+    three = store.get("default/a")
+    assert three is not None and "three" == three.uid
+    assert (three,) == store.group("node", "node-2")
     assert store.group("node", "node-1") == ()
 
 
@@ -436,9 +436,10 @@ def test_cluster_cache_indexes_and_subscribers() -> None:
     ]
     b = cache.pod("default", "b")
     assert b is not None and b.annotations == {}
-    assert cache.pod_by_uid("uid-c") is not None
+    c = cache.pod("other", "c")  # not bound yet: in no node's pods
+    assert c is not None and "uid-c" == c.uid
     assert [p.name for p in cache.pending_resizes()] == ["b"]
-    assert len(cache.all_pods()) == 3
+    assert 3 == len(cache.pods)
 
     # Priority classes changing rebuild the resolver.
     cache.reflector(PRIORITY_CLASSES).consume(
@@ -459,8 +460,7 @@ def test_cluster_cache_indexes_and_subscribers() -> None:
     cache.reflector(PODS).consume([event("DELETED", pod_obj("b", "11"))])
     assert kinds == [(k, t) for k, t, _, _ in seen]
     assert cache.pod("default", "b") is None
-    stats = cache.stats()
-    assert stats[PODS]["objects"] == 2 and stats[PODS]["synced"]
+    assert 2 == len(cache.pods) and cache.reflector(PODS).synced()
 
 
 def test_budgets_remembered_for_a_set_of_namespaces_follow_every_change() -> None:

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Final, Generic, TypeVar
 
 from kubernetes.client import CoreV1Api, PolicyV1Api, SchedulingV1Api
@@ -92,7 +93,6 @@ class IndexedStore(Generic[V]):
 
     ``groups``: name -> function giving an item's group key (``None``: in no group); each
     group is a tuple, rebuilt when a member changes (so keep groups small: pods per node).
-    ``unique``: name -> function giving an item's unique key (e.g. a pod's uid).
 
     Writers serialize on a lock; readers take none (see the module docstring).
     """
@@ -101,14 +101,11 @@ class IndexedStore(Generic[V]):
         self,
         *,
         groups: Mapping[str, Callable[[V], str | None]] | None = None,
-        unique: Mapping[str, Callable[[V], str]] | None = None,
     ) -> None:
         self._group_fns = dict(groups or {})
-        self._unique_fns = dict(unique or {})
         self._lock = threading.Lock()
         self._items: dict[str, V] = {}
         self._groups: dict[str, dict[str, tuple[V, ...]]] = {n: {} for n in self._group_fns}
-        self._unique: dict[str, dict[str, V]] = {n: {} for n in self._unique_fns}
         #: Counts the writes that changed something, each after its change is readable:
         #: a reader that remembers what it derived from the store checks it first.
         self.generation = 0
@@ -121,9 +118,6 @@ class IndexedStore(Generic[V]):
     def group(self, index: str, key: str) -> tuple[V, ...]:
         return self._groups[index].get(key, ())
 
-    def by(self, index: str, key: str) -> V | None:
-        return self._unique[index].get(key)
-
     def values(self) -> tuple[V, ...]:
         return tuple(self._items.values())
 
@@ -135,20 +129,16 @@ class IndexedStore(Generic[V]):
     def replace(self, items: Mapping[str, V]) -> list[Change[V]]:
         new_items = dict(items)
         groups: dict[str, dict[str, list[V]]] = {n: {} for n in self._group_fns}
-        unique: dict[str, dict[str, V]] = {n: {} for n in self._unique_fns}
         for view in new_items.values():
             for name, fn in self._group_fns.items():
                 g = fn(view)
                 if g is not None:
                     groups[name].setdefault(g, []).append(view)
-            for name, ufn in self._unique_fns.items():
-                unique[name][ufn(view)] = view
         with self._lock:
             changes = diff(self._items, new_items)
             # Whole-dict swaps: a reader holds either the old dict or the new one.
             self._items = new_items
             self._groups = {n: {k: tuple(v) for k, v in g.items()} for n, g in groups.items()}
-            self._unique = unique
             self.generation += 1
         return changes
 
@@ -189,14 +179,6 @@ class IndexedStore(Generic[V]):
                     index.pop(g_old, None)
             if g_new is not None and new is not None:
                 index[g_new] = (*index.get(g_new, ()), new)
-        for name, ufn in self._unique_fns.items():
-            uindex = self._unique[name]
-            if old is not None:
-                u_old = ufn(old)
-                if uindex.get(u_old) is old:
-                    del uindex[u_old]
-            if new is not None:
-                uindex[ufn(new)] = new
 
 
 # -- compact pods ------------------------------------------------------------------------
@@ -246,7 +228,7 @@ class _MappingInterner(Generic[V]):
 
 
 class PodCompactor:
-    """Rewrites a freshly parsed :class:`Pod` so it shares what it has in common with others.
+    """Rebuilds a freshly parsed :class:`Pod` so that it shares what it has in common with others.
 
     Pods of one ReplicaSet have the same labels, containers and (mostly) statuses; the
     same few quantities recur across a whole cluster. Strings that repeat (namespace,
@@ -260,55 +242,42 @@ class PodCompactor:
         self._statuses: _MappingInterner[ContainerStatus] = _MappingInterner(limit)
 
     def compact(self, pod: Pod) -> Pod:
-        """``pod``, compacted in place and returned. It must come straight from
-        ``parse_pod``: nothing else may hold it yet (its frozen fields are rewritten,
-        which is cheaper than building a second Pod for each of 150,000 pods)."""
+        """``pod`` with its parts shared with the pods compacted before it."""
         share = self._values
         intern = sys.intern
-        put = object.__setattr__
-        put(pod, "namespace", intern(pod.namespace))
-        put(pod, "node", intern(pod.node))
-        put(pod, "phase", intern(pod.phase))
-        put(pod, "qos_class", intern(pod.qos_class))
         labels = pod.labels
-        put(
+        return replace(
             pod,
-            "labels",
-            self._labels({intern(k): intern(v) for k, v in labels.items()})
+            namespace=intern(pod.namespace),
+            node=intern(pod.node),
+            phase=intern(pod.phase),
+            qos_class=intern(pod.qos_class),
+            labels=self._labels({intern(k): intern(v) for k, v in labels.items()})
             if labels
             else _EMPTY_MAP,
+            annotations=_kept(pod.annotations),
+            containers=self._containers(pod.containers),
+            init_containers=self._containers(pod.init_containers),
+            overhead=share(pod.overhead),
+            pod_requests=share(pod.pod_requests),
+            pod_limits=share(pod.pod_limits),
+            pod_allocated=share(pod.pod_allocated) if pod.pod_allocated is not None else None,
+            pod_actual=share(pod.pod_actual) if pod.pod_actual is not None else None,
+            statuses=self._statuses({s.name: self._status(s) for s in pod.statuses.values()})
+            if pod.statuses
+            else _EMPTY_MAP,
         )
-        annotations = pod.annotations
-        if annotations:
-            kept = {
-                intern(k): v
-                for k, v in annotations.items()
-                if k.startswith(KEPT_ANNOTATION_PREFIXES)
-            }
-            put(pod, "annotations", kept or _EMPTY_MAP)
-        else:
-            put(pod, "annotations", _EMPTY_MAP)
-        put(pod, "containers", self._containers(pod.containers))
-        put(pod, "init_containers", self._containers(pod.init_containers))
-        put(pod, "overhead", share(pod.overhead))
-        put(pod, "pod_requests", share(pod.pod_requests))
-        put(pod, "pod_limits", share(pod.pod_limits))
-        if pod.pod_allocated is not None:
-            put(pod, "pod_allocated", share(pod.pod_allocated))
-        if pod.pod_actual is not None:
-            put(pod, "pod_actual", share(pod.pod_actual))
-        statuses = pod.statuses
-        if statuses:
-            for s in statuses.values():
-                put(s, "name", intern(s.name))
-                if s.allocated is not None:
-                    put(s, "allocated", share(s.allocated))
-                if s.actual is not None:
-                    put(s, "actual", share(s.actual))
-            put(pod, "statuses", self._statuses({s.name: share(s) for s in statuses.values()}))
-        else:
-            put(pod, "statuses", _EMPTY_MAP)
-        return pod
+
+    def _status(self, status: ContainerStatus) -> ContainerStatus:
+        share = self._values
+        shared: ContainerStatus = share(
+            ContainerStatus(
+                sys.intern(status.name),
+                share(status.allocated) if status.allocated is not None else None,
+                share(status.actual) if status.actual is not None else None,
+            )
+        )
+        return shared
 
     def _containers(self, containers: tuple[Container, ...]) -> tuple[Container, ...]:
         if not containers:
@@ -321,6 +290,15 @@ class PodCompactor:
             )
         )
         return shared
+
+
+def _kept(annotations: Mapping[str, str]) -> Mapping[str, str]:
+    """The annotations a cached pod keeps (:data:`KEPT_ANNOTATION_PREFIXES`)."""
+    if not annotations:
+        return _EMPTY_MAP
+    intern = sys.intern
+    kept = {intern(k): v for k, v in annotations.items() if k.startswith(KEPT_ANNOTATION_PREFIXES)}
+    return kept or _EMPTY_MAP
 
 
 def _no_api(**_: Any) -> Any:
@@ -378,7 +356,6 @@ class ClusterCache:
                 # reconciler's work list, kept small by construction.
                 "pending": lambda p: "" if p.resize != "none" else None,
             },
-            unique={"uid": lambda p: p.uid},
         )
         self.nodes: IndexedStore[Node] = IndexedStore()
         self.budgets_store: IndexedStore[DisruptionBudget] = IndexedStore(
@@ -391,39 +368,6 @@ class ClusterCache:
             {},
         )
 
-        core = CoreV1Api(api) if api is not None else None
-        policy = PolicyV1Api(api) if api is not None else None
-        scheduling = SchedulingV1Api(api) if api is not None else None
-        resources: list[tuple[Resource[Any], IndexedStore[Any]]] = [
-            (
-                Resource(
-                    PRIORITY_CLASSES,
-                    scheduling.list_priority_class if scheduling else _no_api,
-                    parse_priority_class,
-                ),
-                self.classes,
-            ),
-            (
-                Resource(NODES, core.list_node if core else _no_api, parse_node),
-                self.nodes,
-            ),
-            (
-                Resource(
-                    BUDGETS,
-                    policy.list_pod_disruption_budget_for_all_namespaces if policy else _no_api,
-                    parse_pdb,
-                ),
-                self.budgets_store,
-            ),
-            (
-                Resource(
-                    PODS,
-                    core.list_pod_for_all_namespaces if core else _no_api,
-                    self._convert_pod,
-                ),
-                self.pods,
-            ),
-        ]
         self._reflectors: dict[str, Reflector[Any]] = {
             res.name: Reflector(
                 res,
@@ -434,10 +378,32 @@ class ClusterCache:
                 read_timeout=read_timeout,
                 freeze_gc=freeze_gc and res.name == PODS,
             )
-            for res, store in resources
+            for res, store in self._resources(api)
         }
         if metrics is not None:
             metrics.cache_age.set_function(self.age)
+
+    def _resources(self, api: Any | None) -> list[tuple[Resource[Any], IndexedStore[Any]]]:
+        """Each kind with its store, PriorityClasses first (pods list after them when
+        possible, so that their priorities resolve); offline, listing raises."""
+        lists: dict[str, Callable[..., Any]] = dict.fromkeys(KINDS, _no_api)
+        if api is not None:
+            core = CoreV1Api(api)
+            lists = {
+                PRIORITY_CLASSES: SchedulingV1Api(api).list_priority_class,
+                NODES: core.list_node,
+                BUDGETS: PolicyV1Api(api).list_pod_disruption_budget_for_all_namespaces,
+                PODS: core.list_pod_for_all_namespaces,
+            }
+        return [
+            (
+                Resource(PRIORITY_CLASSES, lists[PRIORITY_CLASSES], parse_priority_class),
+                self.classes,
+            ),
+            (Resource(NODES, lists[NODES], parse_node), self.nodes),
+            (Resource(BUDGETS, lists[BUDGETS], parse_pdb), self.budgets_store),
+            (Resource(PODS, lists[PODS], self._convert_pod), self.pods),
+        ]
 
     # -- conversion ----------------------------------------------------------------------
 
@@ -504,13 +470,6 @@ class ClusterCache:
 
     # -- more reads for the worker and reconciler ----------------------------------------
 
-    def pod_by_uid(self, uid: str) -> Pod | None:
-        return self.pods.by("uid", uid)
-
-    def all_pods(self) -> tuple[Pod, ...]:
-        """Every cached pod (a snapshot tuple; O(n) - not for the admission path)."""
-        return self.pods.values()
-
     def pending_resizes(self) -> tuple[Pod, ...]:
         """Pods whose ``PodResizePending`` is Deferred or Infeasible."""
         return self.pods.group("pending", "")
@@ -558,24 +517,6 @@ class ClusterCache:
             reflector.stop(timeout)
         if self._close_client and self._api is not None:
             self._api.close()
-
-    def stats(self) -> dict[str, dict[str, Any]]:
-        """Counts and freshness per kind, for logs and debugging endpoints."""
-        out: dict[str, dict[str, Any]] = {}
-        for kind, r in self._reflectors.items():
-            sink = r.sink
-            out[kind] = {
-                "objects": len(sink) if isinstance(sink, IndexedStore) else None,
-                "synced": r.synced(),
-                "age": round(r.age(), 3),
-                "staleness": round(r.staleness(), 3),
-                "resourceVersion": r.resource_version,
-                "lists": r.lists,
-                "watches": r.watches,
-                "relistsAfterExpiry": r.relists_after_expiry,
-                "lastError": r.last_error,
-            }
-        return out
 
 
 __all__ = [
