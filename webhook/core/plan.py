@@ -188,6 +188,29 @@ def _borrow(lenders: Iterable[Pod], needed: Resources) -> tuple[Loan, ...]:
     return tuple(loans)
 
 
+def _lenders(
+    candidates: Sequence[Pod],
+    usage: NodeUsage,
+    reserved: frozenset[str],
+    policy: PreemptionPolicy,
+) -> tuple[list[Pod], dict[str, Resources], tuple[tuple[PodRef, str], ...]]:
+    """The candidates that lend, least important first, what each holds once it lends
+    every floor, and the candidates whose floor annotation is malformed (they lend
+    nothing and are named in the plan). A pod that holds nothing (never admitted) has
+    nothing to lend; one holding a reservation of its own (``reserved``) keeps its size
+    for its own resize."""
+    annotated = [p for p in candidates if p.floors or p.floor_error] if policy.lending else []
+    floor_errors = tuple((p.ref, p.floor_error) for p in annotated if p.floor_error)
+    lenders: list[Pod] = []
+    at_floor: dict[str, Resources] = {}
+    for p in reversed(annotated):
+        lendable = room(p)
+        if p.uid not in reserved and not usage.held[p.uid].is_zero() and not lendable.is_zero():
+            lenders.append(p)
+            at_floor[p.uid] = usage.held[p.uid] - lendable
+    return lenders, at_floor, floor_errors
+
+
 def select_victims(
     preemptor: Pod,
     demand: Resources,
@@ -223,18 +246,8 @@ def select_victims(
     # 3. Most important first (MoreImportantPod, made a total order by the policy): the
     #    candidates are in the ranking's order already.
 
-    # Lenders, least important first, and what each holds once it lends every floor (a
-    # pod that holds nothing, never admitted, has nothing to lend). Candidates whose
-    # floor annotation is malformed lend nothing and are named in the plan.
-    annotated = [p for p in candidates if p.floors or p.floor_error] if policy.lending else []
-    floor_errors = tuple((p.ref, p.floor_error) for p in annotated if p.floor_error)
-    lenders: list[Pod] = []
-    at_floor: dict[str, Resources] = {}
-    for p in reversed(annotated):
-        lendable = room(p)
-        if p.uid not in reserved and not usage.held[p.uid].is_zero() and not lendable.is_zero():
-            lenders.append(p)
-            at_floor[p.uid] = usage.held[p.uid] - lendable
+    # Lenders, least important first, and what each holds once it lends every floor.
+    lenders, at_floor, floor_errors = _lenders(candidates, usage, reserved, policy)
     comes_back = {**usage.held, **at_floor} if at_floor else usage.held
 
     # 4. Split by PodDisruptionBudget violation, walking in that order.
@@ -268,6 +281,184 @@ def select_victims(
     over = {p.uid for p in split_by_violation(leaving, ranking.budgets, ranking.spends)[0]}
     return Selection(
         tuple(Victim(p.ref, p.priority, usage.held[p.uid], p.uid in over) for p in leaving),
+        loans=loans,
+        floor_errors=floor_errors,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Need:
+    """Step 0's figures: the resize's demand under the kubelet's model, what the rest of
+    the node holds, the other pods' active reservations on it, and what is missing."""
+
+    demand: Resources
+    usage: NodeUsage
+    reserved: Mapping[str, Reservation]
+    short: Resources
+
+
+def _need(
+    old: Pod,
+    new: Pod,
+    node: Node,
+    pods: Sequence[Pod],
+    reservations: Iterable[Reservation],
+    now: float,
+    holdings: Holdings | None,
+) -> _Need:
+    """Step 0. An infeasible resize that this request does not change keeps being
+    ignored, as the kubelet ignores it."""
+    stale_infeasible = old.resize == "infeasible" and new.same_declared_resources(old)
+    demand = pod_requests(new, "infeasible" if stale_infeasible else "resizing")
+    reserved = active_on(reservations, node.name, now, exclude_pod=new.uid)
+    usage = node_usage(node, pods, reserved, exclude_uid=new.uid, kept=holdings)
+    short = shortfall(demand, usage.in_use - usage.freeing, node.allocatable)
+    return _Need(demand, usage, reserved, short)
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """A verdict and what it names, before the figures are added (:func:`_plan`)."""
+
+    verdict: Verdict
+    code: ReasonCode
+    reason: str
+    victims: tuple[Victim, ...] = ()
+    unmet: Resources = ZERO
+    loans: tuple[Loan, ...] = ()
+    floor_errors: tuple[tuple[PodRef, str], ...] = ()
+
+
+def _plan(new: Pod, node: Node, need: _Need, outcome: _Outcome) -> Plan:
+    """The frozen :class:`Plan` of ``outcome``, with the figures a person reads."""
+    usage = need.usage
+    figures = {
+        n: ResourceFigures(
+            need.demand.get(n),
+            usage.in_use.get(n),
+            usage.freeing.get(n),
+            node.allocatable.get(n),
+            need.short.get(n),
+            outcome.unmet.get(n),
+        )
+        for n in RESOURCE_NAMES
+    }
+    return Plan(
+        new.ref,
+        node.name,
+        outcome.verdict,
+        outcome.code,
+        outcome.reason,
+        need.demand,
+        outcome.victims,
+        figures,
+        usage.waiting_for,
+        outcome.loans,
+        outcome.floor_errors,
+    )
+
+
+def _without_preemption(old: Pod, new: Pod, node: Node, need: _Need) -> _Outcome | None:
+    """Steps 1-4: the verdict when no victim selection is needed or allowed; ``None``
+    when the resize is short of room and may preempt."""
+    name, demand, short = node.name, need.demand, need.short
+    # Step 1: not on a node, or needs no room.
+    if not new.node:
+        return _Outcome("not-eligible", "not-bound", "pod is not bound to a node")
+    if demand.fits_in(pod_requests(old)):
+        return _Outcome(
+            "fits",
+            "no-growth",
+            f"resize does not grow cpu or memory beyond what {name} already holds for it",
+        )
+    # Step 2: requests no node of this size can hold.
+    too_big = demand.exceeds_in(node.allocatable)
+    if too_big:
+        detail = ", ".join(
+            f"{n} {format_amount(n, demand.get(n))} > {format_amount(n, node.allocatable.get(n))}"
+            for n in too_big
+        )
+        return _Outcome(
+            "infeasible", "exceeds-allocatable", f"requests exceed {name} allocatable: {detail}"
+        )
+    # Step 3: fits already, possibly once pods already leaving have gone.
+    if short.is_zero():
+        if fits(demand, need.usage.in_use, node.allocatable):
+            return _Outcome("fits", "fits", f"fits on {name} without preemption")
+        count = len(need.usage.waiting_for)
+        return _Outcome(
+            "fits",
+            "fits-once-terminated",
+            f"fits on {name} once {count} pod{'s' if count != 1 else ''} already leaving "
+            f"{'have' if count != 1 else 'has'} gone",
+        )
+    # Step 4: the pod or the node does not allow preemption for it.
+    if new.preemption_policy == "Never":
+        return _Outcome(
+            "not-eligible",
+            "preemption-policy-never",
+            f"preemptionPolicy is Never; {amounts_text(short, ' short by ')} on {name}",
+        )
+    if node.resize_preemption_disabled or new.resize_preemption_disabled:
+        return _Outcome("not-eligible", "node-opted-out", f"{name} opted out of resize preemption")
+    return None
+
+
+def _within_policy(
+    selection: Selection, name: str, short: Resources, policy: PreemptionPolicy
+) -> _Outcome:
+    """Steps 5 (its outcome) to 7: a selection that makes no room, or that the policy's
+    limits refuse, is infeasible; otherwise the plan preempts (or only borrows)."""
+    victims, loans, floor_errors = selection.victims, selection.loans, selection.floor_errors
+    if not selection.unmet.is_zero():
+        return _Outcome(
+            "infeasible",
+            "insufficient-after-preemption",
+            f"cannot fit on {name} even after preempting every lower-priority pod: "
+            f"{amounts_text(selection.unmet, ' short by ')}",
+            unmet=selection.unmet,
+        )
+    # Step 6: limits the policy sets.
+    blocked = [v for v in victims if v.violates_pdb]
+    if blocked and policy.pdb_mode == "respect":
+        return _Outcome(
+            "infeasible",
+            "pdb-violation",
+            f"cannot fit on {name} without violating a PodDisruptionBudget of "
+            + ", ".join(v.pod.key for v in blocked),
+            unmet=short,
+            floor_errors=floor_errors,
+        )
+    limit = policy.max_victims
+    if limit is not None and len(victims) > limit:
+        return _Outcome(
+            "infeasible",
+            "too-many-victims",
+            f"would need {len(victims)} victims on {name}, more than the limit of {limit}",
+            unmet=short,
+            floor_errors=floor_errors,
+        )
+    # Step 7: preempt, borrowing first.
+    count = len(victims)
+    preempting = f"preempting {count} lower-priority pod{'s' if count != 1 else ''} on {name}"
+    freeing = f"to free {amounts_text(short)}"
+    if loans:
+        lenders = len(lender_keys(loans))
+        borrowing = f"borrowing {amounts_text(lent(loans))} from {lenders}"
+        if not victims:
+            return _Outcome(
+                "preempt",
+                "lend",
+                f"{borrowing} lower-priority pod{'s' if lenders != 1 else ''} on {name}",
+                loans=loans,
+                floor_errors=floor_errors,
+            )
+        freeing = f"and {borrowing} {freeing}"
+    return _Outcome(
+        "preempt",
+        "preempt",
+        f"{preempting} {freeing}",
+        victims,
         loans=loans,
         floor_errors=floor_errors,
     )
@@ -307,155 +498,18 @@ def plan_resize(
     engine keeps between decisions (:class:`~webhook.engine.node_memo.NodeMemo`).
     """
     policy = policy or DefaultPolicy()
-    name, allocatable = node.name, node.allocatable
-
-    # Step 0: the pod's demand under the kubelet's model, and what the rest of the node
-    # holds. An infeasible resize that this request does not change keeps being
-    # ignored, as the kubelet ignores it.
-    stale_infeasible = old.resize == "infeasible" and new.same_declared_resources(old)
-    demand = pod_requests(new, "infeasible" if stale_infeasible else "resizing")
-    reserved = active_on(reservations, name, now, exclude_pod=new.uid)
-    usage = node_usage(node, pods, reserved, exclude_uid=new.uid, kept=holdings)
-    projected = usage.in_use - usage.freeing
-    short = shortfall(demand, projected, allocatable)
-
-    def decide(
-        verdict: Verdict,
-        code: ReasonCode,
-        reason: str,
-        victims: tuple[Victim, ...] = (),
-        unmet: Resources = ZERO,
-        loans: tuple[Loan, ...] = (),
-        floor_errors: tuple[tuple[PodRef, str], ...] = (),
-    ) -> Plan:
-        figures = {
-            n: ResourceFigures(
-                demand.get(n),
-                usage.in_use.get(n),
-                usage.freeing.get(n),
-                allocatable.get(n),
-                short.get(n),
-                unmet.get(n),
-            )
-            for n in RESOURCE_NAMES
-        }
-        return Plan(
-            new.ref,
-            name,
-            verdict,
-            code,
-            reason,
-            demand,
-            victims,
-            figures,
-            usage.waiting_for,
-            loans,
-            floor_errors,
-        )
-
-    # Step 1: not on a node, or needs no room.
-    if not new.node:
-        return decide("not-eligible", "not-bound", "pod is not bound to a node")
-    if demand.fits_in(pod_requests(old)):
-        return decide(
-            "fits",
-            "no-growth",
-            f"resize does not grow cpu or memory beyond what {name} already holds for it",
-        )
-
-    # Step 2: requests no node of this size can hold.
-    too_big = demand.exceeds_in(allocatable)
-    if too_big:
-        detail = ", ".join(
-            f"{n} {format_amount(n, demand.get(n))} > {format_amount(n, allocatable.get(n))}"
-            for n in too_big
-        )
-        return decide(
-            "infeasible", "exceeds-allocatable", f"requests exceed {name} allocatable: {detail}"
-        )
-
-    # Step 3: fits already, possibly once pods already leaving have gone.
-    if short.is_zero():
-        if fits(demand, usage.in_use, allocatable):
-            return decide("fits", "fits", f"fits on {name} without preemption")
-        count = len(usage.waiting_for)
-        return decide(
-            "fits",
-            "fits-once-terminated",
-            f"fits on {name} once {count} pod{'s' if count != 1 else ''} already leaving "
-            f"{'have' if count != 1 else 'has'} gone",
-        )
-
-    # Step 4: the pod or the node does not allow preemption for it.
-    if new.preemption_policy == "Never":
-        return decide(
-            "not-eligible",
-            "preemption-policy-never",
-            f"preemptionPolicy is Never; {amounts_text(short, ' short by ')} on {name}",
-        )
-    if node.resize_preemption_disabled or new.resize_preemption_disabled:
-        return decide("not-eligible", "node-opted-out", f"{name} opted out of resize preemption")
-
+    # Step 0: the pod's demand, what the rest of the node holds, what is missing.
+    need = _need(old, new, node, pods, reservations, now, holdings)
+    # Steps 1-4: nothing to select victims for.
+    early = _without_preemption(old, new, node, need)
+    if early is not None:
+        return _plan(new, node, need, early)
     # Step 5: victim selection, with lending.
-    claimed = frozenset(uid for r in reserved.values() for uid in r.victims)
+    claimed = frozenset(uid for r in need.reserved.values() for uid in r.victims)
     if ranking is None:
-        ranking = rank(name, pods, budgets, policy, now)
+        ranking = rank(node.name, pods, budgets, policy, now)
     selection = select_victims(
-        new, demand, node, ranking, usage, claimed, policy, frozenset(reserved)
+        new, need.demand, node, ranking, need.usage, claimed, policy, frozenset(need.reserved)
     )
-    if not selection.unmet.is_zero():
-        return decide(
-            "infeasible",
-            "insufficient-after-preemption",
-            f"cannot fit on {name} even after preempting every lower-priority pod: "
-            f"{amounts_text(selection.unmet, ' short by ')}",
-            unmet=selection.unmet,
-        )
-    victims = selection.victims
-    floor_errors = selection.floor_errors
-
-    # Step 6: limits the policy sets.
-    blocked = [v for v in victims if v.violates_pdb]
-    if blocked and policy.pdb_mode == "respect":
-        return decide(
-            "infeasible",
-            "pdb-violation",
-            f"cannot fit on {name} without violating a PodDisruptionBudget of "
-            + ", ".join(v.pod.key for v in blocked),
-            unmet=short,
-            floor_errors=floor_errors,
-        )
-    limit = policy.max_victims
-    if limit is not None and len(victims) > limit:
-        return decide(
-            "infeasible",
-            "too-many-victims",
-            f"would need {len(victims)} victims on {name}, more than the limit of {limit}",
-            unmet=short,
-            floor_errors=floor_errors,
-        )
-
-    loans = selection.loans
-    count = len(victims)
-    preempting = f"preempting {count} lower-priority pod{'s' if count != 1 else ''} on {name}"
-    freeing = f"to free {amounts_text(short)}"
-    if loans:
-        lenders = len(lender_keys(loans))
-        borrowing = f"borrowing {amounts_text(lent(loans))} from {lenders}"
-        if not victims:
-            return decide(
-                "preempt",
-                "lend",
-                f"{borrowing} lower-priority pod{'s' if lenders != 1 else ''} on {name}",
-                loans=loans,
-                floor_errors=floor_errors,
-            )
-        freeing = f"and {borrowing} {freeing}"
-    return decide(
-        "preempt",
-        "preempt",
-        f"{preempting} {freeing}",
-        victims=victims,
-        loans=loans,
-        floor_errors=floor_errors,
-    )
+    # Steps 6-7: the policy's limits, then the plan.
+    return _plan(new, node, need, _within_policy(selection, node.name, need.short, policy))
