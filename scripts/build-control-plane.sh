@@ -21,9 +21,9 @@ NODE_SOURCES="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/harness/node"
 KUBE_VERSIONS=("${RPW_KUBE_VERSION:-v1.37.2}" v1.36.3 v1.35.4)
 [[ -n "${RPW_KUBE_NO_FALLBACK:-}" ]] && KUBE_VERSIONS=("${KUBE_VERSIONS[0]}")
 ETCD_VERSION="${RPW_ETCD_VERSION:-v3.6.16}"
-CACHE="${RPW_CACHE:-$HOME/.cache/resize-preemption-webhook}"
-
-log() { printf '[build-control-plane] %s\n' "$*" >&2; }
+LOG_PREFIX=build-control-plane
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 node_sources_id() {
   cat "$NODE_SOURCES"/*.go | sha1sum | cut -c1-16
@@ -47,11 +47,7 @@ for override in "${RPW_ASSETS:-}" "${KUBEBUILDER_ASSETS:-}"; do
   fi
 done
 
-# Module and build caches live beside the binaries so a warm machine rebuilds nothing.
-export GOMODCACHE="${GOMODCACHE:-$CACHE/gomod}"
-export GOCACHE="${GOCACHE:-$CACHE/gocache}"
-export GOFLAGS="-mod=mod -buildvcs=false"
-export CGO_ENABLED=0
+go_env
 
 build_etcd() {
   local out=$1
@@ -79,46 +75,6 @@ GO
   log "etcd $ETCD_VERSION: compiling"
   (cd "$work" && go build -trimpath -ldflags='-s -w' -o "$out/etcd.tmp" . >&2)
   mv "$out/etcd.tmp" "$out/etcd"
-}
-
-# write_wrapper_gomod DIR MODULE VERSION: a module requiring k8s.io/kubernetes VERSION with
-# its staging modules replaced by their published versions. Kept when it exists already
-# (go mod tidy has filled in the rest then).
-write_wrapper_gomod() {
-  local work=$1 module=$2 version=$3
-  [[ -f "$work/go.mod" ]] && grep -q "^module $module\$" "$work/go.mod" && return 0
-  local minor=${version#v1.}; minor=${minor%%.*}
-  local staging="v0.${minor}.${version##*.}"
-  log "kubernetes $version: reading its go.mod"
-  local gomod
-  gomod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-  [[ -f "$gomod" ]] || { log "cannot fetch k8s.io/kubernetes@$version"; return 1; }
-  local goline
-  goline=$(grep -E '^go [0-9]' "$gomod" | head -1)
-  {
-    echo "module $module"
-    echo
-    echo "$goline"
-    echo
-    echo "require k8s.io/kubernetes $version"
-    echo
-    echo "replace ("
-    # Every staging module k8s.io/kubernetes points at ./staging is published on its own
-    # with the matching v0.x tag.
-    grep -E '^\s*k8s.io/\S+ => ./staging' "$gomod" | awk -v v="$staging" '{print "\t" $1 " => " $1 " " v}'
-    echo ")"
-  } > "$work/go.mod"
-}
-
-version_ldflags() {
-  local version=$1
-  local minor=${version#v1.}; minor=${minor%%.*}
-  local ld="-s -w" pkg
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-  done
-  echo "$ld"
 }
 
 # build_node VERSION OUT: the hollow kubelet of harness/node, in a wrapper module of its own
