@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha1sum | cut -c1-12)
 
-.PHONY: help venv binaries vpa tools lint unit e2e test cluster cluster-down demo bench compare matrix certs clean
+.PHONY: help venv binaries node vpa tools lint unit e2e test cluster cluster-down demo bench compare matrix certs clean
 
 help:
 	@echo "make demo          local control plane + webhook, replays the resize walkthrough"
@@ -17,6 +17,9 @@ help:
 	@echo "                   VPA updater (docs/vpa.md)"
 	@echo "make cluster-down  stop it"
 	@echo "make certs         a CA, the serving certificate and its Secret manifest in certs/"
+	@echo "make node          a real node's stack (kubelet, containerd, runc, CNI plugins; built from"
+	@echo "                   the Go module proxy) and its images (pause, busybox, the webhook's own"
+	@echo "                   from its Dockerfile), without a registry (docs/real-node.md)"
 	@echo "make vpa           the VPA updater and its CRDs (built from the Go module proxy)"
 	@echo "make tools         helm (built from the Go module proxy), promtool and prometheus"
 	@echo "make bench         benchmarks under bench/"
@@ -33,6 +36,13 @@ venv: $(STAMP)
 
 binaries:
 	@scripts/build-control-plane.sh >/dev/null
+
+# A real node: kubelet, containerd, runc and the CNI plugins (Go module proxy), and the
+# images it runs as OCI archives (Debian's buildah and mmdebstrap), both cached like the
+# control plane.
+node:
+	@scripts/build-node.sh >/dev/null
+	@scripts/build-images.sh >/dev/null
 
 # The Vertical Pod Autoscaler's updater and CRDs (built from the Go module proxy, cached like
 # the control plane), for `make cluster VPA=1`, tests/e2e/test_vpa.py and bench/vpa.py.
@@ -54,10 +64,10 @@ lint: venv
 unit: venv tools binaries
 	$(PY) -m pytest tests/unit -q
 
-e2e: venv binaries vpa tools
+e2e: venv binaries node vpa tools
 	$(PY) -m pytest tests/e2e -q
 
-test: lint binaries vpa tools
+test: lint binaries node vpa tools
 	$(PY) -m pytest -q
 
 cluster: venv binaries $(if $(filter 1,$(VPA)),vpa)

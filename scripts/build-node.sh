@@ -65,8 +65,12 @@ if have_all "$OUT"; then
   echo "$OUT"
   exit 0
 fi
+command -v go >/dev/null || { log "no go on PATH: install Go 1.21 or later (it fetches the toolchain each module asks for)"; exit 1; }
 go_env
 mkdir -p "$OUT/cni"
+# One build at a time: a second one waits, then finds everything built.
+exec 9>"$OUT.lock"
+flock 9
 
 # released_module_dir MODULE VERSION: the module's own directory in the module cache. The
 # pieces other than the kubelet are built there, as the main module, with -mod=readonly: their
