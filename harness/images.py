@@ -26,6 +26,7 @@ import fcntl
 import hashlib
 import inspect
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -39,6 +40,8 @@ from typing import Final, Literal, cast
 Role = Literal["sandbox", "workload", "product"]
 ROLES: Final[tuple[Role, ...]] = ("sandbox", "workload", "product")
 TSV_NAME: Final = "images.tsv"
+# Image directories kept in the cache (one per set of inputs, e.g. per source change).
+KEEP_SETS: Final = 4
 
 SANDBOX_REFERENCE: Final = "registry.k8s.io/pause:3.10"
 WORKLOAD_REPOSITORY: Final = "localhost/debian-busybox-static"
@@ -536,7 +539,23 @@ def build_all(inputs: Inputs) -> Path:
             (directory / archive.file).unlink(missing_ok=True)
             os.link(stored, directory / archive.file)
         (directory / TSV_NAME).write_text(format_images_tsv(list(archives)), encoding="utf-8")
+    os.utime(directory)  # the most recently used directories are the ones prune() keeps
     return directory
+
+
+def prune(cache: Path, keep: int = KEEP_SETS) -> list[Path]:
+    """Removes all but the ``keep`` most recently made image directories, then every
+    archive no remaining directory links to (a product archive per source change would
+    otherwise pile up). Returns what it removed."""
+    sets = sorted((cache / "sets").glob("*"), key=lambda d: d.stat().st_mtime, reverse=True)
+    removed = sets[keep:]
+    for directory in removed:
+        shutil.rmtree(directory)
+    for archive in sorted((cache / "archives").glob("*.tar")):
+        if archive.stat().st_nlink == 1:
+            archive.unlink()
+            removed.append(archive)
+    return removed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -566,6 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with (inputs.cache / "lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             directory = build_all(inputs)
+            prune(inputs.cache)
     except ImageBuildFailed as error:
         log(str(error))
         return 1

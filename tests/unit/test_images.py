@@ -3,6 +3,7 @@ what is rebuilt."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from harness.images import (
     inputs_key,
     parse_images_tsv,
     product_key,
+    prune,
     read_images,
     tag_of_debian_version,
 )
@@ -180,3 +182,29 @@ def test_every_file_the_dockerfile_copies_from_the_context_is_in_the_product_key
             copied.update(w.rstrip("/") for w in words[1:-1])
     assert copied
     assert set() == copied - set(PRODUCT_FILES) - set(PRODUCT_TREES)
+
+
+def _image_set(cache: Path, name: str, archives: list[str], mtime: int) -> None:
+    directory = cache / "sets" / name
+    directory.mkdir(parents=True)
+    for archive in archives:
+        stored = cache / "archives" / archive
+        stored.parent.mkdir(exist_ok=True)
+        if not stored.exists():
+            stored.write_bytes(b"")
+        os.link(stored, directory / archive)
+    os.utime(directory, (mtime, mtime))
+
+
+def test_prune_keeps_the_newest_directories_and_the_archives_they_link(tmp_path: Path) -> None:
+    _image_set(tmp_path, "old", ["sandbox-1.tar", "product-1.tar"], mtime=1000)
+    _image_set(tmp_path, "newer", ["sandbox-1.tar", "product-2.tar"], mtime=2000)
+    _image_set(tmp_path, "newest", ["sandbox-1.tar", "product-3.tar"], mtime=3000)
+
+    removed = prune(tmp_path, keep=2)
+
+    assert [tmp_path / "sets/old", tmp_path / "archives/product-1.tar"] == removed
+    assert ["newer", "newest"] == sorted(p.name for p in (tmp_path / "sets").iterdir())
+    assert ["product-2.tar", "product-3.tar", "sandbox-1.tar"] == sorted(
+        p.name for p in (tmp_path / "archives").iterdir()
+    )
