@@ -68,7 +68,8 @@ from harness.kubeapi import ApiError, KubeClient
 from harness.manifests import guaranteed_pod
 from harness.replicas import Replica, ReplicaSet, start_replicas
 from webhook.core.objects import parse_pod
-from webhook.engine.ledger import counting, decode_entries
+from webhook.engine.ledger import decode_entries
+from webhook.engine.lifecycle import room_holders
 
 RESULTS = Path(__file__).parent / "results" / "faults.json"
 NODE = "node-1"
@@ -284,7 +285,7 @@ class FaultRig:
         for lease in leases:
             raw = (lease["metadata"].get("annotations") or {}).get("resize-preemption.io/ledger")
             entries = [e for e in decode_entries(raw) if e.pod.uid == pod_uid]
-            if counting(entries, pods, time.time()):
+            if room_holders(entries, pods, time.time()):
                 return True
         return False
 

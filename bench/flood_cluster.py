@@ -52,7 +52,8 @@ from harness.kubeapi import KubeClient
 from harness.webhook_process import WebhookProcess
 from webhook.core.objects import parse_pod
 from webhook.engine.config import Config
-from webhook.engine.ledger import LedgerEntry, counting, decode_entries
+from webhook.engine.ledger import LedgerEntry, decode_entries
+from webhook.engine.lifecycle import room_holders
 from webhook.kube.ledger import LEDGER_ANNOTATION, lease_name
 
 RESULTS = Path(__file__).resolve().parent / "results" / "flood-cluster.json"
@@ -202,7 +203,7 @@ class ClusterFlood:
         """The entries that still hold room, by the service's own rule, on the pods as the
         API server has them now."""
         pods = [parse_pod(p) for p in self.client.get(self._pods_path())["items"]]
-        return counting(entries, pods, time.time())
+        return room_holders(entries, pods, time.time())
 
     def _manifest(self, name: str, cls: str) -> dict[str, Any]:
         return pod_manifest(name, "1", self.classes[cls])

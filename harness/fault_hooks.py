@@ -36,7 +36,7 @@ from typing import Any, Final
 
 from webhook.core.model import PodRef
 from webhook.engine.hooks import Hooks
-from webhook.engine.ledger import Change, Ledger, LedgerEntry, R
+from webhook.engine.ledger import Ledger, LedgerChange, LedgerEntry, R
 from webhook.engine.ports import EvictionResult, VictimEvictor
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class FaultLedger:
     def reachable(self) -> bool:
         return self._ledger.reachable()
 
-    def update(self, node: str, change: Change[R]) -> R:
+    def update(self, node: str, change: LedgerChange[R]) -> R:
         wrote = added = False
 
         def before(entries: tuple[LedgerEntry, ...]) -> Any:

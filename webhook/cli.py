@@ -156,7 +156,7 @@ def _ask_cluster(args: argparse.Namespace, read: Any) -> Any:
 
 
 def _live_plan(args: argparse.Namespace, key: str, patch: dict[str, Any]) -> Any:
-    from webhook.engine.ledger import counting
+    from webhook.engine.lifecycle import room_holders
     from webhook.kube.errors import NotFound
     from webhook.kube.status import read_live, read_pod
 
@@ -179,7 +179,7 @@ def _live_plan(args: argparse.Namespace, key: str, patch: dict[str, Any]) -> Any
     pods = snapshot.pods_on(pod.node) if pod is not None else ()
     # As the admission path plans: against every other reservation holding room.
     others = [e for e in live.entries if pod is None or e.pod.uid != pod.uid]
-    reservations = [e.reservation() for e in counting(others, pods, now)]
+    reservations = [e.reservation() for e in room_holders(others, pods, now)]
     return plan_snapshot_resize(
         snapshot, key, patch, now=now, policy=_policy(args), reservations=reservations
     )

@@ -145,15 +145,13 @@ def build(
             resizer=Resizer(act_api, recorder, metrics, lenders=cache.pod),
         )
 
-        def admitted(_entry: object) -> None:
-            worker.wake()
-
+        # An admission wakes the worker once, through the ledger's change notification
+        # of its own write (_wake_on_changes).
         reconciler = Reconciler(
             config,
             cache,
             ledger,
             metrics=metrics,
-            on_admitted=admitted,
             on_decision=_decision_event(recorder),
         )
         # Counting each review and writing its decision-log line: after the answer.
@@ -163,7 +161,6 @@ def build(
             cache,
             ledger,
             metrics=metrics,
-            on_admitted=admitted,
             after=after_review.submit,
             on_floor_errors=recorder.floor_errors,
         )

@@ -20,7 +20,7 @@ from typing import Any
 from webhook.core.model import DisruptionBudget, Node, Pod, PriorityClass
 from webhook.core.objects import PriorityResolver
 from webhook.core.snapshot import Snapshot, load_snapshot
-from webhook.engine.ledger import Change, LedgerEntry, R
+from webhook.engine.ledger import LedgerChange, LedgerEntry, R
 
 
 class StaticClusterView:
@@ -140,7 +140,7 @@ class InMemoryLedger:
         with self._lock:
             return tuple(e for group in self._nodes.values() for e in group)
 
-    def update(self, node: str, change: Change[R]) -> R:
+    def update(self, node: str, change: LedgerChange[R]) -> R:
         with self._lock:
             new, result = change(self._nodes.get(node, ()))
             if new is not None:

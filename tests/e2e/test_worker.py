@@ -22,7 +22,8 @@ from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter, victim_leaves
 from webhook.core.resize import apply_resize
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
-from webhook.engine.ledger import LedgerEntry, counting
+from webhook.engine.ledger import LedgerEntry
+from webhook.engine.lifecycle import room_holders
 from webhook.engine.metrics import Metrics
 from webhook.engine.worker import PreemptionWorker
 from webhook.kube.cache import BUDGETS, ClusterCache
@@ -149,7 +150,7 @@ def walkthrough(
 def holding(service: Service) -> tuple[LedgerEntry, ...]:
     """The ledger entries that still hold room, as every reader counts them."""
     entries = service.ledger.all_entries()
-    return counting(entries, service.cache.pods_on(NODE), time.time())
+    return room_holders(entries, service.cache.pods_on(NODE), time.time())
 
 
 def test_the_worker_preempts_for_an_admitted_resize_and_releases_it_once_actuated(

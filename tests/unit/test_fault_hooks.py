@@ -14,7 +14,7 @@ import pytest
 from harness.fault_hooks import Fault, FaultEvictor, FaultLedger, fault_hooks
 from tests.unit.test_worker_logic import entry, ref
 from webhook.engine.hooks import Hooks
-from webhook.engine.ledger import Change, LedgerEntry
+from webhook.engine.ledger import LedgerChange, LedgerEntry
 from webhook.engine.ports import EvictionResult
 from webhook.engine.worker import remove_entry, update_entry
 from webhook.testing import InMemoryLedger
@@ -30,7 +30,7 @@ class Points:
         self.reached_in_order.append(point)
 
 
-def add(new: LedgerEntry) -> Change[None]:
+def add(new: LedgerEntry) -> LedgerChange[None]:
     return lambda entries: ((*entries, new), None)
 
 
@@ -51,7 +51,7 @@ def add(new: LedgerEntry) -> Change[None]:
         pytest.param(remove_entry("nobody"), [], id="no-change-writes-nothing"),
     ],
 )
-def test_ledger_points(change: Change[object], points: list[str]) -> None:
+def test_ledger_points(change: LedgerChange[object], points: list[str]) -> None:
     store = InMemoryLedger()
     store.update("node-1", add(entry("low")))
     seen = Points()

@@ -10,8 +10,9 @@ import pytest
 from tests.unit.test_worker_logic import ADMITTED, LOAN, NODE, NOW, entry, pod, ref
 from webhook.core.lending import Loan, outstanding
 from webhook.core.model import Pod
-from webhook.engine.giveback import give_backs
-from webhook.engine.ledger import LedgerEntry, kept
+from webhook.engine.ledger import LedgerEntry
+from webhook.engine.lifecycle import to_keep
+from webhook.engine.loans import give_backs
 
 # "high" (priority 1000) borrowed 2 CPUs from "lender" (priority 0, 3 -> 1) to grow to 6
 # on 8; "mid" (priority 2000) holds 1.
@@ -112,10 +113,10 @@ def test_lent_twice_returns_the_later_loan_first() -> None:
 def test_an_entry_stays_until_its_loans_are_given_back_and_actuated() -> None:
     spent = (HIGH_BACK_TO_4, MID)
 
-    assert (BORROWED,) == kept((BORROWED,), (*spent, LENT), NOW)
-    assert (BORROWED,) == kept((BORROWED,), (*spent, pod("lender", cpu="3", allocated="1")), NOW)
-    assert () == kept((BORROWED,), (*spent, pod("lender", cpu="3")), NOW)
-    assert () == kept((BORROWED,), (*spent, pod("lender", cpu="2")), NOW)  # owner's spec won
+    assert (BORROWED,) == to_keep((BORROWED,), (*spent, LENT), NOW)
+    assert (BORROWED,) == to_keep((BORROWED,), (*spent, pod("lender", cpu="3", allocated="1")), NOW)
+    assert () == to_keep((BORROWED,), (*spent, pod("lender", cpu="3")), NOW)
+    assert () == to_keep((BORROWED,), (*spent, pod("lender", cpu="2")), NOW)  # owner's spec won
 
 
 @pytest.mark.parametrize(

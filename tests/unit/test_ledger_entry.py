@@ -175,7 +175,6 @@ def test_reservation_claims_only_pending_victims() -> None:
             resources=Resources(6000, 2 * Gi),
             victims=frozenset({"uid-job-1"}),
             expires_at=NOW + 60.5,
-            desired=(("app", Resources(5500, Gi)), ("proxy", Resources(500, Gi))),
         )
         == value.reservation()
     )

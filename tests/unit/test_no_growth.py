@@ -16,7 +16,7 @@ from webhook.core.resources import Resources
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.worker_logic import Wait, next_action
+from webhook.engine.lifecycle import Wait, next_action
 
 
 class Ledger:

@@ -33,14 +33,9 @@ from webhook.core.plan import Plan
 from webhook.core.resources import Resources
 from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry
+from webhook.engine.loans import is_give_back
 from webhook.engine.metrics import Metrics
-from webhook.engine.reconciler import (
-    DEFERRED_REASONS,
-    Reconciler,
-    giving_back,
-    review_uid_for,
-    skip_reason,
-)
+from webhook.engine.reconciler import DEFERRED_REASONS, Reconciler, review_uid_for, skip_reason
 from webhook.testing import InMemoryLedger, StaticClusterView
 
 CONFIG = Config(reservation_ttl=120.0)
@@ -473,10 +468,12 @@ def test_skip_reason(builder: PodBuilder, reason: str) -> None:
 def test_a_deferred_give_back_is_told_apart_from_a_deferred_resize() -> None:
     entries = (replace(worker_entry(), loans=(LOAN,)),)
 
-    assert giving_back(cached_pod("lender", cpu="3", allocated="1", resize="Deferred"), entries)
+    assert is_give_back(cached_pod("lender", cpu="3", allocated="1", resize="Deferred"), entries)
     # Its owner asked for another amount: an ordinary deferred resize.
-    assert not giving_back(cached_pod("lender", cpu="4", allocated="1", resize="Deferred"), entries)
-    assert not giving_back(cached_pod("lender", cpu="3", allocated="1", resize="Deferred"), ())
+    assert not is_give_back(
+        cached_pod("lender", cpu="4", allocated="1", resize="Deferred"), entries
+    )
+    assert not is_give_back(cached_pod("lender", cpu="3", allocated="1", resize="Deferred"), ())
 
 
 def deferred_gauges(metrics: Metrics) -> dict[str, tuple[float, float]]:

@@ -22,19 +22,12 @@ from webhook.core.model import Pod, PodRef
 from webhook.core.plan import plan_resize
 from webhook.core.quantity import memory_bytes
 from webhook.core.resources import ZERO, Resources
-from webhook.engine.giveback import give_backs
-from webhook.engine.ledger import LedgerEntry, giving_back, kept
+from webhook.engine.ledger import LedgerEntry
+from webhook.engine.lifecycle import Act, Refuse, Release, next_action, to_keep
+from webhook.engine.loans import give_backs, is_give_back, record_refusal, to_put_back
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import LoanResult
 from webhook.engine.worker import refuse_entry
-from webhook.engine.worker_logic import (
-    Act,
-    Refuse,
-    Release,
-    next_action,
-    record_refusal,
-    to_put_back,
-)
 from webhook.testing import InMemoryLedger
 
 GI = 1024**3
@@ -260,8 +253,8 @@ def test_an_entry_owing_a_lender_its_room_is_kept_until_it_expires() -> None:
     recorded = replace(ENTRY, loans=(), refused=(LOAN_1,))
     pods = (high("8Gi"), RESTORING)
 
-    assert (recorded,) == kept((recorded,), pods, NOW)
-    assert () == kept((recorded,), pods, recorded.expires_at)
+    assert (recorded,) == to_keep((recorded,), pods, NOW)
+    assert () == to_keep((recorded,), pods, recorded.expires_at)
 
 
 class Resizer:
@@ -350,8 +343,8 @@ def test_a_refused_lender_put_back_is_never_preempted_for() -> None:
     recorded = replace(ENTRY, loans=(), refused=(LOAN_1,))
 
     assert (True, False) == (
-        giving_back(RESTORING, (recorded,)),
-        giving_back(RESTORING, (replace(recorded, refused=()),)),
+        is_give_back(RESTORING, (recorded,)),
+        is_give_back(RESTORING, (replace(recorded, refused=()),)),
     )
 
 

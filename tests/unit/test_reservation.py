@@ -1,27 +1,31 @@
-"""When a reservation is spent: the cluster shows it holds nothing any more."""
+"""When an admitted resize stops holding room: the cluster shows it holds nothing any more
+(:func:`webhook.engine.lifecycle.phase` leaves the states that hold room)."""
 
 # House style puts the expected value on the left of ==.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
 from tests.unit.builders import Gi, make_pod
-from webhook.core.model import Pod
-from webhook.core.reservation import Reservation, spent
+from webhook.core.model import Pod, PodRef
 from webhook.core.resources import Resources
+from webhook.engine.ledger import LedgerEntry
+from webhook.engine.lifecycle import HOLDS_ROOM, phase
 
 NOW = 1000.0
 #: "high" was admitted from 2 to 6 CPUs; the resize's spec is generation 3.
-RESERVED = Reservation(
-    pod_uid="uid-high",
-    pod="default/high",
+RESERVED = LedgerEntry(
+    pod=PodRef("default", "high", "uid-high"),
     node="node-1",
+    review_uid="review-1",
     resources=Resources(6000, Gi),
-    expires_at=NOW + 100,
     desired=(("app", Resources(6000, Gi)),),
+    victims=(),
+    admitted_at=NOW - 10,
+    expires_at=NOW + 100,
     generation=3,
     persist_by=NOW + 10,
 )
@@ -44,7 +48,7 @@ def high(cpu: str = "6", *, holding: str = "2", generation: int = 3) -> Pod:
 class Case:
     pod: Pod | None
     expected: bool
-    reservation: Reservation = RESERVED
+    reservation: LedgerEntry = RESERVED
     now: float = NOW
 
 
@@ -106,7 +110,7 @@ CASES = [
         Case(
             high(holding="6"),
             False,
-            reservation=Reservation("uid-high", "default/high", "node-1", Resources(6000, Gi)),
+            reservation=replace(RESERVED, desired=(), generation=0, persist_by=0.0),
         ),
         id="an-entry-that-does-not-say-what-it-admitted-counts-until-expiry",
     ),
@@ -115,4 +119,5 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES)
 def test_spent(case: Case) -> None:
-    assert case.expected == spent(case.reservation, case.pod, case.now)
+    spent = phase(case.reservation, case.pod, case.now).state not in HOLDS_ROOM
+    assert case.expected == spent

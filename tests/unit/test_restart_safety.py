@@ -14,11 +14,10 @@ import pytest
 from tests.unit.test_worker import Clock, Cluster, FakeEvictor, add, make_worker
 from tests.unit.test_worker_logic import ADMITTED, CONFIG, NODE, entry, pod
 from webhook.core.model import Pod, PodRef
-from webhook.engine.ledger import counting
+from webhook.engine.lifecycle import Release, next_action, room_holders
 from webhook.engine.ports import EvictionResult
 from webhook.engine.reconciler import Reconciler
 from webhook.engine.worker import PreemptionWorker
-from webhook.engine.worker_logic import Release, next_action
 from webhook.testing import InMemoryLedger, StaticClusterView
 
 
@@ -196,5 +195,5 @@ def test_no_reservation_outlives_its_ttl() -> None:
     worker.run_once()
 
     # Nobody counts it any more; the next write to the node's ledger drops it.
-    assert () == counting(ledger.all_entries(), scene(), clock.now)
+    assert () == room_holders(ledger.all_entries(), scene(), clock.now)
     assert world.calls == {}

@@ -24,7 +24,8 @@ from tests.unit.test_worker_logic import (
 )
 from webhook.core.model import Node, Pod, PodRef
 from webhook.engine.config import Config
-from webhook.engine.ledger import LedgerEntry, counting
+from webhook.engine.ledger import LedgerEntry
+from webhook.engine.lifecycle import room_holders
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import EvictionResult
 from webhook.engine.worker import PreemptionWorker, remove_entry, update_entry
@@ -167,7 +168,7 @@ def test_an_actuated_resize_is_released_without_a_write(
     assert [] == evictor.calls
     assert 0 == ledger.writes - written_before
     # Left for the next write to drop; no reader counts it any more.
-    assert () == counting(ledger.all_entries(), (actuated, MID), clock.now)
+    assert () == room_holders(ledger.all_entries(), (actuated, MID), clock.now)
 
 
 def test_a_plan_given_up_on_tells_the_resizing_pod_once(

@@ -7,22 +7,13 @@ from typing import Any, Literal
 
 import pytest
 
-from webhook.core.lending import Loan
+from webhook.core.lending import Loan, loan_state
 from webhook.core.model import DisruptionBudget, LabelSelector, Node, Pod, PodRef
 from webhook.core.objects import parse_pod
 from webhook.core.resources import Resources
 from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.worker_logic import (
-    Act,
-    Action,
-    Release,
-    Wait,
-    is_actuated,
-    is_persisted,
-    loan_state,
-    next_action,
-)
+from webhook.engine.lifecycle import Act, Action, Release, Wait, next_action, persisted, phase
 
 GI = 1024**3
 NODE = Node(name="node-1", allocatable=Resources(8000, 16 * GI))
@@ -469,16 +460,16 @@ def test_own_reservation_is_not_counted_against_itself() -> None:
 
 
 @pytest.mark.parametrize(
-    ("the_pod", "persisted", "actuated"),
+    ("the_pod", "in_spec", "actuated"),
     [
         pytest.param(HIGH_BEFORE, False, False, id="old-spec"),
         pytest.param(HIGH_RESIZED, True, False, id="persisted-not-allocated"),
         pytest.param(pod("high", cpu="6", priority=1000), True, True, id="allocated"),
     ],
 )
-def test_persisted_and_actuated(the_pod: Pod, persisted: bool, actuated: bool) -> None:
-    assert is_persisted(entry("low"), the_pod) is persisted
-    assert is_actuated(entry("low"), the_pod) is actuated
+def test_persisted_and_actuated(the_pod: Pod, in_spec: bool, actuated: bool) -> None:
+    assert in_spec is persisted(entry("low"), the_pod)
+    assert actuated is (phase(entry("low"), the_pod, NOW).state == "actuated")
 
 
 # -- loans ------------------------------------------------------------------------------------

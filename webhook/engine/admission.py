@@ -32,7 +32,8 @@ from webhook.engine.backlog import After, run_now
 from webhook.engine.config import Config
 from webhook.engine.decision import Decision
 from webhook.engine.decision_log import Facts, decision_logger, emit, line
-from webhook.engine.ledger import Ledger, LedgerEntry, counting, giving_back, owing
+from webhook.engine.ledger import Ledger, LedgerEntry
+from webhook.engine.lifecycle import admit, room_holders
 from webhook.engine.metrics import Metrics
 from webhook.engine.node_memo import NodeFacts, NodeMemo
 from webhook.engine.ports import ClusterView
@@ -282,7 +283,8 @@ class AdmissionEngine:
             return None
         return pod
 
-    def _plan(self, s: _Scene, entries: tuple[LedgerEntry, ...], now: float) -> Plan:
+    def _plan(self, s: _Scene, holders: Sequence[LedgerEntry], now: float) -> Plan:
+        """The resize planned against ``holders``, the node's entries holding room."""
         return plan_resize(
             s.old,
             s.new,
@@ -290,7 +292,7 @@ class AdmissionEngine:
             s.pods,
             now=now,
             budgets=s.budgets,
-            reservations=[e.reservation() for e in counting(entries, s.pods, now)],
+            reservations=[e.reservation() for e in holders],
             policy=self.policy,
             holdings=s.facts.holdings,
             ranking=s.facts.ranking,
@@ -305,31 +307,12 @@ class AdmissionEngine:
             return scene
         acting = self.config.mode != "warn" and not request.get("dryRun")
         if not acting:
-            plan = self._plan(scene, self.ledger.entries(scene.node.name), now)
+            holders = room_holders(self.ledger.entries(scene.node.name), scene.pods, now)
+            plan = self._plan(scene, holders, now)
             return self._verdict(uid, plan, admitted=None, acting=False)
 
-        def change(
-            entries: tuple[LedgerEntry, ...],
-        ) -> tuple[tuple[LedgerEntry, ...] | None, tuple[Plan, LedgerEntry | None]]:
-            # 1. The API server may send the same review again: answer it the same way.
-            for e in entries:
-                if e.review_uid == uid:
-                    return None, (self._plan(scene, entries, now), e)
-            # 2. Plan against every other reservation still holding room on the node. A
-            #    newer resize supersedes an earlier admitted one of the same pod.
-            live = counting((e for e in entries if e.pod.uid != scene.new.uid), scene.pods, now)
-            plan = self._plan(scene, live, now)
-            if plan.verdict == "preempt" and giving_back(scene.new, entries):
-                # A loan given back takes only room that is free: nobody is evicted or
-                # shrunk for it, and if the room went meanwhile the kubelet defers it.
-                return None, (plan, None)
-            if plan.verdict not in ("fits", "preempt") or plan.code == "no-growth":
-                # One that needs no room reserves none, and writes nothing: an earlier
-                # entry of this pod stops counting by itself once the API server persists
-                # this spec (its generation moves past the entry's), and the kubectl
-                # warning is what tells a person, not an event.
-                return None, (plan, None)
-            entry = LedgerEntry.for_plan(
+        def entry(plan: Plan) -> LedgerEntry:
+            return LedgerEntry.for_plan(
                 scene.new,
                 plan,
                 review_uid=uid,
@@ -337,18 +320,22 @@ class AdmissionEngine:
                 ttl=self.config.reservation_ttl,
                 persist_timeout=self.config.persist_timeout,
             )
-            # Entries that expired or were spent, and an earlier one of this pod (the new
-            # resize supersedes it), are dropped with this write: the one write a plan
-            # costs also clears what nobody reads any more. An entry whose loans are not
-            # given back yet stays, holding no room.
-            counted = {e.review_uid for e in live}
-            lent = owing((e for e in entries if e.review_uid not in counted), scene.pods, now)
-            return (*live, *lent, entry), (plan, entry)
 
-        plan, entry = self.ledger.update(scene.node.name, change)
-        if entry is not None and self.on_admitted is not None:
-            self.on_admitted(entry)
-        return self._verdict(uid, plan, admitted=entry, acting=True)
+        change = admit(
+            scene.new,
+            scene.pods,
+            now,
+            review_uid=uid,
+            plan=lambda holders: self._plan(scene, holders, now),
+            reserves=_reserves,
+            entry=entry,
+            review=True,
+        )
+        planned, admitted = self.ledger.update(scene.node.name, change)
+        assert planned is not None  # a review is always planned
+        if admitted is not None and self.on_admitted is not None:
+            self.on_admitted(admitted)
+        return self._verdict(uid, planned, admitted=admitted, acting=True)
 
     def _verdict(
         self, uid: str, plan: Plan, *, admitted: LedgerEntry | None, acting: bool
@@ -386,7 +373,7 @@ class AdmissionEngine:
         scene = self._scene(request, now)
         if isinstance(scene, Decision):
             return scene
-        entries = counting(self.ledger.entries(scene.node.name), scene.pods, now)
+        entries = room_holders(self.ledger.entries(scene.node.name), scene.pods, now)
         fitted = largest_fit(
             scene.old,
             scene.new,
@@ -410,6 +397,14 @@ class AdmissionEngine:
         return Decision(
             uid, verdict="reduced", plan=plan, warnings=(PREFIX + message,), patch=patch
         )
+
+
+def _reserves(plan: Plan) -> bool:
+    """Whether an admitted review's plan takes a reservation: one that needs room. One
+    that needs none writes nothing: an earlier entry of the pod stops holding room by
+    itself once the API server persists this spec (its generation moves past the
+    entry's), and the kubectl warning is what tells a person, not an event."""
+    return plan.verdict in ("fits", "preempt") and plan.code != "no-growth"
 
 
 def _resources_patch(

@@ -44,7 +44,8 @@ class Config:
     resync_period: float = 300.0
     #: Seconds a watch of the cache may be lost before nothing is decided on it: reviews
     #: fail open, the worker and the reconciler wait, readiness goes false. Above a
-    #: relist of a large cluster (17 s at 150,000 pods) and the reflector's 30 s backoff.
+    #: relist of a large cluster (docs/service.md, Performance) and the reflector's
+    #: longest backoff, so that neither alone makes the service fail open.
     max_cache_staleness: float = 60.0
     #: Largest AdmissionReview body accepted, bytes.
     max_body_bytes: int = 3 * 1024 * 1024

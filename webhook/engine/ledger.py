@@ -15,10 +15,10 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from webhook.core.errors import ObjectError
-from webhook.core.lending import Loan, loan_state, outstanding, refusal_state
+from webhook.core.lending import Loan
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import Plan
-from webhook.core.reservation import Reservation, spent
+from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
 
 R = TypeVar("R")
@@ -41,15 +41,20 @@ class LedgerEntry:
     ``desired`` are the container requests the webhook admitted (by container name), so
     the worker can tell when the resize is persisted in the pod's spec. ``victims`` are in
     eviction order, with uids: the worker never evicts a later pod of the same name.
-    ``handled`` are victim uids recorded as done by older versions; nothing writes them
-    now (a victim evicted is terminating or gone in the cluster, which is read instead).
-    ``generation`` and ``persist_by``: see :class:`~webhook.core.reservation.Reservation`.
+    ``handled``: victim uids known to be on their way out although the cluster may not
+    show it yet; the worker adds its own evictions in memory, and nothing writes them
+    (a victim evicted is terminating or gone in the cluster, which is read instead).
+    ``generation``: the pod's ``metadata.generation`` with the resize in its spec (the
+    API server bumps it on every spec change, before validating admission sees the
+    object); 0 when unknown. ``persist_by``: when a resize still not in the pod's spec is
+    taken as refused by a later admission step (0: no deadline). Where the entry stands
+    is read, never written: :func:`webhook.engine.lifecycle.phase`.
     ``loans``: the plan's loans in the order taken. Whether one is carried out is read
     from the cluster (the lender's spec at or below the loan's ``after``), never written,
     so a restart neither repeats a loan nor forgets one. ``refused``: loans the kubelet
     refused, taken out of ``loans`` (never made again for this entry, never given back):
-    each is put back (:func:`~webhook.core.lending.refusal_state`) and the plan made
-    again without its lender.
+    each is put back and the plan made again without its lender
+    (:mod:`webhook.engine.loans`).
     """
 
     pod: PodRef
@@ -114,20 +119,7 @@ class LedgerEntry:
             resources=self.resources,
             victims=frozenset(v.uid for v in self.pending_victims),
             expires_at=self.expires_at,
-            desired=self.desired,
-            generation=self.generation,
-            persist_by=self.persist_by,
         )
-
-    def counts(self, pods: Mapping[str, Pod], now: float) -> bool:
-        """Whether the entry still holds room: not expired and not spent, judged on the
-        cached ``pods`` of its node by uid."""
-        return self.expires_at > now and not spent(self.reservation(), pods.get(self.pod.uid), now)
-
-    def owes(self, pods: Mapping[str, Pod]) -> bool:
-        """Whether a refused loan's lender is not back at its own spec yet, judged on the
-        cached ``pods`` of the node by uid."""
-        return any(refusal_state(loan, pods.get(loan.pod.uid)) != "ended" for loan in self.refused)
 
     def with_victims(self, victims: Sequence[PodRef]) -> LedgerEntry:
         return replace(self, victims=tuple(victims))
@@ -152,7 +144,7 @@ class LedgerEntry:
             "loans": [_loan_json(loan) for loan in self.loans],
         }
         if self.refused:
-            # Only when there are any: entries without keep the form older readers wrote.
+            # Only when there are any: an entry without keeps the form every reader knows.
             data["refused"] = [_loan_json(loan) for loan in self.refused]
         return data
 
@@ -223,66 +215,6 @@ def _loan_from_json(data: Mapping[str, Any]) -> Loan:
     )
 
 
-def counting(
-    entries: Iterable[LedgerEntry], pods: Iterable[Pod], now: float
-) -> tuple[LedgerEntry, ...]:
-    """The entries among ``entries`` that still hold room on a node whose cached pods are
-    ``pods``: what every reader plans against. Entries that expired or were spent stay in
-    the ledger until the next write to their node drops them; nobody writes to remove
-    them."""
-    listed = tuple(entries)
-    if not listed:
-        return ()  # most nodes have no entry: their pods need no index
-    by_uid = {p.uid: p for p in pods}
-    return tuple(e for e in listed if e.counts(by_uid, now))
-
-
-def kept(
-    entries: Iterable[LedgerEntry], pods: Iterable[Pod], now: float
-) -> tuple[LedgerEntry, ...]:
-    """The entries a write to a node keeps: those still :func:`counting`, those whose
-    loans are not all ended (:func:`~webhook.core.lending.outstanding`): a loan is
-    given back from its entry, so the entry stays, holding no room, until it is; and,
-    until they expire, those owing a refused loan's lender its room (the borrower may
-    hold it already)."""
-    by_uid = {p.uid: p for p in pods}
-    return tuple(e for e in entries if e.counts(by_uid, now) or _kept_for_loans(e, by_uid, now))
-
-
-def owing(
-    entries: Iterable[LedgerEntry], pods: Iterable[Pod], now: float
-) -> tuple[LedgerEntry, ...]:
-    """The entries among ``entries`` that :func:`kept` keeps for their loans, counting or
-    not: a loan not given back yet, or a refused loan's lender owed its room."""
-    lending = tuple(e for e in entries if e.loans or e.refused)
-    if not lending:
-        return ()  # most entries borrowed nothing: the pods need no index
-    by_uid = {p.uid: p for p in pods}
-    return tuple(e for e in lending if _kept_for_loans(e, by_uid, now))
-
-
-def _kept_for_loans(entry: LedgerEntry, pods: Mapping[str, Pod], now: float) -> bool:
-    return any(outstanding(loan, pods.get(loan.pod.uid)) for loan in entry.loans) or (
-        entry.expires_at > now and entry.owes(pods)
-    )
-
-
-def giving_back(pod: Pod, entries: Sequence[LedgerEntry]) -> bool:
-    """Whether ``pod``'s pending resize is a loan given back (its spec at a loan's
-    ``before``, not actuated yet), or a refused loan put back, not a resize its owner
-    made. Nobody is preempted for either: a give-back takes only free room, and the room a
-    refused lender is owed is made by the entry that borrowed it."""
-    return any(
-        loan.pod.uid == pod.uid and loan_state(loan, pod) == "pending" and outstanding(loan, pod)
-        for e in entries
-        for loan in e.loans
-    ) or any(
-        loan.pod.uid == pod.uid and refusal_state(loan, pod) == "restoring"
-        for e in entries
-        for loan in e.refused
-    )
-
-
 def encode_entries(entries: Iterable[LedgerEntry]) -> str:
     """Canonical JSON of one node's entries (sorted, so equal sets encode equally)."""
     items = sorted((e.to_json() for e in entries), key=lambda d: (d["pod"]["uid"], d["review"]))
@@ -307,9 +239,10 @@ def decode_entries(text: str | None) -> tuple[LedgerEntry, ...]:
     return tuple(entries)
 
 
-#: ``change`` receives one node's current entries and returns (new entries or ``None``
-#: for "leave as is", result). It must be pure: a store calls it again after a conflict.
-Change = Callable[[tuple[LedgerEntry, ...]], tuple[tuple[LedgerEntry, ...] | None, R]]
+#: A change to one node's entries: it receives them as they are and returns (new entries
+#: or ``None`` for "leave as is", result). It must be pure: a store calls it again after a
+#: conflict.
+LedgerChange = Callable[[tuple[LedgerEntry, ...]], tuple[tuple[LedgerEntry, ...] | None, R]]
 
 
 class Ledger(Protocol):
@@ -321,7 +254,7 @@ class Ledger(Protocol):
 
     def all_entries(self) -> tuple[LedgerEntry, ...]: ...
 
-    def update(self, node: str, change: Change[R]) -> R:
+    def update(self, node: str, change: LedgerChange[R]) -> R:
         """Apply ``change`` atomically to ``node``'s entries; retried on conflict.
 
         Raises ``webhook.kube.errors.ClusterError`` (a :class:`WebhookError`) when the

@@ -36,7 +36,7 @@ LATENCY_BUCKETS_SECONDS = (
 #: Resizes wait on evictions (grace periods of seconds to minutes) and on the kubelet.
 ACTUATION_BUCKETS_SECONDS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 
-Kind = Literal["counter", "gauge", "histogram"]
+MetricType = Literal["counter", "gauge", "histogram"]
 #: prometheus-client's ways of combining a gauge of several processes (the live ones).
 Combine = Literal["livemax", "livesum", "livemostrecent"]
 
@@ -50,7 +50,7 @@ class MetricDef:
 
     attribute: str
     name: str
-    kind: Kind
+    kind: MetricType
     help: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()

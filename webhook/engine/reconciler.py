@@ -31,11 +31,13 @@ from typing import Protocol
 import orjson
 
 from webhook.core.errors import WebhookError
-from webhook.core.model import Pod
+from webhook.core.model import Node, Pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.engine.config import Config
 from webhook.engine.decision_log import decision_logger, plan_fields
-from webhook.engine.ledger import Ledger, LedgerEntry, counting, giving_back, kept
+from webhook.engine.ledger import Ledger, LedgerChange, LedgerEntry
+from webhook.engine.lifecycle import Admitted, admit, room_holders
+from webhook.engine.loans import is_give_back
 from webhook.engine.loop import Loop
 from webhook.engine.metrics import Metrics
 from webhook.engine.node_memo import NodeMemo
@@ -258,50 +260,14 @@ class Reconciler:
             return "node-unknown", None
         pods = tuple(self.cluster.pods_on(node.name))
         # Cheap pre-check on the cached ledger; the update below decides atomically.
-        if any(e.pod.uid == pod.uid for e in counting(self.ledger.entries(node.name), pods, now)):
+        entries = self.ledger.entries(node.name)
+        if any(e.pod.uid == pod.uid for e in room_holders(entries, pods, now)):
             return "preempt", None
-        if giving_back(pod, self.ledger.entries(node.name)):
+        if is_give_back(pod, entries):
             # A lender getting its loan back, deferred by the kubelet: the give-back took
             # only room nobody more important waited for, and is never preempted for.
             return "giving-back", None
-        budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
-        facts = self._memo.of(node, pods, budgets, now)
-        uid = review_uid_for(pod)
-
-        def change(
-            entries: tuple[LedgerEntry, ...],
-        ) -> tuple[tuple[LedgerEntry, ...] | None, tuple[Plan | None, LedgerEntry | None]]:
-            live = counting(entries, pods, now)
-            if any(e.pod.uid == pod.uid for e in live):
-                return None, (None, None)  # another replica or the admission path got here
-            plan = plan_resize(
-                pod,
-                pod,
-                node,
-                pods,
-                now=now,
-                budgets=budgets,
-                reservations=[e.reservation() for e in live],
-                policy=self.policy,
-                holdings=facts.holdings,
-                ranking=facts.ranking,
-            )
-            if plan.verdict != "preempt":
-                # Nothing to reserve: room that appears lets the kubelet actuate by itself,
-                # and a reservation without victims would only hold room others may use.
-                return None, (plan, None)
-            entry = LedgerEntry.for_plan(
-                pod,
-                plan,
-                review_uid=uid,
-                now=now,
-                ttl=self.config.reservation_ttl,
-                persisted=True,  # the kubelet deferred it: it is in the spec already
-            )
-            owing = tuple(e for e in kept(entries, pods, now) if e not in live)
-            return (*live, *owing, entry), (plan, entry)
-
-        plan, entry = self.ledger.update(node.name, change)
+        plan, entry = self.ledger.update(node.name, self._admit(pod, node, pods, now))
         if plan is None:
             return "preempt", None
         if entry is not None:
@@ -312,6 +278,50 @@ class Reconciler:
                 self.on_admitted(entry)
         reason: str = plan.code if plan.code == "fits-once-terminated" else plan.verdict
         return reason, Outcome(pod.key, plan.verdict, entry is not None, plan, plan.code)
+
+    def _admit(
+        self, pod: Pod, node: Node, pods: tuple[Pod, ...], now: float
+    ) -> LedgerChange[Admitted]:
+        """The ledger write admitting ``pod``'s deferred resize: only a plan with victims
+        reserves. Room that appears lets the kubelet actuate by itself, and a reservation
+        without victims would only hold room others may use."""
+        budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
+        facts = self._memo.of(node, pods, budgets, now)
+
+        def plan_against(holders: Sequence[LedgerEntry]) -> Plan:
+            return plan_resize(
+                pod,
+                pod,
+                node,
+                pods,
+                now=now,
+                budgets=budgets,
+                reservations=[e.reservation() for e in holders],
+                policy=self.policy,
+                holdings=facts.holdings,
+                ranking=facts.ranking,
+            )
+
+        def entry_for(plan: Plan) -> LedgerEntry:
+            return LedgerEntry.for_plan(
+                pod,
+                plan,
+                review_uid=review_uid_for(pod),
+                now=now,
+                ttl=self.config.reservation_ttl,
+                persisted=True,  # the kubelet deferred it: it is in the spec already
+            )
+
+        return admit(
+            pod,
+            pods,
+            now,
+            review_uid=review_uid_for(pod),
+            plan=plan_against,
+            reserves=lambda plan: plan.verdict == "preempt",
+            entry=entry_for,
+            review=False,
+        )
 
 
 def _log_decision(pod: Pod, plan: Plan, admitted: bool) -> None:

@@ -1,7 +1,7 @@
 """What the service is doing now, from one read of the cluster: ``python -m webhook status``.
 
 Pure: the caller reads the cluster (``webhook.kube.status``) and passes the time. For
-each node, the reservations its ledger holds (entries still counting: not expired, not
+each node, the reservations its ledger holds (entries still holding room: not expired, not
 spent) and the loans they made or will make; the pods whose resize the kubelet Deferred
 and why each waits, as the reconciler would judge it now (:meth:`Reconciler.consider`
 over a ledger that keeps its writes to itself: the same plans, nothing written); the leader.
@@ -20,7 +20,8 @@ from webhook.core.plan import Plan
 from webhook.core.resources import format_amount
 from webhook.core.snapshot import Snapshot
 from webhook.engine.config import Config
-from webhook.engine.ledger import Change, LedgerEntry, R, counting
+from webhook.engine.ledger import LedgerChange, LedgerEntry, R
+from webhook.engine.lifecycle import room_holders
 from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler
 
@@ -141,7 +142,7 @@ class ScratchLedger:
     def all_entries(self) -> tuple[LedgerEntry, ...]:
         return self._entries
 
-    def update(self, node: str, change: Change[R]) -> R:
+    def update(self, node: str, change: LedgerChange[R]) -> R:
         new, result = change(self.entries(node))
         if new is not None:
             self._entries = (*(e for e in self._entries if e.node != node), *new)
@@ -176,7 +177,7 @@ def service_status(
             for e in held
             for loan in e.loans
         )
-        live = counting(held, pods, now)
+        live = room_holders(held, pods, now)
         if live or any(s.state == "lent" for s in loans):
             nodes.append(NodeStatus(name, tuple(live), loans))
     reconciler = Reconciler(config, view, ledger, metrics=Metrics(), clock=lambda: now)
@@ -186,7 +187,7 @@ def service_status(
             continue
         reason, outcome = reconciler.consider(pod)
         waited = None if pod.resize_pending_since is None else now - pod.resize_pending_since
-        live = counting(ledger.entries(pod.node), view.pods_on(pod.node), now)
+        live = room_holders(ledger.entries(pod.node), view.pods_on(pod.node), now)
         deferred.append(_waiting(pod, waited, reason, outcome.plan if outcome else None, live))
     return Status(now, leader, tuple(nodes), tuple(deferred))
 
@@ -194,7 +195,7 @@ def service_status(
 def _waiting(
     pod: Pod, waited: float | None, reason: str, plan: Plan | None, live: Sequence[LedgerEntry]
 ) -> Waiting:
-    """``live``: the entries counting on the pod's node."""
+    """``live``: the entries holding room on the pod's node."""
     if plan is not None:
         detail = plan.reason
         if plan.verdict == "preempt":

@@ -5,14 +5,14 @@ plan) and answers at once; this worker does the slow part. It runs as a
 :class:`~webhook.engine.loop.Loop`: woken by :meth:`~PreemptionWorker.wake` (the service
 calls it on every change of the cache or the ledger, and on every admission), or every
 ``interval`` seconds, it walks every entry: up to ``NODE_PARALLELISM`` nodes side by side, each
-node's entries one after another, oldest admission first. For each it asks
-:func:`webhook.engine.worker_logic.next_action` what to do and does it:
+node's entries one after another, oldest admission first. For each it asks the lifecycle
+(:func:`webhook.engine.lifecycle.next_action`) what to do and does it:
 
 1. ``Release`` - evict nobody; the entry is removed from the ledger only when readers
    would still count it (``Release.write``: its pod is gone from the cache, or the plan
-   was given up on). An entry whose resize was actuated, superseded or refused is
-   already ignored by every reader (:func:`webhook.core.reservation.spent`), as is an
-   expired one; the next write to its node drops it;
+   was given up on). An entry whose resize was actuated, superseded or refused holds no
+   room for any reader (:func:`webhook.engine.lifecycle.phase`), nor does an expired
+   one; the next write to its node drops it;
 2. ``Wait`` - nothing;
 3. ``Act`` - take victims no longer needed off the claim first (a ledger write, only when
    room appeared), then make the plan's pending loans (``pods/resize`` on each lender,
@@ -80,8 +80,9 @@ from dataclasses import replace
 
 from webhook.core.model import PodRef
 from webhook.engine.config import Config
-from webhook.engine.giveback import give_backs
-from webhook.engine.ledger import Ledger, LedgerEntry, counting
+from webhook.engine.ledger import Ledger, LedgerEntry
+from webhook.engine.lifecycle import Act, Action, Refuse, Release, Wait, next_action, room_holders
+from webhook.engine.loans import give_backs, lent_on, record_refusal, to_put_back
 from webhook.engine.loop import Backoff, KeyedBackoff, Loop
 from webhook.engine.metrics import RESOURCE_UNITS, Metrics, in_base_unit
 from webhook.engine.ports import (
@@ -91,17 +92,6 @@ from webhook.engine.ports import (
     LoanResult,
     PreemptionEvents,
     VictimEvictor,
-)
-from webhook.engine.worker_logic import (
-    Act,
-    Action,
-    Refuse,
-    Release,
-    Wait,
-    loan_state,
-    next_action,
-    record_refusal,
-    to_put_back,
 )
 
 #: Releases that give up on a plan: victims still live then were never evicted for it,
@@ -129,7 +119,7 @@ def remove_entry(review_uid: str) -> Callable[[tuple[LedgerEntry, ...]], EntryCh
 
     An entry with loans is not dropped but made to hold no room (expired, no victims):
     its loans are given back from it, and the next write to the node drops it once they
-    are (:func:`webhook.engine.ledger.kept`)."""
+    are (:func:`webhook.engine.lifecycle.to_keep`)."""
 
     def change(entries: tuple[LedgerEntry, ...]) -> EntryChange:
         found = False
@@ -173,7 +163,7 @@ def refuse_entry(
     review_uid: str, action: Refuse
 ) -> Callable[[tuple[LedgerEntry, ...]], EntryChange]:
     """Change: record ``action``'s refused loans, and its new plan, in the entry admitted
-    by ``review_uid`` (:func:`~webhook.engine.worker_logic.record_refusal`); result:
+    by ``review_uid`` (:func:`~webhook.engine.loans.record_refusal`); result:
     whether that recorded anything (the entry is there, and did not have them already)."""
 
     def change(entries: tuple[LedgerEntry, ...]) -> EntryChange:
@@ -308,7 +298,7 @@ class PreemptionWorker:
             groups[entry.node].append(entry)
         now = self.clock()
         self.metrics.ledger_entries.set(
-            sum(len(counting(g, self.cluster.pods_on(n), now)) for n, g in groups.items())
+            sum(len(room_holders(g, self.cluster.pods_on(n), now)) for n, g in groups.items())
         )
         self._count_lent(groups, now)
         live = {e.review_uid for g in groups.values() for e in g}
@@ -356,17 +346,9 @@ class PreemptionWorker:
                 self.metrics.lent.labels(node, resource, RESOURCE_UNITS[resource][0]).set(0)
         self._lent_nodes = set(groups)
         for node, entries in groups.items():
-            by_uid = {p.uid: p for p in self.cluster.pods_on(node)}
-            lent = {"cpu": 0, "memory": 0}
-            seen = set()
-            for loan in (loan for e in entries for loan in e.loans):
-                key = (loan.pod.uid, loan.container, loan.resource)
-                if key not in seen and loan_state(loan, by_uid.get(loan.pod.uid)) == "lent":
-                    seen.add(key)
-                    lent[loan.resource] += loan.frees
-            for entry in entries:
-                if any(loan_state(x, by_uid.get(x.pod.uid)) == "lent" for x in entry.loans):
-                    oldest = entry.admitted_at if oldest is None else min(oldest, entry.admitted_at)
+            lent, since = lent_on(entries, self.cluster.pods_on(node))
+            if since is not None:
+                oldest = since if oldest is None else min(oldest, since)
             for resource, amount in lent.items():
                 unit, value = in_base_unit(resource, amount)
                 self.metrics.lent.labels(node, resource, unit).set(value)
@@ -391,7 +373,7 @@ class PreemptionWorker:
 
     def give_back(self, node_name: str, stop: threading.Event | None = None) -> int:
         """Return the loans on ``node_name`` the node has room for now
-        (:func:`webhook.engine.giveback.give_backs`); how many were returned. Nothing is
+        (:func:`webhook.engine.loans.give_backs`); how many were returned. Nothing is
         written: a loan given back is read from the lender (its spec at ``before``), and
         the next write to the node drops the entry once the kubelet actuated it."""
         node = self.cluster.node(node_name)

@@ -62,14 +62,8 @@ from kubernetes.client import CoordinationV1Api
 from webhook.core.errors import ObjectError
 from webhook.core.model import Pod
 from webhook.engine.config import Config
-from webhook.engine.ledger import (
-    Change,
-    LedgerEntry,
-    R,
-    counting,
-    decode_entries,
-    encode_entries,
-)
+from webhook.engine.ledger import LedgerChange, LedgerEntry, R, decode_entries, encode_entries
+from webhook.engine.lifecycle import room_holders
 from webhook.engine.loop import Backoff
 from webhook.engine.metrics import Metrics
 from webhook.kube import reflector as rf
@@ -371,7 +365,7 @@ class LeaseLedger:
         if self._pods_on is None:
             return sum(1 for e in self.all_entries() if e.expires_at > now)
         return sum(
-            len(counting(self._valid(s.entries), self._pods_on(s.node), now))
+            len(room_holders(self._valid(s.entries), self._pods_on(s.node), now))
             for s in self._store.states()
         )
 
@@ -381,7 +375,7 @@ class LeaseLedger:
 
     # -- writes --------------------------------------------------------------------------
 
-    def update(self, node: str, change: Change[R]) -> R:
+    def update(self, node: str, change: LedgerChange[R]) -> R:
         """Apply ``change`` to ``node``'s entries with optimistic concurrency.
 
         ``change`` sees the cached entries first; after a conflict it sees the Lease as
@@ -402,7 +396,7 @@ class LeaseLedger:
     def _write_turn(
         self,
         node: str,
-        change: Change[R],
+        change: LedgerChange[R],
         seen: LeaseState | None,
         computed: tuple[tuple[LedgerEntry, ...] | None, R],
     ) -> R:

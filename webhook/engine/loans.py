@@ -1,0 +1,362 @@
+"""Loans over an admitted resize's life: the one place the engine meets lending. Pure.
+
+:mod:`webhook.core.lending` is the arithmetic: what a lender frees at its floors, loans
+sized on the kubelet's model, and where a loan stands, read from its lender. This module
+is what the ledger's loans mean to an admitted resize (:mod:`webhook.engine.lifecycle`
+calls it at its making-room step, and where it decides what a write keeps):
+
+* **owed**: an entry owes a loan while the loan is not given back, or while a lender
+  whose loan the kubelet refused waits for its room (:func:`owes`); writes keep it;
+* **seen by a re-plan**: every loan not void counts as made, refused lenders count at
+  what they are owed and lend nothing (:func:`as_lent`, :func:`borrower`);
+* **made**: the entry's pending loans, in the order taken (:func:`pending`);
+* **refused**: recorded with a plan made again without the lender (:func:`refusal`,
+  :func:`record_refusal`) and put back (:func:`to_put_back`);
+* **given back**: once the entry holds no room, when nobody more important waits for it
+  (:func:`give_backs`); a pending resize that is one is never preempted for
+  (:func:`is_give_back`);
+* **what they free now**, for the metrics (:func:`lent_on`).
+
+A loan is known by one key (:func:`key`), and lenders are ranked by the core's
+importance order (:func:`webhook.core.policy.importance_key`). See docs/lending.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from webhook.core.accounting import pod_requests
+from webhook.core.headroom import holdings, node_usage
+from webhook.core.lending import (
+    Loan,
+    loan_state,
+    loans_by_lender,
+    lowered,
+    outstanding,
+    owed_back,
+    refusal_state,
+    refused,
+)
+from webhook.core.model import Node, Pod
+from webhook.core.plan import Plan
+from webhook.core.policy import importance_key
+from webhook.core.reservation import active_on
+from webhook.core.resources import ZERO, Resources
+from webhook.engine.ledger import LedgerEntry
+
+if TYPE_CHECKING:
+    from webhook.engine.lifecycle import Scene
+
+LoanKey = tuple[str, str, str, int, int]
+
+
+def key(loan: Loan) -> LoanKey:
+    """The one identity of a loan: its lender's uid, container, resource, ``before`` and
+    ``after``. A container lent twice has two loans, the second from what the first left."""
+    return (loan.pod.uid, loan.container, loan.resource, loan.before, loan.after)
+
+
+# -- owed -----------------------------------------------------------------------------------
+
+
+def owes_lender(entry: LedgerEntry, pods: Mapping[str, Pod]) -> bool:
+    """Whether a lender whose loan the kubelet refused is not back at its own spec yet,
+    judged on the cached ``pods`` of the node by uid: the entry makes that room."""
+    return any(refusal_state(loan, pods.get(loan.pod.uid)) != "ended" for loan in entry.refused)
+
+
+def owes(entry: LedgerEntry, pods: Mapping[str, Pod], now: float) -> bool:
+    """Whether ``entry`` owes a loan, holding room or not: one not given back yet
+    (:func:`~webhook.core.lending.outstanding`), or, until the entry expires, a refused
+    lender owed its room (the borrower may hold it already)."""
+    if not entry.loans and not entry.refused:
+        return False
+    return any(outstanding(loan, pods.get(loan.pod.uid)) for loan in entry.loans) or (
+        entry.expires_at > now and owes_lender(entry, pods)
+    )
+
+
+def is_give_back(pod: Pod, entries: Sequence[LedgerEntry]) -> bool:
+    """Whether ``pod``'s pending resize is a loan given back (its spec at a loan's
+    ``before``, not actuated yet), or a refused loan put back, not a resize its owner
+    made. Nobody is preempted for either: a give-back takes only free room, and the room a
+    refused lender is owed is made by the entry that borrowed it."""
+    return any(
+        loan.pod.uid == pod.uid and loan_state(loan, pod) == "pending" and outstanding(loan, pod)
+        for e in entries
+        for loan in e.loans
+    ) or any(
+        loan.pod.uid == pod.uid and refusal_state(loan, pod) == "restoring"
+        for e in entries
+        for loan in e.refused
+    )
+
+
+# -- seen by a re-plan ----------------------------------------------------------------------
+
+
+def with_loans(pods: Sequence[Pod], loans: Iterable[Loan]) -> tuple[Pod, ...]:
+    """``pods`` with every loan not void counted as actuated: the room it frees is
+    spoken for by the resize that borrowed it, as a claimed victim's is."""
+    by_lender = loans_by_lender(loans)
+    out = []
+    for p in pods:
+        for loan in by_lender.get(p.uid, ()):
+            state = loan_state(loan, p)
+            if state != "void":
+                request = p.container(loan.container)
+                amount = loan.after
+                if state == "lent" and request is not None:
+                    amount = request.requests.get(loan.resource)
+                p = lowered(p, loan.container, loan.resource, amount)
+        out.append(p)
+    return tuple(out)
+
+
+def as_lent(
+    pods: Sequence[Pod],
+    entry: LedgerEntry,
+    others: Sequence[LedgerEntry],
+    refusing: tuple[Loan, ...] = (),
+) -> tuple[Pod, ...]:
+    """The node's ``pods`` as a re-plan of ``entry`` sees them: every loan of the node's
+    entries not void counted as made (so none is planned twice), and the lenders of
+    refused loans (the entry's and ``refusing``) counted at what they are owed, lending
+    nothing. Without any loan, ``pods`` as they are."""
+    refusals = entry.refused + refusing
+    if not refusals and not entry.loans and not any(o.loans for o in others):
+        return tuple(pods)
+    view = with_loans(pods, (loan for e in (entry, *others) for loan in e.loans))
+    view = owed_back(view, refusals)
+    lenders = frozenset(loan.pod.uid for loan in refusals)
+    return tuple(replace(p, floors=()) if p.uid in lenders and p.floors else p for p in view)
+
+
+def borrower(
+    pod: Pod, entry: LedgerEntry, pods: Sequence[Pod], refusing: tuple[Loan, ...] = ()
+) -> Pod:
+    """The resizing ``pod`` as a re-plan counts it: as if it held nothing yet while a
+    refused lender is owed room (the kubelet may have admitted it on that loan: it holds
+    room that is not there), else as cached."""
+    if not refusing and not (entry.refused and owes_lender(entry, {p.uid: p for p in pods})):
+        return pod
+    return replace(
+        pod.with_containers(
+            tuple(replace(c, requests=ZERO) for c in pod.containers),
+            tuple(replace(c, requests=ZERO) for c in pod.init_containers),
+        ),
+        statuses={},
+        pod_allocated=None,
+        pod_actual=None,
+        pod_requests=ZERO,
+        overhead=ZERO,
+    )
+
+
+# -- made, refused, put back ----------------------------------------------------------------
+
+
+def pending(entry: LedgerEntry, pods: Sequence[Pod]) -> tuple[Loan, ...]:
+    """The entry's loans still to make (the lender still at ``before``), in the order
+    taken."""
+    if not entry.loans:
+        return ()
+    by_uid = {p.uid: p for p in pods}
+    return tuple(
+        loan for loan in entry.loans if loan_state(loan, by_uid.get(loan.pod.uid)) == "pending"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """The kubelet refused ``loans`` (it will not actuate them): record them in the entry
+    as refused and replace the rest of its plan with ``plan``, made again without their
+    lenders, within the same reservation (:func:`record_refusal`). ``plan`` is ``None``
+    when no plan makes room without them: the refusal is recorded and the usual rules
+    decide on the next pass (wait, or release for a fresh plan). ``why`` is the kubelet's
+    message. Each refused loan is put back (:func:`to_put_back`)."""
+
+    loans: tuple[Loan, ...]
+    plan: Plan | None
+    why: str
+
+
+def refusal(scene: Scene, replan: Callable[..., Plan]) -> Refuse | None:
+    """Loans of the entry the kubelet refused (:func:`webhook.core.lending.refused`: a
+    memory limit below what the container uses), with the plan made again without their
+    lenders by ``replan`` - every candidate may go and any other lender lend, the refused
+    lender counted at what it is owed and the borrower at nothing. Checked before anything
+    else once the resize is persisted: once recorded, each is put back whatever happens
+    next. ``None`` when the kubelet refused none."""
+    entry = scene.entry
+    if not entry.loans:
+        return None
+    cached = {p.uid: p for p in scene.pods}
+    refusing = tuple(loan for loan in entry.loans if refused(loan, cached.get(loan.pod.uid)))
+    if not refusing:
+        return None
+    why = cached[refusing[0].pod.uid].resize_error
+    if scene.node is None:
+        return Refuse(refusing, None, why)
+    gone = {key(loan) for loan in refusing}
+    rest = replace(entry, loans=tuple(lo for lo in entry.loans if key(lo) not in gone))
+    plan = replan(replace(scene, entry=rest), refusing, listed=False)
+    keep = plan if plan.verdict in ("fits", "preempt") and plan.code != "no-growth" else None
+    return Refuse(refusing, keep, why)
+
+
+def record_refusal(entry: LedgerEntry, action: Refuse) -> LedgerEntry:
+    """``entry`` with ``action``'s loans refused and, when it has a plan, that plan in
+    place of the rest: its victims after the ones already handled, its loans after the
+    ones kept. Pure: a store may apply it again after a conflict."""
+    keys = {key(loan) for loan in action.loans}
+    known = {key(loan) for loan in entry.refused}
+    if keys <= known:
+        return entry  # recorded already
+    kept = tuple(loan for loan in entry.loans if key(loan) not in keys)
+    refusals = entry.refused + tuple(loan for loan in action.loans if key(loan) not in known)
+    if action.plan is None:
+        return replace(entry, loans=kept, refused=refusals)
+    handled = tuple(v for v in entry.victims if v.uid in entry.handled)
+    victims = handled + tuple(v.pod for v in action.plan.victims if v.pod.uid not in entry.handled)
+    return replace(entry, loans=kept + action.plan.loans, refused=refusals, victims=victims)
+
+
+def to_put_back(entry: LedgerEntry, pods: Sequence[Pod]) -> tuple[Loan, ...]:
+    """The entry's refused loans whose lender still asks for the loan's ``after``: to be
+    put back to ``before``, whatever else the entry does."""
+    by_uid = {p.uid: p for p in pods}
+    return tuple(
+        loan for loan in entry.refused if refusal_state(loan, by_uid.get(loan.pod.uid)) == "undo"
+    )
+
+
+# -- given back -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GiveBack:
+    """Return ``loan`` (its lender to ``loan.before``) for the entry ``review_uid``."""
+
+    review_uid: str
+    loan: Loan
+
+
+def give_backs(
+    node: Node,
+    pods: Sequence[Pod],
+    entries: Sequence[LedgerEntry],
+    now: float,
+) -> tuple[GiveBack, ...]:
+    """The loans on ``node`` to return now, in order; ``pods`` are the node's cached
+    pods, ``entries`` its ledger entries. Same arguments, same answer.
+
+    A loan is returned once its entry holds no room any more (the borrower's resize was
+    actuated, the borrower is gone, or its plan was given up on), and only if the node has
+    room for it *after* every active reservation and every pending growth of a pod of
+    higher or equal priority than the lender: a give-back takes only room nobody more
+    important waits for, so it never makes the webhook evict or shrink anyone. Most
+    important lender first, each return counted before the next is judged. A container
+    lent twice gets the later loan back first (only a loan whose ``after`` is the lender's
+    request now is due), so each give-back restores exactly one loan's ``before``. A
+    lender whose loan the kubelet refused counts at the loan's ``before`` until it holds
+    it again: nothing is given back into that room. Ended loans need nothing
+    (:func:`~webhook.core.lending.loan_state`)."""
+    # Imported here: the lifecycle calls this module at its making-room step.
+    from webhook.engine.lifecycle import room_holders
+
+    holders = room_holders(entries, pods, now)
+    by_uid = {p.uid: p for p in pods}
+    view = {p.uid: p for p in owed_back(pods, (loan for e in entries for loan in e.refused))}
+    out = []
+    for give in _due(entries, by_uid, {e.review_uid for e in holders}, now):
+        loan = give.loan
+        returned = lowered(view[loan.pod.uid], loan.container, loan.resource, loan.before)
+        trial = {**view, loan.pod.uid: returned}
+        if _fits(node, trial.values(), holders, now, loan.priority):
+            view = trial
+            out.append(give)
+    return tuple(out)
+
+
+def _due(
+    entries: Sequence[LedgerEntry], by_uid: dict[str, Pod], holders: set[str], now: float
+) -> list[GiveBack]:
+    due: dict[LoanKey, GiveBack] = {}
+    for entry in entries:
+        if entry.review_uid in holders:
+            continue  # the borrower still needs the room
+        for loan in entry.loans:
+            lender = by_uid.get(loan.pod.uid)
+            if lender is None or loan_state(loan, lender) != "lent":
+                continue
+            container = lender.container(loan.container)
+            if container is None or container.requests.get(loan.resource) != loan.after:
+                continue  # lent again since, from what this loan left: that one first
+            due.setdefault(key(loan), GiveBack(entry.review_uid, loan))
+    return sorted(
+        due.values(),
+        key=lambda g: (importance_key(by_uid[g.loan.pod.uid], now), key(g.loan)),
+    )
+
+
+def _fits(
+    node: Node, pods: Iterable[Pod], entries: Sequence[LedgerEntry], now: float, priority: int
+) -> bool:
+    """Whether ``pods`` fit ``node`` with every active reservation, and every pod of
+    ``priority`` or more counted at its desired size (its pending growth first)."""
+
+    def holds(pod: Pod) -> Resources:
+        if pod.priority < priority:
+            return pod_requests(pod)
+        return pod_requests(pod, "infeasible" if pod.resize == "infeasible" else "resizing")
+
+    reservations = active_on([e.reservation() for e in entries], node.name, now)
+    counted = holdings(node, pods, holds)
+    usage = node_usage(node, counted.pods.values(), reservations, exclude_uid="", kept=counted)
+    return usage.in_use.fits_in(node.allocatable)
+
+
+# -- what they free now ---------------------------------------------------------------------
+
+
+def lent_on(
+    entries: Iterable[LedgerEntry], pods: Iterable[Pod]
+) -> tuple[dict[str, int], float | None]:
+    """What the loans of one node's ``entries`` the cached ``pods`` show made free
+    together, by resource, and when the oldest entry with a loan made was admitted."""
+    by_uid = {p.uid: p for p in pods}
+    lent = {"cpu": 0, "memory": 0}
+    seen: set[LoanKey] = set()
+    oldest: float | None = None
+    for entry in entries:
+        made = [x for x in entry.loans if loan_state(x, by_uid.get(x.pod.uid)) == "lent"]
+        for loan in made:
+            if key(loan) not in seen:
+                seen.add(key(loan))
+                lent[loan.resource] += loan.frees
+        if made:
+            oldest = entry.admitted_at if oldest is None else min(oldest, entry.admitted_at)
+    return lent, oldest
+
+
+__all__ = [
+    "GiveBack",
+    "LoanKey",
+    "Refuse",
+    "as_lent",
+    "borrower",
+    "give_backs",
+    "is_give_back",
+    "key",
+    "lent_on",
+    "owes",
+    "owes_lender",
+    "pending",
+    "record_refusal",
+    "refusal",
+    "to_put_back",
+    "with_loans",
+]
