@@ -208,8 +208,8 @@ def admit(
         if not reserves(planned):
             return None, Admitted(planned, None)
         new = entry(planned)
-        by_uid = {p.uid: p for p in pods}
-        owing = tuple(e for e in entries if e not in others and loans.owes(e, by_uid, now))
+        kept = {e.review_uid for e in others}
+        owing = tuple(e for e in loans.debtors(entries, pods, now) if e.review_uid not in kept)
         return (*others, *owing, new), Admitted(planned, new)
 
     return change

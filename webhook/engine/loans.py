@@ -78,6 +78,17 @@ def owes(entry: LedgerEntry, pods: Mapping[str, Pod], now: float) -> bool:
     )
 
 
+def debtors(
+    entries: Iterable[LedgerEntry], pods: Iterable[Pod], now: float
+) -> tuple[LedgerEntry, ...]:
+    """The entries among ``entries`` that :func:`owe <owes>` a loan, holding room or not."""
+    lending = tuple(e for e in entries if e.loans or e.refused)
+    if not lending:
+        return ()  # most entries borrowed nothing: the pods need no index
+    by_uid = {p.uid: p for p in pods}
+    return tuple(e for e in lending if owes(e, by_uid, now))
+
+
 def is_give_back(pod: Pod, entries: Sequence[LedgerEntry]) -> bool:
     """Whether ``pod``'s pending resize is a loan given back (its spec at a loan's
     ``before``, not actuated yet), or a refused loan put back, not a resize its owner
@@ -348,6 +359,7 @@ __all__ = [
     "Refuse",
     "as_lent",
     "borrower",
+    "debtors",
     "give_backs",
     "is_give_back",
     "key",
