@@ -155,6 +155,18 @@ def to_keep(
     return tuple(e for e in entries if holds_room(e, by_uid, now) or loans.owes(e, by_uid, now))
 
 
+def claim(
+    pod: Pod, entries: Sequence[LedgerEntry], pods: Sequence[Pod], now: float
+) -> Literal["held", "given-back", ""]:
+    """What already answers for ``pod``'s pending resize on its node: ``held``, an entry
+    of the pod holding room (the worker makes it); ``given-back``, the resize is room an
+    entry gives back to it (:func:`webhook.engine.loans.is_give_back`: taken only when
+    free, never preempted for); ``""``, nothing."""
+    if any(e.pod.uid == pod.uid for e in room_holders(entries, pods, now)):
+        return "held"
+    return "given-back" if loans.is_give_back(pod, entries) else ""
+
+
 # -- admitting ------------------------------------------------------------------------------
 
 
@@ -503,6 +515,7 @@ __all__ = [
     "Wait",
     "WaitReason",
     "admit",
+    "claim",
     "holds_room",
     "next_action",
     "persisted",

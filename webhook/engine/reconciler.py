@@ -8,7 +8,7 @@ the admission path (same core, same ledger) and records an entry the preemption 
 carries out.
 
 It skips: pods whose resize already has a live ledger entry (the worker owns those),
-a lender getting a loan back that the kubelet deferred (never preempted for),
+a lender getting its room back that the kubelet deferred (never preempted for),
 ``Infeasible`` resizes (never preempt for them), pods with ``PodResizePreemptionDisabled``,
 nodes that opted out and ``preemptionPolicy: Never`` (the plan says ``not-eligible``).
 Room already on its way out (terminating pods, victims other entries claimed) counts as
@@ -36,8 +36,7 @@ from webhook.core.plan import Plan, plan_resize
 from webhook.engine.config import Config
 from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.ledger import Ledger, LedgerChange, LedgerEntry
-from webhook.engine.lifecycle import Admitted, admit, room_holders
-from webhook.engine.loans import is_give_back
+from webhook.engine.lifecycle import Admitted, admit, claim
 from webhook.engine.loop import Loop
 from webhook.engine.metrics import Metrics
 from webhook.engine.node_memo import NodeMemo
@@ -260,11 +259,11 @@ class Reconciler:
             return "node-unknown", None
         pods = tuple(self.cluster.pods_on(node.name))
         # Cheap pre-check on the cached ledger; the update below decides atomically.
-        entries = self.ledger.entries(node.name)
-        if any(e.pod.uid == pod.uid for e in room_holders(entries, pods, now)):
+        claimed = claim(pod, self.ledger.entries(node.name), pods, now)
+        if claimed == "held":
             return "preempt", None
-        if is_give_back(pod, entries):
-            # A lender getting its loan back, deferred by the kubelet: the give-back took
+        if claimed == "given-back":
+            # A lender getting its room back, deferred by the kubelet: the give-back took
             # only room nobody more important waited for, and is never preempted for.
             return "giving-back", None
         plan, entry = self.ledger.update(node.name, self._admit(pod, node, pods, now))
