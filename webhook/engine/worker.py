@@ -3,7 +3,7 @@
 The admission path writes a ledger entry per admitted resize (its reservation and its
 plan) and answers at once; this worker does the slow part. It runs as a
 :class:`~webhook.engine.loop.Loop`: woken by :meth:`~PreemptionWorker.wake` (the service
-calls it on every change of the cache or the ledger, and on every admission), or every
+calls it on every change of the cache or the ledger, an admission's write included), or every
 ``interval`` seconds, it walks every entry: up to ``NODE_PARALLELISM`` nodes side by side, each
 node's entries one after another, oldest admission first. For each it asks the lifecycle
 (:func:`webhook.engine.lifecycle.next_action`) what to do and does it:
