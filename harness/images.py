@@ -451,15 +451,24 @@ def product_key(inputs: Inputs, base: str) -> str:
     )
 
 
-def _failure(role: str, reference: str, error: Exception) -> ImageBuildFailed:
-    detail = (
-        f"{error.cmd[0]} exited {error.returncode}"
-        if isinstance(error, subprocess.CalledProcessError)
-        else str(error)
-    )
-    return ImageBuildFailed(
-        f"the {role} image {reference} could not be built ({detail}; see above)"
-    )
+def _build(inputs: Inputs, what: str, reference: str, steps: Callable[[Path], None]) -> float:
+    """Runs ``steps`` in a scratch directory under the cache and returns how long they took.
+    A failing tool becomes an ImageBuildFailed naming the image."""
+    log(f"{what} {reference}: building")
+    start = time.monotonic()
+    try:
+        with tempfile.TemporaryDirectory(dir=inputs.cache) as work:
+            steps(Path(work))
+    except (subprocess.CalledProcessError, OSError) as error:
+        detail = (
+            f"{error.cmd[0]} exited {error.returncode}"
+            if isinstance(error, subprocess.CalledProcessError)
+            else str(error)
+        )
+        raise ImageBuildFailed(
+            f"the {what} {reference} could not be built ({detail}; see above)"
+        ) from error
+    return time.monotonic() - start
 
 
 def ensure_archive(
@@ -470,19 +479,14 @@ def ensure_archive(
     if archive.is_file():
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)
-    log(f"{role} image {reference}: building")
-    start = time.monotonic()
-    try:
-        with tempfile.TemporaryDirectory(dir=inputs.cache) as work:
-            build(inputs, Path(work))
+
+    def build_and_export(work: Path) -> None:
+        build(inputs, work)
         inputs.buildah.export(reference, archive)
         inputs.buildah.run("rmi", reference, capture=True)
-    except (subprocess.CalledProcessError, OSError) as error:
-        raise _failure(role, reference, error) from error
-    log(
-        f"{role} image {reference}: done in {time.monotonic() - start:.0f} s, "
-        f"{archive.stat().st_size / 1e6:.1f} MB"
-    )
+
+    seconds = _build(inputs, f"{role} image", reference, build_and_export)
+    log(f"{role} image: done in {seconds:.0f} s, {archive.stat().st_size / 1e6:.1f} MB")
     return archive
 
 
@@ -493,15 +497,9 @@ def ensure_base(inputs: Inputs, key: str) -> None:
     if present and record.is_file() and record.read_text(encoding="utf-8") == present:
         return
     record.parent.mkdir(parents=True, exist_ok=True)
-    log(f"stand-in base {BASE_REFERENCE}: building from Debian 12 packages")
-    start = time.monotonic()
-    try:
-        with tempfile.TemporaryDirectory(dir=inputs.cache) as work:
-            build_base(inputs, Path(work))
-    except (subprocess.CalledProcessError, OSError) as error:
-        raise _failure("stand-in base", BASE_REFERENCE, error) from error
+    seconds = _build(inputs, "stand-in base", BASE_REFERENCE, lambda work: build_base(inputs, work))
     record.write_text(inputs.buildah.image_id(BASE_REFERENCE), encoding="utf-8")
-    log(f"stand-in base: done in {time.monotonic() - start:.0f} s")
+    log(f"stand-in base: done in {seconds:.0f} s")
 
 
 def build_all(inputs: Inputs) -> Path:
