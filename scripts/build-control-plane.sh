@@ -150,6 +150,12 @@ GO
   done
 }
 
+# One build at a time: two at once overwrite each other's .tmp files, and the loser would fall
+# back to an older version. A second build waits here, then finds the binaries built.
+mkdir -p "$CACHE/bin"
+exec 9>"$CACHE/bin/control-plane.lock"
+flock 9
+
 for version in "${KUBE_VERSIONS[@]}"; do
   out="$CACHE/bin/kube-$version-etcd-$ETCD_VERSION"
   if have_all "$out"; then

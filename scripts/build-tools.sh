@@ -40,6 +40,13 @@ export CGO_ENABLED=0
 major=${HELM_VERSION%%.*}
 work="$CACHE/work/helm-$HELM_VERSION"
 mkdir -p "$work" "$OUT"
+# One build at a time; a second one waits, then finds helm built.
+exec 9>"$OUT.lock"
+flock 9
+if [[ -x "$OUT/helm" ]]; then
+  echo "$OUT"
+  exit 0
+fi
 cat > "$work/go.mod" <<MOD
 module rpw.local/helm
 

@@ -33,6 +33,9 @@ export CGO_ENABLED=0
 # do the same but refuses a go.mod with exclude directives, which VPA's has.
 export GOFLAGS="-mod=readonly -buildvcs=false"
 mkdir -p "$OUT"
+# One build at a time; a second one waits, then finds it built.
+exec 9>"$OUT.lock"
+flock 9
 
 log "vpa $VPA_VERSION: fetching $MODULE"
 dir=$(go mod download -json "$MODULE@$VPA_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
