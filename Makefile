@@ -5,16 +5,23 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha1sum | cut -c1-12)
+# What node-1 is: hollow (the kubelet without containers) or real (the kubelet on containerd,
+# the webhook installed by its chart from the locally built image; docs/real-node.md).
+NODE ?= hollow
 
 .PHONY: help venv binaries node vpa tools lint unit e2e test cluster cluster-down demo bench compare matrix certs clean
 
 help:
 	@echo "make demo          local control plane + webhook, replays the resize walkthrough"
+	@echo "make demo NODE=real  the same on a real node-1 (containerd), the webhook from its"
+	@echo "                   image via its Helm chart (docs/real-node.md)"
 	@echo "make test          lint, type checks, layering contract, unit and end-to-end tests"
 	@echo "make cluster       start the local control plane and leave it running"
 	@echo "                   (CLUSTER_ARGS=\"--nodes 2 --cpu 4 --memory 8Gi --grace-cap 1\")"
 	@echo "make cluster VPA=1 the same, with the deployment and replicaset controllers and the"
 	@echo "                   VPA updater (docs/vpa.md)"
+	@echo "make cluster NODE=real  node-1 the kubelet on containerd (node-2..N hollow), the"
+	@echo "                   webhook installed by its Helm chart from the locally built image"
 	@echo "make cluster-down  stop it"
 	@echo "make certs         a CA, the serving certificate and its Secret manifest in certs/"
 	@echo "make node          a real node's stack (kubelet, containerd, runc, CNI plugins; built from"
@@ -71,13 +78,13 @@ test: lint binaries node vpa tools
 	$(PY) -m pytest -q
 
 cluster: venv binaries $(if $(filter 1,$(VPA)),vpa)
-	@$(PY) -m harness up $(CLUSTER_ARGS) $(if $(filter 1,$(VPA)),--vpa)
+	@$(PY) -m harness up --node $(NODE) $(CLUSTER_ARGS) $(if $(filter 1,$(VPA)),--vpa)
 
 cluster-down: venv
 	@$(PY) -m harness down
 
 demo: venv binaries
-	@$(PY) -m harness demo
+	@$(PY) -m harness demo --node $(NODE)
 
 bench: venv
 	$(PY) -m bench

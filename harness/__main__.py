@@ -1,7 +1,9 @@
 """Command line of the local cluster: ``python -m harness up|down|status|demo``.
 
 ``up`` starts a supervisor process in the background that owns the control plane, the
-nodes' kubelets (hollow: the v1.37.2 kubelet without containers, see :mod:`harness.nodes`)
+nodes' kubelets (hollow: the v1.37.2 kubelet without containers, see :mod:`harness.nodes`;
+with ``--node real``, node-1 is the kubelet on containerd and the webhook is installed by its
+Helm chart from the locally built image, see :mod:`harness.realcluster`)
 and the webhook (with ``--vpa`` also the deployment and replicaset controllers and the
 Vertical Pod Autoscaler's updater, :mod:`harness.vpa`), waits until everything is ready,
 and prints shell ``export`` lines (``eval "$(python -m harness up)"``). ``down`` stops the
@@ -24,11 +26,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import processes
+from harness import processes, realnode
 from harness.binaries import REPO_ROOT, Binaries, BinariesUnavailable, ensure_binaries
+from harness.chart import ChartError, helm_binary
 from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import ControlPlane, ControlPlaneConfig, ControlPlaneError
 from harness.nodes import HollowNodes, NodeError, NodeOptions, default_nodes
+from harness.realcluster import RealCluster, RealClusterOptions
+from harness.realnode import Images, NodeStack, NodeStackUnavailable, PreflightError
 from harness.vpa import VpaBinaries, VpaError, VpaUpdater, ensure_vpa
 from harness.webhook_process import (
     CONFIGURATION_PATH,
@@ -42,6 +47,8 @@ PID_FILE = "supervisor.pid"
 READY_FILE = "ready.json"
 NODES_FILE = "nodes.json"
 UP_TIMEOUT = 180.0
+#: A real node imports its images and the chart's pods start: more than hollow nodes need.
+REAL_UP_TIMEOUT = 600.0
 
 
 def _say(message: str) -> None:
@@ -71,6 +78,14 @@ def _grace_cap(text: str) -> float | None:
 
 def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=1, help="nodes node-1..N (1)")
+    parser.add_argument(
+        "--node",
+        choices=("hollow", "real"),
+        default="hollow",
+        help="what node-1 is: 'hollow' (default; the kubelet without containers) or 'real' "
+        "(the kubelet on containerd; node-2..N stay hollow; the webhook is installed by its "
+        "chart)",
+    )
     parser.add_argument("--cpu", default="8", help="CPU cores per node, whole cores (8)")
     parser.add_argument("--memory", default="16Gi", help="memory per node (16Gi)")
     parser.add_argument("--pods", type=int, default=110, help="pods per node (110)")
@@ -132,10 +147,15 @@ def cmd_up(args: argparse.Namespace) -> int:
         _say(f"cluster already running (state in {STATE_DIR}); `make cluster-down` stops it")
         print(_exports(ready))
         return 0
+    real = args.node == "real"
+    if real and args.vpa:
+        _say("error: VPA=1 runs with NODE=hollow only")
+        return 1
     try:
+        real_args = _prepare_real(args.no_webhook) if real else []
         binaries = ensure_binaries()
         vpa = ensure_vpa() if args.vpa else None
-    except (BinariesUnavailable, VpaError) as e:
+    except (BinariesUnavailable, VpaError, PreflightError, NodeStackUnavailable, ChartError) as e:
         _say(f"error: {e}")
         return 1
     shutil.rmtree(STATE_DIR, ignore_errors=True)
@@ -158,6 +178,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         str(args.pods),
         "--grace-cap",
         "none" if args.grace_cap is None else str(args.grace_cap),
+        "--node",
+        args.node,
+        *real_args,
     ]
     if args.feature_gates:
         argv += [
@@ -179,27 +202,25 @@ def cmd_up(args: argparse.Namespace) -> int:
             start_new_session=True,
             cwd=REPO_ROOT,
         )
-    deadline = time.monotonic() + UP_TIMEOUT
-    while (ready := _read_ready()) is None:
-        if supervisor.poll() is not None:
-            _say(f"error: the cluster did not start; {log}:")
-            _say(_tail(log, 25))
-            return 1
-        if time.monotonic() > deadline:
-            _say(f"error: the cluster was not ready after {UP_TIMEOUT:.0f} s; see {log}")
-            _stop_supervisor(supervisor.pid)
-            return 1
-        time.sleep(0.1)
-    nodes = ", ".join(f"node-{i}" for i in range(1, args.nodes + 1))
-    grace = "whole grace period" if args.grace_cap is None else f"stops within {args.grace_cap} s"
-    controllers = "disruption, deployment, replicaset" if args.vpa else "disruption"
-    _say(
-        f"control plane {ready['version']} up in {time.monotonic() - began:.1f} s: etcd, "
-        f"kube-apiserver, kube-controller-manager ({controllers}), kube-scheduler; "
-        f"nodes: {nodes} ({args.cpu} CPU, {args.memory}, {args.pods} pods; "
-        f"kubelet {ready['version']}, hollow; {grace})"
-    )
-    if ready.get("webhook"):
+    processes.install_signal_handlers()
+    try:
+        ready = _wait_ready(supervisor, log, REAL_UP_TIMEOUT if real else UP_TIMEOUT)
+    except BaseException:
+        # Interrupted (Ctrl-C, SIGTERM): nothing half-started may stay behind.
+        _stop_supervisor(supervisor.pid)
+        _clean_real_node()
+        raise
+    if ready is None:
+        return 1
+    _say(_started_line(args, ready, time.monotonic() - began))
+    if ready.get("chart"):
+        chart = ready["chart"]
+        _say(
+            f"webhook: installed by its Helm chart from {chart['image']}, "
+            f"{chart['replicas']} pods in {chart['namespace']} behind Service "
+            f"{chart['service']} (kubectl -n {chart['namespace']} get pods -o wide)"
+        )
+    elif ready.get("webhook"):
         _say(f"webhook: {ready['webhook']['url']} registered (logs: {STATE_DIR}/logs/webhook.log)")
     elif ready.get("webhook_error"):
         _say(f"webhook NOT running, continuing without it: {ready['webhook_error']}")
@@ -210,6 +231,59 @@ def cmd_up(args: argparse.Namespace) -> int:
     _say(f"state and logs: {STATE_DIR}; stop with `make cluster-down`")
     print(_exports(ready))
     return 0
+
+
+def _prepare_real(no_webhook: bool) -> list[str]:
+    """Check the machine, build (or find) the node stack, the images and helm; the
+    supervisor's arguments naming them."""
+    realnode.check_machine()
+    stack = realnode.ensure_node_stack()
+    images = realnode.ensure_images()
+    if not no_webhook:
+        helm_binary()
+    return ["--stack", str(stack.directory), "--images", str(images.directory)]
+
+
+def _wait_ready(
+    supervisor: subprocess.Popen[bytes], log: Path, timeout: float
+) -> dict[str, Any] | None:
+    deadline = time.monotonic() + timeout
+    while (ready := _read_ready()) is None:
+        if supervisor.poll() is not None:
+            _say(f"error: the cluster did not start; {log}:")
+            _say(_tail(log, 25))
+            return None
+        if time.monotonic() > deadline:
+            _say(f"error: the cluster was not ready after {timeout:.0f} s; see {log}")
+            _stop_supervisor(supervisor.pid)
+            _clean_real_node()
+            return None
+        time.sleep(0.1)
+    return ready
+
+
+def _started_line(args: argparse.Namespace, ready: dict[str, Any], took: float) -> str:
+    grace = "whole grace period" if args.grace_cap is None else f"stops within {args.grace_cap} s"
+    controllers = "disruption, deployment, replicaset" if args.vpa else "disruption"
+    hollow = [f"node-{i}" for i in range(1, args.nodes + 1)]
+    nodes = ""
+    if args.node == "real":
+        controllers = (
+            "disruption, deployment, replicaset, garbage collector, serviceaccount, "
+            "root-ca-publisher, endpointslice"
+        )
+        nodes = f"node-1 (kubelet {ready['version']} on containerd; {ready['node_cpu']} CPU)"
+        hollow = hollow[1:]
+    if hollow:
+        nodes += "; " if nodes else ""
+        nodes += (
+            f"{', '.join(hollow)} ({args.cpu} CPU, {args.memory}, {args.pods} pods; "
+            f"kubelet {ready['version']}, hollow; {grace})"
+        )
+    return (
+        f"control plane {ready['version']} up in {took:.1f} s: etcd, kube-apiserver, "
+        f"kube-controller-manager ({controllers}), kube-scheduler; nodes: {nodes}"
+    )
 
 
 def _vpa_usage(vpa: dict[str, Any]) -> str:
@@ -253,6 +327,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     processes.install_signal_handlers()
     (STATE_DIR / PID_FILE).write_text(str(os.getpid()))
     binaries = Binaries(Path(args.bin))
+    if args.node == "real":
+        return _serve_real(args, binaries)
     config = ControlPlaneConfig(
         state_dir=STATE_DIR, feature_gates=args.feature_gates, workload_controllers=args.vpa
     )
@@ -319,6 +395,57 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("stopped", flush=True)
 
 
+def _serve_real(args: argparse.Namespace, binaries: Binaries) -> int:
+    """The supervisor of a cluster whose node-1 is real (:class:`RealCluster`)."""
+    options = RealClusterOptions(
+        nodes=args.nodes,
+        hollow_cpu=args.cpu,
+        hollow_memory=args.memory,
+        hollow_pods=args.pods,
+        feature_gates=args.feature_gates,
+        grace_cap=args.grace_cap,
+        with_chart=not args.no_webhook,
+        state_dir=STATE_DIR,
+    )
+    stack, images = NodeStack(Path(args.stack)), Images(Path(args.images))
+    try:
+        with RealCluster(binaries, stack, images, options) as cluster:
+            (STATE_DIR / NODES_FILE).write_text(json.dumps({"pids": cluster.pids()}, indent=2))
+            release = cluster.release
+            ready = {
+                "pid": os.getpid(),
+                "kubeconfig": str(cluster.kubeconfig),
+                "bin": str(binaries.directory),
+                "server": cluster.control_plane.server,
+                "version": binaries.version,
+                "node": "real",
+                "node_cpu": f"{cluster.allocatable_millicores() / 1000:g}",
+                "webhook": None,
+                "webhook_error": None if release or args.no_webhook else "chart not installed",
+                "chart": {
+                    "namespace": release.namespace,
+                    "service": release.service,
+                    "image": cluster.image("product"),
+                    "replicas": release.replicas,
+                }
+                if release
+                else None,
+                "vpa": None,
+            }
+            (STATE_DIR / READY_FILE).write_text(json.dumps(ready, indent=2))
+            print("ready", flush=True)
+            while True:
+                time.sleep(1)
+                cluster.check_alive()
+    except (ControlPlaneError, NodeError, ChartError, PreflightError) as e:
+        print(f"cluster failed: {e}", flush=True)
+        return 1
+    finally:
+        for name in (READY_FILE, PID_FILE):
+            (STATE_DIR / name).unlink(missing_ok=True)
+        print("stopped", flush=True)
+
+
 # --- down / status -----------------------------------------------------------------------
 
 
@@ -359,9 +486,22 @@ def cmd_down(_args: argparse.Namespace) -> int:
         _stop_supervisor(pid)
         _say("cluster stopped")
     _kill_leftovers()
+    _clean_real_node()
     for name in (READY_FILE, PID_FILE):
         (STATE_DIR / name).unlink(missing_ok=True)
     return 0
+
+
+def _clean_real_node() -> None:
+    """Whatever a real node of a stopped or killed supervisor left (shims, containers,
+    mounts, bridges, cgroups); nothing when none ran or another live process owns it."""
+    try:
+        removed = realnode.clean_leftovers()
+    except PreflightError as e:
+        _say(f"real node left alone: {e}")
+        return
+    if removed:
+        _say(f"removed what a real node left: {', '.join(removed)}")
 
 
 def cmd_status(_args: argparse.Namespace) -> int:
@@ -385,8 +525,10 @@ def cmd_status(_args: argparse.Namespace) -> int:
             )
         try:
             config = client.get(f"{CONFIGURATION_PATH}/resize-preemption-webhook")
-            url = config["webhooks"][0]["clientConfig"]["url"]
-            print(f"webhook registered: {url}")
+            target = config["webhooks"][0]["clientConfig"]
+            service = target.get("service", {})
+            shown = target.get("url") or f"Service {service.get('namespace')}/{service.get('name')}"
+            print(f"webhook registered: {shown}")
         except ApiError:
             print(
                 "webhook not registered"
@@ -404,6 +546,10 @@ def cmd_status(_args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.node == "real":
+        from harness import realdemo
+
+        return realdemo.run()
     from harness import demo
 
     return demo.run(with_webhook=not args.no_webhook)
@@ -426,11 +572,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_cluster_options(serve)
     serve.add_argument("--bin", required=True)
     serve.add_argument("--vpa-bin")
+    serve.add_argument("--stack")
+    serve.add_argument("--images")
     serve.set_defaults(func=cmd_serve)
     sub.add_parser("down", help="stop it").set_defaults(func=cmd_down)
     sub.add_parser("status", help="show what runs").set_defaults(func=cmd_status)
     demo = sub.add_parser("demo", help="replay the resize walkthrough on a fresh cluster")
     demo.add_argument("--no-webhook", action="store_true")
+    demo.add_argument("--node", choices=("hollow", "real"), default="hollow")
     demo.set_defaults(func=cmd_demo)
     args = parser.parse_args(argv)
     try:

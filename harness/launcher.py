@@ -52,6 +52,14 @@ WORKLOAD_CONTROLLERS = (
     "replicaset-controller",
     "garbage-collector-controller",
 )
+#: What pods on a real node need from kube-controller-manager: a ``default`` service account
+#: in every namespace and the ``kube-root-ca.crt`` ConfigMap (their API credentials), and the
+#: EndpointSlices kube-apiserver routes webhook Services to.
+REAL_NODE_CONTROLLERS = (
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+    "endpointslice-controller",
+)
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 CONTEXT = "rpw-local"
 # Only the admission/eviction paths matter to the webhook's tests; everything else stays
@@ -87,6 +95,11 @@ class ControlPlaneConfig:
     ``workload_controllers``: kube-controller-manager also runs
     :data:`WORKLOAD_CONTROLLERS`, so Deployments get ReplicaSets and pods, and lose them
     when removed.
+    ``real_nodes``: a kubelet with containers joins (:mod:`harness.realnode`): kube-apiserver
+    reaches kubelets at their InternalIP (not by resolving the node's name), calls webhook
+    Services at their endpoints (no kube-proxy runs) and gives pods service-account
+    credentials (the ``ServiceAccount`` admission plugin), and kube-controller-manager also
+    runs :data:`REAL_NODE_CONTROLLERS`.
     """
 
     state_dir: Path | None = None
@@ -98,6 +111,7 @@ class ControlPlaneConfig:
     apiserver_args: Sequence[str] = ()
     start_timeout: float = 60.0
     workload_controllers: bool = False
+    real_nodes: bool = False
 
 
 _handed_out: set[int] = set()
@@ -371,7 +385,7 @@ class ControlPlane:
             f"--service-account-issuer={ISSUER}",
             f"--service-account-key-file={pki_dir / 'sa.pub'}",
             f"--service-account-signing-key-file={pki_dir / 'sa.key'}",
-            "--disable-admission-plugins=ServiceAccount",
+            *self._real_node_args(),
             # No kubelets: nothing to reconcile the kubernetes Service endpoints against.
             "--endpoint-reconciler-type=none",
             "--profiling=false",
@@ -386,6 +400,16 @@ class ControlPlane:
             ]
         argv += list(self.config.apiserver_args)
         self._spawn("kube-apiserver", argv)
+
+    def _real_node_args(self) -> list[str]:
+        if not self.config.real_nodes:
+            # Without a token controller or containers, every pod would be refused for
+            # lack of a ``default`` service account.
+            return ["--disable-admission-plugins=ServiceAccount"]
+        return [
+            "--kubelet-preferred-address-types=InternalIP",
+            "--enable-aggregator-routing=true",
+        ]
 
     def _wait_apiserver_ready(self) -> None:
         deadline = time.monotonic() + self.config.start_timeout
@@ -419,12 +443,14 @@ class ControlPlane:
                 *self._component_args("controller-manager"),
                 "--controllers=" + ",".join(self._controllers()),
                 "--use-service-account-credentials=false",
+                *([f"--root-ca-file={self.pki_dir / 'ca.crt'}"] if self.config.real_nodes else []),
             ],
         )
 
     def _controllers(self) -> list[str]:
         workloads = WORKLOAD_CONTROLLERS if self.config.workload_controllers else ()
-        return ["disruption-controller", *workloads]
+        real = REAL_NODE_CONTROLLERS if self.config.real_nodes else ()
+        return ["disruption-controller", *workloads, *real]
 
     def _start_scheduler(self) -> None:
         self._spawn(

@@ -26,20 +26,27 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from harness import quantity
-from harness.kubeapi import ApiError
+from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import ControlPlane
 from harness.processes import ManagedProcess, spawn
 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
-__all__ = ["HollowNodes", "NodeError", "NodeOptions", "NodeSpec", "default_nodes"]
+__all__ = [
+    "HollowNodes",
+    "NodeError",
+    "NodeOptions",
+    "NodeSpec",
+    "default_nodes",
+    "wait_node_ready",
+]
 
 
 class NodeError(RuntimeError):
@@ -310,35 +317,52 @@ class HollowNodes:
         return node
 
     def _wait_ready(self, node: _Node) -> None:
-        name = node.spec.name
-        client = self.control_plane.client
-        deadline = time.monotonic() + self.options.ready_timeout
-        patched = False
-        while True:
-            self.check_alive()
-            obj = self._node_object(name)
-            ready = any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in obj.get("status", {}).get("conditions") or []
-            )
-            if ready and not patched:
-                taints = [t for t in obj["spec"].get("taints") or [] if t["key"] != NOT_READY_TAINT]
-                metadata: dict[str, Any] = {}
-                if node.spec.labels:
-                    metadata["labels"] = dict(node.spec.labels)
-                if node.spec.annotations:
-                    metadata["annotations"] = dict(node.spec.annotations)
-                body: dict[str, Any] = {"spec": {"taints": taints or None}}
-                if metadata:
-                    body["metadata"] = metadata
-                client.patch(f"/api/v1/nodes/{name}", body)
-                patched = True
-                continue
-            if patched and client.get_or_none(f"/apis/storage.k8s.io/v1/csinodes/{name}"):
-                return
-            if time.monotonic() > deadline:
-                raise NodeError(
-                    f"{name} not ready after {self.options.ready_timeout:.0f} s:\n"
-                    f"{node.process.log_tail()}"
-                )
-            time.sleep(0.1)
+        wait_node_ready(
+            self.control_plane.client,
+            node.spec,
+            timeout=self.options.ready_timeout,
+            check_alive=self.check_alive,
+            log_tail=node.process.log_tail,
+        )
+
+
+def wait_node_ready(
+    client: KubeClient,
+    spec: NodeSpec,
+    *,
+    timeout: float,
+    check_alive: Callable[[], None],
+    log_tail: Callable[[], str],
+) -> None:
+    """Wait until the kubelet of ``spec`` has registered its Node Ready; then lift the
+    not-ready taint and patch the spec's labels and annotations on, and wait for its
+    CSINode. ``check_alive`` raises when the kubelet died; ``log_tail`` goes into the error
+    when the node is not there within ``timeout`` seconds. Hollow and real nodes alike."""
+    name = spec.name
+    deadline = time.monotonic() + timeout
+    patched = False
+    while True:
+        check_alive()
+        obj: dict[str, Any] = client.get_or_none(f"/api/v1/nodes/{name}") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in obj.get("status", {}).get("conditions") or []
+        )
+        if ready and not patched:
+            taints = [t for t in obj["spec"].get("taints") or [] if t["key"] != NOT_READY_TAINT]
+            metadata: dict[str, Any] = {}
+            if spec.labels:
+                metadata["labels"] = dict(spec.labels)
+            if spec.annotations:
+                metadata["annotations"] = dict(spec.annotations)
+            body: dict[str, Any] = {"spec": {"taints": taints or None}}
+            if metadata:
+                body["metadata"] = metadata
+            client.patch(f"/api/v1/nodes/{name}", body)
+            patched = True
+            continue
+        if patched and client.get_or_none(f"/apis/storage.k8s.io/v1/csinodes/{name}"):
+            return
+        if time.monotonic() > deadline:
+            raise NodeError(f"{name} not ready after {timeout:.0f} s:\n{log_tail()}")
+        time.sleep(0.1)

@@ -11,6 +11,11 @@
   Configuration (never the process-global one).
 * ``webhook``: the webhook service started and registered (for tests of the service; the
   harness's own tests do not use it).
+* ``real_cluster`` (session): the same control plane with ``node-1`` as the real kubelet on
+  containerd and the webhook installed by its Helm chart from the locally built image
+  (:class:`harness.realcluster.RealCluster`: ``exec``, ``cpu_quota``, ``image``,
+  ``install_chart`` ...). Skipped, with the preflight's reason, only on a machine that cannot
+  run a real node. ``real_namespace``: a fresh namespace on it per test.
 """
 
 from __future__ import annotations
@@ -34,6 +39,14 @@ from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import ControlPlane, ControlPlaneConfig
 from harness.nodes import HollowNodes, NodeOptions, default_nodes
 from harness.processes import install_signal_handlers
+from harness.realcluster import RealCluster, RealClusterOptions
+from harness.realnode import (
+    ensure_images,
+    ensure_node_stack,
+    machine_facts,
+    preflight,
+    preflight_message,
+)
 from harness.webhook_process import WebhookProcess, start_webhook
 
 NODE = "node-1"
@@ -56,6 +69,9 @@ class Cluster:
     def client(self) -> KubeClient:
         """The harness's raw JSON client (admin)."""
         return self.control_plane.client
+
+    def known_pods(self) -> list[tuple[str, str]]:
+        return self.nodes.known_pods()
 
 
 @dataclass(frozen=True)
@@ -114,12 +130,12 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     _remove_namespace(cluster, name)
 
 
-def _remove_namespace(cluster: Cluster, name: str) -> None:
+def _remove_namespace(cluster: Cluster | RealCluster, name: str) -> None:
     """Remove pods at once, then the namespace (no namespace controller runs to do it)."""
     api = cluster.client
     api.request("DELETE", f"/api/v1/namespaces/{name}/pods", body={"gracePeriodSeconds": 0})
     deadline = time.monotonic() + 15
-    while any(ns == name for ns, _ in cluster.nodes.known_pods()):
+    while any(ns == name for ns, _ in cluster.known_pods()):
         if time.monotonic() > deadline:
             raise TimeoutError(f"pods of namespace {name} were not removed from the node")
         time.sleep(0.05)
@@ -131,6 +147,31 @@ def _remove_namespace(cluster: Cluster, name: str) -> None:
     except ApiError as e:
         if e.status != 404:
             raise
+
+
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    """node-1 real, the chart installed; see :class:`harness.realcluster.RealCluster`."""
+    if problems := preflight(machine_facts()):
+        pytest.skip(preflight_message(problems))
+    install_signal_handlers()
+    # A node stack or an image that does not build fails the tests, with the build's message.
+    binaries, stack, images = ensure_binaries(), ensure_node_stack(), ensure_images()
+    options = RealClusterOptions(state_dir=tmp_path_factory.mktemp("real-cluster"))
+    with RealCluster(binaries, stack, images, options) as cluster:
+        yield cluster
+        assert not cluster.errors, f"the real node failed: {cluster.errors!r}"
+
+
+@pytest.fixture
+def real_namespace(real_cluster: RealCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace with its ``default`` service account; its pods are gone from
+    node-1 before the next test starts."""
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{slug}-{secrets.token_hex(3)}"
+    real_cluster.create_namespace(name)
+    yield name
+    _remove_namespace(real_cluster, name)
 
 
 @pytest.fixture

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from harness.chart import CHART, helm_binary, set_args
+
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "deploy" / "helm" / "resize-preemption-webhook"
-BUILD_TOOLS = REPO / "scripts" / "build-tools.sh"
 #: The defaults reproduce the kustomize manifests under this release name and namespace.
 RELEASE = "resize-preemption-webhook"
 KUBE_VERSION = "1.37.2"
@@ -28,17 +27,6 @@ HELM_LABELS = frozenset(
 )
 
 
-@cache
-def helm_binary() -> Path:
-    """Path of helm, built on first use (a few minutes cold, then cached)."""
-    result = subprocess.run(
-        ["bash", str(BUILD_TOOLS)], capture_output=True, text=True, timeout=1800, check=False
-    )
-    lines = result.stdout.strip().splitlines()
-    assert result.returncode == 0 and lines, f"{BUILD_TOOLS.name} failed:\n{result.stderr}"
-    return Path(lines[-1]) / "helm"
-
-
 def helm(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
@@ -50,16 +38,6 @@ def helm(
         env=env,
         check=False,
     )
-
-
-def set_args(values: dict[str, Any]) -> list[str]:
-    """``--set-json key=value`` for each dotted key (values go in as JSON, typed)."""
-    import json
-
-    out: list[str] = []
-    for key, value in values.items():
-        out += ["--set-json", f"{key}={json.dumps(value)}"]
-    return out
 
 
 def template(

@@ -1,0 +1,173 @@
+"""Installing the product with its Helm chart, as an operator does: ``helm install`` of
+``deploy/helm/resize-preemption-webhook`` with the chart's own certificates, then waiting
+until its pods serve behind the Service.
+
+Only a node with containers runs the chart's pods (:mod:`harness.realnode`); helm itself
+comes from ``scripts/build-tools.sh``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from harness.binaries import REPO_ROOT
+from harness.kubeapi import KubeClient
+
+CHART = REPO_ROOT / "deploy" / "helm" / "resize-preemption-webhook"
+BUILD_TOOLS = REPO_ROOT / "scripts" / "build-tools.sh"
+RELEASE = "resize-preemption-webhook"
+NAMESPACE = "rpw-system"
+#: The release name contains the chart's name, so every object is named after the release.
+FULLNAME = RELEASE
+
+
+class ChartError(RuntimeError):
+    """helm failed, or the release's pods did not become ready; the message says why."""
+
+
+@cache
+def helm_binary() -> Path:
+    """Path of helm, built on first use by scripts/build-tools.sh (then cached)."""
+    result = subprocess.run(
+        ["bash", str(BUILD_TOOLS)], capture_output=True, text=True, timeout=1800, check=False
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise ChartError(f"{BUILD_TOOLS.name} failed:\n{result.stderr}")
+    return Path(lines[-1]) / "helm"
+
+
+def set_args(values: Mapping[str, Any]) -> list[str]:
+    """``--set-json key=value`` for each dotted key (values go in as JSON, typed)."""
+    out: list[str] = []
+    for key, value in values.items():
+        out += ["--set-json", f"{key}={json.dumps(value)}"]
+    return out
+
+
+def operator_values(pin_node: str | None) -> dict[str, Any]:
+    """What an operator sets on this cluster, and nothing more: the chart's own certificates
+    (no cert-manager here), its namespace made by helm, and - when some nodes run no
+    containers - the pods pinned to the node that does."""
+    values: dict[str, Any] = {
+        "certificates.mode": "self-signed",
+        "namespace.create": False,
+        "namespace.name": "",
+    }
+    if pin_node is not None:
+        values["nodeSelector"] = {"kubernetes.io/hostname": pin_node}
+    return values
+
+
+@dataclass(frozen=True)
+class Release:
+    """An installed release: its namespace and how long the install took until ready."""
+
+    namespace: str
+    replicas: int
+    ready_in: float
+
+    @property
+    def service(self) -> str:
+        return f"{FULLNAME}.{self.namespace}.svc"
+
+
+def install(
+    client: KubeClient,
+    kubeconfig: Path,
+    *,
+    pin_node: str | None = None,
+    extra_values: Mapping[str, Any] | None = None,
+    namespace: str = NAMESPACE,
+    timeout: float = 180.0,
+) -> Release:
+    """``helm upgrade --install`` the chart and wait until every replica is ready and listed
+    in the Service's EndpointSlices (what kube-apiserver calls); raises ChartError."""
+    began = time.monotonic()
+    values = {**operator_values(pin_node), **(extra_values or {})}
+    run_helm(
+        kubeconfig,
+        "upgrade", "--install", RELEASE, str(CHART), "--namespace", namespace,
+        "--create-namespace", *set_args(values),
+    )  # fmt: skip
+    replicas = wait_ready(client, namespace, timeout)
+    # kube-apiserver's webhook informer has to see the new configuration too.
+    time.sleep(1.0)
+    return Release(namespace, replicas, time.monotonic() - began)
+
+
+def uninstall(kubeconfig: Path, namespace: str = NAMESPACE) -> None:
+    run_helm(kubeconfig, "uninstall", RELEASE, "--namespace", namespace, "--ignore-not-found")
+
+
+def run_helm(kubeconfig: Path, *args: str, timeout: float = 180) -> str:
+    result = subprocess.run(
+        [str(helm_binary()), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        check=False,
+    )
+    if result.returncode != 0:
+        raise ChartError(f"helm {' '.join(args[:2])} failed:\n{result.stderr.strip()}")
+    return result.stdout
+
+
+def wait_ready(client: KubeClient, namespace: str, timeout: float) -> int:
+    """Wait until the Deployment's replicas are all available and ready behind the Service;
+    returns how many there are."""
+    deadline = time.monotonic() + timeout
+    path = f"/apis/apps/v1/namespaces/{namespace}/deployments/{FULLNAME}"
+    while True:
+        deployment = client.get_or_none(path) or {}
+        wanted = deployment.get("spec", {}).get("replicas")
+        status = deployment.get("status", {})
+        ready = wanted is not None and status.get("availableReplicas") == wanted
+        if ready and ready_endpoints(client, namespace) >= wanted:
+            return int(wanted)
+        if time.monotonic() > deadline:
+            raise ChartError(
+                f"the chart's pods were not ready after {timeout:.0f} s:\n"
+                + describe_pods(client, namespace)
+            )
+        time.sleep(0.5)
+
+
+def ready_endpoints(client: KubeClient, namespace: str) -> int:
+    """Ready endpoints of the Service's https port, over its EndpointSlices."""
+    slices = client.get(
+        f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+        labelSelector=f"kubernetes.io/service-name={FULLNAME}",
+    )["items"]
+    return sum(
+        1
+        for s in slices
+        for e in s.get("endpoints") or []
+        if (e.get("conditions") or {}).get("ready")
+    )
+
+
+def describe_pods(client: KubeClient, namespace: str) -> str:
+    """One line per pod of the namespace: phase, and why a container is not running."""
+    lines = []
+    for pod in client.get(f"/api/v1/namespaces/{namespace}/pods")["items"]:
+        status = pod.get("status", {})
+        reasons = []
+        for c in status.get("containerStatuses") or []:
+            for state in (c.get("state") or {}).values():
+                if state.get("reason"):
+                    reasons.append(f"{state['reason']}: {state.get('message', '')}".strip())
+        for condition in status.get("conditions") or []:
+            if condition.get("status") == "False" and condition.get("message"):
+                reasons.append(condition["message"])
+        lines.append(f"  {pod['metadata']['name']}: {status.get('phase')} {'; '.join(reasons)}")
+    return "\n".join(lines) or "  (no pods)"

@@ -1,0 +1,302 @@
+"""A local cluster whose ``node-1`` runs containers, with the product installed by its chart.
+
+:class:`RealCluster` is the one way ``make cluster NODE=real``, ``make demo NODE=real`` and
+the real-node end-to-end tests get such a cluster:
+
+* the control plane (:class:`harness.launcher.ControlPlane`) with ``real_nodes`` and the
+  workload controllers (the chart's Deployment gets its pods);
+* ``node-1``: the real kubelet on containerd (:class:`harness.realnode.RealNode`);
+* ``node-2`` .. ``node-N``: hollow kubelets (:mod:`harness.nodes`) for work that needs more
+  nodes than one machine has; they run no containers;
+* optionally the webhook, installed with the Helm chart from the locally built image
+  (:mod:`harness.chart`): pods in ``rpw-system`` behind the chart's Service, which is how
+  kube-apiserver calls them; pinned to ``node-1`` when hollow nodes exist.
+
+Helpers for tests and the demo: :meth:`RealCluster.kubectl`, :meth:`RealCluster.exec`,
+:meth:`RealCluster.cpu_quota` (a container's CFS quota read from inside it, cgroup v1 or
+v2), :meth:`RealCluster.image_id`, :meth:`RealCluster.install_chart`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from harness import chart
+from harness.binaries import Binaries
+from harness.kubeapi import KubeClient
+from harness.launcher import ControlPlane, ControlPlaneConfig
+from harness.nodes import HollowNodes, NodeError, NodeOptions, NodeSpec
+from harness.realnode import NODE_NAME, Images, NodeStack, RealNode, RealNodeOptions
+
+#: Prints the container's CPU quota and period, one number or ``max`` each: cgroup v2's
+#: ``cpu.max`` when the container sees the unified hierarchy, else v1's two files.
+CPU_QUOTA_COMMAND = (
+    "cat /sys/fs/cgroup/cpu.max 2>/dev/null || "
+    "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu/cpu.cfs_period_us"
+)
+
+
+@dataclass(frozen=True)
+class CpuQuota:
+    """A container's CFS bandwidth: ``quota_us`` per ``period_us`` (None: unlimited)."""
+
+    quota_us: int | None
+    period_us: int
+
+    @property
+    def millicores(self) -> int | None:
+        if self.quota_us is None:
+            return None
+        return int(Fraction(self.quota_us * 1000, self.period_us))
+
+
+def parse_cpu_quota(text: str) -> CpuQuota:
+    """What :data:`CPU_QUOTA_COMMAND` printed: ``"150000 100000"`` (v2) or
+    ``"150000\\n100000"`` (v1); ``max`` (v2) and ``-1`` (v1) mean unlimited."""
+    words = text.split()
+    if len(words) != 2:
+        raise ValueError(f"not a CPU quota and period: {text!r}")
+    quota, period = words
+    unlimited = quota in ("max", "-1")
+    return CpuQuota(None if unlimited else int(quota), int(period))
+
+
+@dataclass(frozen=True)
+class RealClusterOptions:
+    """What to start.
+
+    ``nodes``: node-1 real, node-2..N hollow (``hollow_cpu``/``hollow_memory``/``hollow_pods``
+    each). ``with_chart``: install the webhook with the chart once the nodes are ready.
+    ``grace_cap``: how long a hollow node's containers take to stop at most (None: the whole
+    grace period); real containers take what their processes take.
+    """
+
+    nodes: int = 1
+    hollow_cpu: str = "8"
+    hollow_memory: str = "16Gi"
+    hollow_pods: int = 110
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    grace_cap: float | None = None
+    with_chart: bool = True
+    state_dir: Path | None = None
+
+
+class RealCluster:
+    """Use as a context manager or start()/stop(); everything stops on failure."""
+
+    def __init__(
+        self,
+        binaries: Binaries,
+        stack: NodeStack,
+        images: Images,
+        options: RealClusterOptions | None = None,
+    ) -> None:
+        self.binaries = binaries
+        self.stack = stack
+        self.images = images
+        self.options = options or RealClusterOptions()
+        self.control_plane = ControlPlane(
+            binaries,
+            ControlPlaneConfig(
+                state_dir=self.options.state_dir,
+                feature_gates=self.options.feature_gates,
+                workload_controllers=True,
+                real_nodes=True,
+            ),
+        )
+        self.node: RealNode | None = None
+        self.hollow: HollowNodes | None = None
+        self.release: chart.Release | None = None
+        self.started_in: float | None = None
+
+    def __enter__(self) -> RealCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> RealCluster:
+        began = time.monotonic()
+        options = self.options
+        try:
+            self.control_plane.start()
+            self.node = RealNode(
+                self.control_plane,
+                self.stack,
+                self.images,
+                RealNodeOptions(feature_gates=options.feature_gates),
+            ).start()
+            if options.nodes > 1:
+                specs = [
+                    NodeSpec(f"node-{i}", options.hollow_cpu, options.hollow_memory,
+                             options.hollow_pods)
+                    for i in range(2, options.nodes + 1)
+                ]  # fmt: skip
+                node_options = NodeOptions(
+                    stop_grace_cap=options.grace_cap, feature_gates=options.feature_gates
+                )
+                self.hollow = HollowNodes(self.control_plane, specs, node_options).start()
+            if options.with_chart:
+                self.install_chart()
+        except BaseException:
+            self.stop()
+            raise
+        self.started_in = time.monotonic() - began
+        return self
+
+    def stop(self) -> None:
+        """Stop the nodes (the real one removes its containers), then the control plane."""
+        if self.hollow is not None:
+            self.hollow.stop()
+            self.hollow = None
+        if self.node is not None:
+            self.node.stop()
+            self.node = None
+        self.control_plane.stop()
+
+    def check_alive(self) -> None:
+        """Raise if a control-plane component, containerd or a kubelet died."""
+        self.control_plane.check_alive()
+        if self.node is not None:
+            self.node.check_alive()
+        if self.hollow is not None:
+            self.hollow.check_alive()
+
+    @property
+    def errors(self) -> list[str]:
+        """One line per node process that exited without being stopped."""
+        return [
+            *(self.node.errors if self.node else []),
+            *(self.hollow.errors if self.hollow else []),
+        ]
+
+    @property
+    def node_names(self) -> list[str]:
+        return [NODE_NAME, *(self.hollow.names if self.hollow else [])]
+
+    def pids(self) -> dict[str, int]:
+        """Process ids of the node processes, by name (for the state file)."""
+        found: dict[str, int] = {}
+        if self.node is not None:
+            found |= {f"{name}-{NODE_NAME}": p.pid for name, p in self.node.processes.items()}
+        if self.hollow is not None:
+            found |= {name: self.hollow.pid(name) for name in self.hollow.names}
+        return found
+
+    # --- the chart -----------------------------------------------------------------------------
+
+    def install_chart(self, extra_values: Mapping[str, Any] | None = None) -> chart.Release:
+        """``helm upgrade --install`` the chart (image: the product image built locally, the
+        chart's default reference) and wait until its pods serve behind the Service."""
+        pin = NODE_NAME if self.hollow is not None else None
+        self.release = chart.install(
+            self.client, self.kubeconfig, pin_node=pin, extra_values=extra_values
+        )
+        return self.release
+
+    def uninstall_chart(self) -> None:
+        chart.uninstall(self.kubeconfig)
+        self.release = None
+
+    # --- access --------------------------------------------------------------------------------
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.control_plane.kubeconfig
+
+    @property
+    def client(self) -> KubeClient:
+        """The harness's raw JSON client (admin)."""
+        return self.control_plane.client
+
+    def image(self, role: str) -> str:
+        """The reference of the imported image of ``role``: sandbox, workload or product."""
+        return self.images.reference(role)  # type: ignore[arg-type]
+
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """The real kubectl against this cluster; raises CalledProcessError when ``check``."""
+        argv = [str(self.binaries.kubectl), *args]
+        result = subprocess.run(
+            argv,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(
+                result.returncode, argv, output=result.stdout, stderr=result.stderr
+            )
+        return result
+
+    def exec(
+        self, namespace: str, pod: str, command: Sequence[str], *, container: str | None = None
+    ) -> str:
+        """``kubectl exec`` into a running container; its stdout (raises on failure)."""
+        where = ["-c", container] if container else []
+        return self.kubectl("exec", "-n", namespace, pod, *where, "--", *command).stdout
+
+    def cpu_quota(self, namespace: str, pod: str, *, container: str | None = None) -> CpuQuota:
+        """The container's CFS quota as the container itself sees it (its own cgroup)."""
+        out = self.exec(namespace, pod, ["sh", "-c", CPU_QUOTA_COMMAND], container=container)
+        return parse_cpu_quota(out)
+
+    def image_id(self, namespace: str, pod: str) -> str:
+        """The first container's image as the kubelet reports it: name@sha256:digest."""
+        status = self.client.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")["status"]
+        return str(status["containerStatuses"][0]["imageID"])
+
+    def allocatable_millicores(self, node: str = NODE_NAME) -> int:
+        cpu = self.client.get(f"/api/v1/nodes/{node}")["status"]["allocatable"]["cpu"]
+        return millicores(cpu)
+
+    def requested_millicores(self, node: str = NODE_NAME) -> int:
+        """CPU requested by the pods bound to ``node`` that have not finished."""
+        pods = self.client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node}")["items"]
+        return sum(
+            millicores(c.get("resources", {}).get("requests", {}).get("cpu", "0"))
+            for p in pods
+            if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+            for c in p["spec"]["containers"]
+        )
+
+    def known_pods(self) -> list[tuple[str, str]]:
+        """(namespace, name) of every pod bound to a node of this cluster."""
+        names = set(self.node_names)
+        return [
+            (p["metadata"]["namespace"], p["metadata"]["name"])
+            for p in self.client.get("/api/v1/pods")["items"]
+            if p.get("spec", {}).get("nodeName") in names
+        ]
+
+    def create_namespace(self, name: str, timeout: float = 30.0) -> None:
+        """Create a namespace and wait for its ``default`` service account (pods are refused
+        until kube-controller-manager has made it)."""
+        self.client.create("/api/v1/namespaces", {"metadata": {"name": name}})
+        deadline = time.monotonic() + timeout
+        path = f"/api/v1/namespaces/{name}/serviceaccounts/default"
+        while self.client.get_or_none(path) is None:
+            if time.monotonic() > deadline:
+                raise NodeError(f"namespace {name} got no default service account")
+            time.sleep(0.1)
+
+
+def millicores(quantity: str) -> int:
+    """A CPU quantity in millicores (``"2"`` -> 2000, ``"1500m"`` -> 1500)."""
+    from harness import quantity as q
+
+    return int(q.parse(quantity) * 1000)
