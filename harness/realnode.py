@@ -711,6 +711,7 @@ def clean_leftovers(root: Path = STATE_DIR, *, stack: NodeStack | None = None) -
     names = ("kubelet", "containerd", "containerd-shim-runc-v2", "runc")
     removed += _kill_by_executable([directory / n for n in names])
     removed += _kill_cgroup_processes()
+    removed += _remove_shim_sockets(root)
     removed += _unmount_under(root)
     for bridge in (POD_BRIDGE, NODE_BRIDGE):
         if _ip("link", "del", bridge, check=False).returncode == 0:
@@ -770,6 +771,19 @@ def _wait_gone(pids: Sequence[int], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def _remove_shim_sockets(root: Path) -> list[str]:
+    """The shims' sockets, which live outside our state directory (containerd keeps them
+    in a short system path); each task's bundle names its socket in ``bootstrap.json``."""
+    removed = []
+    for bootstrap in root.glob("containerd/state/io.containerd.runtime.v2.task/*/*/bootstrap.json"):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            address = json.loads(bootstrap.read_text())["address"]
+            socket = Path(address.removeprefix("unix://"))
+            socket.unlink()
+            removed.append(f"shim socket {socket}")
+    return removed
 
 
 def _pod_cgroup_roots() -> list[Path]:
