@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.binaries import REPO_ROOT
-from harness.kubeapi import KubeClient
+from harness.kubeapi import ApiError, KubeClient
 
 CHART = REPO_ROOT / "deploy" / "helm" / "resize-preemption-webhook"
 BUILD_TOOLS = REPO_ROOT / "scripts" / "build-tools.sh"
@@ -134,12 +134,27 @@ def wait_ready(client: KubeClient, namespace: str, timeout: float) -> int:
         ready = wanted is not None and status.get("availableReplicas") == wanted
         if ready and ready_endpoints(client, namespace) >= wanted:
             return int(wanted)
+        if _crashing(client, namespace):
+            raise ChartError(
+                "the chart's pods keep exiting:\n" + describe_pods(client, namespace)
+            )
         if time.monotonic() > deadline:
             raise ChartError(
                 f"the chart's pods were not ready after {timeout:.0f} s:\n"
                 + describe_pods(client, namespace)
             )
         time.sleep(0.5)
+
+
+def _crashing(client: KubeClient, namespace: str, restarts: int = 2) -> bool:
+    """A container of the release restarted ``restarts`` times: waiting longer shows nothing
+    new."""
+    pods = client.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+    return any(
+        c.get("restartCount", 0) >= restarts
+        for p in pods
+        for c in p.get("status", {}).get("containerStatuses") or []
+    )
 
 
 def ready_endpoints(client: KubeClient, namespace: str) -> int:
@@ -170,4 +185,16 @@ def describe_pods(client: KubeClient, namespace: str) -> str:
             if condition.get("status") == "False" and condition.get("message"):
                 reasons.append(condition["message"])
         lines.append(f"  {pod['metadata']['name']}: {status.get('phase')} {'; '.join(reasons)}")
+        if any(c.get("restartCount") for c in status.get("containerStatuses") or []):
+            lines.append(_last_log(client, namespace, pod["metadata"]["name"]))
     return "\n".join(lines) or "  (no pods)"
+
+
+def _last_log(client: KubeClient, namespace: str, name: str) -> str:
+    """The tail of the previous run's log of a restarted container, indented."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{name}/log"
+    try:
+        text = str(client.request("GET", path, query={"previous": "true", "tailLines": "15"}))
+    except (ApiError, OSError) as e:
+        text = f"(no log: {e})"
+    return "\n".join(f"    | {line}" for line in text.splitlines())

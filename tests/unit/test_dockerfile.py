@@ -235,9 +235,11 @@ def test_lock_pins_every_runtime_dependency_and_their_dependencies() -> None:
         assert requirement.specifier.contains(pins[name], prereleases=True), (
             f"requirements.lock pins {name}=={pins[name]}, outside {requirement}"
         )
+        # What the requirement's extras add is part of the closure too (gunicorn[gevent]).
+        extras = {"", *requirement.extras}
         for text in metadata.requires(requirement.name) or []:
             sub = Requirement(text)
-            if sub.marker is None or sub.marker.evaluate({"extra": ""}):
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in extras):
                 todo.append(sub)
 
 
