@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         ready = _wait_ready(supervisor, log, REAL_UP_TIMEOUT if real else UP_TIMEOUT)
     except BaseException:
         # Interrupted (Ctrl-C, SIGTERM): nothing half-started may stay behind.
+        _say("interrupted: stopping what was started")
         _stop_supervisor(supervisor.pid)
         _clean_real_node()
         raise
@@ -501,7 +503,9 @@ def _clean_real_node() -> None:
         _say(f"real node left alone: {e}")
         return
     if removed:
-        _say(f"removed what a real node left: {', '.join(removed)}")
+        kinds = Counter(line.rsplit(" ", 1)[0] if line[-1].isdigit() else line.split(" /")[0]
+                        for line in removed)  # fmt: skip
+        _say(f"removed what a real node left: {', '.join(f'{n} x {k}' for k, n in kinds.items())}")
 
 
 def cmd_status(_args: argparse.Namespace) -> int:

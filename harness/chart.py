@@ -135,9 +135,7 @@ def wait_ready(client: KubeClient, namespace: str, timeout: float) -> int:
         if ready and ready_endpoints(client, namespace) >= wanted:
             return int(wanted)
         if _crashing(client, namespace):
-            raise ChartError(
-                "the chart's pods keep exiting:\n" + describe_pods(client, namespace)
-            )
+            raise ChartError("the chart's pods keep exiting:\n" + describe_pods(client, namespace))
         if time.monotonic() > deadline:
             raise ChartError(
                 f"the chart's pods were not ready after {timeout:.0f} s:\n"

@@ -93,6 +93,8 @@ spec:
   nodeSelector:
     kubernetes.io/hostname: {NODE_NAME}
   terminationGracePeriodSeconds: 30
+  # No cluster DNS runs: the node's (empty) resolver configuration, said so.
+  dnsPolicy: Default
   containers:
   - name: {container}
     image: {image}
@@ -165,6 +167,11 @@ def _show_installation(cluster: RealCluster, term: Terminal) -> None:
         'jsonpath={range .items[*]}{.metadata.name}{"  "}{.status.containerStatuses[0].image}'
         '{"  "}{.status.containerStatuses[0].imageID}{"\\n"}{end}',
     )  # fmt: skip
+    if cluster.node is not None:
+        # The image as containerd holds it: its name and its manifest's digest.
+        name = f"name=={cluster.image('product')}"
+        print(f"$ ctr --namespace k8s.io images list {name}", flush=True)
+        print(cluster.node.ctr("images", "list", name).stdout, flush=True)
 
 
 def _walkthrough(cluster: RealCluster, term: Terminal) -> int:

@@ -8,6 +8,7 @@ missing."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -17,6 +18,8 @@ from harness.realnode import NODE_NAME
 from tests.e2e.conftest import Waiter
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
+#: A process that ends on SIGTERM, as a workload does.
+SCRIPT = "trap 'exit 0' TERM; while true; do sleep 1; done"
 
 
 def pod(name: str, image: str, cpu: str) -> dict[str, object]:
@@ -31,7 +34,7 @@ def pod(name: str, image: str, cpu: str) -> dict[str, object]:
                 {
                     "name": "app",
                     "image": image,
-                    "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
+                    "command": ["sh", "-c", SCRIPT],
                     "resources": {
                         "requests": {"cpu": cpu, "memory": "64Mi"},
                         "limits": {"cpu": cpu, "memory": "64Mi"},
@@ -50,8 +53,9 @@ def test_a_resize_rewrites_the_containers_cpu_quota(
     real_cluster.kubectl(
         "wait", "-n", real_namespace, "--for=condition=Ready", "pod/grows", "--timeout=60s"
     )
-    # The container's own process, in its own cgroup, as the container sees it.
-    assert "1\n" == real_cluster.exec(real_namespace, "grows", ["sh", "-c", "echo $$"])
+    # The container's command is PID 1 of its own PID namespace.
+    init = real_cluster.exec(real_namespace, "grows", ["cat", "/proc/1/cmdline"])
+    assert ["sh", "-c", SCRIPT] == init.split("\0")[:3]
     assert 500 == real_cluster.cpu_quota(real_namespace, "grows").millicores
 
     patch = {"spec": {"containers": [{"name": "app", "resources": {
@@ -85,7 +89,8 @@ def test_the_webhook_runs_from_its_image_behind_its_service(real_cluster: RealCl
             status["ready"],
         )
         assert product == status["image"]
-        assert status["imageID"].startswith(f"{product.rsplit(':', 1)[0]}@sha256:")
+        assert re.fullmatch(r"sha256:[0-9a-f]{64}", status["imageID"]), status["imageID"]
+    assert 1 == len({p["status"]["containerStatuses"][0]["imageID"] for p in pods})
     assert 2 == ready_endpoints(real_cluster.client, NAMESPACE)
     # The image's user on its read-only root filesystem.
     name = pods[0]["metadata"]["name"]
