@@ -77,13 +77,13 @@ e2e: venv binaries node vpa tools
 test: lint binaries node vpa tools
 	$(PY) -m pytest -q
 
-cluster: venv binaries $(if $(filter 1,$(VPA)),vpa)
+cluster: venv binaries $(if $(filter 1,$(VPA)),vpa) $(if $(filter real,$(NODE)),node)
 	@$(PY) -m harness up --node $(NODE) $(CLUSTER_ARGS) $(if $(filter 1,$(VPA)),--vpa)
 
 cluster-down: venv
 	@$(PY) -m harness down
 
-demo: venv binaries
+demo: venv binaries $(if $(filter real,$(NODE)),node)
 	@$(PY) -m harness demo --node $(NODE)
 
 bench: venv

@@ -30,6 +30,7 @@ from typing import Any
 
 from harness import chart
 from harness.binaries import Binaries
+from harness.images import Role
 from harness.kubeapi import KubeClient
 from harness.launcher import ControlPlane, ControlPlaneConfig
 from harness.nodes import HollowNodes, NodeError, NodeOptions, NodeSpec
@@ -219,9 +220,9 @@ class RealCluster:
         """The harness's raw JSON client (admin)."""
         return self.control_plane.client
 
-    def image(self, role: str) -> str:
+    def image(self, role: Role) -> str:
         """The reference of the imported image of ``role``: sandbox, workload or product."""
-        return self.images.reference(role)  # type: ignore[arg-type]
+        return self.images.reference(role)
 
     def kubectl(
         self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60

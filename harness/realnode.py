@@ -37,11 +37,12 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from harness.binaries import REPO_ROOT
+from harness.images import ImagesUnavailable, Role, read_images
 from harness.launcher import ControlPlane, free_port
 from harness.nodes import NodeError, NodeSpec, wait_node_ready
 from harness.processes import ManagedProcess, spawn
@@ -64,8 +65,6 @@ CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 BUILD_NODE = REPO_ROOT / "scripts" / "build-node.sh"
 BUILD_IMAGES = REPO_ROOT / "scripts" / "build-images.sh"
 OWNER_FILE = "owner.json"
-
-Role = Literal["sandbox", "workload", "product"]
 
 __all__ = [
     "Images",
@@ -116,27 +115,21 @@ class NodeStack:
 
 @dataclass(frozen=True)
 class Images:
-    """The directory ``scripts/build-images.sh`` printed: ``images.tsv`` lines
-    ``reference<TAB>archive<TAB>role`` and the archives beside it."""
+    """The directory ``scripts/build-images.sh`` printed, read by
+    :func:`harness.images.read_images` (every role present, every archive there)."""
 
     directory: Path
 
-    def entries(self) -> list[tuple[str, Path, str]]:
-        """(reference, archive, role) of every image, in the file's order."""
-        rows = []
-        for line in (self.directory / "images.tsv").read_text().splitlines():
-            if not line.strip():
-                continue
-            reference, archive, role = line.split("\t")[:3]
-            rows.append((reference, self.directory / archive, role))
-        return rows
+    def entries(self) -> list[tuple[str, Path, Role]]:
+        """(reference, archive, role) of every image."""
+        return [
+            (a.reference, self.directory / a.file, a.role)
+            for a in read_images(self.directory).values()
+        ]
 
     def reference(self, role: Role) -> str:
-        """The image reference of ``role``; KeyError when the directory has none."""
-        for reference, _archive, found in self.entries():
-            if found == role:
-                return reference
-        raise KeyError(f"no {role} image in {self.directory / 'images.tsv'}")
+        """The image reference of ``role``: sandbox, workload or product."""
+        return read_images(self.directory)[role].reference
 
 
 def _last_line_of(script: Path, what: str) -> Path:
@@ -165,8 +158,10 @@ def ensure_node_stack() -> NodeStack:
 def ensure_images() -> Images:
     """The images, built on first use by ``scripts/build-images.sh``."""
     images = Images(_last_line_of(BUILD_IMAGES, "the sandbox, workload and product images"))
-    if not (images.directory / "images.tsv").exists():
-        raise NodeStackUnavailable(f"{images.directory} has no images.tsv")
+    try:
+        images.entries()
+    except ImagesUnavailable as e:
+        raise NodeStackUnavailable(str(e)) from None
     return images
 
 

@@ -193,14 +193,17 @@ def test_images_are_found_by_role(tmp_path: Path) -> None:
     (tmp_path / "images.tsv").write_text(
         "registry.k8s.io/pause:3.10\tpause.tar\tsandbox\n"
         "example.test/busybox:1\tbusybox.tar\tworkload\n"
+        "example.test/product:1\tproduct.tar\tproduct\n"
     )
+    for name in ("pause.tar", "busybox.tar", "product.tar"):
+        (tmp_path / name).write_bytes(b"")
     images = Images(tmp_path)
     assert "example.test/busybox:1" == images.reference("workload")
-    assert [tmp_path / "pause.tar", tmp_path / "busybox.tar"] == [
-        archive for _ref, archive, _role in images.entries()
-    ]
-    with pytest.raises(KeyError, match="no product image"):
-        images.reference("product")
+    assert [
+        ("registry.k8s.io/pause:3.10", tmp_path / "pause.tar", "sandbox"),
+        ("example.test/busybox:1", tmp_path / "busybox.tar", "workload"),
+        ("example.test/product:1", tmp_path / "product.tar", "product"),
+    ] == images.entries()
 
 
 @dataclass(frozen=True)
