@@ -27,7 +27,8 @@ from harness.nodes import HollowNodes, NodeOptions, default_nodes
 from harness.processes import install_signal_handlers
 from harness.webhook_process import WebhookProcess, WebhookUnavailable, start_webhook
 
-MANIFESTS = """\
+#: The walkthrough's two PriorityClasses (the real-node walkthrough has them too).
+PRIORITY_CLASSES = """\
 apiVersion: scheduling.k8s.io/v1
 kind: PriorityClass
 metadata:
@@ -41,6 +42,10 @@ metadata:
   name: low-priority
 value: 1000
 description: Batch work that can be restarted.
+"""
+MANIFESTS = (
+    PRIORITY_CLASSES
+    + """\
 ---
 apiVersion: v1
 kind: Pod
@@ -74,6 +79,7 @@ spec:
       requests: {cpu: "4", memory: 1Gi}
       limits: {cpu: "4", memory: 1Gi}
 """
+)
 RESIZE_PATCH = (
     '{"spec":{"containers":[{"name":"app", "resources":{"requests":{"cpu":"6"}, '
     '"limits":{"cpu":"6"}}}]}}'

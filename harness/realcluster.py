@@ -19,8 +19,6 @@ v2), :meth:`RealCluster.image_id`, :meth:`RealCluster.install_chart`.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +30,7 @@ from harness import chart
 from harness.binaries import Binaries
 from harness.images import Role
 from harness.kubeapi import KubeClient
+from harness.kubectl import Kubectl
 from harness.launcher import ControlPlane, ControlPlaneConfig
 from harness.nodes import HollowNodes, NodeError, NodeOptions, NodeSpec
 from harness.realnode import NODE_NAME, Images, NodeStack, RealNode, RealNodeOptions
@@ -224,25 +223,11 @@ class RealCluster:
         """The reference of the imported image of ``role``: sandbox, workload or product."""
         return self.images.reference(role)
 
-    def kubectl(
-        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60
-    ) -> subprocess.CompletedProcess[str]:
-        """The real kubectl against this cluster; raises CalledProcessError when ``check``."""
-        argv = [str(self.binaries.kubectl), *args]
-        result = subprocess.run(
-            argv,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
-            check=False,
-        )
-        if check and result.returncode != 0:
-            raise subprocess.CalledProcessError(
-                result.returncode, argv, output=result.stdout, stderr=result.stderr
-            )
-        return result
+    @property
+    def kubectl(self) -> Kubectl:
+        """The real kubectl against this cluster (``kubectl("get", "pods", input=...)``);
+        raises CalledProcessError on failure unless ``check=False``."""
+        return Kubectl(self.binaries.kubectl, self.kubeconfig)
 
     def exec(
         self, namespace: str, pod: str, command: Sequence[str], *, container: str | None = None

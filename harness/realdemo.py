@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from harness.binaries import BinariesUnavailable, ensure_binaries
 from harness.chart import NAMESPACE, ChartError
-from harness.demo import Terminal
+from harness.demo import PRIORITY_CLASSES, Terminal
 from harness.nodes import NodeError
 from harness.processes import install_signal_handlers
 from harness.realcluster import CPU_QUOTA_COMMAND, RealCluster, parse_cpu_quota
@@ -104,23 +104,8 @@ spec:
       limits: {{cpu: {cpu}m, memory: {memory}}}
 """
 
-    classes = """\
-apiVersion: scheduling.k8s.io/v1
-kind: PriorityClass
-metadata:
-  name: high-priority
-value: 1000000
-description: Latency-critical workloads.
----
-apiVersion: scheduling.k8s.io/v1
-kind: PriorityClass
-metadata:
-  name: low-priority
-value: 1000
-description: Batch work that can be restarted.
-"""
     return (
-        classes
+        PRIORITY_CLASSES
         + pod("low-priority-pod", "low-priority", "worker", walk.low, "500Mi")
         + pod("high-priority-pod", "high-priority", "app", walk.high, "1Gi")
     )

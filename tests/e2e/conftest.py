@@ -20,10 +20,8 @@
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,6 +34,7 @@ from kubernetes import config as k8s_config
 
 from harness.binaries import Binaries, ensure_binaries
 from harness.kubeapi import ApiError, KubeClient
+from harness.kubectl import Kubectl
 from harness.launcher import ControlPlane, ControlPlaneConfig
 from harness.nodes import HollowNodes, NodeOptions, default_nodes
 from harness.processes import install_signal_handlers
@@ -72,39 +71,6 @@ class Cluster:
 
     def known_pods(self) -> list[tuple[str, str]]:
         return self.nodes.known_pods()
-
-
-@dataclass(frozen=True)
-class Kubectl:
-    """The real kubectl bound to the cluster's kubeconfig (and optionally a namespace)."""
-
-    binary: Path
-    kubeconfig: Path
-    namespace: str | None = None
-
-    def __call__(
-        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
-    ) -> subprocess.CompletedProcess[str]:
-        """Run ``kubectl args...``; raises CalledProcessError on failure when ``check``."""
-        argv = [
-            str(self.binary),
-            *(["--namespace", self.namespace] if self.namespace else []),
-            *args,
-        ]
-        result = subprocess.run(
-            argv,
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
-            check=False,
-        )
-        if check and result.returncode != 0:
-            raise subprocess.CalledProcessError(
-                result.returncode, argv, output=result.stdout, stderr=result.stderr
-            )
-        return result
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,7 @@ def test_a_resize_rewrites_the_containers_cpu_quota(
     real_cluster: RealCluster, real_namespace: str, wait_until: Waiter
 ) -> None:
     manifest = json.dumps(pod("grows", real_cluster.image("workload"), "500m"))
-    real_cluster.kubectl("apply", "-n", real_namespace, "-f", "-", stdin=manifest)
+    real_cluster.kubectl("apply", "-n", real_namespace, "-f", "-", input=manifest)
     real_cluster.kubectl(
         "wait", "-n", real_namespace, "--for=condition=Ready", "pod/grows", "--timeout=60s"
     )
