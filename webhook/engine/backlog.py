@@ -2,10 +2,11 @@
 
 Once a review is answered, the engine still counts it in the metrics and writes its
 decision-log line. In a loop that costs little; on the review path of a busy server it
-cost about a third of the decision, because the logging and metrics code had gone cold
-between two reviews. A :class:`Backlog` runs those jobs from a background thread, a batch
-at a time, where that code stays warm from one job to the next; the review path only
-queues a job. The engine's default, :func:`run_now`, runs each job at once.
+costs a good part of the decision (docs/service.md, Performance), because the logging and
+metrics code goes cold between two reviews. A :class:`Backlog` runs those jobs from a
+background thread, a batch at a time, where that code stays warm from one job to the
+next; the review path only queues a job. The engine's default, :func:`run_now`, runs each
+job at once.
 
 A job takes a batch: it is called with the arguments submitted for it since its last
 run, so what one call per review would repeat (a lock, a write, a metric update) is done

@@ -47,7 +47,7 @@ from webhook.core.policy import ImportanceKey, PreemptionPolicy
 from webhook.core.resources import Resources
 from webhook.engine import loans
 from webhook.engine.config import Config
-from webhook.engine.ledger import LedgerChange, LedgerEntry, desired_requests
+from webhook.engine.ledger import LedgerChange, LedgerEntry
 
 State = Literal["admitted", "persisted", "actuated", "released"]
 #: States in which an entry holds room on its node: every plan counts it.
@@ -102,7 +102,7 @@ def phase(entry: LedgerEntry, pod: Pod | None, now: float) -> Phase:
 
 def persisted(entry: LedgerEntry, pod: Pod) -> bool:
     """Whether ``pod``'s spec carries exactly the container requests ``entry`` admitted."""
-    return dict(desired_requests(pod)) == dict(entry.desired)
+    return {c.name: c.requests for c in pod.all_containers()} == dict(entry.desired)
 
 
 def _allocated(desired: Iterable[tuple[str, Resources]], pod: Pod) -> bool:
@@ -204,14 +204,15 @@ def admit(
     """
 
     def change(entries: tuple[LedgerEntry, ...]) -> tuple[tuple[LedgerEntry, ...] | None, Admitted]:
-        holders = room_holders(entries, pods, now)
         if review:
             for e in entries:
                 if e.review_uid == review_uid:
-                    return None, Admitted(plan(holders), e)
-        elif any(e.pod.uid == pod.uid for e in holders):
-            return None, Admitted(None, None)
-        others = tuple(e for e in holders if e.pod.uid != pod.uid)
+                    return None, Admitted(plan(room_holders(entries, pods, now)), e)
+            others = room_holders((e for e in entries if e.pod.uid != pod.uid), pods, now)
+        else:
+            others = room_holders(entries, pods, now)
+            if any(e.pod.uid == pod.uid for e in others):
+                return None, Admitted(None, None)
         planned = plan(others)
         if planned.verdict == "preempt" and loans.is_give_back(pod, entries):
             # A loan given back takes only room that is free: nobody is evicted or shrunk
