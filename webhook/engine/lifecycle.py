@@ -24,7 +24,9 @@ hold room), a write to the node (which entries it keeps), the worker (what to do
     room itself now, and the kubelet's own accounting counts it.
   - -> released: the kubelet marked the resize Infeasible; it will never use the room.
 * **actuated**: the entry holds no room. It stays in the ledger only while it owes a loan
-  (given back from it, :mod:`webhook.engine.loans`).
+  (given back from it, :mod:`webhook.engine.loans`); while a lender whose loan the
+  kubelet refused is owed its room, the worker goes on making that room (the borrower may
+  hold it already).
 * **released**, from any state: the entry expired (``expires_at``), or the pod is
   terminating or finished. It holds nothing; the next write to its node drops it (unless
   it owes a loan).
