@@ -2,9 +2,9 @@
 
 Why not gthread: it hands each accepted connection to one of its N threads, and that
 thread then blocks reading the connection. Eight connections that finish the TLS
-handshake and send nothing (or twenty sending a body a byte a second) took every thread
-of the default 4: each review waited until the API server gave up and allowed the resize
-unchecked (issue 15, item 4; ``tests/unit/test_web_slow_clients.py`` reproduces it).
+handshake and send nothing (or twenty sending a body a byte a second) take every thread
+of the default 4: each review waits until the API server gives up and allows the resize
+unchecked (``tests/unit/test_web_slow_clients.py`` reproduces it).
 
 Here every connection is a greenlet, waiting on the socket costs no thread, and the
 app is called only once a request is complete - headers and body in memory:
