@@ -76,12 +76,13 @@ def serve_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
 
     from bench.review_bench import cluster_objects
+    from bench.shed_worker import FloodServer, ShedWorker
     from webhook.engine.admission import AdmissionEngine
     from webhook.engine.backlog import Backlog
     from webhook.engine.config import Config
     from webhook.testing import InMemoryLedger, StaticClusterView
     from webhook.web.app import create_app, metrics_of
-    from webhook.web.server import DEFAULT_SHED_DELAY, WorkerApp, serve
+    from webhook.web.server import ServerOptions, WorkerApp
     from webhook.web.tls import CertificateReloader
 
     decisions = logging.getLogger("webhook.decisions")
@@ -106,16 +107,20 @@ def serve_main(argv: Sequence[str]) -> int:
 
         return WorkerApp(app, start=start, registry=metrics_of(app).registry)
 
-    serve(
-        factory,
+    if args.shed_delay is not None:
+        ShedWorker.shed_delay = args.shed_delay  # the forked workers inherit it
+    options = ServerOptions(
         cert_file=args.cert,
         key_file=args.key,
         host="127.0.0.1",
         port=args.port,
         metrics_port=None,
         log_level="warning",
-        shed_delay=DEFAULT_SHED_DELAY if args.shed_delay is None else args.shed_delay,
     )
+    options.validate()
+    tls = CertificateReloader(options.cert_file, options.key_file)
+    FloodServer(factory, options, tls).run()
+    return 0
 
 
 def _relist_forever(pages: Path, log_path: Path) -> None:

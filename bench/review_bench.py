@@ -405,7 +405,7 @@ def serve_main(argv: Sequence[str]) -> int:
     from webhook.engine.config import Config
     from webhook.testing import InMemoryLedger, StaticClusterView
     from webhook.web.app import create_app, metrics_of
-    from webhook.web.server import WorkerApp, serve
+    from webhook.web.server import ServerOptions, WorkerApp, serve
     from webhook.web.tls import CertificateReloader
 
     # The decision log is on in production: pay for formatting and writing one line.
@@ -433,8 +433,7 @@ def serve_main(argv: Sequence[str]) -> int:
 
         return WorkerApp(app, start=start, registry=metrics_of(app).registry)
 
-    serve(
-        factory,
+    options = ServerOptions(
         cert_file=args.cert,
         key_file=args.key,
         host="127.0.0.1",
@@ -445,6 +444,7 @@ def serve_main(argv: Sequence[str]) -> int:
         metrics_host="127.0.0.1",
         log_level="warning",
     )
+    serve(factory, options)
 
 
 # -- the client process ----------------------------------------------------------------------

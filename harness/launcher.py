@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from harness import pki as harness_pki
 from harness.binaries import Binaries
 from harness.kubeapi import Credentials, KubeClient
 from harness.processes import ManagedProcess, spawn
@@ -276,8 +277,8 @@ class ControlPlane:
             dns_names=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
             ip_addresses=["127.0.0.1", "10.0.0.1"],
         )
-        admin = pki.make_client_cert(ca, "rpw-admin", groups=["system:masters"])
-        sa_key = pki.generate_private_key_pem()
+        admin = harness_pki.make_client_cert(ca, "rpw-admin", groups=["system:masters"])
+        sa_key = harness_pki.generate_private_key_pem()
         files = {
             "ca.crt": ca.cert_pem,
             "ca.key": ca.key_pem,
@@ -286,7 +287,7 @@ class ControlPlane:
             "admin.crt": admin.cert_pem,
             "admin.key": admin.key_pem,
             "sa.key": sa_key,
-            "sa.pub": pki.public_key_pem(sa_key),
+            "sa.pub": harness_pki.public_key_pem(sa_key),
         }
         for name, data in files.items():
             path = self.pki_dir / name

@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from harness import pki as harness_pki
 from harness.binaries import REPO_ROOT
 from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import ControlPlane, free_port
@@ -271,7 +272,7 @@ class VpaUpdater:
         ca = pki.CertificateAuthority(
             cert_pem=(pki_dir / "ca.crt").read_bytes(), key_pem=(pki_dir / "ca.key").read_bytes()
         )
-        user = pki.make_client_cert(ca, USER, groups=["system:masters"])
+        user = harness_pki.make_client_cert(ca, USER, groups=["system:masters"])
 
         def b64(data: bytes) -> str:
             return base64.b64encode(data).decode()

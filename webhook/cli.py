@@ -257,7 +257,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
     from webhook.engine.settings import SETTINGS, load_config
-    from webhook.web.server import serve
+    from webhook.web.server import ServerOptions, serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
     flags = {name: getattr(args, name.replace("-", "_"), None) for name in SETTINGS}
@@ -270,8 +270,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         return build(config, args.kubeconfig, workers=args.workers, hooks=args.hooks)(tls)
 
-    serve(
-        factory,
+    options = ServerOptions(
         cert_file=args.tls_cert,
         key_file=args.tls_key,
         host=args.host,
@@ -281,6 +280,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         max_body_bytes=config.max_body_bytes,
     )
+    serve(factory, options)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

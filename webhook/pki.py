@@ -1,4 +1,4 @@
-"""Small X.509 helpers: a certificate authority, serving and client certificates.
+"""Small X.509 helpers: a certificate authority and the serving certificates it signs.
 
 Everything is returned as PEM bytes so callers can write files, build kubeconfigs or fill a
 ``caBundle`` without touching ``cryptography`` themselves. Keys are ECDSA P-256: quick to
@@ -24,11 +24,10 @@ __all__ = [
     "DEFAULT_VALIDITY",
     "CertificateAuthority",
     "KeyPair",
-    "generate_private_key_pem",
+    "issue",
+    "key_to_pem",
     "make_ca",
-    "make_client_cert",
     "make_serving_cert",
-    "public_key_pem",
 ]
 
 DEFAULT_VALIDITY = dt.timedelta(days=365)
@@ -48,19 +47,6 @@ class KeyPair:
 @dataclass(frozen=True, slots=True)
 class CertificateAuthority(KeyPair):
     """A self-signed CA able to sign further certificates."""
-
-
-def generate_private_key_pem() -> bytes:
-    """Return a fresh ECDSA P-256 private key as PKCS#8 PEM."""
-    return _key_to_pem(ec.generate_private_key(ec.SECP256R1()))
-
-
-def public_key_pem(private_key_pem: bytes) -> bytes:
-    """Return the SubjectPublicKeyInfo PEM of ``private_key_pem``."""
-    key = serialization.load_pem_private_key(private_key_pem, password=None)
-    return key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
 
 
 def make_ca(common_name: str, *, validity: dt.timedelta = DEFAULT_VALIDITY) -> CertificateAuthority:
@@ -95,7 +81,7 @@ def make_ca(common_name: str, *, validity: dt.timedelta = DEFAULT_VALIDITY) -> C
         .sign(key, hashes.SHA256())
     )
     return CertificateAuthority(
-        cert_pem=cert.public_bytes(serialization.Encoding.PEM), key_pem=_key_to_pem(key)
+        cert_pem=cert.public_bytes(serialization.Encoding.PEM), key_pem=key_to_pem(key)
     )
 
 
@@ -117,7 +103,7 @@ def make_serving_cert(
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
     cn = common_name or (dns_names[0] if dns_names else ip_addresses[0])
-    return _issue(
+    return issue(
         ca,
         subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]),
         usage=ExtendedKeyUsageOID.SERVER_AUTH,
@@ -126,30 +112,7 @@ def make_serving_cert(
     )
 
 
-def make_client_cert(
-    ca: CertificateAuthority,
-    common_name: str,
-    *,
-    groups: Sequence[str] = (),
-    validity: dt.timedelta = DEFAULT_VALIDITY,
-) -> KeyPair:
-    """Create a TLS client certificate signed by ``ca``.
-
-    Kubernetes maps the common name to the user name and each organization (O) to a group,
-    so ``groups=["system:masters"]`` yields a cluster administrator.
-    """
-    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]
-    attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
-    return _issue(
-        ca,
-        subject=x509.Name(attributes),
-        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
-        sans=[],
-        validity=validity,
-    )
-
-
-def _issue(
+def issue(
     ca: CertificateAuthority,
     *,
     subject: x509.Name,
@@ -157,6 +120,7 @@ def _issue(
     sans: list[x509.GeneralName],
     validity: dt.timedelta,
 ) -> KeyPair:
+    """A certificate for ``subject`` with extended key ``usage``, signed by ``ca``."""
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
@@ -195,10 +159,10 @@ def _issue(
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
-    return KeyPair(cert_pem=cert.public_bytes(serialization.Encoding.PEM), key_pem=_key_to_pem(key))
+    return KeyPair(cert_pem=cert.public_bytes(serialization.Encoding.PEM), key_pem=key_to_pem(key))
 
 
-def _key_to_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+def key_to_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,

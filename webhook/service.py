@@ -88,6 +88,50 @@ def _wake_on_changes(
     ledger.subscribe(ledger_changed)
 
 
+def _evictor(api: Any, recorder: EventRecorder, metrics: Metrics, config: Config) -> Evictor:
+    return Evictor(
+        api,
+        recorder,
+        metrics,
+        method=config.eviction_method,
+        grace_period_cap=config.grace_period_cap,
+        scheduler_name=config.scheduler_name,
+        pdb_retries=0,
+    )
+
+
+def _elector(
+    api: Any, config: Config, identity: str, runnables: Runnables, metrics: Metrics
+) -> LeaderElector:
+    """The preemption worker's leader election, with client-go's proportions of the
+    lease duration."""
+    return LeaderElector(
+        api,
+        namespace=config.namespace,
+        name=LEADER_LEASE,
+        identity=identity,
+        lease_duration=config.lease_duration,
+        renew_deadline=config.lease_duration * 2 / 3,
+        retry_period=max(config.lease_duration / 7.5, 0.5),
+        on_started_leading=runnables.start_leading,
+        on_stopped_leading=runnables.stop_leading,
+        metrics=metrics,
+    )
+
+
+def _readiness(
+    tls: Any, cache: ClusterCache, ledger: LeaseLedger, config: Config
+) -> Callable[[], dict[str, bool]]:
+    return lambda: {
+        "tls": bool(tls.loaded()),
+        "cache": cache.synced(),
+        # Past the bound every review fails open: let the Service send them to a replica
+        # whose watches are current.
+        "cache-current": config.cache_current(cache.staleness()),
+        "ledger": ledger.reachable(),
+    }
+
+
 def build(
     config: Config,
     kubeconfig: str | None,
@@ -109,31 +153,9 @@ def build(
         ledger = hooks.ledger(lease_ledger, identity)
         act_api = make_api_client(kubeconfig)
         recorder = EventRecorder(act_api, controller=config.scheduler_name, instance=identity)
-        evictor = hooks.evictor(
-            Evictor(
-                act_api,
-                recorder,
-                metrics,
-                method=config.eviction_method,
-                grace_period_cap=config.grace_period_cap,
-                scheduler_name=config.scheduler_name,
-                pdb_retries=0,
-            ),
-            identity,
-        )
+        evictor = hooks.evictor(_evictor(act_api, recorder, metrics, config), identity)
         runnables = Runnables()
-        elector = LeaderElector(
-            act_api,
-            namespace=config.namespace,
-            name=LEADER_LEASE,
-            identity=identity,
-            lease_duration=config.lease_duration,
-            renew_deadline=config.lease_duration * 2 / 3,
-            retry_period=max(config.lease_duration / 7.5, 0.5),
-            on_started_leading=runnables.start_leading,
-            on_stopped_leading=runnables.stop_leading,
-            metrics=metrics,
-        )
+        elector = _elector(act_api, config, identity, runnables, metrics)
         worker = PreemptionWorker(
             cache,
             ledger,
@@ -166,18 +188,9 @@ def build(
         )
         app = create_app(
             config,
-            cluster=cache,
-            ledger=ledger,
             engine=engine,
             metrics=metrics,
-            readiness=lambda: {
-                "tls": bool(tls.loaded()),
-                "cache": cache.synced(),
-                # Past the bound every review fails open: let the Service send them to
-                # a replica whose watches are current.
-                "cache-current": config.cache_current(cache.staleness()),
-                "ledger": lease_ledger.reachable(),
-            },
+            readiness=_readiness(tls, cache, lease_ledger, config),
         )
         runnables.add(after_review, stop_timeout=5)
         runnables.add(cache, stop_timeout=5)
@@ -188,17 +201,20 @@ def build(
             _wake_on_changes(cache, lease_ledger, worker, reconciler)
             runnables.add(worker, leader_election=True, stop_timeout=30)
             runnables.add(reconciler, leader_election=True, stop_timeout=10)
-
-        def start() -> Callable[[], None]:
-            runnables.start()
-            return runnables.stop
-
-        return WorkerApp(
-            app,
-            start=start,
-            registry=metrics.registry,
-            ready=cache.synced,
-            refused=metrics.connections_refused.inc,
-        )
+        return _worker_app(app, runnables, metrics, cache)
 
     return factory
+
+
+def _worker_app(app: Any, runnables: Runnables, metrics: Metrics, cache: ClusterCache) -> WorkerApp:
+    def start() -> Callable[[], None]:
+        runnables.start()
+        return runnables.stop
+
+    return WorkerApp(
+        app,
+        start=start,
+        registry=metrics.registry,
+        ready=cache.synced,
+        refused=metrics.connections_refused.inc,
+    )

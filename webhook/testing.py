@@ -1,34 +1,25 @@
-"""Test doubles of the engine's ports: a cluster view over a fixed set of objects and a
-ledger in one process's memory.
+"""Test doubles of the engine's ports: the in-memory ones of :mod:`webhook.engine.memory`
+with the knobs a test turns (a view that is not synced or has gone stale, a count of the
+ledger's writes).
 
-For unit tests, benchmarks and offline use (planning against a snapshot). The running
-service never uses them (``webhook.service`` wires the watch-fed cache and the Lease
-ledger); ``webhook.web.app.create_app`` falls back to them only when it is built without
-a cluster or a ledger, as tests build it.
-
-:class:`StaticClusterView` answers from dictionaries built once in its constructor, so
-reads are as cheap as the live cache's and it is safe to share between threads (nothing
-changes after construction).
+For unit tests and benchmarks. Nothing in the product imports this module.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from webhook.core.model import DisruptionBudget, Node, Pod, PriorityClass
-from webhook.core.objects import PriorityResolver
 from webhook.core.snapshot import Snapshot, load_snapshot
 from webhook.engine.ledger import LedgerChange, LedgerEntry, R
+from webhook.engine.memory import FixedClusterView, MemoryLedger
 
 
-class StaticClusterView:
-    """An immutable cluster: nodes, pods, PodDisruptionBudgets and PriorityClasses.
-
-    ``synced`` and ``age`` are fixed too (a static view is as fresh as it will get);
-    tests pass ``synced=False`` to see readiness fail.
-    """
+class StaticClusterView(FixedClusterView):
+    """A :class:`FixedClusterView` whose ``synced``, ``age`` and ``staleness`` a test sets
+    (``synced=False`` to see readiness fail, ``stale_for`` to make it stale and fresh
+    again)."""
 
     def __init__(
         self,
@@ -41,25 +32,9 @@ class StaticClusterView:
         age: float = 0.0,
         staleness: float = 0.0,
     ) -> None:
-        self._nodes = {n.name: n for n in nodes}
-        self._pods = {p.key: p for p in pods}
-        by_node: dict[str, list[Pod]] = {}
-        for p in self._pods.values():
-            if p.node:
-                by_node.setdefault(p.node, []).append(p)
-        # Tuples: callers get the same immutable sequence every time, no copy per read.
-        self._by_node = {name: tuple(group) for name, group in by_node.items()}
-        self._pending = tuple(p for p in self._pods.values() if p.resize != "none")
-        by_namespace: dict[str, list[DisruptionBudget]] = {}
-        for b in budgets:
-            by_namespace.setdefault(b.namespace, []).append(b)
-        self._budgets = {ns: tuple(group) for ns, group in by_namespace.items()}
-        # Every review asks for the budgets of its node's namespaces: remembered.
-        self._budgets_by_set: dict[frozenset[str], tuple[DisruptionBudget, ...]] = {}
-        self._resolver = PriorityResolver(priority_classes)
+        super().__init__(nodes, pods, budgets, priority_classes)
         self._synced = synced
         self._age = age
-        #: Settable: a test makes the view stale and fresh again.
         self.stale_for = staleness
 
     @classmethod
@@ -76,37 +51,7 @@ class StaticClusterView:
     def from_objects(
         cls, documents: Iterable[Mapping[str, Any] | None], *, synced: bool = True
     ) -> StaticClusterView:
-        """From raw Kubernetes objects or Lists (as ``kubectl get -o json`` prints them).
-
-        Raises :class:`~webhook.core.errors.ObjectError` on a malformed object.
-        """
         return cls.from_snapshot(load_snapshot(documents), synced=synced)
-
-    # -- ClusterView ------------------------------------------------------------------
-
-    def node(self, name: str) -> Node | None:
-        return self._nodes.get(name)
-
-    def pods_on(self, node: str) -> Sequence[Pod]:
-        return self._by_node.get(node, ())
-
-    def pod(self, namespace: str, name: str) -> Pod | None:
-        return self._pods.get(f"{namespace}/{name}")
-
-    def budgets(self, namespaces: Iterable[str]) -> Sequence[DisruptionBudget]:
-        key = namespaces if type(namespaces) is frozenset else frozenset(namespaces)
-        found = self._budgets_by_set.get(key)
-        if found is None:
-            if len(self._budgets_by_set) >= 8192:
-                self._budgets_by_set = {}
-            # Sorted: the same answer whatever order the caller's namespaces come in.
-            found = self._budgets_by_set[key] = tuple(
-                b for ns in sorted(key) for b in self._budgets.get(ns, ())
-            )
-        return found
-
-    def priority_resolver(self) -> PriorityResolver:
-        return self._resolver
 
     def synced(self) -> bool:
         return self._synced
@@ -117,39 +62,22 @@ class StaticClusterView:
     def staleness(self) -> float:
         return self.stale_for
 
-    # -- the reconciler's extra read ----------------------------------------------------
 
-    def pending_resizes(self) -> Sequence[Pod]:
-        """Pods whose ``PodResizePending`` is Deferred or Infeasible (as the live cache)."""
-        return self._pending
+class InMemoryLedger(MemoryLedger):
+    """A :class:`MemoryLedger` that counts its writes (``writes``)."""
 
-
-class InMemoryLedger:
-    """A :class:`Ledger` in one process's memory: for unit tests, ``plan`` and ``warn``."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._nodes: dict[str, tuple[LedgerEntry, ...]] = {}
+    def __init__(self, entries: Iterable[LedgerEntry] = ()) -> None:
+        super().__init__(entries)
         self.writes = 0
 
-    def entries(self, node: str) -> tuple[LedgerEntry, ...]:
-        with self._lock:
-            return self._nodes.get(node, ())
-
-    def all_entries(self) -> tuple[LedgerEntry, ...]:
-        with self._lock:
-            return tuple(e for group in self._nodes.values() for e in group)
-
     def update(self, node: str, change: LedgerChange[R]) -> R:
-        with self._lock:
-            new, result = change(self._nodes.get(node, ()))
+        def counted(entries: tuple[LedgerEntry, ...]) -> tuple[tuple[LedgerEntry, ...] | None, R]:
+            new, result = change(entries)
             if new is not None:
-                self._nodes[node] = new
                 self.writes += 1
-            return result
+            return new, result
 
-    def reachable(self) -> bool:
-        return True
+        return super().update(node, counted)
 
 
 __all__ = ["InMemoryLedger", "StaticClusterView"]

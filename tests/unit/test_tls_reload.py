@@ -22,6 +22,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from harness import pki as harness_pki
 from harness.launcher import free_port
 from harness.processes import ManagedProcess, spawn
 from tests.unit.web_fixtures import (
@@ -138,7 +139,8 @@ def test_a_mismatched_pair_keeps_the_old_one_until_the_right_key_arrives(
         pytest.param(lambda f: replace_file(f.cert_file, b"-----BEGIN CERT"), id="truncated"),
         pytest.param(lambda f: replace_file(f.key_file, b""), id="empty-key"),
         pytest.param(
-            lambda f: replace_file(f.key_file, pki.generate_private_key_pem()), id="other-key"
+            lambda f: replace_file(f.key_file, harness_pki.generate_private_key_pem()),
+            id="other-key",
         ),
     ],
 )
@@ -205,7 +207,7 @@ def test_checks_are_rate_limited(tls_files: TLSFiles) -> None:
 
 
 def test_an_unusable_first_pair_is_an_error_naming_the_files(tls_files: TLSFiles) -> None:
-    replace_file(tls_files.key_file, pki.generate_private_key_pem())
+    replace_file(tls_files.key_file, harness_pki.generate_private_key_pem())
     with pytest.raises(TLSConfigError, match=r"tls\.crt"):
         CertificateReloader(str(tls_files.cert_file), str(tls_files.key_file))
     with pytest.raises(TLSConfigError, match="missing"):

@@ -23,13 +23,14 @@ from tests.unit.web_fixtures import (
     walkthrough_review,
     walkthrough_view,
 )
+from webhook.core.errors import InputError
 from webhook.engine.admission import AdmissionEngine, Endpoint
 from webhook.engine.config import Config, Mode
 from webhook.engine.metrics import Metrics
 from webhook.engine.wire import AdmissionRequest, AdmissionReview, clean_audit_annotations
 from webhook.testing import InMemoryLedger, StaticClusterView
 from webhook.web import app as app_module
-from webhook.web.app import create_app, engine_of, metrics_of
+from webhook.web.app import create_app, metrics_of
 
 INFEASIBLE_WARNING = (
     "cannot fit on node-1 even after preempting every lower-priority pod: cpu short by 1"
@@ -463,7 +464,7 @@ def test_unknown_path_is_404(path: str) -> None:
 
 
 def test_the_benchmarks_noop_endpoint_takes_the_review_path() -> None:
-    app = add_noop_endpoint(create_app(cluster=walkthrough_view()))
+    app = add_noop_endpoint(create_app(cluster=walkthrough_view(), ledger=InMemoryLedger()))
     client = app.test_client()
     resp = client.post(
         "/noop", data=orjson.dumps(walkthrough_review(uid="n-1")), content_type="application/json"
@@ -499,12 +500,37 @@ def test_an_exception_after_the_review_was_read_fails_open() -> None:
     assert counter(app, "resize_preemption_errors_total", where="web") == 1
 
 
+class UnreadableEngine(AdmissionEngine):
+    def answer(
+        self, api_version: str, request: AdmissionRequest, endpoint: Endpoint
+    ) -> AdmissionReview:
+        raise InputError("the engine could not read its own answer")
+
+
+def test_bad_input_raised_after_the_review_was_read_fails_open() -> None:
+    app = create_app(engine=UnreadableEngine(Config(), walkthrough_view(), InMemoryLedger()))
+
+    resp = app.test_client().post(
+        "/validate-resize", data=orjson.dumps(walkthrough_review(uid="u-8")), content_type=""
+    )
+
+    assert (200, "u-8", True) == (
+        resp.status_code,
+        assert_json(resp)["response"]["uid"],
+        assert_json(resp)["response"]["allowed"],
+    )
+    assert 1 == counter(app, "resize_preemption_errors_total", where="web")
+    assert 1 == counter(
+        app, "resize_preemption_webhook_requests_total", endpoint="validate", verdict="error"
+    )
+
+
 def test_an_exception_before_the_review_was_read_is_400(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(body: bytes) -> Any:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(app_module, "parse_review", broken)
-    app = create_app()
+    app = create_app(cluster=StaticClusterView(), ledger=InMemoryLedger())
 
     resp = app.test_client().post(
         "/validate-resize", data=orjson.dumps(walkthrough_review()), content_type=""
@@ -542,8 +568,12 @@ def _send(app: Flask, path: str, body: bytes, delivery: dict[str, Any]) -> TestR
 def test_every_way_of_sending_a_review_gets_the_same_answer(
     path: str, delivery: dict[str, Any]
 ) -> None:
-    reference = add_noop_endpoint(create_app(cluster=walkthrough_view(), clock=lambda: NOW))
-    app = add_noop_endpoint(create_app(cluster=walkthrough_view(), clock=lambda: NOW))
+    reference = add_noop_endpoint(
+        create_app(cluster=walkthrough_view(), ledger=InMemoryLedger(), clock=lambda: NOW)
+    )
+    app = add_noop_endpoint(
+        create_app(cluster=walkthrough_view(), ledger=InMemoryLedger(), clock=lambda: NOW)
+    )
     body = orjson.dumps(walkthrough_review(uid="same"))
     expected = _send(reference, path, body, DELIVERIES["as the API server sends it"])
     resp = _send(app, path, body, delivery)
@@ -561,7 +591,12 @@ def test_failures_are_answered_alike_every_way(
     assert (200, True) == (resp.status_code, assert_json(resp)["response"]["allowed"])
     assert 1 == counter(exploding, "resize_preemption_errors_total", where="web")
 
-    resp = _send(create_app(), "/validate-resize", b"[1]", delivery)
+    resp = _send(
+        create_app(cluster=StaticClusterView(), ledger=InMemoryLedger()),
+        "/validate-resize",
+        b"[1]",
+        delivery,
+    )
     assert 400 == resp.status_code
     assert "not a JSON object" in assert_json(resp)["error"]
 
@@ -569,7 +604,7 @@ def test_failures_are_answered_alike_every_way(
         raise RuntimeError("boom")
 
     monkeypatch.setattr(app_module, "parse_review", broken)
-    app = create_app()
+    app = create_app(cluster=StaticClusterView(), ledger=InMemoryLedger())
     resp = _send(app, "/validate-resize", orjson.dumps(walkthrough_review()), delivery)
     assert 400 == resp.status_code
     assert "could not be read" in assert_json(resp)["error"]
@@ -578,10 +613,10 @@ def test_failures_are_answered_alike_every_way(
 
 def test_metrics_are_injected_not_global() -> None:
     metrics = Metrics()
-    app = create_app(cluster=walkthrough_view(), metrics=metrics)
+    app = create_app(cluster=walkthrough_view(), ledger=InMemoryLedger(), metrics=metrics)
     app.test_client().post("/validate-resize", data=orjson.dumps(walkthrough_review()))
-    assert metrics is metrics_of(app) is engine_of(app).metrics
-    other = create_app(cluster=walkthrough_view())
+    assert metrics is metrics_of(app)
+    other = create_app(cluster=walkthrough_view(), ledger=InMemoryLedger())
     assert metrics_of(other) is not metrics
     assert (
         counter(
@@ -604,7 +639,9 @@ def test_metrics_are_injected_not_global() -> None:
 
 
 def test_livez_is_always_200() -> None:
-    app = create_app(readiness=lambda: {"tls": False})
+    app = create_app(
+        cluster=StaticClusterView(), ledger=InMemoryLedger(), readiness=lambda: {"tls": False}
+    )
     resp = app.test_client().get("/livez")
     assert resp.status_code == 200
     assert assert_json(resp) == {"status": "ok"}
@@ -612,7 +649,9 @@ def test_livez_is_always_200() -> None:
 
 def test_readyz_is_503_until_every_check_passes() -> None:
     state = {"tls": True, "cache": False, "ledger": True}
-    app = create_app(readiness=lambda: dict(state))
+    app = create_app(
+        cluster=StaticClusterView(), ledger=InMemoryLedger(), readiness=lambda: dict(state)
+    )
     client = app.test_client()
 
     resp = client.get("/readyz")
@@ -633,12 +672,12 @@ def test_readyz_is_503_until_every_check_passes() -> None:
     ],
 )
 def test_readyz_defaults(readiness: Callable[[], dict[str, bool]] | None, status: int) -> None:
-    app = create_app(cluster=walkthrough_view(), readiness=readiness)
+    app = create_app(cluster=walkthrough_view(), ledger=InMemoryLedger(), readiness=readiness)
     assert status == app.test_client().get("/readyz").status_code
 
 
 def test_readyz_default_checks_follow_the_cache() -> None:
-    app = create_app(cluster=walkthrough_view(synced=False))
+    app = create_app(cluster=walkthrough_view(synced=False), ledger=InMemoryLedger())
     resp = app.test_client().get("/readyz")
     assert resp.status_code == 503
     assert assert_json(resp)["checks"] == {"cache": False, "ledger": True}
@@ -648,6 +687,10 @@ def test_a_failing_readiness_check_is_503_not_500() -> None:
     def broken() -> dict[str, bool]:
         raise RuntimeError("cache exploded")
 
-    resp = create_app(readiness=broken).test_client().get("/readyz")
+    resp = (
+        create_app(cluster=StaticClusterView(), ledger=InMemoryLedger(), readiness=broken)
+        .test_client()
+        .get("/readyz")
+    )
     assert resp.status_code == 503
     assert assert_json(resp) == {"ready": False, "checks": {"readiness": False}}

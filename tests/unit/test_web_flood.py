@@ -193,14 +193,14 @@ def test_not_overloaded_the_review_is_decided() -> None:
     ids=["not-json", "no-request"],
 )
 def test_overloaded_bad_input_still_gets_its_400(body: bytes, status: int) -> None:
-    app = create_app(Config(), cluster=walkthrough_view())
+    app = create_app(Config(), cluster=walkthrough_view(), ledger=InMemoryLedger())
     answer = post(app, "/validate-resize", body, overloaded=True)
     assert status == answer.status_code
     assert "error" in orjson.loads(answer.data)
 
 
 def test_overloaded_probes_are_served_as_ever() -> None:
-    app = create_app(Config(), cluster=walkthrough_view())
+    app = create_app(Config(), cluster=walkthrough_view(), ledger=InMemoryLedger())
     answer = app.test_client().get("/readyz", environ_overrides={OVERLOADED: True})
     assert 200 == answer.status_code
 

@@ -30,6 +30,7 @@ from tests.unit.web_fixtures import (
     walkthrough_review,
 )
 from webhook.service import process_identity
+from webhook.testing import InMemoryLedger, StaticClusterView
 from webhook.web.app import create_app
 from webhook.web.metrics_server import start_metrics_server
 from webhook.web.server import ServerOptions, WebhookServer, WorkerApp
@@ -47,7 +48,7 @@ def test_gunicorn_settings(tmp_path: Path) -> None:
 
     def factory(t: CertificateReloader) -> WorkerApp:
         built.append(1)
-        return WorkerApp(create_app())
+        return WorkerApp(create_app(cluster=StaticClusterView(), ledger=InMemoryLedger()))
 
     server = WebhookServer(factory, options, tls)
     settings = server.settings()
@@ -93,7 +94,11 @@ def test_ipv6_bind(tmp_path: Path) -> None:
     files = make_tls_files(tmp_path)
     options = ServerOptions(str(files.cert_file), str(files.key_file), host="::", port=9443)
     tls = CertificateReloader(options.cert_file, options.key_file)
-    server = WebhookServer(lambda t: WorkerApp(create_app()), options, tls)
+    server = WebhookServer(
+        lambda t: WorkerApp(create_app(cluster=StaticClusterView(), ledger=InMemoryLedger())),
+        options,
+        tls,
+    )
     assert server.settings()["bind"] == ["[::]:9443"]
 
 
@@ -105,7 +110,13 @@ def test_a_connection_refused_unserved_is_counted_by_the_app(tmp_path: Path) -> 
     tls = CertificateReloader(options.cert_file, options.key_file)
     registry = CollectorRegistry()
     refused = Counter("refused", "connections refused", registry=registry)
-    server = WebhookServer(lambda t: WorkerApp(create_app(), refused=refused.inc), options, tls)
+    server = WebhookServer(
+        lambda t: WorkerApp(
+            create_app(cluster=StaticClusterView(), ledger=InMemoryLedger()), refused=refused.inc
+        ),
+        options,
+        tls,
+    )
     server.load()
     worker = ReviewWorker.__new__(ReviewWorker)  # only what refuse() reads
     worker.app = server

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from harness import pki as harness_pki
 from webhook import pki
 from webhook.core.model import FIT_TO_NODE_ANNOTATION
 from webhook.testing import StaticClusterView
@@ -178,7 +179,7 @@ class TLSFiles:
         """Write a new serving pair over the files (as a Secret update would); returns
         the new certificate's serial. ``matching=False`` writes a key of another pair."""
         pair = pki.make_serving_cert(self.ca, ip_addresses=["127.0.0.1"], dns_names=["localhost"])
-        key = pair.key_pem if matching else pki.generate_private_key_pem()
+        key = pair.key_pem if matching else harness_pki.generate_private_key_pem()
         replace_file(self.cert_file, pair.cert_pem)
         replace_file(self.key_file, key)
         return serial_of(pair.cert_pem)
@@ -263,7 +264,7 @@ def _serve_main() -> None:
     from webhook.engine.config import Config
     from webhook.testing import InMemoryLedger
     from webhook.web.app import create_app, metrics_of
-    from webhook.web.server import WorkerApp, serve
+    from webhook.web.server import ServerOptions, WorkerApp, serve
     from webhook.web.tls import CertificateReloader
 
     def start_services() -> Callable[[], None]:
@@ -286,8 +287,7 @@ def _serve_main() -> None:
         return WorkerApp(app, start=start_services, registry=metrics_of(app).registry)
 
     record("master")
-    serve(
-        factory,
+    options = ServerOptions(
         cert_file=args.cert,
         key_file=args.key,
         host="127.0.0.1",
@@ -301,6 +301,7 @@ def _serve_main() -> None:
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
     )
+    serve(factory, options)
 
 
 def review_latency(port: int, ca_file: Path, *, uid: str, timeout: float = 5.0) -> float:

@@ -4,10 +4,11 @@ Contract:
 * only ``pods/resize`` UPDATE requests are acted on; anything else is allowed untouched;
 * reads come from the in-memory :class:`ClusterView`; the only API call is the ledger
   write that records an admitted resize (none for ``dryRun`` or in ``warn`` mode);
-* the engine never raises and never blocks a resize because of its own failure: input it
-  cannot read, an unreachable ledger or a bug all end in ``allowed`` with a warning and an
-  error metric (fail open). Only ``deny-infeasible`` mode denies, and only for a resize
-  that cannot fit even after preemption.
+* input it cannot read and an unusable cluster view or ledger end in ``allowed`` with a
+  warning and an error metric (fail open); anything else it raises is a bug, which the
+  web app's one fail-open boundary answers allowed (``webhook.web.app``). Only
+  ``deny-infeasible`` mode denies, and only for a resize that cannot fit even after
+  preemption.
 """
 
 from __future__ import annotations
@@ -145,9 +146,6 @@ class AdmissionEngine:
                 decision = self._failed_open(uid, "input", f"could not read this resize: {e}")
             except WebhookError as e:
                 decision = self._failed_open(uid, "cluster", f"could not plan this resize: {e}")
-            except Exception:
-                log.exception("internal error answering review %s", uid)
-                decision = self._failed_open(uid, "internal", "internal error; resize allowed")
         elapsed = self.timer() - start
         self.after(
             self._account,

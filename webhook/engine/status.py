@@ -4,7 +4,8 @@ Pure: the caller reads the cluster (``webhook.kube.status``) and passes the time
 each node, the reservations its ledger holds (entries still holding room: not expired, not
 spent) and the loans they made or will make; the pods whose resize the kubelet Deferred
 and why each waits, as the reconciler would judge it now (:meth:`Reconciler.consider`
-over a ledger that keeps its writes to itself: the same plans, nothing written); the leader.
+over :mod:`webhook.engine.memory`'s ledger, which keeps its writes to itself: the same
+plans, nothing written); the leader.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from webhook.core.lending import Loan, loan_state
-from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
-from webhook.core.objects import PriorityResolver
+from webhook.core.model import Pod, PodRef
 from webhook.core.plan import Plan
 from webhook.core.resources import format_amount
 from webhook.core.snapshot import Snapshot
 from webhook.engine.config import Config
-from webhook.engine.ledger import LedgerChange, LedgerEntry, R
+from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import room_holders
+from webhook.engine.memory import FixedClusterView, MemoryLedger
 from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler
 
@@ -82,74 +83,11 @@ class Waiting:
 
 
 @dataclass(frozen=True, slots=True)
-class Status:
+class ServiceStatus:
     now: float
     leader: Leader | None
     nodes: tuple[NodeStatus, ...]
     deferred: tuple[Waiting, ...]
-
-
-class SnapshotView:
-    """A :class:`~webhook.engine.ports.ClusterView` (and the reconciler's
-    ``pending_resizes``) over one :class:`Snapshot`."""
-
-    def __init__(self, snapshot: Snapshot) -> None:
-        self._snapshot = snapshot
-        self._pods = {p.key: p for p in snapshot.pods}
-        self._resolver = PriorityResolver(snapshot.priority_classes)
-
-    def node(self, name: str) -> Node | None:
-        return self._snapshot.nodes.get(name)
-
-    def pods_on(self, node: str) -> Sequence[Pod]:
-        return self._snapshot.pods_on(node)
-
-    def pod(self, namespace: str, name: str) -> Pod | None:
-        return self._pods.get(f"{namespace}/{name}")
-
-    def budgets(self, namespaces: Iterable[str]) -> Sequence[DisruptionBudget]:
-        wanted = set(namespaces)
-        return tuple(b for b in self._snapshot.budgets if b.namespace in wanted)
-
-    def priority_resolver(self) -> PriorityResolver:
-        return self._resolver
-
-    def synced(self) -> bool:
-        return True
-
-    def age(self) -> float:
-        return 0.0
-
-    def staleness(self) -> float:
-        # A snapshot is read at once; it has no watches to lose.
-        return 0.0
-
-    def pending_resizes(self) -> Sequence[Pod]:
-        return tuple(p for p in self._snapshot.pods if p.resize in ("deferred", "infeasible"))
-
-
-class ScratchLedger:
-    """A :class:`~webhook.engine.ledger.Ledger` that starts from fixed entries and keeps
-    its writes in this object: a plan admitted for one deferred resize holds its room for
-    the next one, as in a reconciler pass, and nothing reaches the cluster."""
-
-    def __init__(self, entries: Iterable[LedgerEntry]) -> None:
-        self._entries = tuple(entries)
-
-    def entries(self, node: str) -> tuple[LedgerEntry, ...]:
-        return tuple(e for e in self._entries if e.node == node)
-
-    def all_entries(self) -> tuple[LedgerEntry, ...]:
-        return self._entries
-
-    def update(self, node: str, change: LedgerChange[R]) -> R:
-        new, result = change(self.entries(node))
-        if new is not None:
-            self._entries = (*(e for e in self._entries if e.node != node), *new)
-        return result
-
-    def reachable(self) -> bool:
-        return True
 
 
 def service_status(
@@ -160,11 +98,11 @@ def service_status(
     *,
     now: float,
     node: str | None = None,
-) -> Status:
-    """The :class:`Status` of ``snapshot`` and the ledger's ``entries`` at ``now``; with
+) -> ServiceStatus:
+    """The :class:`ServiceStatus` of ``snapshot`` and the ledger's ``entries`` at ``now``; with
     ``node``, that node's only. Nodes appear when their ledger holds something."""
-    view = SnapshotView(snapshot)
-    ledger = ScratchLedger(entries)
+    view = FixedClusterView.from_snapshot(snapshot)
+    ledger = MemoryLedger(entries)
     nodes = []
     for name in sorted({e.node for e in ledger.all_entries()}):
         if node is not None and name != node:
@@ -189,7 +127,7 @@ def service_status(
         waited = None if pod.resize_pending_since is None else now - pod.resize_pending_since
         live = room_holders(ledger.entries(pod.node), view.pods_on(pod.node), now)
         deferred.append(_waiting(pod, waited, reason, outcome.plan if outcome else None, live))
-    return Status(now, leader, tuple(nodes), tuple(deferred))
+    return ServiceStatus(now, leader, tuple(nodes), tuple(deferred))
 
 
 def _waiting(
@@ -235,7 +173,7 @@ def _loan_dict(s: LoanStatus) -> dict[str, Any]:
     }
 
 
-def status_to_dict(status: Status) -> dict[str, Any]:
+def status_to_dict(status: ServiceStatus) -> dict[str, Any]:
     """The ``status -o json`` contract: quantities in Kubernetes notation, times in
     seconds."""
     leader: dict[str, Any] | None = None
@@ -300,7 +238,7 @@ def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str
     ]
 
 
-def status_text(status: Status) -> str:
+def status_text(status: ServiceStatus) -> str:
     """A few tables a person reads at a glance."""
     lead = status.leader
     if lead is None:
@@ -354,9 +292,7 @@ def status_text(status: Status) -> str:
 
 __all__ = [
     "Leader",
-    "ScratchLedger",
-    "SnapshotView",
-    "Status",
+    "ServiceStatus",
     "Waiting",
     "service_status",
     "status_text",

@@ -74,10 +74,6 @@ class NotFound(ClusterError):
 class Conflict(ClusterError):
     """HTTP 409: a write carried a stale resourceVersion, or a create found the name taken."""
 
-    @property
-    def already_exists(self) -> bool:
-        return self.reason == "AlreadyExists"
-
 
 class Expired(ClusterError):
     """HTTP 410 Gone: the resourceVersion or continue token is too old. Relist."""

@@ -219,11 +219,6 @@ class _WriteTurns:
                 else:
                     self._nodes[node] = (lock, count - 1)
 
-    def waiting(self, node: str) -> int:
-        """Writers of ``node`` holding or waiting for the turn (for tests)."""
-        with self._lock:
-            return self._nodes.get(node, (None, 0))[1]
-
 
 class _LeaseStore:
     """Leases by object key and by node; thread-safe (the watch thread and writers both

@@ -18,10 +18,13 @@ from kubernetes.client import AdmissionregistrationV1Api, ApiClient
 from webhook.kube.client import make_api_client
 from webhook.kube.errors import TRANSLATABLE, ClusterError, NotFound, translate
 
-Kind = Literal["ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"]
+WebhookKind = Literal["ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"]
 
 DEFAULT_NAME: Final = "resize-preemption-webhook"
-KINDS: Final[tuple[Kind, ...]] = ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
+KINDS: Final[tuple[WebhookKind, ...]] = (
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+)
 JSON_PATCH: Final = "application/json-patch+json"
 _ATTEMPTS: Final = 3
 
@@ -30,7 +33,7 @@ _ATTEMPTS: Final = 3
 class PatchOutcome:
     """What happened to one configuration: ``webhooks`` patched, or ``found`` False."""
 
-    kind: Kind
+    kind: WebhookKind
     name: str
     found: bool
     webhooks: tuple[str, ...] = ()
@@ -64,7 +67,7 @@ def set_ca_bundle(
     ca_bundle: str,
     *,
     names: Sequence[str] = (DEFAULT_NAME,),
-    kinds: Sequence[Kind] = KINDS,
+    kinds: Sequence[WebhookKind] = KINDS,
 ) -> list[PatchOutcome]:
     """Set ``caBundle`` on every webhook of each named configuration of each kind.
 
@@ -110,7 +113,7 @@ Reader = Callable[[str], Any]
 Patcher = Callable[[str, list[dict[str, Any]]], Any]
 
 
-def _operations(api: AdmissionregistrationV1Api, kind: Kind) -> tuple[Reader, Patcher]:
+def _operations(api: AdmissionregistrationV1Api, kind: WebhookKind) -> tuple[Reader, Patcher]:
     if kind == "ValidatingWebhookConfiguration":
 
         def read(name: str) -> Any:
@@ -134,7 +137,9 @@ def _operations(api: AdmissionregistrationV1Api, kind: Kind) -> tuple[Reader, Pa
     return read, patch
 
 
-def _patch_one(kind: Kind, name: str, ca_bundle: str, read: Reader, patch: Patcher) -> PatchOutcome:
+def _patch_one(
+    kind: WebhookKind, name: str, ca_bundle: str, read: Reader, patch: Patcher
+) -> PatchOutcome:
     last: ClusterError | None = None
     for _ in range(_ATTEMPTS):
         try:

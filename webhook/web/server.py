@@ -6,15 +6,14 @@ connection as a greenlet (gevent, :mod:`webhook.web.worker`). Why:
 * a connection costs a greenlet, not a thread: idle, slow or hostile clients wait on
   their sockets without taking what the API server's reviews need, and the app runs
   only once a request is whole (the deadlines are :class:`ServerOptions`'s);
-* the review path is CPU under the GIL (about 0.6 ms with TLS): threads added no
-  throughput, only hand-offs, and one event loop per process serves as many;
-* one worker process by default, ``--workers 2`` for a 2-core replica (as
-  ``docs/service.md`` recommends): one process reached 1,316 reviews/s at saturation in
-  the last measurement, two 1,820. Each process keeps its own cluster cache - one list
-  and one watch per kind against the API server, and the memory of every pod - and they
-  share the ledger (the API server), elect the preemption worker's leader among
-  themselves like replicas do (each under ``identity-<pid>``), and count metrics into
-  one view that the gunicorn master serves (:mod:`webhook.web.shared_metrics`).
+* the review path is CPU under the GIL: threads add no throughput, only hand-offs, and
+  one event loop per process serves as many;
+* one worker process by default, ``--workers 2`` for a 2-core replica (docs/service.md
+  has the figures). Each process keeps its own cluster cache - one list and one watch
+  per kind against the API server, and the memory of every pod - and they share the
+  ledger (the API server), elect the preemption worker's leader among themselves like
+  replicas do (each under ``identity-<pid>``), and count metrics into one view that the
+  gunicorn master serves (:mod:`webhook.web.shared_metrics`).
 
 The app is built **inside the worker process** (gunicorn calls
 :meth:`WebhookServer.load` after the fork): the cache's watches and the preemption
@@ -65,21 +64,12 @@ DEFAULT_MAX_BODY_BYTES: Final = Config().max_body_bytes
 #: the client, not us, closes an idle connection, so it never sends a review down a
 #: connection we are closing; and reviews rarely pay for a new TLS handshake.
 DEFAULT_KEEPALIVE: Final = 120
-#: Seconds a review may wait on a worker's event loop, with more connections open than
-#: the API server keeps idle, before the worker answers reviews at once without a
-#: decision and resets new connections (webhook.web.worker, "Overload"). The API server
-#: keeps 25 idle connections to a webhook (client-go's transport) and opens one, a TLS
-#: handshake, for every review beyond them: at 600 reviews/s, 40 ms of delay already
-#: means handshakes, which cost more than the reviews. Measured at 4 times saturation
-#: (``python -m bench flood``, 15 s, a shared machine): 0.5 s let 5,051 of 8,000 reviews
-#: time out, 0.1 s 172. Five times the p99 of a worker at saturation (20 ms).
-DEFAULT_SHED_DELAY: Final = 0.1
 #: Seconds a stopping worker lets in-flight reviews finish (well under the pod's
 #: terminationGracePeriodSeconds, 30 s by default).
 DEFAULT_GRACEFUL_TIMEOUT: Final = 15
 
 #: Seconds a worker of several waits for its cache before accepting connections anyway
-#: (a first sync of 150,000 pods takes under a minute), and how often it looks.
+#: (a first sync of a large cluster takes under a minute), and how often it looks.
 SETTLE_TIMEOUT: Final = 300.0
 SETTLE_POLL: Final = 0.1
 
@@ -140,8 +130,6 @@ class ServerOptions:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    #: 0: never answer without a decision, however late (the benchmark's "before").
-    shed_delay: float = DEFAULT_SHED_DELAY
 
     def validate(self) -> None:
         """Raises ``ValueError`` on a combination that cannot work."""
@@ -151,8 +139,6 @@ class ServerOptions:
             raise ValueError("handshake, header and body timeouts must be positive")
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be at least 1")
-        if self.shed_delay < 0:
-            raise ValueError("shed_delay must be 0 (off) or positive")
 
     @property
     def shared_metrics(self) -> bool:
@@ -314,51 +300,16 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
             shared_metrics.disable(self._metrics_dir)
 
 
-def serve(
-    app_factory: AppFactory,
-    *,
-    cert_file: str,
-    key_file: str,
-    host: str = "0.0.0.0",
-    port: int = 8443,
-    workers: int = DEFAULT_WORKERS,
-    keepalive: int = DEFAULT_KEEPALIVE,
-    graceful_timeout: int = DEFAULT_GRACEFUL_TIMEOUT,
-    metrics_port: int | None = 9090,
-    metrics_host: str = "0.0.0.0",
-    tls_check_interval: float = DEFAULT_CHECK_INTERVAL,
-    log_level: str = "info",
-    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
-    body_timeout: float = DEFAULT_BODY_TIMEOUT,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    shed_delay: float = DEFAULT_SHED_DELAY,
-) -> NoReturn:
-    """Serve HTTPS on ``host:port`` until SIGTERM/SIGINT; exits the process (gunicorn's
+def serve(app_factory: AppFactory, options: ServerOptions) -> NoReturn:
+    """Serve HTTPS as ``options`` say until SIGTERM/SIGINT; exits the process (gunicorn's
     master calls ``sys.exit``).
 
     Raises :class:`~webhook.web.tls.TLSConfigError` before forking when the certificate
     and key cannot be served, ``ValueError`` on bad options.
     """
-    options = ServerOptions(
-        cert_file=cert_file,
-        key_file=key_file,
-        host=host,
-        port=port,
-        workers=workers,
-        keepalive=keepalive,
-        graceful_timeout=graceful_timeout,
-        metrics_port=metrics_port,
-        metrics_host=metrics_host,
-        tls_check_interval=tls_check_interval,
-        log_level=log_level,
-        handshake_timeout=handshake_timeout,
-        header_timeout=header_timeout,
-        body_timeout=body_timeout,
-        max_body_bytes=max_body_bytes,
-        shed_delay=shed_delay,
-    )
     options.validate()
-    tls = CertificateReloader(cert_file, key_file, check_interval=tls_check_interval)
+    tls = CertificateReloader(
+        options.cert_file, options.key_file, check_interval=options.tls_check_interval
+    )
     WebhookServer(app_factory, options, tls).run()
     raise SystemExit(0)  # run() exits itself; this keeps the NoReturn contract explicit

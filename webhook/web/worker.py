@@ -1,10 +1,10 @@
 """The gunicorn worker: gevent's, with a deadline for every step before a request is whole.
 
-Why not gthread: it hands each accepted connection to one of its N threads, and that
-thread then blocks reading the connection. Eight connections that finish the TLS
-handshake and send nothing (or twenty sending a body a byte a second) take every thread
-of the default 4: each review waits until the API server gives up and allows the resize
-unchecked (``tests/unit/test_web_slow_clients.py`` reproduces it).
+Why not a thread per connection (gunicorn's gthread): a thread blocks reading its
+connection, so a few connections that finish the TLS handshake and send nothing (or send
+a body a byte a second) take every thread, and each review then waits until the API
+server gives up and allows the resize unchecked (``tests/unit/test_web_slow_clients.py``
+shows it).
 
 Here every connection is a greenlet, waiting on the socket costs no thread, and the
 app is called only once a request is complete - headers and body in memory:
@@ -23,18 +23,18 @@ A connection that misses a deadline is closed without an answer; it is not the A
 server. What remains bounded by count rather than time is gunicorn's
 ``worker_connections`` per worker (see :mod:`webhook.web.server`).
 
-**Overload.** Deadlines bound what one connection holds, not how many reviews arrive. A
-flood (a VPA rollout over thousands of pods) offered at 4 times what one worker decides
-per second let every review wait its turn on the event loop; answers came after the API
-server's ``timeoutSeconds`` (5), the API server closed those connections and opened new
-ones, and the worker spent its time on TLS handshakes and on reviews nobody waited for
+**Overload.** Deadlines bound what one connection holds, not how many reviews arrive. In
+a flood (a VPA rollout over thousands of pods) offered faster than a worker decides,
+every review waits its turn on the event loop; answers come after the API server's
+``timeoutSeconds``, the API server closes those connections and opens new ones, and the
+worker spends its time on TLS handshakes and on reviews nobody waits for
 (``python -m bench flood``, ``docs/reliability.md``). So the worker measures how late its
 event loop runs a greenlet that is ready (:class:`LoopDelay`) - the time a review that
 has arrived waits before it is served - and while that passes ``shed_delay`` with more
 connections open than the API server keeps idle (:func:`is_overloaded`):
 
 * the app answers reviews at once, allowed with a warning and without a decision
-  (``environ[OVERLOADED]``, :mod:`webhook.web.app`), at a seventh of a decision's CPU;
+  (``environ[OVERLOADED]``, :mod:`webhook.web.app`), for a fraction of a decision's CPU;
 * a new connection is reset before its TLS handshake (:class:`HandshakeDeadline`): the
   API server fails open at once instead of paying us a handshake. Its review never
   reaches the app, so the worker counts it apart
@@ -89,6 +89,14 @@ BUSY_CONNECTIONS: Final = 25
 RESET_LOG_INTERVAL: Final = 10.0
 #: How often :class:`LoopDelay` looks; also the least delay it can see.
 LOOP_PROBE_INTERVAL: Final = 0.05
+#: Seconds a review may wait on the event loop, with more connections open than the API
+#: server keeps idle, before the worker answers reviews without a decision and resets new
+#: connections (the module docstring, "Overload"). The API server opens a connection, a
+#: TLS handshake, for every review beyond the idle ones it keeps, and handshakes cost
+#: more than reviews: a delay the API server's pace turns into handshakes is already too
+#: long. A few times a worker's p99 at saturation; docs/reliability.md has the flood's
+#: figures for it.
+SHED_DELAY: Final = 0.1
 
 #: Modules that keep the ssl/socket classes they imported, and the names they keep.
 _BOUND_AT_IMPORT: Final = {
@@ -196,11 +204,10 @@ def is_overloaded(delay: float, shed_delay: float, connections: int) -> bool:
     """Overloaded: the loop ``delay`` past ``shed_delay`` (0: never) with more
     ``connections`` open than the API server keeps idle (:data:`BUSY_CONNECTIONS`).
 
-    The delay alone also rises when the worker is merely slow for a while - a relist of
-    50,000 pods in the same process held reviews 0.2 to 2 s, all of them decided within
-    the API server's timeout, and shedding on the delay alone failed 94% of them open -
-    or when the node is busy; only a queue of reviews makes the API server open more
-    connections than it keeps."""
+    The delay alone also rises when the worker is merely slow for a while - a relist of a
+    large cluster in the same process holds reviews that are still decided within the API
+    server's timeout (docs/reliability.md) - or when the node is busy; only a queue of
+    reviews makes the API server open more connections than it keeps."""
     return 0 < shed_delay < delay and connections > BUSY_CONNECTIONS
 
 
@@ -222,13 +229,15 @@ class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
     """gunicorn's gevent worker with the deadlines of the module docstring; they come
     from the :class:`~webhook.web.server.ServerOptions` of the application it serves."""
 
+    #: See :data:`SHED_DELAY`; 0 never sheds.
+    shed_delay: float = SHED_DELAY
+
     def init_process(self) -> None:
         options = self.app.options
         self.handshake_timeout: float = options.handshake_timeout
         self.header_timeout: float = options.header_timeout
         self.body_timeout: float = options.body_timeout
         self.max_body: int = options.max_body_bytes
-        self.shed_delay: float = options.shed_delay
         #: Connections past their handshake, open now.
         self._open = 0
         self.loop_delay = LoopDelay()
@@ -286,10 +295,8 @@ class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
         if not first:
             # Take turns: a kept-alive client that sends its next review while this one is
             # still being finished would otherwise be served again at once, for as long as
-            # it keeps up, while the other connections' reviews wait. Measured at
-            # saturation, 4 connections, one worker: p99 13 to 26 ms without the turn,
-            # 2 to 7 ms with it, the same reviews/s (p50 goes from 0.4 to 1.5 ms: the
-            # other three reviews in between).
+            # it keeps up, while the other connections' reviews wait (docs/service.md,
+            # Performance, has the tail it costs).
             gevent.sleep(0)
         current = gevent.getcurrent()
         self._idle.add(current)

@@ -1,0 +1,137 @@
+"""The engine's ports over memory: a cluster view of fixed objects and a ledger that keeps
+its entries in this process.
+
+``python -m webhook status`` plans each Deferred resize as the reconciler would over them,
+from one read of the cluster, with nothing written back; the tests and benchmarks use the
+same two (:mod:`webhook.testing` adds the knobs a test turns). The running service never
+does: it wires the watch-fed cache and the Lease ledger (``webhook.service``).
+
+:class:`FixedClusterView` answers from dictionaries built once in its constructor, so
+reads are as cheap as the live cache's and it is safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from webhook.core.model import DisruptionBudget, Node, Pod, PriorityClass
+from webhook.core.objects import PriorityResolver
+from webhook.core.snapshot import Snapshot, load_snapshot
+from webhook.engine.ledger import LedgerChange, LedgerEntry, R
+
+
+class FixedClusterView:
+    """A :class:`~webhook.engine.ports.ClusterView` (with the reconciler's
+    ``pending_resizes``) over nodes, pods, PodDisruptionBudgets and PriorityClasses that
+    never change: always synced, never stale."""
+
+    def __init__(
+        self,
+        nodes: Iterable[Node] = (),
+        pods: Iterable[Pod] = (),
+        budgets: Iterable[DisruptionBudget] = (),
+        priority_classes: Iterable[PriorityClass] = (),
+    ) -> None:
+        self._nodes = {n.name: n for n in nodes}
+        self._pods = {p.key: p for p in pods}
+        by_node: dict[str, list[Pod]] = {}
+        for p in self._pods.values():
+            if p.node:
+                by_node.setdefault(p.node, []).append(p)
+        # Tuples: callers get the same immutable sequence every time, no copy per read.
+        self._by_node = {name: tuple(group) for name, group in by_node.items()}
+        self._pending = tuple(p for p in self._pods.values() if p.resize != "none")
+        by_namespace: dict[str, list[DisruptionBudget]] = {}
+        for b in budgets:
+            by_namespace.setdefault(b.namespace, []).append(b)
+        self._budgets = {ns: tuple(group) for ns, group in by_namespace.items()}
+        # Every review asks for the budgets of its node's namespaces: remembered.
+        self._budgets_by_set: dict[frozenset[str], tuple[DisruptionBudget, ...]] = {}
+        self._resolver = PriorityResolver(priority_classes)
+
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot) -> FixedClusterView:
+        return cls(
+            snapshot.nodes.values(), snapshot.pods, snapshot.budgets, snapshot.priority_classes
+        )
+
+    @classmethod
+    def from_objects(cls, documents: Iterable[Mapping[str, Any] | None]) -> FixedClusterView:
+        """From raw Kubernetes objects or Lists (as ``kubectl get -o json`` prints them).
+
+        Raises :class:`~webhook.core.errors.ObjectError` on a malformed object.
+        """
+        return cls.from_snapshot(load_snapshot(documents))
+
+    def node(self, name: str) -> Node | None:
+        return self._nodes.get(name)
+
+    def pods_on(self, node: str) -> Sequence[Pod]:
+        return self._by_node.get(node, ())
+
+    def pod(self, namespace: str, name: str) -> Pod | None:
+        return self._pods.get(f"{namespace}/{name}")
+
+    def budgets(self, namespaces: Iterable[str]) -> Sequence[DisruptionBudget]:
+        key = namespaces if type(namespaces) is frozenset else frozenset(namespaces)
+        found = self._budgets_by_set.get(key)
+        if found is None:
+            if len(self._budgets_by_set) >= 8192:
+                self._budgets_by_set = {}
+            # Sorted: the same answer whatever order the caller's namespaces come in.
+            found = self._budgets_by_set[key] = tuple(
+                b for ns in sorted(key) for b in self._budgets.get(ns, ())
+            )
+        return found
+
+    def priority_resolver(self) -> PriorityResolver:
+        return self._resolver
+
+    def synced(self) -> bool:
+        return True
+
+    def age(self) -> float:
+        return 0.0
+
+    def staleness(self) -> float:
+        # Read at once: there are no watches to lose.
+        return 0.0
+
+    def pending_resizes(self) -> Sequence[Pod]:
+        """Pods whose ``PodResizePending`` is Deferred or Infeasible (as the live cache)."""
+        return self._pending
+
+
+class MemoryLedger:
+    """A :class:`~webhook.engine.ledger.Ledger` in this process's memory, starting from
+    ``entries``: a plan admitted for one resize holds its room for the next, and nothing
+    reaches the cluster."""
+
+    def __init__(self, entries: Iterable[LedgerEntry] = ()) -> None:
+        self._lock = threading.Lock()
+        self._nodes: dict[str, tuple[LedgerEntry, ...]] = {}
+        for e in entries:
+            self._nodes[e.node] = (*self._nodes.get(e.node, ()), e)
+
+    def entries(self, node: str) -> tuple[LedgerEntry, ...]:
+        with self._lock:
+            return self._nodes.get(node, ())
+
+    def all_entries(self) -> tuple[LedgerEntry, ...]:
+        with self._lock:
+            return tuple(e for group in self._nodes.values() for e in group)
+
+    def update(self, node: str, change: LedgerChange[R]) -> R:
+        with self._lock:
+            new, result = change(self._nodes.get(node, ()))
+            if new is not None:
+                self._nodes[node] = new
+            return result
+
+    def reachable(self) -> bool:
+        return True
+
+
+__all__ = ["FixedClusterView", "MemoryLedger"]
