@@ -12,11 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 80
 
 #: (module path, function) -> its length today; to be split, never to grow.
-OVER_THE_LIMIT = {
-    ("webhook/web/app.py", "create_app"): 117,
-    ("webhook/service.py", "build"): 114,
-    ("webhook/service.py", "factory"): 101,
-}
+OVER_THE_LIMIT: dict[tuple[str, str], int] = {}
 
 
 def _figures() -> ModuleType:
