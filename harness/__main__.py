@@ -159,6 +159,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     except (BinariesUnavailable, VpaError, PreflightError, NodeStackUnavailable, ChartError) as e:
         _say(f"error: {e}")
         return 1
+    _kill_leftovers()
+    _clean_real_node()
     shutil.rmtree(STATE_DIR, ignore_errors=True)
     (STATE_DIR / "logs").mkdir(parents=True)
     began = time.monotonic()
