@@ -244,6 +244,41 @@ def test_plan_against_the_live_cluster_is_the_plan_of_its_snapshot(
     assert "infeasible" == json.loads(live.stdout)["verdict"]
 
 
+def run_plugin(cluster: Cluster, kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``kubectl resize-preemption args...`` with the real kubectl, the console script found
+    on PATH beside this Python, the cluster that of ``$KUBECONFIG`` as for any plugin."""
+    path = os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", "")))
+    return subprocess.run(
+        [str(cluster.binaries.kubectl), "resize-preemption", *args],
+        env={**os.environ, "PATH": path, "KUBECONFIG": str(kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_kubectl_plugin_tells_status_and_plans_as_the_commands_do(
+    cluster: Cluster,
+    namespace: str,
+    accounts: Callable[[str], Path],
+    blocked_deferred_resize: None,
+) -> None:
+    viewer = accounts("viewer")
+    pod = f"{namespace}/high-priority-pod"
+    common = ["--pod", pod, "--resize", resize_patch("7"), "--now", NOW, "-o", "json"]
+
+    status = run_plugin(cluster, viewer, "status", "--namespace", NAMESPACE, "-o", "json")
+    plan = run_plugin(cluster, viewer, "plan", "--namespace", NAMESPACE, *common)
+    direct = run_cli("plan", "--kubeconfig", str(viewer), "--namespace", NAMESPACE, *common)
+
+    assert (0, "") == (status.returncode, status.stderr)
+    assert (0, "") == (plan.returncode, plan.stderr)
+    mine = [w for w in json.loads(status.stdout)["deferred"] if w["pod"] == pod]
+    assert [("infeasible", "node-1")] == [(w["reason"], w["node"]) for w in mine]
+    assert json.loads(direct.stdout) == json.loads(plan.stdout)
+
+
 def test_without_the_viewer_rights_one_line_and_exit_4(
     accounts: Callable[[str], Path], namespace: str
 ) -> None:
