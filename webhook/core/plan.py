@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from webhook.core.accounting import pod_requests
 from webhook.core.disruption import split_by_violation
@@ -286,8 +286,7 @@ def select_victims(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Need:
+class _Need(NamedTuple):
     """Step 0's figures: the resize's demand under the kubelet's model, what the rest of
     the node holds, the other pods' active reservations on it, and what is missing."""
 
@@ -316,8 +315,7 @@ def _need(
     return _Need(demand, usage, reserved, short)
 
 
-@dataclass(frozen=True, slots=True)
-class _Outcome:
+class _Outcome(NamedTuple):
     """A verdict and what it names, before the figures are added (:func:`_plan`)."""
 
     verdict: Verdict
