@@ -109,7 +109,9 @@ class RunResult:
     fault: str  # "delay 0.73s" or an armed point
     killed: bool  # the process died at the fault (an armed point not reached: killed late)
     evicted: list[str] = field(default_factory=list)
+    #: Every eviction call answered, whatever its code.
     eviction_calls: int = 0
+    #: Evictions accepted (2xx) beyond the first, summed over the pods.
     double_evictions: int = 0
     unneeded_evictions: int = 0
     preempted_events_max: int = 0
@@ -292,6 +294,14 @@ class FaultRig:
     def eviction_calls(self, namespace: str) -> Counter[str]:
         codes = eviction_codes(self.audit_log, namespace)
         return Counter({name: len(answers) for name, answers in codes.items()})
+
+    def evictions_accepted(self, namespace: str) -> Counter[str]:
+        """Eviction calls the API server accepted (2xx), per pod. A call in flight when
+        its replica is SIGKILLed is answered 504 (its client gone) and is no eviction."""
+        codes = eviction_codes(self.audit_log, namespace)
+        return Counter(
+            {name: sum(200 <= c < 300 for c in answers) for name, answers in codes.items()}
+        )
 
     def preempted_events(self, namespace: str) -> Counter[str]:
         items = self.client.get(f"/api/v1/namespaces/{namespace}/events")["items"]
@@ -708,7 +718,8 @@ class FaultRig:
         events = self.preempted_events(namespace)
         result.evicted = sorted(set(evicted_lows) | set(wrong))
         result.eviction_calls = sum(calls.values())
-        result.double_evictions = sum(c - 1 for c in calls.values() if c > 1)
+        accepted = self.evictions_accepted(namespace)
+        result.double_evictions = sum(c - 1 for c in accepted.values() if c > 1)
         result.unneeded_evictions = max(0, len(evicted_lows) - NEEDED) + len(wrong)
         result.preempted_events_max = max(events.values(), default=0)
         result.actuated = done
