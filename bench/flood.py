@@ -4,7 +4,7 @@
 
 1. starts one server with the service's serving defaults (gunicorn, the webhook's gevent
    worker, one worker process, TLS) answering from the review benchmark's in-process
-   cluster: a warm :class:`~webhook.testing.StaticClusterView` of a full node and an
+   cluster: a warm :class:`~harness.doubles.StaticClusterView` of a full node and an
    in-memory ledger (:mod:`bench.review_bench`); every review preempts one pod;
 2. measures its saturation: 4 kept-alive connections posting reviews back to back;
 3. offers ``--factor`` (4) times that rate for ``--seconds`` (60) from a client that
@@ -77,10 +77,10 @@ def serve_main(argv: Sequence[str]) -> int:
 
     from bench.review_bench import cluster_objects
     from bench.shed_worker import FloodServer, ShedWorker
+    from harness.doubles import InMemoryLedger, StaticClusterView
     from webhook.engine.admission import AdmissionEngine
     from webhook.engine.backlog import Backlog
     from webhook.engine.config import Config
-    from webhook.testing import InMemoryLedger, StaticClusterView
     from webhook.web.app import create_app, metrics_of
     from webhook.web.server import ServerOptions, WorkerApp
     from webhook.web.tls import CertificateReloader

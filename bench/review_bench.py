@@ -400,10 +400,10 @@ def serve_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
 
     from bench.noop_endpoint import add_noop_endpoint
+    from harness.doubles import InMemoryLedger, StaticClusterView
     from webhook.engine.admission import AdmissionEngine
     from webhook.engine.backlog import Backlog
     from webhook.engine.config import Config
-    from webhook.testing import InMemoryLedger, StaticClusterView
     from webhook.web.app import create_app, metrics_of
     from webhook.web.server import ServerOptions, WorkerApp, serve
     from webhook.web.tls import CertificateReloader

@@ -3,6 +3,7 @@
 ``launcher`` starts etcd, kube-apiserver, kube-controller-manager (disruption controller
 only) and kube-scheduler from binaries built by ``scripts/build-control-plane.sh``;
 ``nodes`` runs a hollow v1.37.2 kubelet per node (``rpw-node``, sources in ``node/``);
-``webhook_process`` runs and registers the webhook service. ``python -m harness`` is the
+``webhook_process`` runs and registers the webhook service; ``doubles`` holds the test
+doubles of the engine's ports, for the unit tests and the benchmarks. ``python -m harness`` is the
 command line.
 """

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from harness.doubles import InMemoryLedger
 from harness.manifests import guaranteed_pod
 from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter, victim_leaves
 from webhook.core.resize import apply_resize
@@ -29,7 +30,6 @@ from webhook.engine.worker import PreemptionWorker
 from webhook.kube.cache import BUDGETS, ClusterCache
 from webhook.kube.events import EventRecorder
 from webhook.kube.evictor import Evictor
-from webhook.testing import InMemoryLedger
 
 pytestmark = pytest.mark.e2e
 

@@ -9,13 +9,13 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.web_fixtures import pod, resized, review, walkthrough_objects, walkthrough_view
 from webhook.core.lending import Loan
 from webhook.core.resources import Resources
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry
-from webhook.testing import InMemoryLedger, StaticClusterView
 
 GI = 1024**3
 NOW = 1000.0

@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
+from harness.doubles import InMemoryLedger
 from tests.unit.web_fixtures import walkthrough_review, walkthrough_view
 from webhook.engine import admission
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.backlog import Backlog, Job
 from webhook.engine.config import Config
 from webhook.engine.decision_log import Facts
-from webhook.testing import InMemoryLedger
 
 LOGGER = "webhook.decisions"
 

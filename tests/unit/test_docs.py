@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.metrics_core import Metric
 
+from harness.doubles import InMemoryLedger
 from tests.unit.web_fixtures import walkthrough_review, walkthrough_view
 from webhook.cli import main
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
 from webhook.engine.metrics import METRICS, Metrics
 from webhook.engine.settings import SETTINGS, env_name
-from webhook.testing import InMemoryLedger
 
 SERVICE_DOC = Path(__file__).resolve().parents[2] / "docs" / "service.md"
 OPERATIONS_DOC = SERVICE_DOC.with_name("operations.md")

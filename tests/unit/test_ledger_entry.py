@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from harness.doubles import InMemoryLedger
 from tests.unit.builders import NOW, Gi, plan, uid, walkthrough
 from webhook.core.errors import ObjectError
 from webhook.core.lending import Loan
@@ -18,7 +19,6 @@ from webhook.core.model import PodRef
 from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
 from webhook.engine.ledger import ENTRY_VERSION, LedgerEntry, decode_entries, encode_entries
-from webhook.testing import InMemoryLedger
 
 LOAN = Loan(PodRef("batch", "job-3", "uid-job-3"), 1000, "worker", "cpu", 3000, 1000, 2000)
 MEMORY_LOAN = Loan(

@@ -18,10 +18,10 @@ import orjson
 import pytest
 from flask import Flask
 
+from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.web_fixtures import fit_to_node_objects, resized, review
 from webhook.core.model import FIT_TO_NODE_ANNOTATION
 from webhook.engine.config import Config
-from webhook.testing import InMemoryLedger, StaticClusterView
 from webhook.web.app import create_app
 
 

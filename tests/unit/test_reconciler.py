@@ -3,7 +3,7 @@ the in-memory ledger."""
 
 from __future__ import annotations
 
-import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.builders import (
     HIGH,
     LOW,
@@ -36,7 +37,6 @@ from webhook.engine.ledger import LedgerEntry
 from webhook.engine.loans import is_give_back
 from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import DEFERRED_REASONS, Reconciler, review_uid_for, skip_reason
-from webhook.testing import InMemoryLedger, StaticClusterView
 
 CONFIG = Config(reservation_ttl=120.0)
 GI = 2**30
@@ -117,15 +117,8 @@ def run(scene: Scene) -> tuple[list[Any], InMemoryLedger, Reconciler]:
     ledger = InMemoryLedger()
     for e in scene.entries:
         ledger.update(e.node, lambda es, e=e: ((*es, e), None))
-    admitted: list[LedgerEntry] = []
-    reconciler = Reconciler(
-        scene.config,
-        view,
-        ledger,
-        metrics=Metrics(),
-        clock=lambda: NOW,
-        on_admitted=admitted.append,
-    )
+    before = {e.review_uid for e in ledger.all_entries()}
+    reconciler = Reconciler(scene.config, view, ledger, metrics=Metrics(), clock=lambda: NOW)
     outcomes = reconciler.reconcile()
     summary = [
         (
@@ -137,7 +130,8 @@ def run(scene: Scene) -> tuple[list[Any], InMemoryLedger, Reconciler]:
         )
         for o in outcomes
     ]
-    assert len(admitted) == sum(1 for o in outcomes if o.admitted)
+    admitted = [e for e in ledger.all_entries() if e.review_uid not in before]
+    assert sum(1 for o in outcomes if o.admitted) == len(admitted)
     return summary, ledger, reconciler
 
 
@@ -370,17 +364,22 @@ def test_started_it_plans_at_once_and_again_when_woken() -> None:
     pods = [p.build() for p in (high(), *BASE)]
     view = StaticClusterView([make_node(NODE).build()], pods)
     ledger = InMemoryLedger()
-    admitted = threading.Semaphore(0)
-    reconciler = Reconciler(
-        CONFIG, view, ledger, clock=lambda: NOW, on_admitted=lambda _e: admitted.release()
-    )
+    reconciler = Reconciler(CONFIG, view, ledger, clock=lambda: NOW)
+
+    def admitted() -> bool:
+        deadline = time.monotonic() + 5
+        while not ledger.all_entries():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     reconciler.start()
     try:
-        assert admitted.acquire(timeout=5)  # the cold start's pass
+        assert admitted()  # the cold start's pass
         ledger.update(NODE, lambda entries: ((), None))  # the entry went away
         reconciler.wake()
-        assert admitted.acquire(timeout=5)
+        assert admitted()
     finally:
         reconciler.stop(5)
     assert 1 == len(ledger.all_entries())

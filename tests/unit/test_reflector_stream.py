@@ -19,7 +19,7 @@ from webhook.core.objects import parse_pod
 from webhook.kube.cache import BUDGETS, NODES, PODS, PRIORITY_CLASSES, ClusterCache, IndexedStore
 from webhook.kube.errors import ClusterError, Expired
 from webhook.kube.reflector import (
-    Change,
+    Delta,
     LineSplitter,
     ListPage,
     Reflector,
@@ -515,7 +515,7 @@ def test_offline_cache_cannot_start() -> None:
 
 
 def test_change_is_typed_per_event() -> None:
-    change: Change[int] = Change("ADDED", "k", None, 1)
+    change: Delta[int] = Delta("ADDED", "k", None, 1)
     assert change.old is None and change.new == 1
 
 

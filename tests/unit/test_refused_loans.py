@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.doubles import InMemoryLedger
 from tests.unit.builders import make_pod
 from tests.unit.test_worker import Clock, Cluster, FakeEvictor, make_worker
 from tests.unit.test_worker_logic import ADMITTED, CONFIG, NODE, NOW
@@ -28,7 +29,6 @@ from webhook.engine.loans import give_backs, is_give_back, record_refusal, to_pu
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import LoanResult
 from webhook.engine.worker import refuse_entry
-from webhook.testing import InMemoryLedger
 
 GI = 1024**3
 REFUSAL = (

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.builders import make_node
 from tests.unit.test_reconciler import BASE, CONFIG, NODE, high
 from tests.unit.test_reflector_stream import event, list_page, pod_obj
@@ -24,7 +25,6 @@ from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler
 from webhook.kube.cache import IndexedStore
 from webhook.kube.reflector import Reflector, Resource, parse_list_page
-from webhook.testing import InMemoryLedger, StaticClusterView
 
 BOUND = Config().max_cache_staleness
 NOW = 1000.0

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
+from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.web_fixtures import node, pod, resized, review, walkthrough_objects
 from webhook.core.objects import parse_node, parse_pod
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
 from webhook.kube.cache import PodCompactor
-from webhook.testing import InMemoryLedger, StaticClusterView
 
 
 def _versioned(obj: dict[str, Any], version: str, **meta: str) -> dict[str, Any]:

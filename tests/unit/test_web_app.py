@@ -14,6 +14,7 @@ from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
 from bench.noop_endpoint import add_noop_endpoint
+from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.web_fixtures import (
     fit_to_node_objects,
     pod,
@@ -28,7 +29,6 @@ from webhook.engine.admission import AdmissionEngine, Endpoint
 from webhook.engine.config import Config, Mode
 from webhook.engine.metrics import Metrics
 from webhook.engine.wire import AdmissionRequest, AdmissionReview, clean_audit_annotations
-from webhook.testing import InMemoryLedger, StaticClusterView
 from webhook.web import app as app_module
 from webhook.web.app import create_app, metrics_of
 

@@ -17,9 +17,9 @@ from flask import Flask
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.web_fixtures import fit_to_node_objects, review, walkthrough_review
 from webhook.engine.config import Config, Mode
-from webhook.testing import InMemoryLedger, StaticClusterView
 from webhook.web.app import create_app, metrics_of
 
 ENDPOINTS = st.sampled_from(["/validate-resize", "/mutate-resize"])

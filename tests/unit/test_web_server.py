@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
+from harness.doubles import InMemoryLedger, StaticClusterView
 from harness.launcher import free_port
 from harness.processes import ManagedProcess, spawn
 from tests.unit.web_fixtures import (
@@ -30,7 +31,6 @@ from tests.unit.web_fixtures import (
     walkthrough_review,
 )
 from webhook.service import process_identity
-from webhook.testing import InMemoryLedger, StaticClusterView
 from webhook.web.app import create_app
 from webhook.web.metrics_server import start_metrics_server
 from webhook.web.server import ServerOptions, WebhookServer, WorkerApp

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.test_worker_logic import (
     ADMITTED,
     HIGH_5,
@@ -29,7 +30,6 @@ from webhook.engine.lifecycle import room_holders
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import EvictionResult
 from webhook.engine.worker import PreemptionWorker, remove_entry, update_entry
-from webhook.testing import InMemoryLedger, StaticClusterView
 
 CONFIG = Config(persist_timeout=10.0, reservation_ttl=120.0)
 

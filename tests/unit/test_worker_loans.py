@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from harness.doubles import InMemoryLedger
 from tests.unit.test_worker import Clock, Cluster, FakeEvictor, add, make_worker
 from tests.unit.test_worker_logic import (
     ADMITTED,
@@ -24,7 +25,6 @@ from webhook.engine.ledger import LedgerEntry
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import LoanResult
 from webhook.engine.worker import PreemptionWorker
-from webhook.testing import InMemoryLedger
 
 # "high" 6 CPUs on 8: "lender" lends 1 (3 -> 2) and "low-b" (2 CPUs) is evicted.
 SMALL_LOAN = replace(LOAN, after=2000, frees=1000)

@@ -26,9 +26,9 @@ from typing import Any
 import orjson
 
 from harness import pki as harness_pki
+from harness.doubles import StaticClusterView
 from webhook import pki
 from webhook.core.model import FIT_TO_NODE_ANNOTATION
-from webhook.testing import StaticClusterView
 
 NODE = "node-1"
 START = "2025-01-01T00:00:00Z"
@@ -261,8 +261,8 @@ def _serve_main() -> None:
         if lifecycle is not None:
             (lifecycle / event).write_text(str(os.getpid()))
 
+    from harness.doubles import InMemoryLedger
     from webhook.engine.config import Config
-    from webhook.testing import InMemoryLedger
     from webhook.web.app import create_app, metrics_of
     from webhook.web.server import ServerOptions, WorkerApp, serve
     from webhook.web.tls import CertificateReloader

@@ -81,7 +81,6 @@ class AdmissionEngine:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
-        on_admitted: Callable[[LedgerEntry], None] | None = None,
         after: After | None = None,
         on_floor_errors: Callable[[Sequence[tuple[PodRef, str]]], object] | None = None,
     ) -> None:
@@ -91,7 +90,6 @@ class AdmissionEngine:
         self.metrics = metrics or Metrics()
         self.clock = clock
         self.timer = timer
-        self.on_admitted = on_admitted
         #: Runs what follows an answer - counting the review, its decision-log line -
         #: at once by default; the service hands it to a :class:`~.backlog.Backlog`.
         self.after: After = after or run_now
@@ -331,8 +329,6 @@ class AdmissionEngine:
         )
         planned, admitted = self.ledger.update(scene.node.name, change)
         assert planned is not None  # a review is always planned
-        if admitted is not None and self.on_admitted is not None:
-            self.on_admitted(admitted)
         return self._verdict(uid, planned, admitted=admitted, acting=True)
 
     def _verdict(

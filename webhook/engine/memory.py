@@ -3,7 +3,7 @@ its entries in this process.
 
 ``python -m webhook status`` plans each Deferred resize as the reconciler would over them,
 from one read of the cluster, with nothing written back; the tests and benchmarks use the
-same two (:mod:`webhook.testing` adds the knobs a test turns). The running service never
+same two (:mod:`harness.doubles` adds the knobs a test turns). The running service never
 does: it wires the watch-fed cache and the Lease ledger (``webhook.service``).
 
 :class:`FixedClusterView` answers from dictionaries built once in its constructor, so

@@ -4,7 +4,7 @@ protocols (the ledger's is :class:`webhook.engine.ledger.Ledger`).
 ``webhook.kube`` implements them against the API server: ``ClusterCache`` is a
 :class:`ClusterView` from list+watch, ``Evictor`` a :class:`VictimEvictor`, ``Resizer`` a
 :class:`LenderResizer`,
-``EventRecorder`` the :class:`PreemptionEvents`. ``webhook.testing`` has a
+``EventRecorder`` the :class:`PreemptionEvents`. ``harness.doubles`` has a
 :class:`ClusterView` over a fixed set of objects.
 """
 

@@ -127,7 +127,6 @@ class Reconciler:
         *,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
-        on_admitted: Callable[[LedgerEntry], None] | None = None,
         on_decision: DecisionHook | None = None,
         period: float = PERIOD,
         debounce: float = DEBOUNCE,
@@ -137,7 +136,6 @@ class Reconciler:
         self.ledger = ledger
         self.metrics = metrics or Metrics()
         self.clock = clock
-        self.on_admitted = on_admitted
         self.on_decision = on_decision
         self.policy = config.policy()
         # Deferred pods share nodes, and a pass plans them all.
@@ -273,8 +271,6 @@ class Reconciler:
             log.info(
                 "deferred resize of %s: %s (%s)", pod.key, plan.reason, ", ".join(plan.victim_keys)
             )
-            if self.on_admitted is not None:
-                self.on_admitted(entry)
         reason: str = plan.code if plan.code == "fits-once-terminated" else plan.verdict
         return reason, Outcome(pod.key, plan.verdict, entry is not None, plan, plan.code)
 

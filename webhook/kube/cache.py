@@ -46,7 +46,7 @@ from webhook.kube.errors import ClusterError
 from webhook.kube.reflector import (
     DEFAULT_PAGE_SIZE,
     DEFAULT_READ_TIMEOUT,
-    Change,
+    Delta,
     Raw,
     Reflector,
     Resource,
@@ -126,7 +126,7 @@ class IndexedStore(Generic[V]):
 
     # writes (the Sink protocol) ----------------------------------------------------------
 
-    def replace(self, items: Mapping[str, V]) -> list[Change[V]]:
+    def replace(self, items: Mapping[str, V]) -> list[Delta[V]]:
         new_items = dict(items)
         groups: dict[str, dict[str, list[V]]] = {n: {} for n in self._group_fns}
         for view in new_items.values():
@@ -142,7 +142,7 @@ class IndexedStore(Generic[V]):
             self.generation += 1
         return changes
 
-    def upsert(self, key: str, view: V) -> Change[V] | None:
+    def upsert(self, key: str, view: V) -> Delta[V] | None:
         with self._lock:
             old = self._items.get(key)
             if old is view:
@@ -150,16 +150,16 @@ class IndexedStore(Generic[V]):
             self._items[key] = view
             self._reindex(old, view)
             self.generation += 1
-        return Change("ADDED" if old is None else "MODIFIED", key, old, view)
+        return Delta("ADDED" if old is None else "MODIFIED", key, old, view)
 
-    def remove(self, key: str) -> Change[V] | None:
+    def remove(self, key: str) -> Delta[V] | None:
         with self._lock:
             old = self._items.pop(key, None)
             if old is None:
                 return None
             self._reindex(old, None)
             self.generation += 1
-        return Change("DELETED", key, old, None)
+        return Delta("DELETED", key, old, None)
 
     def _reindex(self, old: V | None, new: V | None) -> None:
         for name, fn in self._group_fns.items():
@@ -411,7 +411,7 @@ class ClusterCache:
         pod = parse_pod(obj, self._resolver)
         return self._compactor.compact(pod) if self._compactor is not None else pod
 
-    def _on_changes(self, kind: str, changes: Sequence[Change[Any]]) -> None:
+    def _on_changes(self, kind: str, changes: Sequence[Delta[Any]]) -> None:
         if kind == PRIORITY_CLASSES:
             self._resolver = PriorityResolver(self.classes.values())
         with self._sub_lock:

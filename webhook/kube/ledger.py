@@ -238,7 +238,7 @@ class _LeaseStore:
     def states(self) -> tuple[LeaseState, ...]:
         return tuple(self._by_node.values())
 
-    def replace(self, items: Mapping[str, LeaseState]) -> list[rf.Change[LeaseState]]:
+    def replace(self, items: Mapping[str, LeaseState]) -> list[rf.Delta[LeaseState]]:
         with self._lock:
             merged: dict[str, LeaseState] = {}
             for key, state in items.items():
@@ -252,23 +252,23 @@ class _LeaseStore:
             self._by_node = {s.node: s for s in merged.values()}
         return changes
 
-    def upsert(self, key: str, view: LeaseState) -> rf.Change[LeaseState] | None:
+    def upsert(self, key: str, view: LeaseState) -> rf.Delta[LeaseState] | None:
         with self._lock:
             old = self._by_key.get(key)
             if old is not None and not _rv_newer(view.resource_version, old.resource_version):
                 return None
             self._by_key[key] = view
             self._by_node[view.node] = view
-        return rf.Change("ADDED" if old is None else "MODIFIED", key, old, view)
+        return rf.Delta("ADDED" if old is None else "MODIFIED", key, old, view)
 
-    def remove(self, key: str) -> rf.Change[LeaseState] | None:
+    def remove(self, key: str) -> rf.Delta[LeaseState] | None:
         with self._lock:
             old = self._by_key.pop(key, None)
             if old is None:
                 return None
             if self._by_node.get(old.node) is old:
                 del self._by_node[old.node]
-        return rf.Change("DELETED", key, old, None)
+        return rf.Delta("DELETED", key, old, None)
 
 
 class LeaseLedger:

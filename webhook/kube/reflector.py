@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 V = TypeVar("V")
 Raw = Mapping[str, Any]
-ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
+DeltaType = Literal["ADDED", "MODIFIED", "DELETED"]
 
 DEFAULT_PAGE_SIZE: Final = 500
 #: client-go's minWatchTimeout: each watch asks the server to end it after 5-10 minutes.
@@ -196,11 +196,11 @@ def parse_list_page(data: bytes) -> ListPage:
 
 
 @dataclass(frozen=True, slots=True)
-class Change(Generic[V]):
+class Delta(Generic[V]):
     """What one event (or a relist) did to a store: ``old`` is ``None`` for ADDED, ``new``
     is ``None`` for DELETED."""
 
-    type: ChangeType
+    type: DeltaType
     key: str
     old: V | None
     new: V | None
@@ -212,26 +212,26 @@ class Sink(Protocol[V]):
 
     def get(self, key: str) -> V | None: ...
 
-    def replace(self, items: Mapping[str, V]) -> list[Change[V]]:
+    def replace(self, items: Mapping[str, V]) -> list[Delta[V]]:
         """The complete contents after a LIST."""
         ...
 
-    def upsert(self, key: str, view: V) -> Change[V] | None: ...
+    def upsert(self, key: str, view: V) -> Delta[V] | None: ...
 
-    def remove(self, key: str) -> Change[V] | None: ...
+    def remove(self, key: str) -> Delta[V] | None: ...
 
 
-def diff(old: Mapping[str, V], new: Mapping[str, V]) -> list[Change[V]]:
+def diff(old: Mapping[str, V], new: Mapping[str, V]) -> list[Delta[V]]:
     """Changes turning ``old`` into ``new``; views are compared by identity (an unchanged
     object keeps its view object across relists)."""
-    changes: list[Change[V]] = []
+    changes: list[Delta[V]] = []
     for key, view in new.items():
         before = old.get(key)
         if before is None:
-            changes.append(Change("ADDED", key, None, view))
+            changes.append(Delta("ADDED", key, None, view))
         elif before is not view:
-            changes.append(Change("MODIFIED", key, before, view))
-    changes.extend(Change("DELETED", k, v, None) for k, v in old.items() if k not in new)
+            changes.append(Delta("MODIFIED", key, before, view))
+    changes.extend(Delta("DELETED", k, v, None) for k, v in old.items() if k not in new)
     return changes
 
 
@@ -256,7 +256,7 @@ class Resource(Generic[V]):
     list_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
-Notify = Callable[[str, "Sequence[Change[Any]]"], None]
+Notify = Callable[[str, "Sequence[Delta[Any]]"], None]
 
 
 class Reflector(Generic[V]):
@@ -376,7 +376,7 @@ class Reflector(Generic[V]):
         self._failed.discard(key)
         return view
 
-    def load_pages(self, pages: Iterable[ListPage]) -> list[Change[V]]:
+    def load_pages(self, pages: Iterable[ListPage]) -> list[Delta[V]]:
         """Replace the sink's contents with the items of ``pages`` (one complete LIST).
 
         Objects whose resourceVersion is unchanged keep their view; objects that fail to
@@ -421,7 +421,7 @@ class Reflector(Generic[V]):
         self._emit(changes)
         return changes
 
-    def apply(self, event: WatchEvent) -> Change[V] | None:
+    def apply(self, event: WatchEvent) -> Delta[V] | None:
         """Apply one watch event. Raises :class:`Expired` for a 410 ERROR event and
         :class:`ClusterError` for any other ERROR event."""
         obj = event.object
@@ -436,7 +436,7 @@ class Reflector(Generic[V]):
             log.debug("%s: ignoring watch event type %s", self.resource.name, event.type)
             return None
         key = object_key(obj)
-        change: Change[V] | None
+        change: Delta[V] | None
         if event.type == "DELETED":
             self._versions.pop(key, None)
             self._failed.discard(key)
@@ -467,7 +467,7 @@ class Reflector(Generic[V]):
                 self.apply(decode_event(line))
         return lines
 
-    def _emit(self, changes: Sequence[Change[V]]) -> None:
+    def _emit(self, changes: Sequence[Delta[V]]) -> None:
         if self._notify is not None and changes:
             try:
                 self._notify(self.resource.name, changes)
@@ -499,7 +499,7 @@ class Reflector(Generic[V]):
             if not token or self._stop.is_set():
                 return
 
-    def relist(self) -> list[Change[V]]:
+    def relist(self) -> list[Delta[V]]:
         """One complete paginated LIST into the sink."""
         started = time.monotonic()
         changes = self.load_pages(self._pages())
@@ -652,7 +652,7 @@ def _is_read_timeout(exc: BaseException) -> bool:
 
 
 __all__ = [
-    "Change",
+    "Delta",
     "LineSplitter",
     "ListPage",
     "Reflector",
