@@ -41,6 +41,14 @@ CPU_QUOTA_COMMAND = (
     "cat /sys/fs/cgroup/cpu.max 2>/dev/null || "
     "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu/cpu.cfs_period_us"
 )
+#: Prints the container's memory limit (``max``: none) and its usage in bytes, one a line:
+#: cgroup v2's files when the container sees the unified hierarchy, else v1's.
+MEMORY_COMMAND = (
+    "cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory.current 2>/dev/null || "
+    "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory/memory.usage_in_bytes"
+)
+#: cgroup v1's "no limit": the largest page-aligned signed 64-bit value.
+V1_UNLIMITED = 9223372036854771712
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,24 @@ def parse_cpu_quota(text: str) -> CpuQuota:
     quota, period = words
     unlimited = quota in ("max", "-1")
     return CpuQuota(None if unlimited else int(quota), int(period))
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    """A container's memory cgroup: its limit (None: unlimited) and what it uses, in bytes."""
+
+    limit: int | None
+    usage: int
+
+
+def parse_memory(text: str) -> MemoryUse:
+    """What :data:`MEMORY_COMMAND` printed: the limit then the usage, one a line."""
+    words = text.split()
+    if len(words) != 2:
+        raise ValueError(f"not a memory limit and usage: {text!r}")
+    limit, usage = words
+    unlimited = limit == "max" or int(limit) >= V1_UNLIMITED
+    return MemoryUse(None if unlimited else int(limit), int(usage))
 
 
 @dataclass(frozen=True)
@@ -241,6 +267,20 @@ class RealCluster:
         out = self.exec(namespace, pod, ["sh", "-c", CPU_QUOTA_COMMAND], container=container)
         return parse_cpu_quota(out)
 
+    def memory(self, namespace: str, pod: str, *, container: str | None = None) -> MemoryUse:
+        """The container's memory limit and usage as the container itself sees them."""
+        out = self.exec(namespace, pod, ["sh", "-c", MEMORY_COMMAND], container=container)
+        return parse_memory(out)
+
+    def kill_container(self, namespace: str, pod: str) -> None:
+        """SIGKILL every process of the pod's first container, as the kernel's OOM killer or
+        a crash would end it: no SIGTERM, no grace period. The kubelet restarts it."""
+        if self.node is None:
+            raise NodeError("no real node runs")
+        status = self.client.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")["status"]
+        container_id = str(status["containerStatuses"][0]["containerID"]).split("://", 1)[-1]
+        self.node.ctr("tasks", "kill", "--all", "--signal", "SIGKILL", container_id)
+
     def image_id(self, namespace: str, pod: str) -> str:
         """The first container's image as the kubelet reports it: name@sha256:digest."""
         status = self.client.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")["status"]
@@ -255,6 +295,24 @@ class RealCluster:
         pods = self.client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node}")["items"]
         return sum(
             millicores(c.get("resources", {}).get("requests", {}).get("cpu", "0"))
+            for p in pods
+            if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+            for c in p["spec"]["containers"]
+        )
+
+    def allocatable_memory(self, node: str = NODE_NAME) -> int:
+        from harness import quantity as q
+
+        memory = self.client.get(f"/api/v1/nodes/{node}")["status"]["allocatable"]["memory"]
+        return int(q.parse(memory))
+
+    def requested_memory(self, node: str = NODE_NAME) -> int:
+        """Memory (bytes) requested by the pods bound to ``node`` that have not finished."""
+        from harness import quantity as q
+
+        pods = self.client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node}")["items"]
+        return sum(
+            int(q.parse(c.get("resources", {}).get("requests", {}).get("memory", "0")))
             for p in pods
             if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
             for c in p["spec"]["containers"]

@@ -17,7 +17,14 @@ from hypothesis import strategies as st
 from harness.binaries import Binaries
 from harness.chart import operator_values
 from harness.launcher import REAL_NODE_CONTROLLERS, ControlPlane, ControlPlaneConfig
-from harness.realcluster import CPU_QUOTA_COMMAND, CpuQuota, parse_cpu_quota
+from harness.realcluster import (
+    CPU_QUOTA_COMMAND,
+    MEMORY_COMMAND,
+    CpuQuota,
+    MemoryUse,
+    parse_cpu_quota,
+    parse_memory,
+)
 from harness.realdemo import Walkthrough, manifests, scaled_walkthrough
 from harness.realnode import (
     NODE_IP,
@@ -242,6 +249,34 @@ def test_cpu_quota_command_reads_v1_files_when_v2_is_absent(tmp_path: Path) -> N
     command = CPU_QUOTA_COMMAND.replace("/sys/", f"{tmp_path}/sys/")
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
     assert 500 == parse_cpu_quota(out.stdout).millicores
+
+
+@pytest.mark.parametrize(
+    ("printed", "expected"),
+    [
+        pytest.param("536870912\n314572800\n", MemoryUse(536870912, 314572800), id="v1-limit"),
+        pytest.param("9223372036854771712\n1048576\n", MemoryUse(None, 1048576), id="v1-unlimited"),
+        pytest.param("1073741824\n2048\n", MemoryUse(1073741824, 2048), id="v2-limit"),
+        pytest.param("max\n1048576\n", MemoryUse(None, 1048576), id="v2-unlimited"),
+    ],
+)
+def test_memory_as_the_container_prints_it(printed: str, expected: MemoryUse) -> None:
+    assert expected == parse_memory(printed)
+
+
+def test_memory_refuses_what_is_not_one() -> None:
+    with pytest.raises(ValueError, match="not a memory limit"):
+        parse_memory("cat: can't open '/sys/fs/cgroup/memory.max'")
+
+
+def test_memory_command_reads_v1_files_when_v2_is_absent(tmp_path: Path) -> None:
+    v1 = tmp_path / "sys" / "fs" / "cgroup" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("536870912\n")
+    (v1 / "memory.usage_in_bytes").write_text("314572800\n")
+    command = MEMORY_COMMAND.replace("/sys/", f"{tmp_path}/sys/")
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert MemoryUse(536870912, 314572800) == parse_memory(out.stdout)
 
 
 @dataclass(frozen=True)
