@@ -11,7 +11,7 @@ from typing import Any
 
 from webhook.core.model import Pod
 from webhook.core.plan import Plan
-from webhook.core.report import warnings_for
+from webhook.core.report import deferred_note
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.backlog import Backlog
 from webhook.engine.config import Config
@@ -39,16 +39,9 @@ def _decision_event(recorder: EventRecorder) -> Callable[[Pod, Plan, bool], None
     admission (the reconciler calls it only when it planned victims)."""
 
     def record(pod: Pod, plan: Plan, admitted: bool) -> None:
-        # Lenders are named as the kubectl warning names them (cpu 3->1).
-        told = [f"{plan.reason}: {', '.join(plan.victim_keys)}"] if plan.victims else []
-        if plan.loans:
-            told.append(warnings_for(plan)[-1])
+        note = deferred_note(plan)
         recorder.record(
-            pod.ref,
-            type_="Normal",
-            reason=DEFERRED_REASON,
-            action="Preempting",
-            note="Deferred resize: " + "; ".join(told or [plan.reason]),
+            pod.ref, type_="Normal", reason=DEFERRED_REASON, action="Preempting", note=note
         )
 
     return record

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from tests.unit.test_worker_logic import ADMITTED, LOAN, NODE, NOW, entry, pod, ref
-from webhook.core.lending import Loan, outstanding
+from webhook.core.lending import Loan, loan_state
 from webhook.core.model import Pod
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import to_keep
@@ -122,15 +122,19 @@ def test_an_entry_stays_until_its_loans_are_given_back_and_actuated() -> None:
 @pytest.mark.parametrize(
     ("expected", "lender"),
     [
-        pytest.param(True, LENT, id="lent"),
-        pytest.param(True, pod("lender", cpu="3", allocated="1"), id="given-back-not-actuated"),
-        pytest.param(False, pod("lender", cpu="3"), id="given-back-and-actuated"),
-        pytest.param(False, pod("lender", cpu="2"), id="owner-changed-it"),
-        pytest.param(False, None, id="gone"),
+        pytest.param("lent", LENT, id="lent"),
+        pytest.param(
+            "returning", pod("lender", cpu="3", allocated="1"), id="given-back-not-actuated"
+        ),
+        pytest.param("pending", pod("lender", cpu="3"), id="given-back-and-actuated"),
+        pytest.param("void", pod("lender", cpu="2"), id="owner-changed-it"),
+        pytest.param("void", None, id="gone"),
     ],
 )
-def test_outstanding(expected: bool, lender: Pod | None) -> None:
-    assert expected == outstanding(LOAN, lender)
+def test_a_loan_given_back_is_returning_until_the_kubelet_allocates_it(
+    expected: str, lender: Pod | None
+) -> None:
+    assert expected == loan_state(LOAN, lender)
 
 
 def test_expired_entries_still_give_back() -> None:

@@ -25,9 +25,8 @@ from webhook.core.quantity import memory_bytes
 from webhook.core.resources import ZERO, Resources
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import Act, Refuse, Release, next_action, to_keep
-from webhook.engine.loans import give_backs, is_give_back, record_refusal, to_put_back
+from webhook.engine.loans import LoanResult, give_backs, is_give_back, record_refusal, to_put_back
 from webhook.engine.metrics import Metrics
-from webhook.engine.ports import LoanResult
 from webhook.engine.worker import refuse_entry
 
 GI = 1024**3

@@ -13,8 +13,8 @@ from kubernetes.client.exceptions import ApiException
 from webhook.core.lending import Loan
 from webhook.core.model import Pod, PodRef
 from webhook.core.objects import parse_pod
+from webhook.engine.loans import LoanResult
 from webhook.engine.metrics import Metrics
-from webhook.engine.ports import LoanResult
 from webhook.kube.resizer import Resizer, lent_note, refused_note, resize_patch
 
 GI = 1024**3

@@ -22,8 +22,8 @@ from tests.unit.test_worker_logic import (
 from webhook.core.lending import Loan
 from webhook.core.model import PodRef
 from webhook.engine.ledger import LedgerEntry
+from webhook.engine.loans import LoanResult
 from webhook.engine.metrics import Metrics
-from webhook.engine.ports import LoanResult
 from webhook.engine.worker import PreemptionWorker
 
 # "high" 6 CPUs on 8: "lender" lends 1 (3 -> 2) and "low-b" (2 CPUs) is evicted.

@@ -170,16 +170,18 @@ def _loan(pod: Pod, floor: Floor, want: int) -> Loan | None:
     return Loan(pod.ref, pod.priority, name, resource, before, after, frees, guaranteed(pod))
 
 
-LoanState = Literal["pending", "lent", "void"]
+LoanState = Literal["pending", "lent", "returning", "void"]
 
 
 def loan_state(loan: Loan, lender: Pod | None) -> LoanState:
     """Where ``loan`` stands, read from the lender as cached (``None``: not cached).
 
     ``lent``: the lender's spec asks for at most the loan's ``after`` (made, actuated or
-    not). ``pending``: still at ``before``, as planned. ``void``: the lender is gone,
-    replaced or leaving, or its owner set another amount since the plan (its spec wins;
-    nothing is lowered for it).
+    not). ``pending``: still at ``before``, as planned. ``returning``: at ``before`` again
+    (given back) and the kubelet has not allocated that yet: the loan still owes its
+    lender, and such a give-back, if the kubelet defers it, is nobody's to preempt for.
+    ``void``: the lender is gone, replaced or leaving, or its owner set another amount
+    since the plan (its spec wins; nothing is lowered for it).
     """
     if lender is None or lender.uid != loan.pod.uid or lender.terminating or lender.terminal:
         return "void"
@@ -189,20 +191,15 @@ def loan_state(loan: Loan, lender: Pod | None) -> LoanState:
     request = container.requests.get(loan.resource)
     if request <= loan.after:
         return "lent"
-    return "pending" if request == loan.before else "void"
-
-
-def outstanding(loan: Loan, lender: Pod | None) -> bool:
-    """Whether ``loan`` still owes its lender something: it is lent, or it was given
-    back and the kubelet has not actuated that yet (the lender's spec at ``before``, its
-    allocation below). Such a give-back, if the kubelet defers it, is ours: nobody is
-    preempted for it."""
-    state = loan_state(loan, lender)
-    if state != "pending" or lender is None:
-        return state == "lent"
+    if request != loan.before:
+        return "void"
     status = lender.statuses.get(loan.container)
     granted = None if status is None else (status.allocated or status.actual)
-    return granted is not None and granted.get(loan.resource) < loan.before
+    return (
+        "returning"
+        if granted is not None and granted.get(loan.resource) < loan.before
+        else "pending"
+    )
 
 
 def refused(loan: Loan, lender: Pod | None) -> bool:

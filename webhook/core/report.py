@@ -108,6 +108,15 @@ def _borrowing(plan: Plan, enforcing: bool) -> str:
     )
 
 
+def deferred_note(plan: Plan) -> str:
+    """The note of the event on a pod whose deferred resize was planned with victims: its
+    victims, and its lenders as the kubectl warning names them (cpu 3->1)."""
+    told = [f"{plan.reason}: {', '.join(plan.victim_keys)}"] if plan.victims else []
+    if plan.loans:
+        told.append(warnings_for(plan)[-1])
+    return "Deferred resize: " + "; ".join(told or [plan.reason])
+
+
 def clip(text: str, limit: int = WARNING_LIMIT) -> str:
     """One line of at most ``limit`` characters (the API server rejects newlines)."""
     text = " ".join(text.split())

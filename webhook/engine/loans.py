@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol
 
 from webhook.core.accounting import pod_requests
 from webhook.core.headroom import holdings, node_usage
@@ -34,12 +35,11 @@ from webhook.core.lending import (
     loan_state,
     loans_by_lender,
     lowered,
-    outstanding,
     owed_back,
     refusal_state,
     refused,
 )
-from webhook.core.model import Node, Pod
+from webhook.core.model import Node, Pod, PodRef
 from webhook.core.plan import Plan
 from webhook.core.policy import importance_key
 from webhook.core.reservation import active_on
@@ -58,6 +58,45 @@ def key(loan: Loan) -> LoanKey:
     return (loan.pod.uid, loan.container, loan.resource, loan.before, loan.after)
 
 
+# -- made by the cluster ------------------------------------------------------------------
+
+
+class LoanResult(StrEnum):
+    """What happened to one loan. All but ``failed`` are final."""
+
+    #: The lender's spec was changed (``pods/resize``): lowered, or raised back.
+    LENT = "lent"
+    #: The lender already asks for at most the loan's ``after``: nothing to do.
+    DONE = "done"
+    #: The lender is gone, replaced or leaving, or its owner changed the amount since the
+    #: plan (its spec wins): the loan is void.
+    VOID = "void"
+    FAILED = "failed"
+
+    @property
+    def done(self) -> bool:
+        return self is not LoanResult.FAILED
+
+
+class LenderResizer(Protocol):
+    """Lowers a lender's container as ``loan`` says, idempotently, through
+    ``pods/resize``; never raises (API failures are ``failed``). Only a lender still
+    asking for the loan's ``before`` is lowered, and only to its ``after`` (and its limit
+    too when ``loan.limits``)."""
+
+    def lend(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult: ...
+
+    def give_back(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
+        """The lender back from the loan's ``after`` to its ``before`` (``lent``: patched;
+        ``done``: at ``before`` already; ``void``: at another amount, or gone)."""
+        ...
+
+    def put_back(self, loan: Loan, borrower: PodRef, node: str, why: str) -> LoanResult:
+        """Undo a loan the kubelet refused (``why``: its message): the lender back to
+        ``before`` while it asks for at most ``after``; a warning event on it."""
+        ...
+
+
 # -- owed -----------------------------------------------------------------------------------
 
 
@@ -68,14 +107,14 @@ def owes_lender(entry: LedgerEntry, pods: Mapping[str, Pod]) -> bool:
 
 
 def owes(entry: LedgerEntry, pods: Mapping[str, Pod], now: float) -> bool:
-    """Whether ``entry`` owes a loan, holding room or not: one not given back yet
-    (:func:`~webhook.core.lending.outstanding`), or, until the entry expires, a refused
+    """Whether ``entry`` owes a loan, holding room or not: one lent or returning
+    (:func:`~webhook.core.lending.loan_state`), or, until the entry expires, a refused
     lender owed its room (the borrower may hold it already)."""
     if not entry.loans and not entry.refused:
         return False
-    return any(outstanding(loan, pods.get(loan.pod.uid)) for loan in entry.loans) or (
-        entry.expires_at > now and owes_lender(entry, pods)
-    )
+    return any(
+        loan_state(loan, pods.get(loan.pod.uid)) in ("lent", "returning") for loan in entry.loans
+    ) or (entry.expires_at > now and owes_lender(entry, pods))
 
 
 def debtors(
@@ -95,7 +134,7 @@ def is_give_back(pod: Pod, entries: Sequence[LedgerEntry]) -> bool:
     made. Nobody is preempted for either: a give-back takes only free room, and the room a
     refused lender is owed is made by the entry that borrowed it."""
     return any(
-        loan.pod.uid == pod.uid and loan_state(loan, pod) == "pending" and outstanding(loan, pod)
+        loan.pod.uid == pod.uid and loan_state(loan, pod) == "returning"
         for e in entries
         for loan in e.loans
     ) or any(
@@ -170,13 +209,15 @@ def borrower(
 
 
 def pending(entry: LedgerEntry, pods: Sequence[Pod]) -> tuple[Loan, ...]:
-    """The entry's loans still to make (the lender still at ``before``), in the order
-    taken."""
+    """The entry's loans still to make (the lender's spec still at ``before``, allocated
+    or not), in the order taken."""
     if not entry.loans:
         return ()
     by_uid = {p.uid: p for p in pods}
     return tuple(
-        loan for loan in entry.loans if loan_state(loan, by_uid.get(loan.pod.uid)) == "pending"
+        loan
+        for loan in entry.loans
+        if loan_state(loan, by_uid.get(loan.pod.uid)) in ("pending", "returning")
     )
 
 
@@ -355,7 +396,9 @@ def lent_on(
 
 __all__ = [
     "GiveBack",
+    "LenderResizer",
     "LoanKey",
+    "LoanResult",
     "Refuse",
     "as_lent",
     "borrower",

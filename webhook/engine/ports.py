@@ -2,9 +2,9 @@
 protocols (the ledger's is :class:`webhook.engine.ledger.Ledger`).
 
 ``webhook.kube`` implements them against the API server: ``ClusterCache`` is a
-:class:`ClusterView` from list+watch, ``Evictor`` a :class:`VictimEvictor`, ``Resizer`` a
-:class:`LenderResizer`,
-``EventRecorder`` the :class:`PreemptionEvents`. ``harness.doubles`` has a
+:class:`ClusterView` from list+watch, ``Evictor`` a :class:`VictimEvictor`,
+``EventRecorder`` the :class:`PreemptionEvents` (the lenders' port is with the rest of
+lending, :class:`webhook.engine.loans.LenderResizer`). ``harness.doubles`` has a
 :class:`ClusterView` over a fixed set of objects.
 """
 
@@ -14,7 +14,6 @@ from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from typing import Protocol
 
-from webhook.core.lending import Loan
 from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
 from webhook.core.objects import PriorityResolver
 
@@ -73,42 +72,6 @@ class VictimEvictor(Protocol):
     def evict(
         self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
     ) -> EvictionResult: ...
-
-
-class LoanResult(StrEnum):
-    """What happened to one loan. All but ``failed`` are final."""
-
-    #: The lender's spec was changed (``pods/resize``): lowered, or raised back.
-    LENT = "lent"
-    #: The lender already asks for at most the loan's ``after``: nothing to do.
-    DONE = "done"
-    #: The lender is gone, replaced or leaving, or its owner changed the amount since the
-    #: plan (its spec wins): the loan is void.
-    VOID = "void"
-    FAILED = "failed"
-
-    @property
-    def done(self) -> bool:
-        return self is not LoanResult.FAILED
-
-
-class LenderResizer(Protocol):
-    """Lowers a lender's container as ``loan`` says, idempotently, through
-    ``pods/resize``; never raises (API failures are ``failed``). Only a lender still
-    asking for the loan's ``before`` is lowered, and only to its ``after`` (and its limit
-    too when ``loan.limits``)."""
-
-    def lend(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult: ...
-
-    def give_back(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
-        """The lender back from the loan's ``after`` to its ``before`` (``lent``: patched;
-        ``done``: at ``before`` already; ``void``: at another amount, or gone)."""
-        ...
-
-    def put_back(self, loan: Loan, borrower: PodRef, node: str, why: str) -> LoanResult:
-        """Undo a loan the kubelet refused (``why``: its message): the lender back to
-        ``before`` while it asks for at most ``after``; a warning event on it."""
-        ...
 
 
 class PreemptionEvents(Protocol):

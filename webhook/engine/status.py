@@ -59,7 +59,13 @@ class Leader:
 class LoanStatus:
     loan: Loan
     borrower: PodRef
-    state: str  # lent, pending or void (webhook.core.lending.loan_state)
+    #: lent, pending or void (:func:`webhook.core.lending.loan_state`); a loan returning
+    #: is shown pending, as its lender's spec reads.
+    state: str
+
+
+def _shown(state: str) -> str:
+    return "pending" if state == "returning" else state
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +117,7 @@ def service_status(
         by_uid = {p.uid: p for p in pods}
         held = ledger.entries(name)
         loans = tuple(
-            LoanStatus(loan, e.pod, loan_state(loan, by_uid.get(loan.pod.uid)))
+            LoanStatus(loan, e.pod, _shown(loan_state(loan, by_uid.get(loan.pod.uid))))
             for e in held
             for loan in e.loans
         )

@@ -16,7 +16,7 @@ node's entries one after another, oldest admission first. For each it asks the l
 2. ``Wait`` - nothing;
 3. ``Act`` - take victims no longer needed off the claim first (a ledger write, only when
    room appeared), then make the plan's pending loans (``pods/resize`` on each lender,
-   through a :class:`~webhook.engine.ports.LenderResizer`), then evict the listed victims
+   through a :class:`~webhook.engine.loans.LenderResizer`), then evict the listed victims
    together, as kube-scheduler's executor removes a candidate's victims (at most
    ``VICTIM_PARALLELISM`` calls at once): the resize waits for the slowest victim, not for
    the sum of them. A loan that fails stops the entry's turn before any eviction. A victim
@@ -82,14 +82,19 @@ from webhook.core.model import PodRef
 from webhook.engine.config import Config
 from webhook.engine.ledger import Ledger, LedgerEntry
 from webhook.engine.lifecycle import Act, Action, Refuse, Release, Wait, next_action, room_holders
-from webhook.engine.loans import give_backs, lent_on, record_refusal, to_put_back
+from webhook.engine.loans import (
+    LenderResizer,
+    LoanResult,
+    give_backs,
+    lent_on,
+    record_refusal,
+    to_put_back,
+)
 from webhook.engine.loop import Backoff, KeyedBackoff, Loop
 from webhook.engine.metrics import RESOURCE_UNITS, Metrics, in_base_unit
 from webhook.engine.ports import (
     ClusterView,
     EvictionResult,
-    LenderResizer,
-    LoanResult,
     PreemptionEvents,
     VictimEvictor,
 )

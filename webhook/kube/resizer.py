@@ -37,8 +37,8 @@ from webhook.core.errors import ObjectError
 from webhook.core.lending import Loan
 from webhook.core.model import Pod, PodRef
 from webhook.core.quantity import format_cpu, format_memory
+from webhook.engine.loans import LoanResult
 from webhook.engine.metrics import Metrics
-from webhook.engine.ports import LoanResult
 from webhook.kube.errors import ClusterError, Conflict, NotFound
 from webhook.kube.events import EventRecorder
 from webhook.kube.jsonapi import STRATEGIC_MERGE_PATCH, request_json
