@@ -25,9 +25,15 @@ from webhook.core.quantity import memory_bytes
 from webhook.core.resources import ZERO, Resources
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import Act, Refuse, Release, next_action, to_keep
-from webhook.engine.loans import LoanResult, give_backs, is_give_back, record_refusal, to_put_back
+from webhook.engine.loans import (
+    LoanResult,
+    give_backs,
+    is_give_back,
+    record_refusal,
+    refuse_entry,
+    to_put_back,
+)
 from webhook.engine.metrics import Metrics
-from webhook.engine.worker import refuse_entry
 
 GI = 1024**3
 REFUSAL = (
@@ -276,9 +282,11 @@ class Resizer:
 def worker_on(cluster: Cluster, entry: LedgerEntry, metrics: Metrics) -> tuple[object, Resizer]:
     ledger = InMemoryLedger()
     ledger.update(entry.node, lambda es: ((*es, entry), None))
-    worker = make_worker(cluster, ledger, FakeEvictor(), Clock(NOW), metrics=metrics)
-    worker.resizer = Resizer()
-    return worker, worker.resizer
+    resizer = Resizer()
+    worker = make_worker(
+        cluster, ledger, FakeEvictor(), Clock(NOW), metrics=metrics, resizer=resizer
+    )
+    return worker, resizer
 
 
 def refused_count(metrics: Metrics) -> float | None:

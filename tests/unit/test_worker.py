@@ -27,6 +27,7 @@ from webhook.core.model import Node, Pod, PodRef
 from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import room_holders
+from webhook.engine.loans import LenderResizer
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import EvictionResult
 from webhook.engine.worker import PreemptionWorker, remove_entry, update_entry
@@ -114,6 +115,7 @@ def make_worker(
     clock: Clock,
     recorder: FakeRecorder | None = None,
     metrics: Metrics | None = None,
+    resizer: LenderResizer | None = None,
 ) -> PreemptionWorker:
     return PreemptionWorker(
         cluster,  # type: ignore[arg-type]
@@ -125,6 +127,7 @@ def make_worker(
         recorder=recorder,  # type: ignore[arg-type]
         interval=0.01,
         rng=lambda: 1.0,
+        resizer=resizer,
     )
 
 

@@ -69,9 +69,9 @@ def setup(
     add(ledger, replace(entry("low-b"), loans=(SMALL_LOAN,)))
     fake = FakeResizer(log)
     evictor = LoggingEvictor(log)
-    worker = make_worker(cluster, ledger, evictor, Clock(), metrics=metrics)
-    if resizer:
-        worker.resizer = fake
+    worker = make_worker(
+        cluster, ledger, evictor, Clock(), metrics=metrics, resizer=fake if resizer else None
+    )
     return worker, ledger, fake, evictor, log
 
 
@@ -91,8 +91,7 @@ def test_a_loan_the_cache_shows_made_is_not_made_again_after_a_restart() -> None
     worker.run_once()
     cluster.set(HIGH_RESIZED, pod("lender", cpu="2", allocated="3"), LOW_B, MID_0)
     # A new leader over the same ledger; "low-b" not seen leaving yet.
-    again = make_worker(cluster, ledger, LoggingEvictor(log), Clock())
-    again.resizer = FakeResizer(log)
+    again = make_worker(cluster, ledger, LoggingEvictor(log), Clock(), resizer=FakeResizer(log))
 
     again.run_once()
 
@@ -168,8 +167,7 @@ def giving_back(cluster: Cluster, *entries: LedgerEntry) -> tuple[PreemptionWork
     log: list[str] = []
     ledger = InMemoryLedger()
     add(ledger, *entries)
-    worker = make_worker(cluster, ledger, LoggingEvictor(log), Clock())
-    worker.resizer = FakeResizer(log)
+    worker = make_worker(cluster, ledger, LoggingEvictor(log), Clock(), resizer=FakeResizer(log))
     return worker, log
 
 

@@ -432,8 +432,9 @@ def _done(s: Scene, now_in: Phase) -> Release | Wait | None:
     """4. Done, or the kubelet will never do it. A resize the kubelet actuated on a loan
     it then refused is not done while that lender waits for its room back: the entry
     makes that room, as it made the borrower's."""
-    cached = {p.uid: p for p in s.pods}
-    if now_in.state == "actuated" and not loans.owes_lender(s.entry, cached):
+    if now_in.state == "actuated" and not (
+        s.entry.refused and loans.owes_lender(s.entry, {p.uid: p for p in s.pods})
+    ):
         return Release("actuated", "the kubelet allocated the new requests")
     assert s.pod is not None  # released by _gone otherwise
     if s.pod.resize == "infeasible":

@@ -1,4 +1,4 @@
-"""Loans over an admitted resize's life: the one place the engine meets lending. Pure.
+"""Loans over an admitted resize's life: the one place the engine meets lending.
 
 :mod:`webhook.core.lending` is the arithmetic: what a lender frees at its floors, loans
 sized on the kubelet's model, and where a loan stands, read from its lender. This module
@@ -15,7 +15,9 @@ calls it at its making-room step, and where it decides what a write keeps):
 * **given back**: once the entry holds no room, when nobody more important waits for it
   (:func:`give_backs`); a pending resize that is one is never preempted for
   (:func:`is_give_back`);
-* **what they free now**, for the metrics (:func:`lent_on`).
+* **what they free now**, for the metrics (:func:`lent_on`);
+* **carried out** for the worker by :class:`Lending`, through a :class:`LenderResizer`
+  (``pods/resize`` on the lender). Everything else here is pure.
 
 A loan is known by one key (:func:`key`), and lenders are ranked by the core's
 importance order (:func:`webhook.core.policy.importance_key`). See docs/lending.md.
@@ -23,6 +25,8 @@ importance order (:func:`webhook.core.policy.importance_key`). See docs/lending.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -44,12 +48,17 @@ from webhook.core.plan import Plan
 from webhook.core.policy import importance_key
 from webhook.core.reservation import active_on
 from webhook.core.resources import ZERO, Resources
-from webhook.engine.ledger import LedgerEntry
+from webhook.engine.ledger import Ledger, LedgerChange, LedgerEntry
+from webhook.engine.loop import KeyedBackoff
+from webhook.engine.metrics import RESOURCE_UNITS, Metrics, in_base_unit
+from webhook.engine.ports import ClusterView
 
 if TYPE_CHECKING:
     from webhook.engine.lifecycle import Scene
 
 LoanKey = tuple[str, str, str, int, int]
+
+log = logging.getLogger(__name__)
 
 
 def key(loan: Loan) -> LoanKey:
@@ -379,11 +388,14 @@ def lent_on(
 ) -> tuple[dict[str, int], float | None]:
     """What the loans of one node's ``entries`` the cached ``pods`` show made free
     together, by resource, and when the oldest entry with a loan made was admitted."""
-    by_uid = {p.uid: p for p in pods}
     lent = {"cpu": 0, "memory": 0}
+    lending = tuple(e for e in entries if e.loans)
+    if not lending:
+        return lent, None  # most nodes lend nothing: their pods need no index
+    by_uid = {p.uid: p for p in pods}
     seen: set[LoanKey] = set()
     oldest: float | None = None
-    for entry in entries:
+    for entry in lending:
         made = [x for x in entry.loans if loan_state(x, by_uid.get(x.pod.uid)) == "lent"]
         for loan in made:
             if key(loan) not in seen:
@@ -394,9 +406,191 @@ def lent_on(
     return lent, oldest
 
 
+# -- carried out, for the worker --------------------------------------------------------------
+
+
+def refuse_entry(review_uid: str, action: Refuse) -> LedgerChange[bool]:
+    """Change: record ``action``'s refused loans, and its new plan, in the entry admitted
+    by ``review_uid`` (:func:`record_refusal`); result: whether that recorded anything
+    (the entry is there, and did not have them already)."""
+
+    def change(entries: tuple[LedgerEntry, ...]) -> tuple[tuple[LedgerEntry, ...] | None, bool]:
+        out = tuple(record_refusal(e, action) if e.review_uid == review_uid else e for e in entries)
+        return (out, True) if out != entries else (None, False)
+
+    return change
+
+
+class Lending:
+    """What the worker does with the ledger's loans, through ``resizer``: makes an entry's
+    pending loans before its evictions, records a refusal and puts the lenders back, gives
+    loans back, and counts what they free. Without a ``resizer`` no loan is made (nor are
+    the victims chosen to go with one evicted).
+
+    ``may_act`` is asked before every call to the API server; a failure backs the entry
+    off in ``backoff``; ``wake`` asks the worker for another pass.
+
+    Guarantees: it never lends twice: a loan is made only while its lender still asks
+    for the loan's ``before`` as the cache holds it, and the resizer's patch carries that
+    copy's uid and resourceVersion as preconditions (a copy the lender has moved on from
+    fails, and is judged again when the cache has caught up); a lender at or below
+    ``after`` has lent, and one whose owner changed it owes nothing. A loan the kubelet
+    refused is recorded (one write), put back (the lender's spec from the loan's
+    ``after`` to its ``before``, with the same preconditions) and counted once in
+    ``resize_preemption_loans_total{result="refused"}``."""
+
+    def __init__(
+        self,
+        cluster: ClusterView,
+        ledger: Ledger,
+        metrics: Metrics,
+        clock: Callable[[], float],
+        resizer: LenderResizer | None,
+        *,
+        may_act: Callable[[], bool],
+        backoff: KeyedBackoff,
+        wake: Callable[[], None],
+    ) -> None:
+        self.cluster = cluster
+        self.ledger = ledger
+        self.metrics = metrics
+        self.clock = clock
+        self.resizer = resizer
+        self.may_act = may_act
+        self.backoff = backoff
+        self.wake = wake
+        #: Nodes whose ``resize_preemption_lent_resources`` was set by the last count.
+        self._lent_nodes: set[str] = set()
+
+    def count(self, groups: Mapping[str, Sequence[LedgerEntry]], now: float) -> None:
+        """``resize_preemption_lent_resources``: what the loans the ledger records and the
+        cache shows made free, per node and resource (0 on a node whose entries are gone);
+        ``resize_preemption_oldest_loan_age_seconds``: how long ago the oldest entry with a
+        loan still out was admitted (a loan is made right after its admission)."""
+        oldest: float | None = None
+        for node in self._lent_nodes - set(groups):
+            for resource in ("cpu", "memory"):
+                self.metrics.lent.labels(node, resource, RESOURCE_UNITS[resource][0]).set(0)
+        self._lent_nodes = set(groups)
+        for node, entries in groups.items():
+            lent, since = lent_on(entries, self.cluster.pods_on(node))
+            if since is not None:
+                oldest = since if oldest is None else min(oldest, since)
+            for resource, amount in lent.items():
+                unit, value = in_base_unit(resource, amount)
+                self.metrics.lent.labels(node, resource, unit).set(value)
+        self.metrics.oldest_loan_age.set(0.0 if oldest is None else max(0.0, now - oldest))
+
+    def stop(self) -> None:
+        """A replica that no longer leads tells nothing of the loans out."""
+        self.metrics.oldest_loan_age.set(0.0)
+
+    def lend(self, entry: LedgerEntry, loans: Sequence[Loan], stop: threading.Event) -> bool:
+        """Make ``loans`` of ``entry`` in order; whether all are done (made, or owed no
+        more), so that the evictions may follow."""
+        if self.resizer is None:
+            log.warning("resize of %s needs loans and nothing can make them", entry.pod.key)
+            self.backoff.failed(entry.review_uid)
+            return False
+        for loan in loans:
+            if stop.is_set() or not self.may_act():
+                return False
+            current = next(
+                (e for e in self.ledger.entries(entry.node) if e.review_uid == entry.review_uid),
+                None,
+            )
+            if current is None:
+                return False  # released meanwhile: nobody needs the room any more
+            result = self.resizer.lend(loan, entry.pod, entry.node)
+            if result is LoanResult.VOID:
+                # The lender changed since the decision: decide again before evicting.
+                self.wake()
+                return False
+            if not result.done:
+                log.info(
+                    "lending from %s for %s failed; retrying later", loan.pod.key, entry.pod.key
+                )
+                self.backoff.failed(entry.review_uid)
+                return False
+        self.backoff.succeeded(entry.review_uid)
+        return True
+
+    def refuse(self, entry: LedgerEntry, action: Refuse) -> None:
+        """Record the refusal and the new plan in one ledger write, then put the lenders
+        back; the next pass carries the new plan out. The write comes first: a lender put
+        back before it would look like a loan still to make."""
+        if not self.ledger.update(entry.node, refuse_entry(entry.review_uid, action)):
+            return  # gone meanwhile, or recorded already (counted then)
+        for loan in action.loans:
+            self.metrics.loans.labels("refused").inc()
+            log.info(
+                "the kubelet refused the loan of %s %s from %s to %s: %s; %s",
+                loan.resource,
+                loan.pod.key,
+                loan.before,
+                entry.pod.key,
+                action.why,
+                "planned again without it"
+                if action.plan is not None
+                else "no plan makes room without it",
+            )
+        self.put_back(record_refusal(entry, action), action.why)
+        self.wake()
+
+    def put_back(self, entry: LedgerEntry, why: str = "") -> None:
+        """Put back the entry's refused loans whose lender still asks for the loan's
+        ``after``; a failure backs the entry off (tried again on a later pass). Called for
+        every entry whatever it does next (also after a restart between recording a
+        refusal and putting the lender back)."""
+        if not entry.refused or self.resizer is None:
+            return
+        pods = tuple(self.cluster.pods_on(entry.node))
+        errors = {p.uid: p.resize_error for p in pods}
+        for loan in to_put_back(entry, pods):
+            if not self.may_act():
+                return
+            reason = why or errors.get(loan.pod.uid) or "the kubelet could not actuate it"
+            if self.resizer.put_back(loan, entry.pod, entry.node, reason) is LoanResult.FAILED:
+                self.backoff.failed(entry.review_uid)
+                return
+
+    def give_back(self, entries: Sequence[LedgerEntry], stop: threading.Event) -> int:
+        """Return the loans on the node of ``entries`` the node has room for now
+        (:func:`give_backs`); how many were returned. Nothing is written: a loan given
+        back is read from the lender (its spec at ``before``), and the next write to the
+        node drops the entry once the kubelet actuated it. An error is logged and counted;
+        the next pass tries again."""
+        if not any(e.loans for e in entries):
+            return 0
+        node_name = entries[0].node
+        try:
+            return self._give_back(node_name, stop)
+        except Exception:
+            self.metrics.errors.labels("worker").inc()
+            log.exception("giving loans back on %s failed", node_name)
+            return 0
+
+    def _give_back(self, node_name: str, stop: threading.Event) -> int:
+        node = self.cluster.node(node_name)
+        if node is None or self.resizer is None:
+            return 0
+        entries = self.ledger.entries(node_name)
+        done = 0
+        for give in give_backs(node, tuple(self.cluster.pods_on(node_name)), entries, self.clock()):
+            if stop.is_set() or not self.may_act():
+                break
+            borrower = next(e.pod for e in entries if e.review_uid == give.review_uid)
+            result = self.resizer.give_back(give.loan, borrower, node_name)
+            if result is LoanResult.FAILED:
+                break  # judged again on the next pass, on fresh state
+            done += result is LoanResult.LENT
+        return done
+
+
 __all__ = [
     "GiveBack",
     "LenderResizer",
+    "Lending",
     "LoanKey",
     "LoanResult",
     "Refuse",
@@ -412,6 +606,7 @@ __all__ = [
     "pending",
     "record_refusal",
     "refusal",
+    "refuse_entry",
     "to_put_back",
     "with_loans",
 ]

@@ -15,9 +15,9 @@ node's entries one after another, oldest admission first. For each it asks the l
    one; the next write to its node drops it;
 2. ``Wait`` - nothing;
 3. ``Act`` - take victims no longer needed off the claim first (a ledger write, only when
-   room appeared), then make the plan's pending loans (``pods/resize`` on each lender,
-   through a :class:`~webhook.engine.loans.LenderResizer`), then evict the listed victims
-   together, as kube-scheduler's executor removes a candidate's victims (at most
+   room appeared), then make the plan's pending loans (:class:`~webhook.engine.loans.Lending`
+   does all a loan needs: made, refused and put back, given back), then evict the listed
+   victims together, as kube-scheduler's executor removes a candidate's victims (at most
    ``VICTIM_PARALLELISM`` calls at once): the resize waits for the slowest victim, not for
    the sum of them. A loan that fails stops the entry's turn before any eviction. A victim
    ``blocked-by-pdb`` or ``failed`` does not hold back the others; the entry is retried
@@ -31,11 +31,6 @@ until its cache shows them leaving, a watch delay later.
 
 Guarantees:
 
-* never lends twice: a loan is made only while its lender still asks for the loan's
-  ``before`` as the cache holds it, and the resizer's patch carries that copy's uid and
-  resourceVersion as preconditions (a copy the lender has moved on from fails, and is
-  judged again when the cache has caught up); a lender at or below ``after`` has lent,
-  and one whose owner changed it owes nothing;
 * never evicts a victim twice: victims terminating or gone in the cache, or evicted by
   this worker and not yet seen leaving, are skipped; the eviction carries the victim's
   uid as a precondition;
@@ -43,9 +38,6 @@ Guarantees:
   to the entry's own pending victims, and evicts fewer when room appeared), except after
   a loan the kubelet refused: the plan made again without its lender is written into the
   entry first, and only its victims may go;
-* a loan the kubelet refused is recorded (one write), put back (the lender's spec from
-  the loan's ``after`` to its ``before``, with its uid and resourceVersion as
-  preconditions) and counted once in ``resize_preemption_loans_total{result="refused"}``;
 * the victims evicted together are the ones a decision on the current cache named a
   moment before, and before each eviction the entry must still be in the ledger with the
   victim pending: a newer resize of the same pod or a release stops the old plan;
@@ -82,16 +74,9 @@ from webhook.core.model import PodRef
 from webhook.engine.config import Config
 from webhook.engine.ledger import Ledger, LedgerEntry
 from webhook.engine.lifecycle import Act, Action, Refuse, Release, Wait, next_action, room_holders
-from webhook.engine.loans import (
-    LenderResizer,
-    LoanResult,
-    give_backs,
-    lent_on,
-    record_refusal,
-    to_put_back,
-)
+from webhook.engine.loans import LenderResizer, Lending
 from webhook.engine.loop import Backoff, KeyedBackoff, Loop
-from webhook.engine.metrics import RESOURCE_UNITS, Metrics, in_base_unit
+from webhook.engine.metrics import Metrics
 from webhook.engine.ports import (
     ClusterView,
     EvictionResult,
@@ -164,20 +149,6 @@ def update_entry(
     return change
 
 
-def refuse_entry(
-    review_uid: str, action: Refuse
-) -> Callable[[tuple[LedgerEntry, ...]], EntryChange]:
-    """Change: record ``action``'s refused loans, and its new plan, in the entry admitted
-    by ``review_uid`` (:func:`~webhook.engine.loans.record_refusal`); result:
-    whether that recorded anything (the entry is there, and did not have them already)."""
-
-    def change(entries: tuple[LedgerEntry, ...]) -> EntryChange:
-        out = tuple(record_refusal(e, action) if e.review_uid == review_uid else e for e in entries)
-        return (out, True) if out != entries else (None, False)
-
-    return change
-
-
 class PreemptionWorker:
     """Runs admitted plans; the service starts it when this replica gains leadership and
     stops it when it loses it."""
@@ -202,9 +173,6 @@ class PreemptionWorker:
         resizer: LenderResizer | None = None,
     ) -> None:
         self.cluster = cluster
-        #: Makes loans; without one a plan's loans are never made (nor its victims
-        #: evicted: they were chosen to go with the loans).
-        self.resizer = resizer
         #: Nodes worked on at once in a pass (each node's entries one after another).
         self.parallelism = parallelism
         self._pool: ThreadPoolExecutor | None = None
@@ -246,8 +214,17 @@ class PreemptionWorker:
         self._unactuated: set[str] = set()
         self._started_at = float("inf")
         self._budgets_changed = False
-        #: Nodes whose ``resize_preemption_lent_resources`` was set by the last pass.
-        self._lent_nodes: set[str] = set()
+        #: Makes, puts back and gives back the ledger's loans.
+        self.lending = Lending(
+            cluster,
+            ledger,
+            metrics,
+            clock,
+            resizer,
+            may_act=self._may_act,
+            backoff=self.backoff,
+            wake=self._loop.wake,
+        )
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -269,8 +246,7 @@ class PreemptionWorker:
             if pool is not None:
                 # Its threads finish the victim in progress (they see the stop flag) and end.
                 pool.shutdown(wait=False)
-        # A replica that no longer leads tells nothing of the loans out.
-        self.metrics.oldest_loan_age.set(0.0)
+        self.lending.stop()
         log.info("preemption worker stopped")
 
     @property
@@ -305,7 +281,7 @@ class PreemptionWorker:
         self.metrics.ledger_entries.set(
             sum(len(room_holders(g, self.cluster.pods_on(n), now)) for n, g in groups.items())
         )
-        self._count_lent(groups, now)
+        self.lending.count(groups, now)
         live = {e.review_uid for g in groups.values() for e in g}
         nodes = sorted(groups, key=lambda n: min(e.admitted_at for e in groups[n]))
         if len(nodes) == 1 or self.parallelism <= 1:
@@ -340,25 +316,6 @@ class PreemptionWorker:
                 if v.uid in self._evicted and self._live(v)
             }
 
-    def _count_lent(self, groups: dict[str, list[LedgerEntry]], now: float) -> None:
-        """``resize_preemption_lent_resources``: what the loans the ledger records and the
-        cache shows made free, per node and resource (0 on a node whose entries are gone);
-        ``resize_preemption_oldest_loan_age_seconds``: how long ago the oldest entry with a
-        loan still out was admitted (a loan is made right after its admission)."""
-        oldest: float | None = None
-        for node in self._lent_nodes - set(groups):
-            for resource in ("cpu", "memory"):
-                self.metrics.lent.labels(node, resource, RESOURCE_UNITS[resource][0]).set(0)
-        self._lent_nodes = set(groups)
-        for node, entries in groups.items():
-            lent, since = lent_on(entries, self.cluster.pods_on(node))
-            if since is not None:
-                oldest = since if oldest is None else min(oldest, since)
-            for resource, amount in lent.items():
-                unit, value = in_base_unit(resource, amount)
-                self.metrics.lent.labels(node, resource, unit).set(value)
-        self.metrics.oldest_loan_age.set(0.0 if oldest is None else max(0.0, now - oldest))
-
     def _process_node(self, entries: list[LedgerEntry], stop: threading.Event) -> None:
         for entry in sorted(entries, key=lambda e: (e.admitted_at, e.review_uid)):
             if stop.is_set():
@@ -369,32 +326,8 @@ class PreemptionWorker:
                 self._count_error()
                 log.exception("processing the resize of %s failed", entry.pod.key)
                 self.backoff.failed(entry.review_uid)
-        if any(e.loans for e in entries) and not stop.is_set():
-            try:
-                self.give_back(entries[0].node, stop)
-            except Exception:
-                self._count_error()
-                log.exception("giving loans back on %s failed", entries[0].node)
-
-    def give_back(self, node_name: str, stop: threading.Event | None = None) -> int:
-        """Return the loans on ``node_name`` the node has room for now
-        (:func:`webhook.engine.loans.give_backs`); how many were returned. Nothing is
-        written: a loan given back is read from the lender (its spec at ``before``), and
-        the next write to the node drops the entry once the kubelet actuated it."""
-        node = self.cluster.node(node_name)
-        if node is None or self.resizer is None:
-            return 0
-        entries = self.ledger.entries(node_name)
-        done = 0
-        for give in give_backs(node, tuple(self.cluster.pods_on(node_name)), entries, self.clock()):
-            if (stop is not None and stop.is_set()) or not self._may_act():
-                break
-            borrower = next(e.pod for e in entries if e.review_uid == give.review_uid)
-            result = self.resizer.give_back(give.loan, borrower, node_name)
-            if result is LoanResult.FAILED:
-                break  # judged again on the next pass, on fresh state
-            done += result is LoanResult.LENT
-        return done
+        if not stop.is_set():
+            self.lending.give_back(entries, stop)
 
     def _count_error(self) -> None:
         # The series appears with the first error, not before.
@@ -459,12 +392,12 @@ class PreemptionWorker:
             return None
         # Refused loans are put back whatever the entry does next (also after a restart
         # between recording a refusal and putting the lender back).
-        self._put_back(entry)
+        self.lending.put_back(entry)
         action = self.decide(entry)
         if not isinstance(action, Release):
             self._unactuated.add(entry.review_uid)
         if isinstance(action, Refuse):
-            self._refuse(entry, action)
+            self.lending.refuse(entry, action)
         elif isinstance(action, Release):
             # 1. Nothing more to do for this resize.
             self._release(entry, action)
@@ -474,43 +407,6 @@ class PreemptionWorker:
         else:
             self._act(entry, action, stop or threading.Event())
         return action
-
-    def _refuse(self, entry: LedgerEntry, action: Refuse) -> None:
-        """Record the refusal and the new plan in one ledger write, then put the lenders
-        back; the next pass carries the new plan out. The write comes first: a lender put
-        back before it would look like a loan still to make."""
-        if not self.ledger.update(entry.node, refuse_entry(entry.review_uid, action)):
-            return  # gone meanwhile, or recorded already (counted then)
-        for loan in action.loans:
-            self.metrics.loans.labels("refused").inc()
-            log.info(
-                "the kubelet refused the loan of %s %s from %s to %s: %s; %s",
-                loan.resource,
-                loan.pod.key,
-                loan.before,
-                entry.pod.key,
-                action.why,
-                "planned again without it"
-                if action.plan is not None
-                else "no plan makes room without it",
-            )
-        self._put_back(record_refusal(entry, action), action.why)
-        self._loop.wake()
-
-    def _put_back(self, entry: LedgerEntry, why: str = "") -> None:
-        """Put back the entry's refused loans whose lender still asks for the loan's
-        ``after``; a failure backs the entry off (tried again on a later pass)."""
-        if not entry.refused or self.resizer is None:
-            return
-        pods = tuple(self.cluster.pods_on(entry.node))
-        errors = {p.uid: p.resize_error for p in pods}
-        for loan in to_put_back(entry, pods):
-            if not self._may_act():
-                return
-            reason = why or errors.get(loan.pod.uid) or "the kubelet could not actuate it"
-            if self.resizer.put_back(loan, entry.pod, entry.node, reason) is LoanResult.FAILED:
-                self.backoff.failed(entry.review_uid)
-                return
 
     def _release(self, entry: LedgerEntry, action: Release) -> None:
         if action.write:
@@ -572,7 +468,7 @@ class PreemptionWorker:
                 return  # the entry went away meanwhile
         # 3b. Loans before evictions: one is actuated at once, an eviction waits out a
         # grace period. Nothing is written: whether a loan is made is read from the lender.
-        if action.lend and not self._lend(entry, action, stop):
+        if action.lend and not self.lending.lend(entry, action.lend, stop):
             return
         # 3c. The victims together. Nothing is written after an eviction: a crash right
         # after one loses only this process's memory of it, and the victim is terminating
@@ -617,36 +513,6 @@ class PreemptionWorker:
             )
         return result
 
-    def _lend(self, entry: LedgerEntry, action: Act, stop: threading.Event) -> bool:
-        """Make ``action``'s loans in order; whether all are done (made, or owed no
-        more), so that the evictions may follow."""
-        if self.resizer is None:
-            log.warning("resize of %s needs loans and nothing can make them", entry.pod.key)
-            self.backoff.failed(entry.review_uid)
-            return False
-        for loan in action.lend:
-            if stop.is_set() or not self._may_act():
-                return False
-            current = next(
-                (e for e in self.ledger.entries(entry.node) if e.review_uid == entry.review_uid),
-                None,
-            )
-            if current is None:
-                return False  # released meanwhile: nobody needs the room any more
-            result = self.resizer.lend(loan, entry.pod, entry.node)
-            if result is LoanResult.VOID:
-                # The lender changed since the decision: decide again before evicting.
-                self._loop.wake()
-                return False
-            if not result.done:
-                log.info(
-                    "lending from %s for %s failed; retrying later", loan.pod.key, entry.pod.key
-                )
-                self.backoff.failed(entry.review_uid)
-                return False
-        self.backoff.succeeded(entry.review_uid)
-        return True
-
     def _may_act(self) -> bool:
         if not self._cache_current():
             return False
@@ -671,7 +537,6 @@ __all__ = [
     "NODE_PARALLELISM",
     "VICTIM_PARALLELISM",
     "PreemptionWorker",
-    "refuse_entry",
     "remove_entry",
     "update_entry",
 ]
