@@ -66,9 +66,8 @@ def make_service(api_client: k8s.ApiClient, config: Config) -> Service:
         cache, ledger, evictor, config, metrics, recorder=recorder, interval=0.2
     )
     cache.subscribe(lambda kind, *_: worker.wake(budgets_changed=kind == BUDGETS))
-    engine = AdmissionEngine(
-        config, cache, ledger, metrics=metrics, on_admitted=lambda _entry: worker.wake()
-    )
+    # The worker wakes on the cache's changes: an admitted resize needs it once persisted.
+    engine = AdmissionEngine(config, cache, ledger, metrics=metrics)
     return Service(cache, ledger, engine, worker, metrics)
 
 
