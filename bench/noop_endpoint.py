@@ -12,7 +12,7 @@ from typing import Final
 
 from flask import Flask
 
-from webhook.engine.wire import AdmissionRequest, AdmissionReview, response
+from webhook.engine.admission import AdmissionRequest, AdmissionReview, response
 from webhook.web.app import route_review
 
 NOOP_PATH: Final = "/noop"

@@ -25,10 +25,15 @@ from tests.unit.web_fixtures import (
     walkthrough_view,
 )
 from webhook.core.errors import InputError
-from webhook.engine.admission import AdmissionEngine, Endpoint
+from webhook.engine.admission import (
+    AdmissionEngine,
+    AdmissionRequest,
+    AdmissionReview,
+    Endpoint,
+    clean_audit_annotations,
+)
 from webhook.engine.config import Config, Mode
 from webhook.engine.metrics import Metrics
-from webhook.engine.wire import AdmissionRequest, AdmissionReview, clean_audit_annotations
 from webhook.web import app as app_module
 from webhook.web.app import create_app, metrics_of
 

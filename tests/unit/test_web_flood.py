@@ -15,8 +15,8 @@ import pytest
 from bench import flood
 from harness.doubles import InMemoryLedger
 from tests.unit.web_fixtures import dumps, walkthrough_review, walkthrough_view
+from webhook.engine.admission import response
 from webhook.engine.config import Config
-from webhook.engine.wire import response
 from webhook.kube.errors import Conflict
 from webhook.web import worker
 from webhook.web.app import OVERLOADED, OVERLOADED_WARNING, create_app, metrics_of

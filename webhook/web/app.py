@@ -35,12 +35,19 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 
 from webhook.core.errors import InputError
-from webhook.engine.admission import PREFIX, AdmissionEngine, Endpoint
+from webhook.engine.admission import (
+    PREFIX,
+    AdmissionEngine,
+    AdmissionRequest,
+    AdmissionReview,
+    Endpoint,
+    parse_review,
+    response,
+)
 from webhook.engine.config import Config
 from webhook.engine.ledger import Ledger
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import ClusterView
-from webhook.engine.wire import AdmissionRequest, AdmissionReview, parse_review, response
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
