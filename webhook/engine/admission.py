@@ -40,8 +40,7 @@ from webhook.core.report import WARNING_LIMIT, clip, warnings_for
 from webhook.core.resources import RESOURCE_NAMES, format_amount
 from webhook.engine.backlog import After, run_now
 from webhook.engine.config import Config
-from webhook.engine.decision import Decision
-from webhook.engine.decision_log import Facts, decision_logger, emit, line
+from webhook.engine.decision_log import Decision, Facts, decision_logger, emit, line
 from webhook.engine.ledger import Ledger, LedgerEntry
 from webhook.engine.lifecycle import admit, room_holders
 from webhook.engine.metrics import Metrics

@@ -5,20 +5,50 @@ answer: the service writes lines from a background thread, a batch at a time
 (:class:`~webhook.engine.backlog.Backlog`), so the review path only queues the facts.
 A batch is one log record whose message holds its lines, one review each: the service
 logs messages alone (``%(message)s``), so the output is the same lines, written at once.
+
+What the engine answers (:class:`Decision`) is defined here: the engine that makes
+decisions and the log that writes them down both depend on it, never the log on the
+engine.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import orjson
 
 from webhook.core.plan import Plan
 from webhook.core.resources import format_amount
-from webhook.engine.decision import Decision
+from webhook.engine.ledger import LedgerEntry
 
 decision_logger = logging.getLogger("webhook.decisions")
+
+
+class Decision(NamedTuple):
+    """What to answer, and why. ``verdict`` is the plan's, or ``ignored``/``error``.
+
+    A tuple, as the small values of the core: built for every review, and a frozen
+    dataclass sets each field through ``object.__setattr__``."""
+
+    uid: str
+    allowed: bool = True
+    verdict: str = "ignored"
+    plan: Plan | None = None
+    warnings: tuple[str, ...] = ()
+    audit: Mapping[str, str] = MappingProxyType({})
+    code: int | None = None
+    message: str = ""
+    patch: list[dict[str, Any]] | None = None
+    #: The ledger entry this review holds (new, or the one a retried review wrote).
+    admitted: LedgerEntry | None = None
+    error: str = ""
+
+    @property
+    def reserved(self) -> bool:
+        return self.admitted is not None
 
 
 class Facts(NamedTuple):
@@ -91,4 +121,4 @@ def emit(lines: list[bytes]) -> None:
     )
 
 
-__all__ = ["Facts", "decision_logger", "emit", "line", "plan_fields", "record"]
+__all__ = ["Decision", "Facts", "decision_logger", "emit", "line", "plan_fields", "record"]
