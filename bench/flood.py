@@ -81,7 +81,7 @@ def serve_main(argv: Sequence[str]) -> int:
     from webhook.engine.admission import AdmissionEngine
     from webhook.engine.backlog import Backlog
     from webhook.engine.config import Config
-    from webhook.web.app import create_app, metrics_of
+    from webhook.web.app import create_app
     from webhook.web.server import ServerOptions, WorkerApp
     from webhook.web.tls import CertificateReloader
 
@@ -105,7 +105,7 @@ def serve_main(argv: Sequence[str]) -> int:
                 gevent.spawn(_relist_forever, Path(args.relist), Path(args.relist_log))
             return after_review.stop
 
-        return WorkerApp(app, start=start, registry=metrics_of(app).registry)
+        return WorkerApp(app, start=start, registry=engine.metrics.registry)
 
     if args.shed_delay is not None:
         ShedWorker.shed_delay = args.shed_delay  # the forked workers inherit it

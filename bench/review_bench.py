@@ -404,7 +404,7 @@ def serve_main(argv: Sequence[str]) -> int:
     from webhook.engine.admission import AdmissionEngine
     from webhook.engine.backlog import Backlog
     from webhook.engine.config import Config
-    from webhook.web.app import create_app, metrics_of
+    from webhook.web.app import create_app
     from webhook.web.server import ServerOptions, WorkerApp, serve
     from webhook.web.tls import CertificateReloader
 
@@ -431,7 +431,7 @@ def serve_main(argv: Sequence[str]) -> int:
             after_review.start()
             return after_review.stop
 
-        return WorkerApp(app, start=start, registry=metrics_of(app).registry)
+        return WorkerApp(app, start=start, registry=engine.metrics.registry)
 
     options = ServerOptions(
         cert_file=args.cert,

@@ -35,7 +35,7 @@ from webhook.engine.admission import (
 from webhook.engine.config import Config, Mode
 from webhook.engine.metrics import Metrics
 from webhook.web import app as app_module
-from webhook.web.app import create_app, metrics_of
+from webhook.web.app import create_app
 
 INFEASIBLE_WARNING = (
     "cannot fit on node-1 even after preempting every lower-priority pod: cpu short by 1"
@@ -50,6 +50,7 @@ NOW = 1_750_000_000.0
 class Service:
     app: Flask
     ledger: InMemoryLedger
+    metrics: Metrics
     client: FlaskClient = field(init=False)
 
     def __post_init__(self) -> None:
@@ -65,17 +66,19 @@ def service(
     mode: Mode = "enforce", view: StaticClusterView | None = None, **config: Any
 ) -> Service:
     ledger = InMemoryLedger()
+    metrics = Metrics()
     app = create_app(
         Config(mode=mode, **config),
         cluster=view if view is not None else walkthrough_view(),
         ledger=ledger,
         clock=lambda: NOW,
+        metrics=metrics,
     )
-    return Service(app, ledger)
+    return Service(app, ledger, metrics)
 
 
-def counter(app: Flask, name: str, **labels: str) -> float:
-    value = metrics_of(app).registry.get_sample_value(name, labels)
+def counter(metrics: Metrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
     return value or 0.0
 
 
@@ -115,7 +118,7 @@ def test_walkthrough_preempts_with_warning_audit_and_reservation() -> None:
     assert tuple(v.key for v in entry.victims) == ("default/low-priority-pod",)
     assert (
         counter(
-            svc.app,
+            svc.metrics,
             "resize_preemption_webhook_requests_total",
             endpoint="validate",
             verdict="preempt",
@@ -502,7 +505,7 @@ def test_an_exception_after_the_review_was_read_fails_open() -> None:
     assert answer["uid"] == "u-9"
     assert answer["allowed"] is True
     assert "internal error" in answer["warnings"][0]
-    assert counter(app, "resize_preemption_errors_total", where="web") == 1
+    assert counter(engine.metrics, "resize_preemption_errors_total", where="web") == 1
 
 
 class UnreadableEngine(AdmissionEngine):
@@ -513,7 +516,8 @@ class UnreadableEngine(AdmissionEngine):
 
 
 def test_bad_input_raised_after_the_review_was_read_fails_open() -> None:
-    app = create_app(engine=UnreadableEngine(Config(), walkthrough_view(), InMemoryLedger()))
+    engine = UnreadableEngine(Config(), walkthrough_view(), InMemoryLedger())
+    app = create_app(engine=engine)
 
     resp = app.test_client().post(
         "/validate-resize", data=orjson.dumps(walkthrough_review(uid="u-8")), content_type=""
@@ -524,9 +528,12 @@ def test_bad_input_raised_after_the_review_was_read_fails_open() -> None:
         assert_json(resp)["response"]["uid"],
         assert_json(resp)["response"]["allowed"],
     )
-    assert 1 == counter(app, "resize_preemption_errors_total", where="web")
+    assert 1 == counter(engine.metrics, "resize_preemption_errors_total", where="web")
     assert 1 == counter(
-        app, "resize_preemption_webhook_requests_total", endpoint="validate", verdict="error"
+        engine.metrics,
+        "resize_preemption_webhook_requests_total",
+        endpoint="validate",
+        verdict="error",
     )
 
 
@@ -535,7 +542,8 @@ def test_an_exception_before_the_review_was_read_is_400(monkeypatch: pytest.Monk
         raise RuntimeError("boom")
 
     monkeypatch.setattr(app_module, "parse_review", broken)
-    app = create_app(cluster=StaticClusterView(), ledger=InMemoryLedger())
+    metrics = Metrics()
+    app = create_app(cluster=StaticClusterView(), ledger=InMemoryLedger(), metrics=metrics)
 
     resp = app.test_client().post(
         "/validate-resize", data=orjson.dumps(walkthrough_review()), content_type=""
@@ -543,7 +551,7 @@ def test_an_exception_before_the_review_was_read_is_400(monkeypatch: pytest.Monk
 
     assert resp.status_code == 400
     assert "could not be read" in assert_json(resp)["error"]
-    assert counter(app, "resize_preemption_errors_total", where="web") == 1
+    assert counter(metrics, "resize_preemption_errors_total", where="web") == 1
 
 
 #: Ways of sending a review; the API server's first.
@@ -591,10 +599,11 @@ def test_every_way_of_sending_a_review_gets_the_same_answer(
 def test_failures_are_answered_alike_every_way(
     delivery: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    exploding = create_app(engine=ExplodingEngine(Config(), walkthrough_view(), InMemoryLedger()))
+    engine = ExplodingEngine(Config(), walkthrough_view(), InMemoryLedger())
+    exploding = create_app(engine=engine)
     resp = _send(exploding, "/validate-resize", orjson.dumps(walkthrough_review(uid="u")), delivery)
     assert (200, True) == (resp.status_code, assert_json(resp)["response"]["allowed"])
-    assert 1 == counter(exploding, "resize_preemption_errors_total", where="web")
+    assert 1 == counter(engine.metrics, "resize_preemption_errors_total", where="web")
 
     resp = _send(
         create_app(cluster=StaticClusterView(), ledger=InMemoryLedger()),
@@ -609,34 +618,22 @@ def test_failures_are_answered_alike_every_way(
         raise RuntimeError("boom")
 
     monkeypatch.setattr(app_module, "parse_review", broken)
-    app = create_app(cluster=StaticClusterView(), ledger=InMemoryLedger())
+    metrics = Metrics()
+    app = create_app(cluster=StaticClusterView(), ledger=InMemoryLedger(), metrics=metrics)
     resp = _send(app, "/validate-resize", orjson.dumps(walkthrough_review()), delivery)
     assert 400 == resp.status_code
     assert "could not be read" in assert_json(resp)["error"]
-    assert 1 == counter(app, "resize_preemption_errors_total", where="web")
+    assert 1 == counter(metrics, "resize_preemption_errors_total", where="web")
 
 
 def test_metrics_are_injected_not_global() -> None:
     metrics = Metrics()
     app = create_app(cluster=walkthrough_view(), ledger=InMemoryLedger(), metrics=metrics)
-    app.test_client().post("/validate-resize", data=orjson.dumps(walkthrough_review()))
-    assert metrics is metrics_of(app)
     other = create_app(cluster=walkthrough_view(), ledger=InMemoryLedger())
-    assert metrics_of(other) is not metrics
-    assert (
-        counter(
-            other,
-            "resize_preemption_webhook_requests_total",
-            endpoint="validate",
-            verdict="preempt",
-        )
-        == 0
-    )
-    assert (
-        counter(
-            app, "resize_preemption_webhook_requests_total", endpoint="validate", verdict="preempt"
-        )
-        == 1
+    for served in (app, other):
+        served.test_client().post("/validate-resize", data=orjson.dumps(walkthrough_review()))
+    assert 1 == counter(
+        metrics, "resize_preemption_webhook_requests_total", endpoint="validate", verdict="preempt"
     )
 
 

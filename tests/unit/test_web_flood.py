@@ -17,9 +17,10 @@ from harness.doubles import InMemoryLedger
 from tests.unit.web_fixtures import dumps, walkthrough_review, walkthrough_view
 from webhook.engine.admission import response
 from webhook.engine.config import Config
+from webhook.engine.metrics import Metrics
 from webhook.kube.errors import Conflict
 from webhook.web import worker
-from webhook.web.app import OVERLOADED, OVERLOADED_WARNING, create_app, metrics_of
+from webhook.web.app import OVERLOADED, OVERLOADED_WARNING, create_app
 from webhook.web.worker import (
     HandshakeDeadline,
     LoopDelay,
@@ -161,8 +162,8 @@ def post(app: Any, path: str, body: bytes, overloaded: bool) -> Any:
 
 @pytest.mark.parametrize("path", ["/validate-resize", "/mutate-resize"], ids=["validate", "mutate"])
 def test_overloaded_review_is_allowed_at_once_without_a_decision(path: str) -> None:
-    ledger = InMemoryLedger()
-    app = create_app(Config(), cluster=walkthrough_view(), ledger=ledger)
+    ledger, metrics = InMemoryLedger(), Metrics()
+    app = create_app(Config(), cluster=walkthrough_view(), ledger=ledger, metrics=metrics)
     answer = post(app, path, dumps(walkthrough_review(uid="flooded")), overloaded=True)
     assert 200 == answer.status_code
     expected = {
@@ -175,7 +176,7 @@ def test_overloaded_review_is_allowed_at_once_without_a_decision(path: str) -> N
     assert () == ledger.all_entries()  # no room taken, nobody preempted
     endpoint = path.strip("/").split("-")[0]
     labels = {"endpoint": endpoint, "verdict": "overloaded"}
-    registry = metrics_of(app).registry
+    registry = metrics.registry
     assert 1.0 == registry.get_sample_value("resize_preemption_webhook_requests_total", labels)
 
 

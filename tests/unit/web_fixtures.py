@@ -263,7 +263,8 @@ def _serve_main() -> None:
 
     from harness.doubles import InMemoryLedger
     from webhook.engine.config import Config
-    from webhook.web.app import create_app, metrics_of
+    from webhook.engine.metrics import Metrics
+    from webhook.web.app import create_app
     from webhook.web.server import ServerOptions, WorkerApp, serve
     from webhook.web.tls import CertificateReloader
 
@@ -273,18 +274,19 @@ def _serve_main() -> None:
 
     def factory(tls: CertificateReloader) -> WorkerApp:
         record(f"built-{os.getpid()}" if args.workers > 1 else "built")
-        view, ledger = walkthrough_view(), InMemoryLedger()
+        view, ledger, metrics = walkthrough_view(), InMemoryLedger(), Metrics()
         app = create_app(
             Config(),
             cluster=view,
             ledger=ledger,
+            metrics=metrics,
             readiness=lambda: {
                 "tls": tls.loaded(),
                 "cache": view.synced(),
                 "ledger": ledger.reachable(),
             },
         )
-        return WorkerApp(app, start=start_services, registry=metrics_of(app).registry)
+        return WorkerApp(app, start=start_services, registry=metrics.registry)
 
     record("master")
     options = ServerOptions(

@@ -119,7 +119,6 @@ def create_app(
     app = Flask(__name__)
     # Also bounds what any other route could read (the review routes check themselves).
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
-    app.config["RPW_METRICS"] = metrics
     # Unexpected exceptions reach the one boundary, _ReviewBoundary, not Flask's 500 page.
     app.config["PROPAGATE_EXCEPTIONS"] = True
     for path, endpoint in REVIEW_PATHS.items():
@@ -337,9 +336,3 @@ def _handle_errors(app: Flask) -> None:
         if code >= 500:
             raise e
         return _error(code, e.description or e.name)
-
-
-def metrics_of(app: Flask) -> Metrics:
-    """The metrics an app built by :func:`create_app` counts into."""
-    metrics: Metrics = app.config["RPW_METRICS"]
-    return metrics
