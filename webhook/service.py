@@ -13,10 +13,9 @@ from webhook.core.model import Pod
 from webhook.core.plan import Plan
 from webhook.core.report import deferred_note
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.backlog import Backlog
 from webhook.engine.config import Config
 from webhook.engine.hooks import Hooks
-from webhook.engine.loop import Runnables
+from webhook.engine.loop import Backlog, Runnables
 from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler
 from webhook.engine.worker import PreemptionWorker

@@ -38,11 +38,11 @@ from webhook.core.plan import Plan, plan_resize
 from webhook.core.quantity import format_cpu, format_memory
 from webhook.core.report import WARNING_LIMIT, clip, warnings_for
 from webhook.core.resources import RESOURCE_NAMES, format_amount
-from webhook.engine.backlog import After, run_now
 from webhook.engine.config import Config
 from webhook.engine.decision_log import Decision, Facts, decision_logger, emit, line
 from webhook.engine.ledger import Ledger, LedgerEntry
 from webhook.engine.lifecycle import admit, room_holders
+from webhook.engine.loop import After, run_now
 from webhook.engine.metrics import Metrics
 from webhook.engine.node_memo import NodeFacts, NodeMemo
 from webhook.engine.ports import ClusterView
