@@ -16,14 +16,14 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import orjson
 import yaml
 
 from webhook.core.errors import InputError, LookupFailed, WebhookError
 from webhook.core.objects import parse_time
-from webhook.core.policy import DefaultPolicy
+from webhook.core.policy import DefaultPolicy, VictimOrder
 from webhook.core.report import human_report, plan_to_dict
 from webhook.core.snapshot import load_snapshot, plan_snapshot_resize
 
@@ -168,20 +168,26 @@ def _live_plan(args: argparse.Namespace, key: str, patch: dict[str, Any]) -> Any
         except NotFound:
             raise LookupFailed(f"no pod {key} in the cluster") from None
         # An unbound pod: node "" reads the pods bound nowhere (it among them), no node.
-        return read_live(
-            api, namespace=args.namespace, node=(pod.get("spec") or {}).get("nodeName") or ""
-        )
+        # Movable-first reads every node: the others are the room elsewhere.
+        node = (pod.get("spec") or {}).get("nodeName") or ""
+        everywhere = args.victim_order == "movable-first"
+        return read_live(api, namespace=args.namespace, node=None if everywhere else node)
 
     live = _ask_cluster(args, read)
     snapshot = load_snapshot(live.objects)
     now = _now(args)
     pod = next((p for p in snapshot.pods if p.key == key), None)
-    pods = snapshot.pods_on(pod.node) if pod is not None else ()
     # As the admission path plans: against every other reservation holding room.
     others = [e for e in live.entries if pod is None or e.pod.uid != pod.uid]
-    reservations = [e.reservation() for e in room_holders(others, pods, now)]
+    reservations = [e.reservation() for e in room_holders(others, snapshot.pods, now)]
     return plan_snapshot_resize(
-        snapshot, key, patch, now=now, policy=_policy(args), reservations=reservations
+        snapshot,
+        key,
+        patch,
+        now=now,
+        policy=_policy(args),
+        reservations=reservations,
+        victim_order=args.victim_order,
     )
 
 
@@ -194,7 +200,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan = _live_plan(args, key, patch)
     else:
         snapshot = load_snapshot(_read_documents(args.snapshot))
-        plan = plan_snapshot_resize(snapshot, key, patch, now=_now(args), policy=_policy(args))
+        plan = plan_snapshot_resize(
+            snapshot,
+            key,
+            patch,
+            now=_now(args),
+            policy=_policy(args),
+            victim_order=args.victim_order,
+        )
     if args.output == "json":
         sys.stdout.write(orjson.dumps(plan_to_dict(plan)).decode() + "\n")
     else:
@@ -296,6 +309,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         max_victims=policy.max_victims,
         protected_namespaces=policy.protected_namespaces,
         lending=policy.lending,
+        victim_order=args.victim_order,
     )
     status = service_status(
         load_snapshot(live.objects),
@@ -360,6 +374,12 @@ def _policy_arguments(parser: argparse.ArgumentParser) -> None:
         dest="lending",
         action="store_false",
         help="plan evictions only: pods with a floor annotation do not lend",
+    )
+    parser.add_argument(
+        "--victim-order",
+        choices=get_args(VictimOrder),
+        default="upstream",
+        help="the service's victim-order setting (default: %(default)s)",
     )
     parser.add_argument("--now", metavar="RFC3339", help="evaluate as of this time")
 

@@ -118,6 +118,31 @@ class PodBuilder:
     def mirror(self) -> PodBuilder:
         return self.annotate("kubernetes.io/config.mirror", "hash")
 
+    def owned_by(self, kind: str, name: str = "owner", *, controller: bool = True) -> PodBuilder:
+        """An owner reference (``controller: true`` unless told otherwise)."""
+        ref = {"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": f"uid-{name}"}
+        if controller:
+            ref["controller"] = True
+        self._obj["metadata"].setdefault("ownerReferences", []).append(ref)
+        return self
+
+    def spec_field(self, field: str, value: Any) -> PodBuilder:
+        """Any other field of the spec, as the API takes it (``nodeSelector``,
+        ``affinity``, ``tolerations``, ``volumes``...)."""
+        self._obj["spec"][field] = value
+        return self
+
+    def tolerates(self, key: str, effect: str = "", value: str | None = None) -> PodBuilder:
+        toleration: dict[str, str] = {"key": key}
+        if value is None:
+            toleration["operator"] = "Exists"
+        else:
+            toleration.update(operator="Equal", value=value)
+        if effect:
+            toleration["effect"] = effect
+        self._obj["spec"].setdefault("tolerations", []).append(toleration)
+        return self
+
     def terminating(self, at: float = 5.0) -> PodBuilder:
         self._obj["metadata"]["deletionTimestamp"] = rfc3339(T0 + at)
         return self
@@ -407,6 +432,25 @@ class NodeBuilder:
 
     def annotate(self, key: str, value: str) -> NodeBuilder:
         self._obj["metadata"].setdefault("annotations", {})[key] = value
+        return self
+
+    def labels(self, **labels: str) -> NodeBuilder:
+        self._obj["metadata"]["labels"].update(labels)
+        return self
+
+    def taint(self, key: str, effect: str = "NoSchedule", value: str = "") -> NodeBuilder:
+        taint = {"key": key, "effect": effect}
+        if value:
+            taint["value"] = value
+        self._obj["spec"].setdefault("taints", []).append(taint)
+        return self
+
+    def cordoned(self) -> NodeBuilder:
+        self._obj["spec"]["unschedulable"] = True
+        return self
+
+    def ready(self, status: str = "True") -> NodeBuilder:
+        self._obj["status"]["conditions"] = [{"type": "Ready", "status": status}]
         return self
 
     def obj(self) -> dict[str, Any]:

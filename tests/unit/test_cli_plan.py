@@ -677,3 +677,67 @@ def test_a_missing_kubeconfig_is_one_line_and_exit_3(tmp_path: Path) -> None:
 
     assert (3, 1) == (result.returncode, len(result.stderr.splitlines()))
     assert "cannot load Kubernetes client configuration" in result.stderr
+
+
+def movable_objects() -> list[dict[str, Any]]:
+    """Two equally unimportant pods on node-1: ``bare`` newer, ``web-1`` a ReplicaSet's;
+    node-2 has room for ``web-1``'s replacement."""
+    return [
+        make_node("node-1").allocatable(cpu="4", memory="16Gi").obj(),
+        make_node("node-2").allocatable(cpu="2", memory="16Gi").obj(),
+        make_pod("bare").priority(LOW).requests(cpu="1").started(200).admitted().obj(),
+        make_pod("web-1")
+        .owned_by("ReplicaSet", "web")
+        .priority(LOW)
+        .requests(cpu="1")
+        .started(100)
+        .admitted()
+        .obj(),
+        make_pod("high-priority-pod").priority(HIGH).requests(cpu="2").started(50).admitted().obj(),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("expected_victims", "expected_moves", "order"),
+    [
+        pytest.param(["default/bare"], None, "upstream", id="upstream"),
+        pytest.param(
+            ["default/web-1"],
+            [
+                {
+                    "pod": "default/web-1",
+                    "movable": True,
+                    "node": "node-2",
+                    "why": "its ReplicaSet can recreate it on node-2",
+                }
+            ],
+            "movable-first",
+            id="movable-first",
+        ),
+    ],
+)
+def test_victim_order_in_json(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    expected_victims: list[str],
+    expected_moves: list[dict[str, Any]] | None,
+    order: str,
+) -> None:
+    snapshot = write_yaml_list(tmp_path, movable_objects())
+    patch = '{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"3"}}}]}}'
+
+    data = _json(
+        capsys, snapshot, "--pod", "high-priority-pod", "--resize", patch, "--victim-order", order
+    )
+
+    assert (expected_victims, expected_moves) == (data["victims"], data.get("moves"))
+
+
+def test_an_unknown_victim_order_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    snapshot = write_yaml_list(tmp_path, movable_objects())
+    with pytest.raises(SystemExit):
+        main(["plan", "--snapshot", str(snapshot), "--pod", "bare", "--resize", "{}",
+              "--victim-order", "random"])  # fmt: skip
+    assert "upstream" in capsys.readouterr().err

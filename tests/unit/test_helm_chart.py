@@ -45,6 +45,7 @@ CHART_SETTINGS = {
     "protectedNamespaces": "protected-namespaces",
     "maxVictims": "max-victims",
     "lending": "lending",
+    "victimOrder": "victim-order",
     "reservationTTL": "reservation-ttl",
     "gracePeriodCap": "grace-period-cap",
     "persistTimeout": "persist-timeout",
@@ -223,6 +224,7 @@ SETTING_CASES = [
     ("maxVictims", 5, "5"),
     ("lending", False, "false"),
     ("lending", True, "true"),
+    ("victimOrder", "movable-first", "movable-first"),
     ("reservationTTL", 90.5, "90.5"),
     ("gracePeriodCap", 30, "30"),
     ("persistTimeout", 4, "4"),
@@ -248,9 +250,12 @@ def test_a_setting_value_reaches_the_container_as_the_service_reads_it(
 
 
 def test_unset_settings_are_left_to_the_service_defaults() -> None:
-    assert {"RPW_MODE": "enforce", "RPW_EVICTION_METHOD": "evict", "RPW_PDB_MODE": "respect"} == (
-        env_of(render())
-    )
+    assert {
+        "RPW_MODE": "enforce",
+        "RPW_EVICTION_METHOD": "evict",
+        "RPW_PDB_MODE": "respect",
+        "RPW_VICTIM_ORDER": "upstream",
+    } == env_of(render())
 
 
 def test_server_options_become_flags() -> None:

@@ -85,6 +85,89 @@ class Floor:
 
 
 @dataclass(frozen=True, slots=True)
+class Taint:
+    """One of a node's ``spec.taints``."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """One of a pod's ``spec.tolerations`` (``operator`` Equal or Exists; an empty
+    ``effect`` tolerates every effect, an empty ``key`` with Exists every taint)."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: Taint) -> bool:
+        """``Toleration.ToleratesTaint`` of k8s.io/api/core/v1."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key and self.key != taint.key:
+            return False
+        if self.operator == "Exists":
+            return True
+        return self.operator in ("", "Equal") and self.value == taint.value
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRequirement:
+    """One ``matchExpressions`` (or, with ``field``, ``matchFields``) entry of a
+    ``nodeSelectorTerm``."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+    field: bool = False
+
+    def matches(self, name: str, labels: Mapping[str, str]) -> bool:
+        if self.field:  # only metadata.name is a selectable node field
+            value: str | None = name if self.key == "metadata.name" else None
+        else:
+            value = labels.get(self.key)
+        op = self.operator
+        if op == "Exists":
+            return value is not None
+        if op == "DoesNotExist":
+            return value is None
+        if op == "In":
+            return value is not None and value in self.values
+        if op == "NotIn":
+            return value is None or value not in self.values
+        if op in ("Gt", "Lt") and value is not None and len(self.values) == 1:
+            try:
+                have, bound = int(value), int(self.values[0])
+            except ValueError:
+                return False
+            return have > bound if op == "Gt" else have < bound
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a pod's replacement may be scheduled: what of its spec constrains the node.
+
+    ``terms`` are ``requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms``
+    (any one must match; none: every node). ``unknown`` says why the place cannot be
+    judged from the node alone (inter-pod affinity, topology spread, volumes); empty
+    when it can.
+    """
+
+    node_selector: tuple[tuple[str, str], ...] = ()
+    terms: tuple[tuple[NodeRequirement, ...], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    unknown: str = ""
+
+
+#: A pod that constrains its node in no way.
+ANYWHERE: Final = Placement()
+
+
+@dataclass(frozen=True, slots=True)
 class Pod:
     """The parts of a Pod that resource accounting and victim selection read."""
 
@@ -132,6 +215,11 @@ class Pod:
     #: The pod is then an ordinary candidate; the message is for a warning event on it.
     floor_error: str = ""
     generation: int = 0
+    #: The kind of the owner reference with ``controller: true`` (``ReplicaSet``...);
+    #: empty for a bare pod.
+    controller: str = ""
+    #: What constrains the node a replacement of the pod could run on.
+    placement: Placement = ANYWHERE
     #: ``metadata.resourceVersion``: which version of the object this is. Not compared:
     #: two versions that read the same are the same pod to every decision.
     resource_version: str = field(default="", compare=False)
@@ -183,6 +271,12 @@ class Node:
     labels: Mapping[str, str] = field(default_factory=dict)
     #: ``spec.podPreemptionPolicy.disableResizePreemption`` (1.37) or our annotation.
     resize_preemption_disabled: bool = False
+    taints: tuple[Taint, ...] = ()
+    #: ``spec.unschedulable``: cordoned.
+    unschedulable: bool = False
+    #: The ``Ready`` condition is True (or the node reports no conditions at all, as a
+    #: hand-written snapshot's nodes).
+    ready: bool = True
 
 
 @dataclass(frozen=True, slots=True)

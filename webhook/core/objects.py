@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from webhook.core.errors import InputError, ObjectError
 from webhook.core.model import (
+    ANYWHERE,
     FLOOR_ANNOTATION,
     MIRROR_POD_ANNOTATION,
     NEVER,
@@ -24,11 +25,15 @@ from webhook.core.model import (
     Floor,
     LabelSelector,
     Node,
+    NodeRequirement,
+    Placement,
     Pod,
     PreemptionPolicyName,
     PriorityClass,
     Requirement,
     ResizeState,
+    Taint,
+    Toleration,
 )
 from webhook.core.quantity import cpu_millis, memory_bytes
 from webhook.core.resources import RESOURCE_NAMES, ZERO, Resources
@@ -305,8 +310,105 @@ def parse_pod(obj: Obj, priorities: PriorityResolver = _NO_CLASSES) -> Pod:
         floors=floors,
         floor_error=floor_error,
         generation=_int(meta.get("generation"), where, ".metadata.generation"),
+        controller=_controller(meta.get("ownerReferences"), where),
+        placement=_placement(spec, where),
         resource_version=_str(meta.get("resourceVersion"), where, ".metadata.resourceVersion"),
     )
+
+
+def _controller(value: object, where: str) -> str:
+    """The kind of the owner reference marked ``controller: true``; empty when none."""
+    if value is None:
+        return ""
+    for i, raw in enumerate(_list(value, where, ".metadata.ownerReferences")):
+        ref = _map(raw, where, f".metadata.ownerReferences[{i}]")
+        if ref.get("controller") is True:
+            return _str(ref.get("kind"), where, f".metadata.ownerReferences[{i}].kind")
+    return ""
+
+
+#: Volumes that tie a pod to no node: any node can mount them for a replacement.
+_PORTABLE_VOLUMES: Final = frozenset(
+    {"configMap", "secret", "downwardAPI", "projected", "emptyDir", "name"}
+)
+
+
+def _unknown_placement(spec: Obj, affinity: Obj) -> str:
+    """Why a replacement's node cannot be judged from the node alone; empty if it can."""
+    if affinity.get("podAffinity") or affinity.get("podAntiAffinity"):
+        return "inter-pod affinity"
+    if spec.get("topologySpreadConstraints"):
+        return "topology spread constraints"
+    for raw in spec.get("volumes") or ():
+        if isinstance(raw, dict) and set(raw) - _PORTABLE_VOLUMES:
+            return "volumes"
+    return ""
+
+
+def _requirements(value: object, where: str, *, field: bool) -> tuple[NodeRequirement, ...]:
+    out = []
+    for i, raw in enumerate(_list(value, where)):
+        expr = _map(raw, f"{where}[{i}]")
+        values = _list(expr.get("values"), f"{where}[{i}].values")
+        out.append(
+            NodeRequirement(
+                key=_str(expr.get("key"), f"{where}[{i}].key"),
+                operator=_str(expr.get("operator"), f"{where}[{i}].operator"),
+                values=tuple(_str(v, f"{where}[{i}].values") for v in values),
+                field=field,
+            )
+        )
+    return tuple(out)
+
+
+def _terms(affinity: Obj, where: str) -> tuple[tuple[NodeRequirement, ...], ...]:
+    """Required node affinity's ``nodeSelectorTerms``."""
+    node = _map(affinity.get("nodeAffinity"), where, ".nodeAffinity")
+    required = _map(
+        node.get("requiredDuringSchedulingIgnoredDuringExecution"),
+        where,
+        ".nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution",
+    )
+    terms = []
+    for i, raw in enumerate(_list(required.get("nodeSelectorTerms"), where, ".nodeSelectorTerms")):
+        term = _map(raw, where, f".nodeSelectorTerms[{i}]")
+        at = f"{where}.nodeSelectorTerms[{i}]"
+        terms.append(
+            _requirements(term.get("matchExpressions"), f"{at}.matchExpressions", field=False)
+            + _requirements(term.get("matchFields"), f"{at}.matchFields", field=True)
+        )
+    return tuple(terms)
+
+
+def _placement(spec: Obj, where: str) -> Placement:
+    """What of ``spec`` constrains the node a replacement of the pod could run on."""
+    selector, raw_affinity = spec.get("nodeSelector"), spec.get("affinity")
+    tolerations, topology, volumes = (
+        spec.get("tolerations"),
+        spec.get("topologySpreadConstraints"),
+        spec.get("volumes"),
+    )
+    if not (selector or raw_affinity or tolerations or topology or volumes):
+        return ANYWHERE
+    affinity = _map(raw_affinity, where, ".spec.affinity")
+    placement = Placement(
+        node_selector=tuple(sorted(_labels(selector, where, ".spec.nodeSelector").items())),
+        terms=_terms(affinity, f"{where}.spec.affinity"),
+        tolerations=tuple(
+            Toleration(
+                key=_str(t.get("key"), where, ".spec.tolerations.key"),
+                operator=_str(t.get("operator"), where, ".spec.tolerations.operator"),
+                value=_str(t.get("value"), where, ".spec.tolerations.value"),
+                effect=_str(t.get("effect"), where, ".spec.tolerations.effect"),
+            )
+            for t in (
+                _map(raw, where, f".spec.tolerations[{i}]")
+                for i, raw in enumerate(_list(tolerations, where, ".spec.tolerations"))
+            )
+        ),
+        unknown=_unknown_placement(spec, affinity),
+    )
+    return ANYWHERE if placement == ANYWHERE else placement
 
 
 def parse_floors(text: str, spec: Obj) -> tuple[tuple[Floor, ...], str]:
@@ -419,7 +521,29 @@ def parse_node(obj: Obj) -> Node:
         labels=_labels(meta.get("labels"), f"{where}.metadata.labels"),
         resize_preemption_disabled=bool(policy.get("disableResizePreemption"))
         or bool(annotations.get(NODE_OPT_OUT_ANNOTATION)),
+        taints=tuple(
+            Taint(
+                key=_str(t.get("key"), f"{where}.spec.taints.key"),
+                value=_str(t.get("value"), f"{where}.spec.taints.value"),
+                effect=_str(t.get("effect"), f"{where}.spec.taints.effect"),
+            )
+            for t in (
+                _map(raw, f"{where}.spec.taints[{i}]")
+                for i, raw in enumerate(_list(spec.get("taints"), f"{where}.spec.taints"))
+            )
+        ),
+        unschedulable=spec.get("unschedulable") is True,
+        ready=_ready(status, where),
     )
+
+
+def _ready(status: Obj, where: str) -> bool:
+    """The node's ``Ready`` condition is True; a node reporting none counts as ready."""
+    for i, raw in enumerate(_list(status.get("conditions"), f"{where}.status.conditions")):
+        cond = _map(raw, f"{where}.status.conditions[{i}]")
+        if cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return True
 
 
 def parse_selector(value: object, where: str) -> LabelSelector | None:

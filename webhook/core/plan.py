@@ -11,8 +11,8 @@ same inputs, same :class:`Plan`, whatever order the pods come in.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
 from webhook.core.accounting import pod_requests
@@ -20,8 +20,9 @@ from webhook.core.disruption import split_by_violation
 from webhook.core.headroom import Holdings, NodeUsage, node_usage
 from webhook.core.lending import Loan, borrow, room
 from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
+from webhook.core.movable import Move, Room, claim, judge_all
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
-from webhook.core.ranking import Ranking, rank
+from webhook.core.ranking import Ranking, movable_first, rank
 from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import (
     RESOURCE_NAMES,
@@ -68,6 +69,9 @@ class Victim:
     priority: int
     frees: Resources
     violates_pdb: bool = False
+    #: Whether its work moves to another node (victim order ``movable-first``); ``None``
+    #: when not judged (victim order ``upstream``).
+    move: Move | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,12 @@ class Plan:
     @property
     def victim_keys(self) -> tuple[str, ...]:
         return tuple(v.pod.key for v in self.victims)
+
+    @property
+    def moves(self) -> tuple[tuple[str, Resources], ...]:
+        """Room on other nodes the movable victims' replacements count on: (node, what
+        the replacement asks for), in eviction order."""
+        return tuple((v.move.node, v.move.needs) for v in self.victims if v.move and v.move.movable)
 
     @property
     def lender_keys(self) -> tuple[str, ...]:
@@ -286,6 +296,45 @@ def select_victims(
     )
 
 
+def _no_worse(chosen: Selection, upstream: Selection) -> bool:
+    """Whether ``chosen`` evicts no more pods than ``upstream``, none of higher priority,
+    and no more that overspend a PodDisruptionBudget."""
+    a, b = chosen.victims, upstream.victims
+    return (
+        chosen.unmet.is_zero()
+        and len(a) <= len(b)
+        and max((v.priority for v in a), default=0) <= max((v.priority for v in b), default=0)
+        and sum(v.violates_pdb for v in a) <= sum(v.violates_pdb for v in b)
+    )
+
+
+def movable_selection(
+    upstream: Selection,
+    candidates: Sequence[Pod],
+    elsewhere: Sequence[Room],
+    select: Callable[[Ranking], Selection],
+    ranking: Ranking,
+    now: float,
+) -> Selection:
+    """Victim order ``movable-first`` (docs/decision-core.md): the selection ``select``
+    makes with movable ``candidates`` less important than the others of their priority,
+    when it is no worse than ``upstream`` (:func:`_no_worse`: the reprieve is greedy, and
+    another order may need more victims); else ``upstream``. Either way its victims carry
+    their :class:`~webhook.core.movable.Move`, claimed in eviction order so that two
+    never count on the same room."""
+    moves = judge_all(candidates, elsewhere)
+    movable = frozenset(uid for uid, m in moves.items() if m.movable)
+    chosen = upstream
+    if movable:
+        other = select(movable_first(ranking, movable, now))
+        if _no_worse(other, upstream):
+            chosen = other
+    by_uid = {p.uid: p for p in candidates}
+    claimed = claim([by_uid[v.pod.uid] for v in chosen.victims], elsewhere)
+    victims = tuple(replace(v, move=m) for v, m in zip(chosen.victims, claimed, strict=True))
+    return replace(chosen, victims=victims)
+
+
 class _Need(NamedTuple):
     """Step 0's figures: the resize's demand under the kubelet's model, what the rest of
     the node holds, the other pods' active reservations on it, and what is missing."""
@@ -474,6 +523,7 @@ def plan_resize(
     policy: PreemptionPolicy | None = None,
     holdings: Holdings | None = None,
     ranking: Ranking | None = None,
+    elsewhere: Sequence[Room] | None = None,
 ) -> Plan:
     """Decide what the resize of ``old`` into ``new`` needs on ``node``.
 
@@ -494,6 +544,10 @@ def plan_resize(
     (:mod:`webhook.core.headroom`) and ``rank(node.name, pods, budgets, policy, now)``
     (:mod:`webhook.core.ranking`): what the decision reads of the pods alone, which the
     engine keeps between decisions (:class:`~webhook.engine.node_memo.NodeMemo`).
+
+    ``elsewhere``, when given, is victim order ``movable-first``: the room other nodes
+    have now (:func:`~webhook.core.movable.rooms_elsewhere`, the resizing node left out),
+    and :func:`movable_selection` chooses; ``None`` is upstream's order.
     """
     policy = policy or DefaultPolicy()
     # Step 0: the pod's demand, what the rest of the node holds, what is missing.
@@ -509,5 +563,17 @@ def plan_resize(
     selection = select_victims(
         new, need.demand, node, ranking, need.usage, claimed, policy, frozenset(need.reserved)
     )
+    if elsewhere is not None and selection.victims:
+        candidates = [p for p in ranking.pods if is_candidate(p, new, node.name, claimed, policy)]
+        selection = movable_selection(
+            selection,
+            candidates,
+            elsewhere,
+            lambda order: select_victims(
+                new, need.demand, node, order, need.usage, claimed, policy, frozenset(need.reserved)
+            ),
+            ranking,
+            now,
+        )
     # Steps 6-7: the policy's limits, then the plan.
     return _plan(new, node, need, _within_policy(selection, node.name, need.short, policy))

@@ -9,22 +9,28 @@ that opted in lend part of their resources before anyone is evicted.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from webhook.core.model import PdbMode, Pod
 
-ImportanceKey = tuple[int, float, str, str]
+ImportanceKey = tuple[int, bool, float, str, str]
+VictimOrder = Literal["upstream", "movable-first"]
 
 
-def importance_key(pod: Pod, now: float) -> ImportanceKey:
+def importance_key(pod: Pod, now: float, movable: bool = False) -> ImportanceKey:
     """Sort key, most important first: kube-scheduler's ``MoreImportantPod``.
 
     Higher priority first; on a tie the earlier ``status.startTime`` (a pod that has not
     started counts as starting ``now``). Upstream stops there; namespace and name make
     the order total, so plans do not depend on the order pods were listed in.
+
+    ``movable`` (victim order ``movable-first``, :mod:`webhook.core.movable`): within one
+    priority, a pod whose work would move elsewhere is less important than one whose
+    work would be lost; a lower-priority pod still always goes before a higher one.
+    Upstream's order is every pod at ``movable=False``.
     """
     start = pod.start_time if pod.start_time is not None else now
-    return (-pod.priority, start, pod.namespace, pod.name)
+    return (-pod.priority, movable, start, pod.namespace, pod.name)
 
 
 class PreemptionPolicy(Protocol):

@@ -10,11 +10,11 @@ the same pods may keep its :class:`Ranking` between decisions
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from webhook.core.disruption import spending
 from webhook.core.model import DisruptionBudget, Pod
-from webhook.core.policy import PreemptionPolicy
+from webhook.core.policy import PreemptionPolicy, importance_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +60,12 @@ def rank(
         spends=spending(on_node, kept, policy.pdb_mode) if spends is None else spends,
         settled=max(started, default=float("-inf")),
     )
+
+
+def movable_first(ranking: Ranking, movable: frozenset[str], now: float) -> Ranking:
+    """``ranking`` in victim order ``movable-first``: :func:`importance_key` with the
+    pods of ``movable`` (uids) less important than the others of their priority."""
+    if not movable:
+        return ranking
+    pods = sorted(ranking.pods, key=lambda p: importance_key(p, now, p.uid in movable))
+    return replace(ranking, pods=tuple(pods), place={p.uid: i for i, p in enumerate(pods)})

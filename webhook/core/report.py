@@ -24,7 +24,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "shortfall": format_amount(name, f.shortfall),
             "unmet": format_amount(name, f.unmet),
         }
-    return {
+    data: dict[str, Any] = {
         "pod": plan.pod.key,
         "node": plan.node,
         "verdict": plan.verdict,
@@ -45,6 +45,15 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         ],
         "floorErrors": [{"pod": ref.key, "error": error} for ref, error in plan.floor_errors],
     }
+    moves = [
+        {"pod": v.pod.key, "movable": v.move.movable, "why": v.move.why, "node": v.move.node}
+        for v in plan.victims
+        if v.move is not None
+    ]
+    if moves:
+        # Only with victim order movable-first: upstream's plans keep the form they had.
+        data["moves"] = moves
+    return data
 
 
 def _change(loan: Loan) -> str:
@@ -76,7 +85,10 @@ def human_report(plan: Plan) -> str:
     if plan.victims:
         lines += ["", "victims, in eviction order:"]
         for v in plan.victims:
-            lines.append(f"  {v.pod.key}  priority {v.priority}  frees {v.frees.describe()}")
+            line = f"  {v.pod.key}  priority {v.priority}  frees {v.frees.describe()}"
+            if v.move is not None:
+                line += f"  {'moves' if v.move.movable else 'lost'}: {v.move.why}"
+            lines.append(line)
     if plan.loans:
         lines += ["", "loans, in the order taken:"]
         for loan in plan.loans:

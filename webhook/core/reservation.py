@@ -29,6 +29,9 @@ class Reservation:
     resources: Resources
     victims: frozenset[str] = frozenset()  # victim pod uids claimed by the plan
     expires_at: float = 0.0
+    #: Room on other nodes promised to the replacements of movable victims: (node, what
+    #: the replacement asks for), so that no other plan counts on it too.
+    moves: tuple[tuple[str, Resources], ...] = ()
 
     def active(self, now: float) -> bool:
         return now < self.expires_at
@@ -59,6 +62,7 @@ def active_on(
                 resources=seen.resources.max(r.resources),
                 victims=seen.victims | r.victims,
                 expires_at=max(seen.expires_at, r.expires_at),
+                moves=tuple(sorted(set(seen.moves) | set(r.moves))),
             )
         by_pod[r.pod_uid] = r
     return by_pod

@@ -13,6 +13,7 @@ from typing import Any
 
 from webhook.core.errors import LookupFailed, ObjectError
 from webhook.core.model import DisruptionBudget, Node, Pod, PriorityClass
+from webhook.core.movable import rooms_elsewhere
 from webhook.core.objects import (
     PriorityResolver,
     parse_node,
@@ -21,7 +22,7 @@ from webhook.core.objects import (
     parse_priority_class,
 )
 from webhook.core.plan import Plan, plan_resize
-from webhook.core.policy import PreemptionPolicy
+from webhook.core.policy import PreemptionPolicy, VictimOrder
 from webhook.core.reservation import Reservation
 from webhook.core.resize import apply_resize
 
@@ -84,8 +85,10 @@ def plan_snapshot_resize(
     now: float,
     policy: PreemptionPolicy | None = None,
     reservations: Iterable[Reservation] = (),
+    victim_order: VictimOrder = "upstream",
 ) -> Plan:
-    """Plan ``patch`` (a resize patch) for pod ``namespace/name`` of ``snapshot``."""
+    """Plan ``patch`` (a resize patch) for pod ``namespace/name`` of ``snapshot``, with
+    the snapshot's other nodes as the room elsewhere for ``movable-first``."""
     raw = snapshot.pod_objects.get(pod_key)
     if raw is None:
         raise LookupFailed(f"no pod {pod_key} in the snapshot")
@@ -97,6 +100,15 @@ def plan_snapshot_resize(
         raise LookupFailed(f"pod {pod_key} is on node {old.node}, which is not in the snapshot")
     if node is None:
         node = Node(name="", allocatable=old.overhead)
+    reservations = tuple(reservations)
+    elsewhere = None
+    if victim_order == "movable-first":
+        by_node: dict[str, list[Pod]] = {}
+        for p in snapshot.pods:
+            by_node.setdefault(p.node, []).append(p)
+        elsewhere = rooms_elsewhere(
+            snapshot.nodes.values(), by_node, reservations, now, exclude=node.name
+        )
     return plan_resize(
         old,
         new,
@@ -106,4 +118,5 @@ def plan_snapshot_resize(
         budgets=snapshot.budgets,
         reservations=reservations,
         policy=policy,
+        elsewhere=elsewhere,
     )

@@ -33,6 +33,7 @@ import orjson
 from webhook.core.errors import InputError, WebhookError
 from webhook.core.fit import largest_fit
 from webhook.core.model import FIT_TO_NODE_ANNOTATION, Node, Pod, PodRef
+from webhook.core.movable import Room
 from webhook.core.objects import parse_pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.quantity import format_cpu, format_memory
@@ -40,6 +41,7 @@ from webhook.core.report import WARNING_LIMIT, clip, warnings_for
 from webhook.core.resources import RESOURCE_NAMES, format_amount
 from webhook.engine.config import Config
 from webhook.engine.decision_log import Decision, Facts, decision_logger, emit, line
+from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.ledger import Ledger, LedgerEntry
 from webhook.engine.lifecycle import admit, room_holders
 from webhook.engine.loop import After, run_now
@@ -269,6 +271,7 @@ class AdmissionEngine:
         self.on_floor_errors = on_floor_errors
         self.policy = config.policy()
         self._memo = NodeMemo(self.policy)
+        self._elsewhere = Elsewhere(cluster, ledger)
         self._counted: dict[tuple[str, str], Any] = {}
 
     # -- entry points ---------------------------------------------------------------
@@ -451,19 +454,29 @@ class AdmissionEngine:
         return pod
 
     def _plan(self, s: _Scene, holders: Sequence[LedgerEntry], now: float) -> Plan:
-        """The resize planned against ``holders``, the node's entries holding room."""
-        return plan_resize(
-            s.old,
-            s.new,
-            s.node,
-            s.pods,
-            now=now,
-            budgets=s.budgets,
-            reservations=[e.reservation() for e in holders],
-            policy=self.policy,
-            holdings=s.facts.holdings,
-            ranking=s.facts.ranking,
-        )
+        """The resize planned against ``holders``, the node's entries holding room; in
+        victim order ``movable-first``, a plan with victims again with the room
+        elsewhere (only such a plan reads it)."""
+
+        def plan(elsewhere: Sequence[Room] | None = None) -> Plan:
+            return plan_resize(
+                s.old,
+                s.new,
+                s.node,
+                s.pods,
+                now=now,
+                budgets=s.budgets,
+                reservations=[e.reservation() for e in holders],
+                policy=self.policy,
+                holdings=s.facts.holdings,
+                ranking=s.facts.ranking,
+                elsewhere=elsewhere,
+            )
+
+        planned = plan()
+        if planned.victims and self.config.victim_order == "movable-first":
+            return plan(self._elsewhere.rooms(s.node.name, now, s.new.uid))
+        return planned
 
     # -- validating -------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from webhook.core.model import PdbMode
-from webhook.core.policy import DefaultPolicy
+from webhook.core.policy import DefaultPolicy, VictimOrder
 
 Mode = Literal["enforce", "warn", "deny-infeasible"]
 EvictionMethod = Literal["evict", "delete"]
@@ -29,6 +29,10 @@ class Config:
     #: Pods annotated with a floor lend CPU and memory in place before anyone is evicted
     #: (docs/lending.md).
     lending: bool = True
+    #: ``upstream``: victims by priority, then start time. ``movable-first``: on equal
+    #: priority, pods whose controller can recreate them on another node with room go
+    #: before pods whose work would be lost (docs/decision-core.md).
+    victim_order: VictimOrder = "upstream"
     #: Seconds an admitted resize holds its room if nobody releases it earlier.
     reservation_ttl: float = 120.0
     #: Upper bound on a victim's termination grace period (seconds); None keeps the pod's.

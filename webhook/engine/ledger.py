@@ -72,6 +72,9 @@ class LedgerEntry:
     persist_by: float = 0.0
     loans: tuple[Loan, ...] = ()
     refused: tuple[Loan, ...] = ()
+    #: Room on other nodes the plan's movable victims' replacements count on (victim
+    #: order movable-first): promised to them until the entry expires.
+    moves: tuple[tuple[str, Resources], ...] = ()
 
     @classmethod
     def for_plan(
@@ -105,6 +108,7 @@ class LedgerEntry:
             generation=pod.generation,
             persist_by=now + persist_timeout if persist_timeout and not persisted else 0.0,
             loans=plan.loans,
+            moves=plan.moves,
         )
 
     @property
@@ -119,6 +123,7 @@ class LedgerEntry:
             resources=self.resources,
             victims=frozenset(v.uid for v in self.pending_victims),
             expires_at=self.expires_at,
+            moves=self.moves,
         )
 
     def with_victims(self, victims: Sequence[PodRef]) -> LedgerEntry:
@@ -146,6 +151,8 @@ class LedgerEntry:
         if self.refused:
             # Only when there are any: an entry without keeps the form every reader knows.
             data["refused"] = [_loan_json(loan) for loan in self.refused]
+        if self.moves:
+            data["moves"] = [[node, r.cpu, r.memory] for node, r in self.moves]
         return data
 
     @staticmethod
@@ -177,6 +184,9 @@ class LedgerEntry:
                 persist_by=float(data.get("persist_by", 0.0)),
                 loans=tuple(_loan_from_json(item) for item in data.get("loans", ())),
                 refused=tuple(_loan_from_json(item) for item in data.get("refused", ())),
+                moves=tuple(
+                    (str(n), Resources(int(c), int(m))) for n, c, m in data.get("moves", ())
+                ),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ObjectError(f"malformed ledger entry: {e!r}") from None

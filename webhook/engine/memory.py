@@ -68,6 +68,9 @@ class FixedClusterView:
     def node(self, name: str) -> Node | None:
         return self._nodes.get(name)
 
+    def all_nodes(self) -> Sequence[Node]:
+        return tuple(self._nodes.values())
+
     def pods_on(self, node: str) -> Sequence[Pod]:
         return self._by_node.get(node, ())
 
@@ -110,7 +113,8 @@ class MemoryLedger:
     reaches the cluster."""
 
     def __init__(self, entries: Iterable[LedgerEntry] = ()) -> None:
-        self._lock = threading.Lock()
+        # Reentrant: a change may read other nodes' entries (the room elsewhere).
+        self._lock = threading.RLock()
         self._nodes: dict[str, tuple[LedgerEntry, ...]] = {}
         for e in entries:
             self._nodes[e.node] = (*self._nodes.get(e.node, ()), e)

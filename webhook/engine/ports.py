@@ -23,6 +23,10 @@ class ClusterView(Protocol):
 
     def node(self, name: str) -> Node | None: ...
 
+    def all_nodes(self) -> Sequence[Node]:
+        """Every node (victim order ``movable-first`` reads the others' room)."""
+        ...
+
     def pods_on(self, node: str) -> Sequence[Pod]:
         """Pods bound to ``node``, terminal ones included (the planner skips them)."""
         ...

@@ -32,9 +32,11 @@ import orjson
 
 from webhook.core.errors import WebhookError
 from webhook.core.model import Node, Pod
+from webhook.core.movable import Room
 from webhook.core.plan import Plan, plan_resize
 from webhook.engine.config import Config
 from webhook.engine.decision_log import decision_logger, plan_fields
+from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.ledger import Ledger, LedgerChange, LedgerEntry
 from webhook.engine.lifecycle import Admitted, admit, claim
 from webhook.engine.loop import Loop
@@ -140,6 +142,7 @@ class Reconciler:
         self.policy = config.policy()
         # Deferred pods share nodes, and a pass plans them all.
         self._memo = NodeMemo(self.policy)
+        self._elsewhere = Elsewhere(cluster, ledger)
         # (pod uid, generation) -> last (verdict, code): a pod left pending is looked at on
         # every pass; its metric, log line and event follow changes only.
         self._last: dict[tuple[str, int], tuple[str, str]] = {}
@@ -284,18 +287,26 @@ class Reconciler:
         facts = self._memo.of(node, pods, budgets, now)
 
         def plan_against(holders: Sequence[LedgerEntry]) -> Plan:
-            return plan_resize(
-                pod,
-                pod,
-                node,
-                pods,
-                now=now,
-                budgets=budgets,
-                reservations=[e.reservation() for e in holders],
-                policy=self.policy,
-                holdings=facts.holdings,
-                ranking=facts.ranking,
-            )
+            def plan(elsewhere: Sequence[Room] | None = None) -> Plan:
+                return plan_resize(
+                    pod,
+                    pod,
+                    node,
+                    pods,
+                    now=now,
+                    budgets=budgets,
+                    reservations=[e.reservation() for e in holders],
+                    policy=self.policy,
+                    holdings=facts.holdings,
+                    ranking=facts.ranking,
+                    elsewhere=elsewhere,
+                )
+
+            planned = plan()
+            if planned.victims and self.config.victim_order == "movable-first":
+                # As the admission path: only a plan with victims reads the room elsewhere.
+                return plan(self._elsewhere.rooms(node.name, now, pod.uid))
+            return planned
 
         def entry_for(plan: Plan) -> LedgerEntry:
             return LedgerEntry.for_plan(

@@ -18,6 +18,7 @@ import yaml
 
 from webhook.core.errors import InputError
 from webhook.core.model import PdbMode
+from webhook.core.policy import VictimOrder
 from webhook.engine.config import Config, EvictionMethod, Mode
 
 
@@ -154,6 +155,12 @@ SETTINGS: Final[dict[str, Setting]] = {
         "pods annotated with a floor lend CPU and memory in place before anyone is "
         "evicted; false: evictions only",
         metavar="{true,false}",
+    ),
+    "victim-order": _one_of(
+        "victim_order",
+        get_args(VictimOrder),
+        "upstream: victims by priority, then start time; movable-first: on equal "
+        "priority, pods a controller can recreate on another node with room go first",
     ),
     "reservation-ttl": Setting(
         "reservation_ttl",

@@ -428,6 +428,9 @@ class ClusterCache:
     def node(self, name: str) -> Node | None:
         return self.nodes.get(name)
 
+    def all_nodes(self) -> Sequence[Node]:
+        return self.nodes.values()
+
     def pods_on(self, node: str) -> Sequence[Pod]:
         """Pods bound to ``node`` (terminal ones included): an immutable tuple, no copy."""
         return self.pods.group("node", node)
