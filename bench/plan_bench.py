@@ -49,6 +49,8 @@ from webhook.core.policy import DefaultPolicy
 from webhook.core.reservation import Reservation, active_on
 from webhook.core.resize import apply_resize
 from webhook.core.resources import Resources
+from webhook.engine.elsewhere import Elsewhere
+from webhook.engine.memory import FixedClusterView, MemoryLedger
 from webhook.engine.node_memo import NodeMemo
 
 RESULTS = Path(__file__).resolve().parent / "results" / "plan.json"
@@ -99,6 +101,12 @@ def _pod_object(
         "uid": f"uid-{i}",
         "labels": {"app": app, "tier": str(priority)},
     }
+    if rng.random() < 0.5:
+        # Half the pods are a ReplicaSet's: victim order movable-first may move them.
+        meta["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": app, "uid": f"rs-{app}",
+             "controller": True}
+        ]  # fmt: skip
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -275,6 +283,81 @@ def build_scenario(pods_on_node: int, seed: int = 5836, *, lending: bool = False
     return Scenario(pods_on_node, old, new, node, everything, tuple(budgets), reservations)
 
 
+#: Nodes in the cache besides the benchmark's, and pods on each, for movable-first.
+OTHER_NODES = 5000
+PODS_PER_OTHER_NODE = 20
+
+
+def movable_cluster(scenario: Scenario) -> Elsewhere:
+    """The room elsewhere as the service builds it: :data:`OTHER_NODES` nodes of 16 cores,
+    each with :data:`PODS_PER_OTHER_NODE` of the scenario's pods (as copies bound
+    there), most of them nearly full; an empty ledger."""
+    rng = random.Random(27)
+    templates = [p for p in scenario.pods if not p.terminating and not p.mirror][:50]
+    nodes, pods = [], []
+    for k in range(OTHER_NODES):
+        name = f"other-{k:05d}"
+        nodes.append(Node(name, Resources(rng.choice((3000, 4000, 16_000)), 64 * 2**30)))
+        for j in range(PODS_PER_OTHER_NODE):
+            t = templates[(k + j) % len(templates)]
+            pods.append(replace(t, uid=f"{name}-{j}", name=f"{name}-{j}", node=name))
+    return Elsewhere(FixedClusterView((scenario.node, *nodes), pods), MemoryLedger())
+
+
+def movable_run(scenario: Scenario, memo: NodeMemo, elsewhere: Elsewhere) -> Plan:
+    """One decision as the admission engine makes it with victim order movable-first:
+    upstream's plan, then, since it has victims, the plan again with the room elsewhere."""
+    scenario.run(memo)
+    facts = memo.of(scenario.node, scenario.pods, scenario.budgets, NOW)
+    return plan_resize(
+        scenario.old,
+        scenario.new,
+        scenario.node,
+        scenario.pods,
+        now=NOW,
+        budgets=scenario.budgets,
+        reservations=scenario.reservations,
+        policy=POLICY,
+        holdings=facts.holdings,
+        ranking=facts.ranking,
+        elsewhere=elsewhere.rooms(scenario.node.name, NOW, scenario.old.uid),
+    )
+
+
+def movable_figures(scenario: Scenario, reps: int, warmup: int) -> dict[str, Any]:
+    """Movable-first's figures: the whole decision (rooms from a 5,000-node cache
+    included), and the core's part alone (the plan with the rooms given)."""
+    elsewhere = movable_cluster(scenario)
+    memo = NodeMemo(POLICY)
+    plan = movable_run(scenario, memo, elsewhere)
+    rooms = elsewhere.rooms(scenario.node.name, NOW, scenario.old.uid)
+    facts = memo.of(scenario.node, scenario.pods, scenario.budgets, NOW)
+
+    def core() -> Plan:
+        return plan_resize(
+            scenario.old, scenario.new, scenario.node, scenario.pods, now=NOW,
+            budgets=scenario.budgets, reservations=scenario.reservations, policy=POLICY,
+            holdings=facts.holdings, ranking=facts.ranking, elsewhere=rooms,
+        )  # fmt: skip
+
+    return {
+        "victims": len(plan.victims),
+        "moved": len(plan.moves),
+        "nodes": OTHER_NODES + 1,
+        **_figures(
+            measure(functools.partial(movable_run, scenario, memo, elsewhere), reps, warmup)
+        ),
+        "core": _figures(measure(core, reps, warmup)),
+        "rooms": _figures(
+            measure(
+                functools.partial(elsewhere.rooms, scenario.node.name, NOW, scenario.old.uid),
+                max(reps // 4, 10),
+                warmup // 4,
+            )
+        ),
+    }
+
+
 def measure(call: Callable[[], object], reps: int, warmup: int) -> list[int]:
     """Nanoseconds of ``reps`` calls after ``warmup`` untimed ones."""
     for _ in range(warmup):
@@ -340,8 +423,10 @@ def run(sizes: Sequence[tuple[int, int]], warmup: int) -> dict[str, Any]:
             raise SystemExit(f"lending scenario borrows nothing: {lent.reason}")
         lending_memo = NodeMemo(POLICY)
         lending = _figures(measure(functools.partial(lenders.run, lending_memo), reps, warmup))
+        movable = movable_figures(scenario, max(reps // 4, 10), warmup // 4)
         rows.append(
             {
+                "movable_first": movable,
                 "pods": pods_on_node,
                 "reps": reps,
                 "victims": len(plan.victims),
@@ -400,6 +485,15 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"median ratio 1000/110 pods: {result['ratio_1000_over_110']:.2f} "
             f"(cold {result['cold_ratio_1000_over_110']:.2f}; linear would be 9.09)"
+        )
+    lines.append("movable-first, ms per call, with the cache's other nodes as room elsewhere:")
+    for r in result["results"]:
+        m = r["movable_first"]
+        lines.append(
+            f"{r['pods']:>5} pods, {m['nodes']} nodes: decision median {m['median_ms']:.4f} "
+            f"(upstream {r['median_ms']:.4f}, x{m['median_ms'] / r['median_ms']:.1f}); "
+            f"core alone {m['core']['median_ms']:.4f}; rooms {m['rooms']['median_ms']:.4f}; "
+            f"victims {m['victims']}, moved {m['moved']}"
         )
     for pods, target in ((110, TARGET_MS_110), (1000, TARGET_MS_1000)):
         row = next((r for r in result["results"] if r["pods"] == pods), None)

@@ -262,10 +262,11 @@ def test_a_lower_priority_pod_still_goes_before_a_movable_one() -> None:
     assert plan.victims[0].move is not None and not plan.victims[0].move.movable
 
 
-def test_rooms_elsewhere_leave_out_the_resizing_node_and_are_by_name() -> None:
+def test_rooms_elsewhere_leave_out_the_resizing_node_roomiest_first_then_by_name() -> None:
     nodes = [make_node(n).build() for n in ("node-3", NODE, OTHER_NODE)]
+    nodes.append(make_node("node-4").allocatable(cpu="16", memory="16Gi").build())
     rooms = rooms_elsewhere(nodes, {}, (), NOW, exclude=NODE)
-    assert [OTHER_NODE, "node-3"] == [r.node for r in rooms]
+    assert ["node-4", OTHER_NODE, "node-3"] == [r.node for r in rooms]
 
 
 def test_an_unknown_victim_order_is_refused_with_the_choices() -> None:

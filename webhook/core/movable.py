@@ -109,13 +109,11 @@ def rooms_elsewhere(
     *,
     exclude: str,
 ) -> tuple[Room, ...]:
-    """:func:`room_on` of every node but ``exclude`` that takes pods, by node name."""
-    rooms = (
-        room_on(n, pods_on.get(n.name, ()), reservations, now)
-        for n in sorted(nodes, key=lambda n: n.name)
-        if n.name != exclude
-    )
-    return tuple(r for r in rooms if r is not None)
+    """:func:`room_on` of every node but ``exclude`` that takes pods, the roomiest
+    first (by free CPU, then memory, then name): :func:`judge` takes the first that fits."""
+    rooms = [room_on(n, pods_on.get(n.name, ()), reservations, now) for n in nodes]
+    found = [r for r in rooms if r is not None and r.node != exclude]
+    return tuple(sorted(found, key=lambda r: (-r.free.cpu, -r.free.memory, r.node)))
 
 
 def _tolerated(placement: Placement, taint: Taint) -> bool:
@@ -158,29 +156,38 @@ def _refused(pod: Pod) -> str:
     return ""
 
 
-def judge(pod: Pod, rooms: Sequence[Room]) -> Move:
-    """Whether ``pod``'s replacement has a place in ``rooms`` (the first that fits, in
-    the order given). The replacement asks for what the pod's spec asks for now."""
+def _place(
+    pod: Pod, needs: Resources, rooms: Sequence[Room], taken: Mapping[str, Resources]
+) -> Move:
+    for room in rooms:
+        if needs.cpu and room.free.cpu < needs.cpu:
+            break  # the roomiest first: no room further on has the CPU
+        free = room.free
+        if room.node in taken:
+            free = (free - taken[room.node]).clamp()
+        if _fits(needs, free) and allows(pod.placement, room):
+            why = f"its {pod.controller} can recreate it on {room.node}"
+            return Move(True, why, room.node, needs)
+    return Move(False, "no other node that takes pods has room for it", needs=needs)
+
+
+def judge(pod: Pod, rooms: Sequence[Room], taken: Mapping[str, Resources] | None = None) -> Move:
+    """Whether ``pod``'s replacement has a place in ``rooms``, with ``taken`` (by node)
+    already promised to others: the first room that fits. ``rooms`` come the roomiest
+    CPU first, as :func:`rooms_elsewhere` and the service give them; the search stops at
+    the first with less free CPU than needed (in another order it may miss a room: a
+    pod then counts as lost, never wrongly as movable). The replacement asks for what
+    the pod's spec asks for now."""
     refused = _refused(pod)
     if refused:
         return Move(False, refused)
-    needs = pod_requests(pod, "resizing")
-    for room in rooms:
-        if _fits(needs, room.free) and allows(pod.placement, room):
-            return Move(
-                True, f"its {pod.controller} can recreate it on {room.node}", room.node, needs
-            )
-    return Move(False, "no other node that takes pods has room for it", needs=needs)
+    return _place(pod, pod_requests(pod, "resizing"), rooms, taken or {})
 
 
 def judge_all(pods: Sequence[Pod], rooms: Sequence[Room]) -> dict[str, Move]:
     """:func:`judge` of each of ``pods`` on its own, by uid: pods alike (one controller's,
     as most are) are judged once."""
     seen: dict[tuple[str, Resources, Placement], Move] = {}
-    top = Resources(
-        max((r.free.cpu for r in rooms), default=0),
-        max((r.free.memory for r in rooms), default=0),
-    )
     moves: dict[str, Move] = {}
     for pod in pods:
         refused = _refused(pod)
@@ -191,8 +198,7 @@ def judge_all(pods: Sequence[Pod], rooms: Sequence[Room]) -> dict[str, Move]:
         key = (pod.controller, needs, pod.placement)
         move = seen.get(key)
         if move is None:
-            fits_somewhere = _fits(needs, top)
-            move = seen[key] = judge(pod, rooms if fits_somewhere else ())
+            move = seen[key] = _place(pod, needs, rooms, {})
         moves[pod.uid] = move
     return moves
 
@@ -200,16 +206,11 @@ def judge_all(pods: Sequence[Pod], rooms: Sequence[Room]) -> dict[str, Move]:
 def claim(pods: Sequence[Pod], rooms: Sequence[Room]) -> tuple[Move, ...]:
     """:func:`judge` of each of ``pods`` in the order given, each on what the ones
     before it left: two victims never count on the same room."""
-    left = list(rooms)
+    taken: dict[str, Resources] = {}
     moves = []
     for pod in pods:
-        move = judge(pod, left)
+        move = judge(pod, rooms, taken)
         if move.movable:
-            left = [
-                Room(r.node, (r.free - move.needs).clamp(), r.labels, r.taints)
-                if r.node == move.node
-                else r
-                for r in left
-            ]
+            taken[move.node] = taken.get(move.node, ZERO) + move.needs
         moves.append(move)
     return tuple(moves)

@@ -30,20 +30,27 @@ class Elsewhere:
     def __init__(self, cluster: ClusterView, ledger: Ledger) -> None:
         self.cluster = cluster
         self.ledger = ledger
-        self._kept: dict[str, tuple[Node, Sequence[Pod], Holdings]] = {}
+        #: By node name: the node and its pods as last read, what they hold, and the
+        #: node's room when no reservation touches it.
+        self._kept: dict[str, tuple[Node, Sequence[Pod], Holdings, Room | None]] = {}
 
-    def _holdings(self, node: Node, pods: Sequence[Pod]) -> Holdings:
+    def _room(self, node: Node, reservations: Sequence[Reservation], now: float) -> Room | None:
+        pods = self.cluster.pods_on(node.name)
         seen = self._kept.get(node.name)
         if seen is not None and seen[0] is node and seen[1] is pods:
-            return seen[2]
-        kept = holdings(node, pods)
-        self._kept[node.name] = (node, pods, kept)
-        return kept
+            kept, room = seen[2], seen[3]
+        else:
+            kept = holdings(node, pods)
+            room = room_on(node, pods, (), now, kept)
+            self._kept[node.name] = (node, pods, kept, room)
+        if reservations:
+            return room_on(node, pods, reservations, now, kept)
+        return room
 
     def rooms(self, exclude: str, now: float, pod_uid: str = "") -> tuple[Room, ...]:
-        """The room every node but ``exclude`` that takes pods has now, by node name, with
-        what the entries of pods other than ``pod_uid`` (the resizing one) hold and
-        promised."""
+        """The room every node but ``exclude`` that takes pods has now, with what the
+        entries of pods other than ``pod_uid`` (the resizing one) hold and promised;
+        the roomiest first (by free CPU, then memory, then name)."""
         by_node: dict[str, list[Reservation]] = {}
         for entry in self.ledger.all_entries():
             r = entry.reservation()
@@ -53,12 +60,11 @@ class Elsewhere:
             for name in {name for name, _ in r.moves} - {r.node}:
                 by_node.setdefault(name, []).append(r)
         rooms = []
-        for node in sorted(self.cluster.all_nodes(), key=lambda n: n.name):
+        for node in self.cluster.all_nodes():
             if node.name == exclude or not takes_pods(node):
                 continue
-            pods = self.cluster.pods_on(node.name)
-            kept = self._holdings(node, pods)
-            room = room_on(node, pods, by_node.get(node.name, ()), now, kept)
+            room = self._room(node, by_node.get(node.name, ()), now)
             if room is not None:
                 rooms.append(room)
+        rooms.sort(key=lambda r: (-r.free.cpu, -r.free.memory, r.node))
         return tuple(rooms)
