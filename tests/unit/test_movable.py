@@ -387,3 +387,29 @@ def test_room_elsewhere_is_not_promised_twice() -> None:
     assert ((OTHER_NODE, Resources(cores(1), Gi)),) == entries["a"].moves
     assert ("default/b-bare",) == tuple(v.key for v in entries["b"].victims)
     assert () == entries["b"].moves
+
+
+@pytest.mark.parametrize(
+    ("expected", "rooms"),
+    [
+        pytest.param(None, None, id="upstream-no-moves"),
+        pytest.param(
+            [
+                {
+                    "pod": "default/rs",
+                    "movable": True,
+                    "node": OTHER_NODE,
+                    "why": f"its ReplicaSet can recreate it on {OTHER_NODE}",
+                }
+            ],
+            [ROOM],
+            id="movable-first-names-where-it-goes",
+        ),
+    ],
+)
+def test_the_decision_log_says_where_each_victim_goes(
+    expected: list[dict[str, Any]] | None, rooms: list[Room] | None
+) -> None:
+    from webhook.engine.decision_log import plan_fields
+
+    assert expected == plan_fields(_plan(_equal_pair(), rooms), reserved=True).get("moves")

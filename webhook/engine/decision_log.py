@@ -86,7 +86,7 @@ def record(facts: Facts, mode: str) -> dict[str, Any]:
 def plan_fields(plan: Plan, reserved: bool) -> dict[str, Any]:
     """A line's fields about the plan, for reviews and reconciler passes alike."""
     figures = plan.figures or {}
-    return {
+    fields: dict[str, Any] = {
         "node": plan.node,
         "reason": plan.code,
         "requested": {n: format_amount(n, f.requested) for n, f in figures.items()},
@@ -96,6 +96,15 @@ def plan_fields(plan: Plan, reserved: bool) -> dict[str, Any]:
         "victims": list(plan.victim_keys),
         "reserved": reserved,
     }
+    moves = [
+        {"pod": v.pod.key, "movable": v.move.movable, "why": v.move.why, "node": v.move.node}
+        for v in plan.victims
+        if v.move is not None
+    ]
+    if moves:
+        # Victim order movable-first only: where each victim's work would go.
+        fields["moves"] = moves
+    return fields
 
 
 def line(facts: Facts, mode: str) -> bytes:
