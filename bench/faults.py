@@ -63,7 +63,7 @@ import urllib3
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness import fault_hooks
-from harness.audit import eviction_codes
+from harness.audit import DeletionWatch, eviction_codes, evictions_made
 from harness.kubeapi import ApiError, KubeClient
 from harness.manifests import guaranteed_pod
 from harness.replicas import Replica, ReplicaSet, start_replicas
@@ -192,6 +192,7 @@ class FaultRig:
         self.kubectl_binary = kubectl
         self.state_dir = state_dir
         self.audit_log = audit_log
+        self.deletions: DeletionWatch | None = None
         self.known_pods = known_pods
         self.rng = rng
         self.log = log
@@ -295,13 +296,11 @@ class FaultRig:
         codes = eviction_codes(self.audit_log, namespace)
         return Counter({name: len(answers) for name, answers in codes.items()})
 
-    def evictions_accepted(self, namespace: str) -> Counter[str]:
-        """Eviction calls the API server accepted (2xx), per pod. A call in flight when
-        its replica is SIGKILLed is answered 504 (its client gone) and is no eviction."""
-        codes = eviction_codes(self.audit_log, namespace)
-        return Counter(
-            {name: sum(200 <= c < 300 for c in answers) for name, answers in codes.items()}
-        )
+    def evictions_made(self, namespace: str) -> Counter[str]:
+        """Eviction calls that took effect, per pod: every 2xx, and a call cut off by its
+        SIGKILLed replica (504) when the pod was deleted before any 2xx was received."""
+        assert self.deletions is not None
+        return evictions_made(self.audit_log, namespace, self.deletions.at)
 
     def preempted_events(self, namespace: str) -> Counter[str]:
         items = self.client.get(f"/api/v1/namespaces/{namespace}/events")["items"]
@@ -341,7 +340,8 @@ class FaultRig:
         namespace = f"faults-{index}-{secrets.token_hex(3)}"
         self.client.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
         try:
-            return self._run(index, namespace, self.rng, role, fault)
+            with DeletionWatch(self.client, namespace) as self.deletions:
+                return self._run(index, namespace, self.rng, role, fault)
         finally:
             self._cleanup(namespace)
 
@@ -356,10 +356,11 @@ class FaultRig:
             lambda: self.client.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
         )
         try:
-            if kind == "kube-apiserver":
-                return self._apiserver_run(index, namespace, fault)
-            if kind in ("etcd-stall", "etcd-restart"):
-                return self._etcd_run(index, namespace, kind)
+            with DeletionWatch(self.client, namespace) as self.deletions:
+                if kind == "kube-apiserver":
+                    return self._apiserver_run(index, namespace, fault)
+                if kind in ("etcd-stall", "etcd-restart"):
+                    return self._etcd_run(index, namespace, kind)
             raise ValueError(f"unknown control-plane fault {kind!r}")
         finally:
             self._with_api(lambda: self._cleanup(namespace))
@@ -718,8 +719,8 @@ class FaultRig:
         events = self.preempted_events(namespace)
         result.evicted = sorted(set(evicted_lows) | set(wrong))
         result.eviction_calls = sum(calls.values())
-        accepted = self.evictions_accepted(namespace)
-        result.double_evictions = sum(c - 1 for c in accepted.values() if c > 1)
+        made = self.evictions_made(namespace)
+        result.double_evictions = sum(c - 1 for c in made.values() if c > 1)
         result.unneeded_evictions = max(0, len(evicted_lows) - NEEDED) + len(wrong)
         result.preempted_events_max = max(events.values(), default=0)
         result.actuated = done

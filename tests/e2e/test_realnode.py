@@ -28,15 +28,13 @@ import socket
 import ssl
 import subprocess
 import time
-from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography import x509
 
-from harness.audit import audit_events, eviction_codes
+from harness.audit import deletion_time, eviction_codes, evictions_made
 from harness.chart import FULLNAME, NAMESPACE, ready_endpoints, wait_ready
 from harness.realcluster import RealCluster, millicores
 from harness.realdemo import resize_patch, scaled_walkthrough
@@ -510,8 +508,7 @@ def leader_pod(cluster: RealCluster) -> str:
 
 
 class Deletions:
-    """When each pod of a namespace was deleted (evicted), to the second, as its
-    ``deletionTimestamp`` less its grace period shows while it is terminating."""
+    """When each pod of a namespace was deleted (evicted), noted while it is terminating."""
 
     def __init__(self, cluster: RealCluster, namespace: str) -> None:
         self.cluster, self.namespace = cluster, namespace
@@ -521,40 +518,10 @@ class Deletions:
         """The namespace's pods by name, noting any newly terminating one."""
         pods = self.cluster.client.get(f"/api/v1/namespaces/{self.namespace}/pods")["items"]
         for pod in pods:
-            meta = pod["metadata"]
-            if meta.get("deletionTimestamp") and meta["name"] not in self.at:
-                deadline = dt.datetime.fromisoformat(meta["deletionTimestamp"])
-                grace = dt.timedelta(seconds=int(meta.get("deletionGracePeriodSeconds", 0)))
-                self.at[meta["name"]] = deadline - grace
+            when = deletion_time(pod)
+            if when is not None:
+                self.at.setdefault(pod["metadata"]["name"], when)
         return {p["metadata"]["name"]: p for p in pods}
-
-
-def evictions_made(
-    audit_log: Path, namespace: str, deleted: dict[str, dt.datetime]
-) -> Counter[str]:
-    """Eviction calls that took effect, per pod. Every call answered 2xx did. A call cut off
-    by its dying client is answered 504 whether or not kube-apiserver went on to delete the
-    pod: it took effect when the pod was deleted before any call answered 2xx was received.
-    So a 504 that evicted followed by a 2xx counts two: a double eviction."""
-    calls: dict[str, list[tuple[int, dt.datetime]]] = {}
-    for event in audit_events(audit_log):
-        ref = event.get("objectRef") or {}
-        if (ref.get("subresource"), ref.get("namespace"), event.get("stage")) == (
-            "eviction", namespace, "ResponseComplete",
-        ):  # fmt: skip
-            code = int((event.get("responseStatus") or {}).get("code", 0))
-            received = dt.datetime.fromisoformat(event["requestReceivedTimestamp"])
-            calls.setdefault(str(ref.get("name")), []).append((code, received))
-    made: Counter[str] = Counter()
-    for name, answered in calls.items():
-        accepted = sorted(t for code, t in answered if 200 <= code < 300)
-        made[name] = len(accepted)
-        cut_off = any(code == 504 for code, _ in answered)
-        # deletionTimestamp has whole seconds: compare whole seconds.
-        first = accepted[0].replace(microsecond=0) if accepted else None
-        if cut_off and name in deleted and (first is None or deleted[name] < first):
-            made[name] += 1
-    return +made
 
 
 def test_a_leader_killed_mid_preemption_loses_nothing_and_evicts_nobody_twice(
