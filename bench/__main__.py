@@ -1,7 +1,8 @@
 """``python -m bench [NAME ...]``: run the named benchmarks, or all of them.
 
 Each benchmark is a module under ``bench`` with a ``main(argv) -> int``; it prints a small
-table and writes its figures to ``bench/results/NAME.json``.
+table and writes its figures to ``bench/results/NAME.json``. Those that start the real
+node (root, one at a time per machine: ``docs/real-node.md``) run only when named.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ BENCHMARKS: dict[str, str] = {
     "flood": "bench.flood",
     "flood-cluster": "bench.flood_cluster",
     "vpa": "bench.vpa",
+    "realnode": "bench.realnode",
+    "realcompare": "bench.realcompare",
 }
+#: Run only when named: they start the real node.
+REAL_NODE = frozenset({"realnode", "realcompare"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown benchmark {', '.join(unknown)} (known: {', '.join(BENCHMARKS)})")
     status = 0
-    for name in args.names or list(BENCHMARKS):
+    for name in args.names or [n for n in BENCHMARKS if n not in REAL_NODE]:
         module = importlib.import_module(BENCHMARKS[name])
         status |= module.main(["--quick"] if args.quick else [])
     return status

@@ -101,7 +101,8 @@ class RealClusterOptions:
     ``nodes``: node-1 real, node-2..N hollow (``hollow_cpu``/``hollow_memory``/``hollow_pods``
     each). ``with_chart``: install the webhook with the chart once the nodes are ready.
     ``grace_cap``: how long a hollow node's containers take to stop at most (None: the whole
-    grace period); real containers take what their processes take.
+    grace period); real containers take what their processes take. ``audit_policy``:
+    kube-apiserver's audit policy instead of the control plane's default one.
     """
 
     nodes: int = 1
@@ -112,6 +113,7 @@ class RealClusterOptions:
     grace_cap: float | None = None
     with_chart: bool = True
     state_dir: Path | None = None
+    audit_policy: Mapping[str, Any] | None = None
 
 
 class RealCluster:
@@ -135,6 +137,7 @@ class RealCluster:
                 feature_gates=self.options.feature_gates,
                 workload_controllers=True,
                 real_nodes=True,
+                audit_policy=self.options.audit_policy,
             ),
         )
         self.node: RealNode | None = None
