@@ -14,12 +14,13 @@ from webhook.core.plan import Plan
 from webhook.core.report import deferred_note
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.config import Config
+from webhook.engine.follow import Follow
 from webhook.engine.hooks import Hooks
 from webhook.engine.loop import Backlog, Runnables
 from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler
 from webhook.engine.worker import PreemptionWorker
-from webhook.kube.cache import BUDGETS, ClusterCache
+from webhook.kube.cache import BUDGETS, PODS, ClusterCache
 from webhook.kube.client import make_api_client
 from webhook.kube.events import EventRecorder
 from webhook.kube.evictor import Evictor
@@ -78,6 +79,18 @@ def _wake_on_changes(
 
     cache.subscribe(cluster_changed)
     ledger.subscribe(ledger_changed)
+
+
+def _follow(cache: ClusterCache, metrics: Metrics, recorder: EventRecorder) -> Follow:
+    """Where evicted victims' work goes, read from the cache's pod changes."""
+    follow = Follow(cache, metrics, recorder)
+
+    def pod_changed(kind: str, change: str, _old: object, new: object) -> None:
+        if kind == PODS and isinstance(new, Pod):
+            follow.seen(new, added=change == "ADDED")
+
+    cache.subscribe(pod_changed)
+    return follow
 
 
 def _evictor(api: Any, recorder: EventRecorder, metrics: Metrics, config: Config) -> Evictor:
@@ -148,6 +161,7 @@ def build(
         evictor = hooks.evictor(_evictor(act_api, recorder, metrics, config), identity)
         runnables = Runnables()
         elector = _elector(act_api, config, identity, runnables, metrics)
+        follow = _follow(cache, metrics, recorder)
         worker = PreemptionWorker(
             cache,
             ledger,
@@ -157,6 +171,7 @@ def build(
             recorder=recorder,
             may_act=elector.is_leader,
             resizer=Resizer(act_api, recorder, metrics, lenders=cache.pod),
+            follow=follow,
         )
 
         # An admission wakes the worker once, through the ledger's change notification
@@ -193,6 +208,7 @@ def build(
             _wake_on_changes(cache, lease_ledger, worker, reconciler)
             runnables.add(worker, leader_election=True, stop_timeout=30)
             runnables.add(reconciler, leader_election=True, stop_timeout=10)
+            runnables.add(follow, leader_election=True, stop_timeout=5)
         return _worker_app(app, runnables, metrics, cache)
 
     return factory

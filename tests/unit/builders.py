@@ -292,6 +292,17 @@ class PodBuilder:
         self._admitted = True
         return self
 
+    def unschedulable(self, nominated: str = "") -> PodBuilder:
+        """Unbound, and the scheduler found it no node (``PodScheduled=False``, reason
+        ``Unschedulable``); ``nominated``: the node it preempts on meanwhile."""
+        self.unbound()
+        self._obj["status"].setdefault("conditions", []).append(
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+        )
+        if nominated:
+            self._obj["status"]["nominatedNodeName"] = nominated
+        return self
+
     def resize_pending(self, reason: str, since: float = 500.0) -> PodBuilder:
         """Condition ``PodResizePending`` with ``reason`` Deferred or Infeasible."""
         self._condition("PodResizePending", reason, since)

@@ -218,6 +218,11 @@ class Pod:
     #: The kind of the owner reference with ``controller: true`` (``ReplicaSet``...);
     #: empty for a bare pod.
     controller: str = ""
+    #: The uid of that owner: a replacement the controller makes carries the same one.
+    controller_uid: str = ""
+    #: The scheduler found no node for the pod (``PodScheduled=False``, reason
+    #: ``Unschedulable``) and nominated none to preempt on.
+    unschedulable: bool = False
     #: What constrains the node a replacement of the pod could run on.
     placement: Placement = ANYWHERE
     #: ``metadata.resourceVersion``: which version of the object this is. Not compared:

@@ -273,6 +273,7 @@ def parse_pod(obj: Obj, priorities: PriorityResolver = _NO_CLASSES) -> Pod:
     pod_status_resources = _map(status.get("resources"), where, ".status.resources")
     resize, since, disabled = _resize_state(status, where)
     resize_error, error_generation = _resize_error(status, where)
+    controller, controller_uid = _controller(meta.get("ownerReferences"), where)
     floor_text = annotations.get(FLOOR_ANNOTATION)
     floors, floor_error = ((), "") if floor_text is None else parse_floors(floor_text, spec)
     return Pod(
@@ -310,21 +311,36 @@ def parse_pod(obj: Obj, priorities: PriorityResolver = _NO_CLASSES) -> Pod:
         floors=floors,
         floor_error=floor_error,
         generation=_int(meta.get("generation"), where, ".metadata.generation"),
-        controller=_controller(meta.get("ownerReferences"), where),
+        controller=controller,
+        controller_uid=controller_uid,
+        unschedulable=_unschedulable(status, where),
         placement=_placement(spec, where),
         resource_version=_str(meta.get("resourceVersion"), where, ".metadata.resourceVersion"),
     )
 
 
-def _controller(value: object, where: str) -> str:
-    """The kind of the owner reference marked ``controller: true``; empty when none."""
+def _controller(value: object, where: str) -> tuple[str, str]:
+    """(kind, uid) of the owner reference marked ``controller: true``; empty when none."""
     if value is None:
-        return ""
+        return "", ""
     for i, raw in enumerate(_list(value, where, ".metadata.ownerReferences")):
         ref = _map(raw, where, f".metadata.ownerReferences[{i}]")
         if ref.get("controller") is True:
-            return _str(ref.get("kind"), where, f".metadata.ownerReferences[{i}].kind")
-    return ""
+            field = f".metadata.ownerReferences[{i}]"
+            kind = _str(ref.get("kind"), where, f"{field}.kind")
+            return kind, _str(ref.get("uid"), where, f"{field}.uid")
+    return "", ""
+
+
+def _unschedulable(status: Obj, where: str) -> bool:
+    """``PodScheduled=False`` with reason ``Unschedulable``, and no node nominated."""
+    if status.get("nominatedNodeName"):
+        return False
+    for i, raw in enumerate(_list(status.get("conditions"), where, ".status.conditions")):
+        cond = raw if type(raw) is dict else _map(raw, where, f".status.conditions[{i}]")
+        if cond.get("type") == "PodScheduled":
+            return cond.get("status") == "False" and cond.get("reason") == "Unschedulable"
+    return False
 
 
 #: Volumes that tie a pod to no node: any node can mount them for a replacement.

@@ -106,6 +106,18 @@ METRICS: tuple[MetricDef, ...] = (
         "Victims acted on, by result (evicted, deleted, gone, skipped, blocked, failed)",
         ("result",),
     ),
+    # Not a label of resize_preemption_victims_total: an outcome is known seconds to
+    # minutes after the eviction's result, so on that metric every evicted victim would
+    # be counted twice by any sum without a result matcher.
+    MetricDef(
+        "victim_outcomes",
+        "resize_preemption_victim_outcomes_total",
+        "counter",
+        "Evicted victims by where their work went, as the leader followed it: moved (its "
+        "controller's replacement bound to another node), lost (not recreated elsewhere, "
+        "or the replacement not bound elsewhere), unknown (no replacement seen)",
+        ("outcome",),
+    ),
     MetricDef(
         "loans",
         "resize_preemption_loans_total",
@@ -211,6 +223,7 @@ class Metrics:
     errors: Counter
     connections_refused: Counter
     preemptions: Counter
+    victim_outcomes: Counter
     loans: Counter
     lent: Gauge
     oldest_loan_age: Gauge

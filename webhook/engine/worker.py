@@ -56,7 +56,9 @@ Only the leader must run it: the service registers it with
 cluster only through its ports (:mod:`webhook.engine.ports`): the cache, the ledger, an
 evictor and an event sink, which ``webhook.kube`` provides. The event sink hears only of
 plans given up on with victims left (``abandoned``); a plan carried out is told by the
-victims' ``Preempted`` events, as upstream's.
+victims' ``Preempted`` events, as upstream's. Each eviction is also told to
+:class:`~webhook.engine.follow.Follow` (before and after the call, memory only), which
+follows where the victim's work goes on its own thread.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ from dataclasses import replace
 
 from webhook.core.model import PodRef
 from webhook.engine.config import Config
+from webhook.engine.follow import Follow
 from webhook.engine.ledger import Ledger, LedgerEntry
 from webhook.engine.lifecycle import Act, Action, Refuse, Release, Wait, next_action, room_holders
 from webhook.engine.loans import LenderResizer, Lending
@@ -87,6 +90,9 @@ from webhook.engine.ports import (
 #: Releases that give up on a plan: victims still live then were never evicted for it,
 #: and nobody else tells the resizing pod's owner so.
 ABANDONING = frozenset({"expired", "replan", "not-eligible"})
+
+#: Results of an eviction this worker made: the victim's controller, if any, replaces it now.
+EVICTING = frozenset({EvictionResult.EVICTED, EvictionResult.DELETED})
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +177,11 @@ class PreemptionWorker:
         parallelism: int = NODE_PARALLELISM,
         victim_parallelism: int = VICTIM_PARALLELISM,
         resizer: LenderResizer | None = None,
+        follow: Follow | None = None,
     ) -> None:
         self.cluster = cluster
+        #: Told of each eviction, to follow where the victim's work goes.
+        self.follow = follow
         #: Nodes worked on at once in a pass (each node's entries one after another).
         self.parallelism = parallelism
         self._pool: ThreadPoolExecutor | None = None
@@ -502,8 +511,12 @@ class PreemptionWorker:
         failure is logged here and backs the entry off in the caller."""
         if stop.is_set() or not self._may_act() or not self._still_pending(entry, victim):
             return None
+        if self.follow is not None:
+            self.follow.expect(entry.pod, entry.node, victim)
         # Decided on the cache a moment ago: the victim is live under this uid.
         result = self.evictor.evict(victim, entry.pod, entry.node, seen_live=True)
+        if self.follow is not None:
+            self.follow.evicted(victim, result in EVICTING)
         if result.done:
             with self._lock:
                 self._evicted.add(victim.uid)

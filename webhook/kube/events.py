@@ -16,7 +16,10 @@ We record the same event, and that is the one event of a preemption carried out:
 resizing pod's owner was told of the plan by the kubectl warning (or, for a resize the
 reconciler planned, by its ``DeferredResizePreemption`` event). A plan given up on before
 all its victims went (it expired, or the victims no longer sufficed) gets one Warning
-``ResizePreemptionAbandoned`` on the resizing pod: nobody else would say so.
+``ResizePreemptionAbandoned`` on the resizing pod: nobody else would say so. Once the
+leader knows where an evicted victim's work went (webhook.engine.follow), the resizing pod
+gets ``Moved`` (its controller's replacement runs on another node, named) or ``NotMoved``
+(why not); upstream says nothing of it.
 
 Contract: recording never raises to the caller. A failure is logged and counted
 (:attr:`EventRecorder.failures` and the ``resize_preemption_errors_total{where="event"}``
@@ -51,6 +54,8 @@ INSTANCE_LIMIT: Final = 128
 PREEMPTED_REASON: Final = "Preempted"
 PREEMPTING_ACTION: Final = "Preempting"
 ABANDONED_REASON: Final = "ResizePreemptionAbandoned"
+MOVED_REASON: Final = "Moved"
+NOT_MOVED_REASON: Final = "NotMoved"
 FLOOR_REASON: Final = "InvalidLendingFloor"
 
 _TRUNCATED: Final = " ..."
@@ -149,6 +154,28 @@ class EventRecorder:
             reason=ABANDONED_REASON,
             action=PREEMPTING_ACTION,
             note=abandoned_note(victims, node, detail),
+        )
+
+    def moved(self, preemptor: PodRef, victim: PodRef, replacement: PodRef, node: str) -> bool:
+        """On the resizing pod: the victim's work runs again, as ``replacement`` on ``node``."""
+        return self.record(
+            preemptor,
+            related=replacement,
+            type_="Normal",
+            reason=MOVED_REASON,
+            action=PREEMPTING_ACTION,
+            note=f"Preempted {victim.key} moved: its replacement {replacement.key} runs on {node}",
+        )
+
+    def lost(self, preemptor: PodRef, victim: PodRef, why: str) -> bool:
+        """On the resizing pod: the victim's work did not move to another node, and why."""
+        return self.record(
+            preemptor,
+            related=victim,
+            type_="Normal",
+            reason=NOT_MOVED_REASON,
+            action=PREEMPTING_ACTION,
+            note=f"Preempted {victim.key} did not move: {why}",
         )
 
     def floor_errors(self, errors: Sequence[tuple[PodRef, str]]) -> int:
@@ -251,7 +278,9 @@ class EventRecorder:
 __all__ = [
     "ABANDONED_REASON",
     "FLOOR_REASON",
+    "MOVED_REASON",
     "NOTE_LIMIT",
+    "NOT_MOVED_REASON",
     "PREEMPTED_REASON",
     "PREEMPTING_ACTION",
     "EventRecorder",
