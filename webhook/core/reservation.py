@@ -37,6 +37,12 @@ class Reservation:
         return now < self.expires_at
 
 
+def _move_order(move: tuple[str, Resources]) -> tuple[str, int, int]:
+    """Promises in a total order (amounts have none): by node, then amount."""
+    node, needs = move
+    return (node, needs.cpu, needs.memory)
+
+
 def active_on(
     reservations: Iterable[Reservation], node: str, now: float, *, exclude_pod: str = ""
 ) -> dict[str, Reservation]:
@@ -62,7 +68,7 @@ def active_on(
                 resources=seen.resources.max(r.resources),
                 victims=seen.victims | r.victims,
                 expires_at=max(seen.expires_at, r.expires_at),
-                moves=tuple(sorted(set(seen.moves) | set(r.moves))),
+                moves=tuple(sorted(set(seen.moves) | set(r.moves), key=_move_order)),
             )
         by_pod[r.pod_uid] = r
     return by_pod
