@@ -321,8 +321,13 @@ def movable_selection(
     when it is no worse than ``upstream`` (:func:`_no_worse`: the reprieve is greedy, and
     another order may need more victims); else ``upstream``. Either way its victims carry
     their :class:`~webhook.core.movable.Move`, claimed in eviction order so that two
-    never count on the same room."""
-    moves = judge_all(candidates, elsewhere)
+    never count on the same room.
+
+    Only candidates of a priority up to ``upstream``'s highest victim's are judged: a
+    selection no worse than upstream's never evicts a more important one, so those keep
+    upstream's order."""
+    top = max(v.priority for v in upstream.victims)
+    moves = judge_all([p for p in candidates if p.priority <= top], elsewhere)
     movable = frozenset(uid for uid, m in moves.items() if m.movable)
     chosen = upstream
     if movable:

@@ -33,7 +33,6 @@ import orjson
 from webhook.core.errors import InputError, WebhookError
 from webhook.core.fit import largest_fit
 from webhook.core.model import FIT_TO_NODE_ANNOTATION, Node, Pod, PodRef
-from webhook.core.movable import Room
 from webhook.core.objects import parse_pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.quantity import format_cpu, format_memory
@@ -455,28 +454,24 @@ class AdmissionEngine:
 
     def _plan(self, s: _Scene, holders: Sequence[LedgerEntry], now: float) -> Plan:
         """The resize planned against ``holders``, the node's entries holding room; in
-        victim order ``movable-first``, a plan with victims again with the room
-        elsewhere (only such a plan reads it)."""
-
-        def plan(elsewhere: Sequence[Room] | None = None) -> Plan:
-            return plan_resize(
-                s.old,
-                s.new,
-                s.node,
-                s.pods,
-                now=now,
-                budgets=s.budgets,
-                reservations=[e.reservation() for e in holders],
-                policy=self.policy,
-                holdings=s.facts.holdings,
-                ranking=s.facts.ranking,
-                elsewhere=elsewhere,
-            )
-
-        planned = plan()
-        if planned.victims and self.config.victim_order == "movable-first":
-            return plan(self._elsewhere.rooms(s.node.name, now, s.new.uid))
-        return planned
+        victim order ``movable-first``, with the room elsewhere (read only by a plan
+        with victims, and only as far as it looks)."""
+        elsewhere = None
+        if self.config.victim_order == "movable-first":
+            elsewhere = self._elsewhere.rooms(s.node.name, now, s.new.uid)
+        return plan_resize(
+            s.old,
+            s.new,
+            s.node,
+            s.pods,
+            now=now,
+            budgets=s.budgets,
+            reservations=[e.reservation() for e in holders],
+            policy=self.policy,
+            holdings=s.facts.holdings,
+            ranking=s.facts.ranking,
+            elsewhere=elsewhere,
+        )
 
     # -- validating -------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from typing import Any
 from webhook.core.model import DisruptionBudget, Node, Pod, PriorityClass
 from webhook.core.objects import PriorityResolver
 from webhook.core.snapshot import Snapshot, load_snapshot
+from webhook.engine.elsewhere import NodeRooms
 from webhook.engine.ledger import LedgerChange, LedgerEntry, R
 
 
@@ -50,6 +51,8 @@ class FixedClusterView:
         # Every review asks for the budgets of its node's namespaces: remembered.
         self._budgets_by_set: dict[frozenset[str], tuple[DisruptionBudget, ...]] = {}
         self._resolver = PriorityResolver(priority_classes)
+        # Nothing changes: the rooms are added up once, when first read.
+        self._rooms = NodeRooms()
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> FixedClusterView:
@@ -73,6 +76,9 @@ class FixedClusterView:
 
     def pods_on(self, node: str) -> Sequence[Pod]:
         return self._by_node.get(node, ())
+
+    def node_rooms(self) -> NodeRooms:
+        return self._rooms
 
     def pod(self, namespace: str, name: str) -> Pod | None:
         return self._pods.get(f"{namespace}/{name}")

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
 from webhook.core.objects import PriorityResolver
+from webhook.engine.elsewhere import NodeRooms
 
 
 class ClusterView(Protocol):
@@ -29,6 +30,10 @@ class ClusterView(Protocol):
 
     def pods_on(self, node: str) -> Sequence[Pod]:
         """Pods bound to ``node``, terminal ones included (the planner skips them)."""
+        ...
+
+    def node_rooms(self) -> NodeRooms:
+        """Every node's room, told which nodes changed (victim order ``movable-first``)."""
         ...
 
     def pod(self, namespace: str, name: str) -> Pod | None: ...

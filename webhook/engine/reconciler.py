@@ -32,7 +32,6 @@ import orjson
 
 from webhook.core.errors import WebhookError
 from webhook.core.model import Node, Pod
-from webhook.core.movable import Room
 from webhook.core.plan import Plan, plan_resize
 from webhook.engine.config import Config
 from webhook.engine.decision_log import decision_logger, plan_fields
@@ -287,26 +286,23 @@ class Reconciler:
         facts = self._memo.of(node, pods, budgets, now)
 
         def plan_against(holders: Sequence[LedgerEntry]) -> Plan:
-            def plan(elsewhere: Sequence[Room] | None = None) -> Plan:
-                return plan_resize(
-                    pod,
-                    pod,
-                    node,
-                    pods,
-                    now=now,
-                    budgets=budgets,
-                    reservations=[e.reservation() for e in holders],
-                    policy=self.policy,
-                    holdings=facts.holdings,
-                    ranking=facts.ranking,
-                    elsewhere=elsewhere,
-                )
-
-            planned = plan()
-            if planned.victims and self.config.victim_order == "movable-first":
+            elsewhere = None
+            if self.config.victim_order == "movable-first":
                 # As the admission path: only a plan with victims reads the room elsewhere.
-                return plan(self._elsewhere.rooms(node.name, now, pod.uid))
-            return planned
+                elsewhere = self._elsewhere.rooms(node.name, now, pod.uid)
+            return plan_resize(
+                pod,
+                pod,
+                node,
+                pods,
+                now=now,
+                budgets=budgets,
+                reservations=[e.reservation() for e in holders],
+                policy=self.policy,
+                holdings=facts.holdings,
+                ranking=facts.ranking,
+                elsewhere=elsewhere,
+            )
 
         def entry_for(plan: Plan) -> LedgerEntry:
             return LedgerEntry.for_plan(

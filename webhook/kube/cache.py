@@ -41,6 +41,7 @@ from webhook.core.objects import (
     parse_priority_class,
 )
 from webhook.engine.config import Config
+from webhook.engine.elsewhere import NodeRooms
 from webhook.engine.metrics import Metrics
 from webhook.kube.errors import ClusterError
 from webhook.kube.reflector import (
@@ -362,6 +363,7 @@ class ClusterCache:
             groups={"namespace": lambda b: b.namespace}
         )
         self.classes: IndexedStore[PriorityClass] = IndexedStore()
+        self._rooms = NodeRooms()
         #: (budgets store generation, budgets by set of namespaces), as read at it.
         self._budgets_memo: tuple[int, dict[frozenset[str], tuple[DisruptionBudget, ...]]] = (
             -1,
@@ -414,6 +416,8 @@ class ClusterCache:
     def _on_changes(self, kind: str, changes: Sequence[Delta[Any]]) -> None:
         if kind == PRIORITY_CLASSES:
             self._resolver = PriorityResolver(self.classes.values())
+        elif kind in (NODES, PODS):
+            self._mark_rooms(kind, changes)
         with self._sub_lock:
             subscribers = tuple(self._subscribers)
         for callback in subscribers:
@@ -422,6 +426,18 @@ class ClusterCache:
                     callback(kind, change.type, change.old, change.new)
                 except Exception:
                     log.exception("cache subscriber %r failed on %s", callback, kind)
+
+    def _mark_rooms(self, kind: str, changes: Sequence[Delta[Any]]) -> None:
+        """Tells the node rooms which nodes changed: a node itself, or the nodes a pod
+        was and is bound to."""
+        rooms = self._rooms
+        for change in changes:
+            if kind == NODES:
+                rooms.changed(change.key)
+                continue
+            for pod in (change.old, change.new):
+                if pod is not None and pod.node:
+                    rooms.changed(pod.node)
 
     # -- ClusterView ---------------------------------------------------------------------
 
@@ -434,6 +450,9 @@ class ClusterCache:
     def pods_on(self, node: str) -> Sequence[Pod]:
         """Pods bound to ``node`` (terminal ones included): an immutable tuple, no copy."""
         return self.pods.group("node", node)
+
+    def node_rooms(self) -> NodeRooms:
+        return self._rooms
 
     def pod(self, namespace: str, name: str) -> Pod | None:
         return self.pods.get(f"{namespace}/{name}")
