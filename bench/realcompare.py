@@ -179,6 +179,18 @@ class RealSide(Side):
             raise
         return self
 
+    @classmethod
+    def around(cls, cluster: RealCluster, name: str) -> RealSide:
+        """A side on a cluster that runs already; whoever started it stops it."""
+        side = cls(name, cluster.binaries, cluster.control_plane.state_dir, grace_cap=None)
+        side.cluster = cluster
+        side.control_plane = cluster.control_plane
+        side.nodes = cast(HollowNodes, _RealNodeOnly())
+        return side
+
+    def wait_leader(self) -> None:
+        self._wait_leader()
+
     def stop(self) -> None:
         if self.cluster is not None:
             self.cluster.stop()
