@@ -81,7 +81,7 @@ def _wake_on_changes(
     ledger.subscribe(ledger_changed)
 
 
-def _follow(cache: ClusterCache, metrics: Metrics, recorder: EventRecorder) -> Follow:
+def follow_victims(cache: ClusterCache, metrics: Metrics, recorder: EventRecorder) -> Follow:
     """Where evicted victims' work goes, read from the cache's pod changes."""
     follow = Follow(cache, metrics, recorder)
 
@@ -161,7 +161,7 @@ def build(
         evictor = hooks.evictor(_evictor(act_api, recorder, metrics, config), identity)
         runnables = Runnables()
         elector = _elector(act_api, config, identity, runnables, metrics)
-        follow = _follow(cache, metrics, recorder)
+        follow = follow_victims(cache, metrics, recorder)
         worker = PreemptionWorker(
             cache,
             ledger,
