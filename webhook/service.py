@@ -206,9 +206,11 @@ def build(
         if config.mode != "warn":
             # warn mode plans and tells, and never acts.
             _wake_on_changes(cache, lease_ledger, worker, reconciler)
+            # The follow stops after the worker (newest first): an eviction the worker
+            # makes while stopping is still followed, then counted.
+            runnables.add(follow, leader_election=True, stop_timeout=5)
             runnables.add(worker, leader_election=True, stop_timeout=30)
             runnables.add(reconciler, leader_election=True, stop_timeout=10)
-            runnables.add(follow, leader_election=True, stop_timeout=5)
         return _worker_app(app, runnables, metrics, cache)
 
     return factory

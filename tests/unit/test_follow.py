@@ -21,6 +21,7 @@ from webhook.engine.follow import Follow
 from webhook.engine.metrics import Metrics
 from webhook.engine.ports import EvictionResult
 from webhook.engine.worker import PreemptionWorker
+from webhook.kube.events import EventRecorder
 
 WINDOW = 60.0
 PREEMPTOR = PodRef("default", "high", "uid-high")
@@ -341,3 +342,50 @@ def test_the_worker_tells_follow_of_each_eviction_it_made(
     assert [("low", "high", "node-1")] == evictor.calls
     run = Run(follow, metrics, Events(), [clock.now])
     assert expected == run.counts()
+
+
+class Recorded(EventRecorder):
+    """An EventRecorder that keeps the bodies it would post."""
+
+    def __init__(self) -> None:
+        super().__init__(None, controller="resize-preemption-webhook", instance="r1")
+        self.bodies: list[dict[str, Any]] = []
+
+    def record(self, regarding: PodRef, **kwargs: Any) -> bool:
+        self.bodies.append(self.event_body(regarding, **kwargs))
+        return True
+
+
+@pytest.mark.parametrize(
+    ("expected", "tell"),
+    [
+        pytest.param(
+            (
+                "Moved",
+                "Preempted default/b moved: its replacement default/b-2 runs on node-2",
+                "b-2",
+            ),
+            lambda r: r.moved(
+                PREEMPTOR, VICTIM.build().ref, PodRef("default", "b-2", "u2"), OTHER_NODE
+            ),
+            id="moved",
+        ),
+        pytest.param(
+            ("NotMoved", "Preempted default/b did not move: no controller recreates it", "b"),
+            lambda r: r.lost(PREEMPTOR, VICTIM.build().ref, "no controller recreates it"),
+            id="not-moved",
+        ),
+    ],
+)
+def test_the_resizing_pod_is_told_where_the_victim_went(
+    expected: tuple[str, str, str], tell: Any
+) -> None:
+    recorder = Recorded()
+    assert tell(recorder)
+    [body] = recorder.bodies
+    assert expected == (body["reason"], body["note"], body["related"]["name"])
+    assert ("high", "Normal", "Preempting") == (
+        body["regarding"]["name"],
+        body["type"],
+        body["action"],
+    )
