@@ -27,8 +27,10 @@ from kubernetes import client as k8s
 from harness.doubles import InMemoryLedger
 from harness.manifests import PAUSE_IMAGE, guaranteed_pod
 from harness.nodes import NodeSpec
-from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
-from tests.e2e.service_support import resize_patch
+from tests.e2e.conftest import NODE, Cluster, Kubectl, StartService, Waiter
+from tests.e2e.service_support import events as service_events
+from tests.e2e.service_support import resize, resize_patch, sample, scrape
+from tests.e2e.test_service import walkthrough
 from tests.e2e.test_worker import actual_cpu, events, get, review
 from webhook.core.movable import takes_pods
 from webhook.engine.admission import AdmissionEngine
@@ -303,3 +305,30 @@ def test_node_2_filling_up_after_the_plan_loses_the_victim_and_the_resize_comple
         "replacement": new,
     } == outcome_line
     assert get(scene, namespace, "bare") is not None
+
+
+def test_the_service_process_counts_a_bare_victim_lost_and_tells_the_resizing_pod(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    """The README's walkthrough through the service process (its own wiring, leader
+    election and /metrics): low-priority-pod is a bare pod, so its work is lost."""
+    process = start_service()
+    walkthrough(kubectl, priority_classes)
+    assert 0 == resize(kubectl, "high-priority-pod", "6").returncode
+
+    def lost() -> float | None:
+        return sample(scrape(process.metrics_port), OUTCOMES, outcome="lost")
+
+    assert 1 == wait_until(lost, timeout=30, what="the outcome in /metrics")
+    [note] = wait_until(
+        lambda: [e["message"] for e in service_events(kubectl, "high-priority-pod", "NotMoved")],
+        what="the NotMoved event",
+    )
+    assert (
+        f"Preempted {namespace}/low-priority-pod did not move: no controller recreates it" == note
+    )
