@@ -20,7 +20,7 @@ from harness.kubeapi import ApiError
 from harness.manifests import guaranteed_pod
 from harness.webhook_process import NAMESPACE, WEBHOOK_NAME
 from tests.e2e.conftest import NODE, Cluster, Kubectl
-from webhook.core.quantity import cpu_millis
+from webhook.core.resources import cpu_millis
 from webhook.kube.ledger import LEDGER_ANNOTATION, lease_name
 
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases"

@@ -27,7 +27,7 @@ from tests.e2e.service_support import (
     terminating,
 )
 from webhook.core.model import FLOOR_ANNOTATION
-from webhook.core.quantity import format_memory, memory_bytes
+from webhook.core.resources import format_memory, memory_bytes
 
 pytestmark = pytest.mark.e2e
 

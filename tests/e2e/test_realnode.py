@@ -42,7 +42,7 @@ from harness.realnode import NODE_NAME
 from tests.e2e.conftest import Waiter
 from webhook.certs import make_webhook_certs
 from webhook.core.model import FLOOR_ANNOTATION
-from webhook.core.quantity import format_memory, memory_bytes
+from webhook.core.resources import format_memory, memory_bytes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 #: A process that ends on SIGTERM, as a workload does.

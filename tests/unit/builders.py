@@ -576,7 +576,7 @@ def make_reservation(
     namespace: str = "default",
 ) -> Reservation:
     """A reservation held for pod ``namespace/pod`` (uid as the pod builder makes it)."""
-    from webhook.core.quantity import cpu_millis, memory_bytes
+    from webhook.core.resources import cpu_millis, memory_bytes
 
     return Reservation(
         pod_uid=f"uid-{namespace}-{pod}",

@@ -13,16 +13,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook.core import quantity
+from webhook.core import resources
 from webhook.core.errors import InputError, QuantityError
-from webhook.core.quantity import (
+from webhook.core.resources import (
+    Resources,
     cpu_millis,
+    format_amount,
     format_cpu,
     format_memory,
     memory_bytes,
     parse_quantity,
+    total,
 )
-from webhook.core.resources import Resources, format_amount, total
 
 Ki, Mi, Gi, Ti, Pi, Ei = (2**10 * 1024**k for k in range(6))
 
@@ -217,12 +219,12 @@ def test_a_remembered_invalid_text_still_names_the_field_each_time(
 @given(st.integers(min_value=0, max_value=10**12), st.sampled_from(["", "m", "Ki", "Mi", "k"]))
 def test_remembered_results_equal_a_fresh_parse(number: int, suffix: str) -> None:
     text = f"{number}{suffix}"
-    assert quantity._cpu_millis(text, "cpu") == cpu_millis(text) == cpu_millis(text)
-    assert quantity._memory_bytes(text, "memory") == memory_bytes(text) == memory_bytes(text)
+    assert resources._cpu_millis(text, "cpu") == cpu_millis(text) == cpu_millis(text)
+    assert resources._memory_bytes(text, "memory") == memory_bytes(text) == memory_bytes(text)
 
 
 # -- against the Kubernetes client's parse_quantity ------------------------------------
-# The core cannot use kubernetes.utils.parse_quantity (see webhook/core/quantity.py); on
+# The core cannot use kubernetes.utils.parse_quantity (see webhook/core/resources.py); on
 # what both accept and the client computes exactly, the two must agree.
 
 SUFFIXES = ("", "n", "u", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")

@@ -21,8 +21,7 @@ from tests.unit.test_worker_logic import ADMITTED, CONFIG, NODE, NOW
 from webhook.core.lending import Loan, refusal_state, refused, room
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import plan_resize
-from webhook.core.quantity import memory_bytes
-from webhook.core.resources import ZERO, Resources
+from webhook.core.resources import ZERO, Resources, memory_bytes
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import Act, Refuse, Release, next_action, to_keep
 from webhook.engine.loans import (

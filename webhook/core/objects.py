@@ -35,8 +35,7 @@ from webhook.core.model import (
     Taint,
     Toleration,
 )
-from webhook.core.quantity import cpu_millis, memory_bytes
-from webhook.core.resources import RESOURCE_NAMES, ZERO, Resources
+from webhook.core.resources import RESOURCE_NAMES, ZERO, Resources, cpu_millis, memory_bytes
 
 Obj = Mapping[str, Any]
 _EMPTY: Obj = {}

@@ -35,9 +35,8 @@ from webhook.core.fit import largest_fit
 from webhook.core.model import FIT_TO_NODE_ANNOTATION, Node, Pod, PodRef
 from webhook.core.objects import parse_pod
 from webhook.core.plan import Plan, plan_resize
-from webhook.core.quantity import format_cpu, format_memory
 from webhook.core.report import WARNING_LIMIT, clip, warnings_for
-from webhook.core.resources import RESOURCE_NAMES, format_amount
+from webhook.core.resources import RESOURCE_NAMES, format_amount, format_cpu, format_memory
 from webhook.engine.config import Config
 from webhook.engine.decision_log import Decision, Facts, decision_logger, emit, line
 from webhook.engine.elsewhere import Elsewhere

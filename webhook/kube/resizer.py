@@ -36,7 +36,7 @@ from typing import Any, Final
 from webhook.core.errors import ObjectError
 from webhook.core.lending import Loan
 from webhook.core.model import Pod, PodRef
-from webhook.core.quantity import format_cpu, format_memory
+from webhook.core.resources import format_cpu, format_memory
 from webhook.engine.loans import LoanResult
 from webhook.engine.metrics import Metrics
 from webhook.kube.errors import ClusterError, Conflict, NotFound
