@@ -12,8 +12,7 @@ from webhook.core.accounting import pod_requests
 from webhook.core.headroom import holdings
 from webhook.core.model import DisruptionBudget, Pod
 from webhook.core.plan import plan_resize
-from webhook.core.policy import DefaultPolicy
-from webhook.core.ranking import rank
+from webhook.core.policy import DefaultPolicy, rank
 from webhook.core.resources import Resources
 from webhook.engine import node_memo
 from webhook.engine.node_memo import NodeMemo

@@ -21,8 +21,7 @@ from webhook.core.headroom import Holdings, NodeUsage, node_usage
 from webhook.core.lending import Loan, borrow, room
 from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
 from webhook.core.movable import Move, Room, claim, judge_all
-from webhook.core.policy import DefaultPolicy, PreemptionPolicy
-from webhook.core.ranking import Ranking, movable_first, rank
+from webhook.core.policy import DefaultPolicy, PreemptionPolicy, Ranking, movable_first, rank
 from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import (
     RESOURCE_NAMES,
@@ -232,7 +231,7 @@ def select_victims(
     reserved: frozenset[str] = frozenset(),
 ) -> Selection:
     """Upstream ``SelectVictimsOnNode`` for ``demand`` on a node used as ``usage`` says,
-    with lending (steps 5 and 6). ``ranking`` is :func:`~webhook.core.ranking.rank` of the
+    with lending (steps 5 and 6). ``ranking`` is :func:`~webhook.core.policy.rank` of the
     node's pods and budgets under ``policy``.
 
     Lenders are candidates with floors, when the policy lends, other than pods holding a
@@ -547,7 +546,7 @@ def plan_resize(
 
     ``holdings`` and ``ranking``, when given, must be ``holdings(node, pods)``
     (:mod:`webhook.core.headroom`) and ``rank(node.name, pods, budgets, policy, now)``
-    (:mod:`webhook.core.ranking`): what the decision reads of the pods alone, which the
+    (:mod:`webhook.core.policy`): what the decision reads of the pods alone, which the
     engine keeps between decisions (:class:`~webhook.engine.node_memo.NodeMemo`).
 
     ``elsewhere``, when given, is victim order ``movable-first``: the room other nodes

@@ -2,7 +2,7 @@
 
 A decision reads what every pod on the node holds (``pod_requests``, the kubelet's
 model), the pods' importance order and the PodDisruptionBudgets each one's eviction
-spends from (:func:`~webhook.core.ranking.rank`). None of it depends on the resize, only
+spends from (:func:`~webhook.core.policy.rank`). None of it depends on the resize, only
 on the node's pods and its namespaces' budgets, so the engine keeps it for the last
 tuple of pods and of budgets it planned each node with, and the core computes the same
 when nothing is kept (``python -m bench plan``: docs/decision-core.md has the figures).
@@ -19,8 +19,7 @@ from webhook.core.accounting import pod_requests
 from webhook.core.disruption import spending
 from webhook.core.headroom import Holdings, holdings
 from webhook.core.model import DisruptionBudget, Node, Pod
-from webhook.core.policy import PreemptionPolicy
-from webhook.core.ranking import Ranking, rank
+from webhook.core.policy import PreemptionPolicy, Ranking, rank
 from webhook.core.resources import Resources
 
 #: Nodes kept. Decisions come in bursts on the nodes being resized; the bound keeps a
@@ -35,7 +34,7 @@ class NodeFacts:
     ``holdings``: :func:`~webhook.core.headroom.holdings` of the pods on a node of
     ``allocatable``; ``by_id``: ``pod_requests`` of each pod, by pod identity, for the
     next tuple to reuse (holding ``pods`` keeps their ids, the keys, from being reused by
-    other objects while this lives). ``ranking``: :func:`~webhook.core.ranking.rank` of
+    other objects while this lives). ``ranking``: :func:`~webhook.core.policy.rank` of
     them at ``ranked_at``.
     """
 
