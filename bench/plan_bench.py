@@ -41,12 +41,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from webhook.core.headroom import node_usage
+from webhook.core.accounting import Reservation, active_on, node_usage
 from webhook.core.model import DisruptionBudget, Node, Pod
 from webhook.core.objects import parse_node, parse_pdb, parse_pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.policy import DefaultPolicy
-from webhook.core.reservation import Reservation, active_on
 from webhook.core.resize import apply_resize
 from webhook.core.resources import Resources
 from webhook.engine.elsewhere import Elsewhere

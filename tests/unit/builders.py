@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from webhook.core.accounting import Reservation
 from webhook.core.model import FLOOR_ANNOTATION, DisruptionBudget, Node, Pod, PriorityClass
 from webhook.core.objects import (
     PriorityResolver,
@@ -27,7 +28,6 @@ from webhook.core.objects import (
 )
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
-from webhook.core.reservation import Reservation
 from webhook.core.resize import apply_resize
 from webhook.core.resources import Resources
 

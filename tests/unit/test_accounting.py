@@ -20,10 +20,8 @@ from tests.unit.builders import (
     make_reservation,
     uid,
 )
-from webhook.core.accounting import pod_requests
-from webhook.core.headroom import NodeUsage, node_usage
+from webhook.core.accounting import NodeUsage, Reservation, active_on, node_usage, pod_requests
 from webhook.core.model import Pod, PodRef
-from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import Resources
 
 ARITHMETIC = [

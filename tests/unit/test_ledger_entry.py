@@ -13,10 +13,10 @@ import pytest
 
 from harness.doubles import InMemoryLedger
 from tests.unit.builders import NOW, Gi, plan, uid, walkthrough
+from webhook.core.accounting import Reservation
 from webhook.core.errors import ObjectError
 from webhook.core.lending import Loan
 from webhook.core.model import PodRef
-from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
 from webhook.engine.ledger import ENTRY_VERSION, LedgerEntry, decode_entries, encode_entries
 

@@ -26,11 +26,11 @@ from tests.unit.builders import (
     make_reservation,
     plan,
 )
+from webhook.core.accounting import Reservation
 from webhook.core.lending import Loan, borrow, held, lowered, room
 from webhook.core.model import Node, Pod
 from webhook.core.plan import Plan
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
-from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
 
 

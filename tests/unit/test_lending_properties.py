@@ -22,13 +22,11 @@ from tests.unit.builders import (
     make_pod,
     make_reservation,
 )
-from webhook.core.accounting import pod_requests
-from webhook.core.headroom import NodeUsage, node_usage
+from webhook.core.accounting import NodeUsage, Reservation, active_on, node_usage, pod_requests
 from webhook.core.lending import room
 from webhook.core.model import DisruptionBudget, Node, Pod
 from webhook.core.plan import Plan, is_candidate, lent, plan_resize, shortfall
 from webhook.core.policy import DefaultPolicy
-from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import Resources, total
 from webhook.engine.node_memo import NodeMemo
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from tests.unit.builders import NOW, make_node, make_pod
 from tests.unit.test_reflector_stream import list_page, node_obj, pages, pod_obj
+from webhook.core.accounting import Reservation
 from webhook.core.model import Node, Pod
 from webhook.core.movable import Room, rooms_elsewhere
-from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
 from webhook.engine.elsewhere import Elsewhere, NodeRooms
 from webhook.kube.cache import NODES, PODS, ClusterCache
@@ -217,7 +217,7 @@ def test_the_cache_tells_its_rooms_which_nodes_changed(
 
 def test_two_entries_of_one_pod_promising_different_room_on_one_node_merge() -> None:
     """A later resize admitted before the earlier entry went: both promises stand."""
-    from webhook.core.reservation import active_on
+    from webhook.core.accounting import active_on
 
     def held(cpu: int) -> Reservation:
         return Reservation(

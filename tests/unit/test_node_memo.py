@@ -8,8 +8,7 @@ from unittest import mock
 import pytest
 
 from tests.unit.builders import NODE, NOW, T0, make_node, make_pdb, make_pod, plan, walkthrough
-from webhook.core.accounting import pod_requests
-from webhook.core.headroom import holdings
+from webhook.core.accounting import holdings, pod_requests
 from webhook.core.model import DisruptionBudget, Pod
 from webhook.core.plan import plan_resize
 from webhook.core.policy import DefaultPolicy, rank

@@ -28,12 +28,12 @@ from tests.unit.builders import (
     uid,
     walkthrough,
 )
+from webhook.core.accounting import Reservation
 from webhook.core.model import NODE_OPT_OUT_ANNOTATION, DisruptionBudget, Node, Pod, PodRef
 from webhook.core.objects import PriorityResolver
 from webhook.core.plan import Plan, ResourceFigures, fits, shortfall
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.report import warnings_for
-from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
 
 

@@ -21,12 +21,10 @@ from tests.unit.builders import (
     make_pdb,
     make_pod,
 )
-from webhook.core.accounting import pod_requests
-from webhook.core.headroom import NodeUsage, node_usage
+from webhook.core.accounting import NodeUsage, Reservation, active_on, node_usage, pod_requests
 from webhook.core.model import DisruptionBudget, Node, Pod
 from webhook.core.plan import Plan, plan_resize, shortfall
 from webhook.core.policy import DefaultPolicy, importance_key, rank
-from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import Resources, total
 from webhook.engine.node_memo import NodeMemo
 

@@ -1,12 +1,13 @@
-"""How much of a node a pod holds, by the kubelet's model.
+"""What a node's pods hold: each pod by the kubelet's model, the room promised to
+admitted resizes (reservations), and the two together as one resize sees them (node usage).
 
-This is component-helpers' ``resource.PodRequests`` with ``UseStatusResources``
-(k8s.io/component-helpers v0.37.2, ``resource/helpers.go``), the function both the
-kubelet's admission check and kube-scheduler call. Per container there are three amounts
-- the desired spec, the allocation (``allocatedResources``) and the actuated requests
-(``resources.requests``) - each aggregated over the pod on its own, and the pod counts at
-the per-resource maximum of the three *aggregates* (not the sum of per-container maxima:
-moving CPU from one container to another needs no room).
+**What a pod holds.** This is component-helpers' ``resource.PodRequests`` with
+``UseStatusResources`` (k8s.io/component-helpers v0.37.2, ``resource/helpers.go``), the
+function both the kubelet's admission check and kube-scheduler call. Per container there
+are three amounts - the desired spec, the allocation (``allocatedResources``) and the
+actuated requests (``resources.requests``) - each aggregated over the pod on its own,
+and the pod counts at the per-resource maximum of the three *aggregates* (not the sum of
+per-container maxima: moving CPU from one container to another needs no room).
 
 What goes in depends on the pod's role (:data:`Role`):
 
@@ -32,15 +33,31 @@ allocation (:func:`admitted`). Two cases, by what the kubelet will do when it se
   ``AddPod``, against the allocated pods) before the resize is handled
   (``HandlePodUpdates`` -> ``RetryPendingResizes``), so it takes its room first. Leaving
   it out would plan a resize the kubelet then defers.
+
+**Reservations**: room promised to resizes already admitted but not yet actuated.
+Between the webhook's answer and the kubelet actuating the resize, the node's pods do not
+yet show the new size. Without a reservation, two resizes admitted a millisecond apart
+would both see the same free room. A reservation holds the resizing pod's full new
+requests (not a delta, so it never double counts once the kubelet catches up) and names
+the victims the plan claimed, whose capacity is therefore already spoken for. It holds
+room until it expires (``expires_at``) or the cluster shows that it holds nothing any
+more; the admitted resize's lifecycle judges the latter (``webhook.engine.lifecycle``),
+and only reservations still holding room reach a plan.
+
+**Node usage.** What the node's pods hold (:func:`holdings`) depends on the pods alone;
+the usage one resize sees (:func:`node_usage`) leaves the resizing pod out and adds the
+reservations. A caller deciding many resizes on the same pods keeps the first between
+decisions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Literal
 
-from webhook.core.model import Container, Pod
-from webhook.core.resources import ZERO, Resources
+from webhook.core.model import Container, Node, Pod, PodRef
+from webhook.core.resources import ZERO, Resources, total
 
 Role = Literal["resizing", "infeasible", "other"]
 
@@ -135,3 +152,144 @@ def holds_on(pod: Pod, held: Resources, allocatable: Resources) -> Resources:
     if not admitted(pod) and not held.fits_in(allocatable):
         return ZERO
     return held
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Room on ``node`` held for pod ``pod_uid`` until ``expires_at`` (epoch seconds)."""
+
+    pod_uid: str
+    pod: str  # "namespace/name", for messages
+    node: str
+    resources: Resources
+    victims: frozenset[str] = frozenset()  # victim pod uids claimed by the plan
+    expires_at: float = 0.0
+    #: Room on other nodes promised to the replacements of movable victims: (node, what
+    #: the replacement asks for), so that no other plan counts on it too.
+    moves: tuple[tuple[str, Resources], ...] = ()
+
+    def active(self, now: float) -> bool:
+        return now < self.expires_at
+
+
+def _move_order(move: tuple[str, Resources]) -> tuple[str, int, int]:
+    """Promises in a total order (amounts have none): by node, then amount."""
+    node, needs = move
+    return (node, needs.cpu, needs.memory)
+
+
+def active_on(
+    reservations: Iterable[Reservation], node: str, now: float, *, exclude_pod: str = ""
+) -> dict[str, Reservation]:
+    """Active reservations on ``node`` by pod uid, leaving out ``exclude_pod``'s own.
+
+    Reservations that hold nothing any more must be left out by the caller (that needs the
+    cached pods, which the ledger's readers have); expired ones are left out here.
+
+    Several active reservations of one pod (a later resize admitted before the earlier
+    one's entry went) merge into one holding the most room and every claimed victim, so
+    the result does not depend on the order they come in.
+    """
+    by_pod: dict[str, Reservation] = {}
+    for r in reservations:
+        if r.node != node or r.pod_uid == exclude_pod or not r.active(now):
+            continue
+        seen = by_pod.get(r.pod_uid)
+        if seen is not None:
+            r = Reservation(
+                pod_uid=r.pod_uid,
+                pod=min(seen.pod, r.pod),
+                node=node,
+                resources=seen.resources.max(r.resources),
+                victims=seen.victims | r.victims,
+                expires_at=max(seen.expires_at, r.expires_at),
+                moves=tuple(sorted(set(seen.moves) | set(r.moves), key=_move_order)),
+            )
+        by_pod[r.pod_uid] = r
+    return by_pod
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUsage:
+    """What a node's other pods hold, seen from one resizing pod.
+
+    ``in_use`` counts every pod bound to the node and not terminal, at the kubelet's model,
+    raised to its reservation where it has one, plus reservations of pods not (yet) seen
+    on the node. ``freeing`` is the part of ``in_use`` already on its way out: pods
+    terminating, and victims other admitted resizes claimed. It is counted as free for
+    planning (so we never preempt twice for the same room) but not for the kubelet's
+    check now.
+    """
+
+    allocatable: Resources
+    in_use: Resources
+    freeing: Resources
+    waiting_for: tuple[PodRef, ...]
+    #: What each counted pod holds, by uid (its usage, raised to its reservation).
+    held: Mapping[str, Resources]
+
+
+@dataclass(frozen=True, slots=True)
+class Holdings:
+    """What the pods bound to a node hold there, before reservations: of every pod bound
+    to it and not terminal, by uid, at the kubelet's model (:func:`holdings`)."""
+
+    held: Mapping[str, Resources]
+    total: Resources  # of every amount in held
+    pods: Mapping[str, Pod]
+    terminating: tuple[Pod, ...]
+
+
+def holdings(
+    node: Node, pods: Iterable[Pod], holds: Callable[[Pod], Resources] = pod_requests
+) -> Holdings:
+    """What ``pods`` hold on ``node`` (pods bound elsewhere and terminal ones are left
+    out): ``holds(pod)`` (``pod_requests`` unless a caller counts pods otherwise), as
+    :func:`~webhook.core.accounting.holds_on` a node of that size."""
+    on_node = {p.uid: p for p in pods if p.node == node.name and not p.terminal}
+    held = {uid: holds_on(p, holds(p), node.allocatable) for uid, p in on_node.items()}
+    return Holdings(
+        held=held,
+        total=total(held.values()),
+        pods=on_node,
+        terminating=tuple(p for p in on_node.values() if p.terminating),
+    )
+
+
+def node_usage(
+    node: Node,
+    pods: Iterable[Pod],
+    reservations: Mapping[str, Reservation],
+    *,
+    exclude_uid: str,
+    kept: Holdings | None = None,
+) -> NodeUsage:
+    """Usage of ``node`` by every pod but ``exclude_uid`` (the resizing pod).
+
+    ``pods`` are the pods bound to the node (others are skipped); ``reservations`` the
+    active ones on it by pod uid, without the resizing pod's own. ``kept``, when given,
+    must be ``holdings(node, pods)``: a caller deciding several resizes on the same pods
+    keeps it between decisions.
+    """
+    kept = kept if kept is not None else holdings(node, pods)
+    claimed = {uid for r in reservations.values() for uid in r.victims}
+    held = dict(kept.held)  # what each pod holds, raised to its reservation
+    in_use = kept.total - held.pop(exclude_uid, ZERO)
+    for uid, reservation in reservations.items():
+        amount = held.get(uid)
+        if amount is not None:
+            held[uid] = raised = amount.max(reservation.resources)
+            in_use = in_use + raised - amount
+        elif uid != exclude_uid:
+            in_use = in_use + reservation.resources  # of a pod not seen on the node (yet)
+    leaving = {p.uid: p for p in kept.terminating if p.uid in held}
+    leaving.update((uid, kept.pods[uid]) for uid in claimed if uid in held)
+    by_name = sorted(leaving.values(), key=lambda p: (p.namespace, p.name))
+    return NodeUsage(
+        allocatable=node.allocatable,
+        in_use=in_use,
+        # What they hold without reservations: a reservation is room not yet taken.
+        freeing=total(kept.held[p.uid] for p in by_name),
+        waiting_for=tuple(p.ref for p in by_name),
+        held=held,
+    )

@@ -12,12 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from webhook.core.accounting import container_held, pod_requests
-from webhook.core.headroom import node_usage
+from webhook.core.accounting import Reservation, active_on, container_held, node_usage, pod_requests
 from webhook.core.model import DisruptionBudget, Node, Pod
 from webhook.core.plan import Plan, is_candidate, plan_resize
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
-from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import RESOURCE_NAMES, ResourceName, Resources, total
 
 _INFEASIBLE_CODES = frozenset({"exceeds-allocatable", "insufficient-after-preemption"})

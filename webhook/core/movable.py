@@ -3,7 +3,7 @@
 A candidate is *movable* when a controller will recreate it (:data:`RECREATED_BY`) and
 another node that takes new pods has room for the replacement now. The rooms are plain
 values (:class:`Room`), computed with the resizing node's accounting
-(:func:`~webhook.core.headroom.node_usage`: ``PodRequests``, unadmitted pods, active
+(:func:`~webhook.core.accounting.node_usage`: ``PodRequests``, unadmitted pods, active
 reservations); the caller (the cluster cache, a snapshot) supplies them.
 
 Only the node decides here: its free requests, its labels against ``nodeSelector`` and
@@ -18,10 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from webhook.core.accounting import pod_requests
-from webhook.core.headroom import Holdings, node_usage
+from webhook.core.accounting import Holdings, Reservation, active_on, node_usage, pod_requests
 from webhook.core.model import Node, Placement, Pod, Taint
-from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import ZERO, Resources
 
 #: Controllers that create a new pod when one of theirs is evicted, somewhere the

@@ -15,14 +15,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
-from webhook.core.accounting import pod_requests
+from webhook.core.accounting import (
+    Holdings,
+    NodeUsage,
+    Reservation,
+    active_on,
+    node_usage,
+    pod_requests,
+)
 from webhook.core.disruption import split_by_violation
-from webhook.core.headroom import Holdings, NodeUsage, node_usage
 from webhook.core.lending import Loan, borrow, room
 from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
 from webhook.core.movable import Move, Room, claim, judge_all
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy, Ranking, movable_first, rank
-from webhook.core.reservation import Reservation, active_on
 from webhook.core.resources import (
     RESOURCE_NAMES,
     ZERO,
@@ -545,7 +550,7 @@ def plan_resize(
       free no more than the resize is short of.
 
     ``holdings`` and ``ranking``, when given, must be ``holdings(node, pods)``
-    (:mod:`webhook.core.headroom`) and ``rank(node.name, pods, budgets, policy, now)``
+    (:mod:`webhook.core.accounting`) and ``rank(node.name, pods, budgets, policy, now)``
     (:mod:`webhook.core.policy`): what the decision reads of the pods alone, which the
     engine keeps between decisions (:class:`~webhook.engine.node_memo.NodeMemo`).
 

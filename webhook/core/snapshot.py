@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.core.accounting import Reservation
 from webhook.core.errors import LookupFailed, ObjectError
 from webhook.core.model import DisruptionBudget, Node, Pod, PriorityClass
 from webhook.core.movable import rooms_elsewhere
@@ -23,7 +24,6 @@ from webhook.core.objects import (
 )
 from webhook.core.plan import Plan, plan_resize
 from webhook.core.policy import PreemptionPolicy, VictimOrder
-from webhook.core.reservation import Reservation
 from webhook.core.resize import apply_resize
 
 _KINDS = ("Node", "Pod", "PodDisruptionBudget", "PriorityClass")

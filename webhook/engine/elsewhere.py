@@ -25,10 +25,9 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, overload
 
-from webhook.core.headroom import Holdings, holdings
+from webhook.core.accounting import Holdings, Reservation, holdings
 from webhook.core.model import Node, Pod
 from webhook.core.movable import Room, room_on
-from webhook.core.reservation import Reservation
 from webhook.engine.ledger import Ledger
 
 if TYPE_CHECKING:

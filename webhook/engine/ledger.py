@@ -14,11 +14,11 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
+from webhook.core.accounting import Reservation
 from webhook.core.errors import ObjectError
 from webhook.core.lending import Loan
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import Plan
-from webhook.core.reservation import Reservation
 from webhook.core.resources import Resources
 
 R = TypeVar("R")

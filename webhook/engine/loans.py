@@ -32,8 +32,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
-from webhook.core.accounting import pod_requests
-from webhook.core.headroom import holdings, node_usage
+from webhook.core.accounting import active_on, holdings, node_usage, pod_requests
 from webhook.core.lending import (
     Loan,
     loan_state,
@@ -46,7 +45,6 @@ from webhook.core.lending import (
 from webhook.core.model import Node, Pod, PodRef
 from webhook.core.plan import Plan
 from webhook.core.policy import importance_key
-from webhook.core.reservation import active_on
 from webhook.core.resources import ZERO, Resources
 from webhook.engine.ledger import Ledger, LedgerChange, LedgerEntry
 from webhook.engine.loop import KeyedBackoff

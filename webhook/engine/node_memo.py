@@ -15,9 +15,8 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from webhook.core.accounting import pod_requests
+from webhook.core.accounting import Holdings, holdings, pod_requests
 from webhook.core.disruption import spending
-from webhook.core.headroom import Holdings, holdings
 from webhook.core.model import DisruptionBudget, Node, Pod
 from webhook.core.policy import PreemptionPolicy, Ranking, rank
 from webhook.core.resources import Resources
@@ -31,7 +30,7 @@ NODES_KEPT = 256
 class NodeFacts:
     """What the memo keeps of one node for one tuple of its pods and of its budgets.
 
-    ``holdings``: :func:`~webhook.core.headroom.holdings` of the pods on a node of
+    ``holdings``: :func:`~webhook.core.accounting.holdings` of the pods on a node of
     ``allocatable``; ``by_id``: ``pod_requests`` of each pod, by pod identity, for the
     next tuple to reuse (holding ``pods`` keeps their ids, the keys, from being reused by
     other objects while this lives). ``ranking``: :func:`~webhook.core.policy.rank` of
