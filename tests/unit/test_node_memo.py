@@ -13,8 +13,8 @@ from webhook.core.model import DisruptionBudget, Pod
 from webhook.core.plan import plan_resize
 from webhook.core.policy import DefaultPolicy, rank
 from webhook.core.resources import Resources
-from webhook.engine import node_memo
-from webhook.engine.node_memo import NodeMemo
+from webhook.engine import admission
+from webhook.engine.admission import NodeMemo
 
 POLICY = DefaultPolicy()
 SIZED = make_node(NODE).allocatable(cpu="8", memory="16Gi").build()
@@ -50,9 +50,9 @@ def test_same_tuples_compute_nothing_again() -> None:
     first = memo.of(SIZED, pods, NO_BUDGETS, NOW)
 
     with (
-        mock.patch.object(node_memo, "pod_requests", side_effect=AssertionError),
-        mock.patch.object(node_memo, "rank", side_effect=AssertionError),
-        mock.patch.object(node_memo, "holdings", side_effect=AssertionError),
+        mock.patch.object(admission, "pod_requests", side_effect=AssertionError),
+        mock.patch.object(admission, "rank", side_effect=AssertionError),
+        mock.patch.object(admission, "holdings", side_effect=AssertionError),
     ):
         facts = memo.of(SIZED, pods, NO_BUDGETS, NOW + 60)
         assert Resources(1000, 0) == facts.holdings.held[pods[0].uid]
@@ -65,7 +65,7 @@ def test_a_changed_pod_is_computed_again_the_others_kept() -> None:
     grown = make_pod("p1").requests(cpu="5").admitted().on(NODE).build()
     changed = (pods[0], grown, pods[2])
 
-    with mock.patch.object(node_memo, "pod_requests", wraps=pod_requests) as computed:
+    with mock.patch.object(admission, "pod_requests", wraps=pod_requests) as computed:
         facts = memo.of(SIZED, changed, NO_BUDGETS, NOW)
 
     assert [mock.call(grown)] == computed.call_args_list

@@ -552,7 +552,7 @@ def plan_resize(
     ``holdings`` and ``ranking``, when given, must be ``holdings(node, pods)``
     (:mod:`webhook.core.accounting`) and ``rank(node.name, pods, budgets, policy, now)``
     (:mod:`webhook.core.policy`): what the decision reads of the pods alone, which the
-    engine keeps between decisions (:class:`~webhook.engine.node_memo.NodeMemo`).
+    engine keeps between decisions (:class:`~webhook.engine.admission.NodeMemo`).
 
     ``elsewhere``, when given, is victim order ``movable-first``: the room other nodes
     have now (:func:`~webhook.core.movable.rooms_elsewhere`, the resizing node left out),

@@ -10,7 +10,7 @@ Victim selection reads the importance order and the budgets of every candidate, 
 neither depends on the resize: only on the node's pods, its namespaces'
 PodDisruptionBudgets, the policy and (for pods not started yet) the time. :func:`rank`
 computes them; a caller deciding many resizes on the same pods may keep its
-:class:`Ranking` between decisions (:class:`~webhook.engine.node_memo.NodeMemo` does,
+:class:`Ranking` between decisions (:class:`~webhook.engine.admission.NodeMemo` does,
 within the bounds of :attr:`Ranking.settled`).
 """
 
