@@ -36,8 +36,14 @@ from typing import Any, Final
 
 from webhook.core.model import PodRef
 from webhook.engine.hooks import Hooks
-from webhook.engine.ledger import Ledger, LedgerChange, LedgerEntry, R
-from webhook.engine.ports import EvictionResult, VictimEvictor
+from webhook.engine.ledger import (
+    EvictionResult,
+    Ledger,
+    LedgerChange,
+    LedgerEntry,
+    R,
+    VictimEvictor,
+)
 
 log = logging.getLogger(__name__)
 

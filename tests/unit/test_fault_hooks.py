@@ -15,8 +15,7 @@ from harness.doubles import InMemoryLedger
 from harness.fault_hooks import Fault, FaultEvictor, FaultLedger, fault_hooks
 from tests.unit.test_worker_logic import entry, ref
 from webhook.engine.hooks import Hooks
-from webhook.engine.ledger import LedgerChange, LedgerEntry
-from webhook.engine.ports import EvictionResult
+from webhook.engine.ledger import EvictionResult, LedgerChange, LedgerEntry
 from webhook.engine.worker import remove_entry, update_entry
 
 

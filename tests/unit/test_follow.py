@@ -18,8 +18,8 @@ from tests.unit.test_worker import CONFIG, Clock, Cluster, FakeEvictor, add
 from tests.unit.test_worker_logic import HIGH_RESIZED, LOW, MID, entry
 from webhook.core.model import PodRef
 from webhook.engine.follow import Follow
+from webhook.engine.ledger import EvictionResult
 from webhook.engine.metrics import Metrics
-from webhook.engine.ports import EvictionResult
 from webhook.engine.worker import PreemptionWorker
 from webhook.kube.events import EventRecorder
 

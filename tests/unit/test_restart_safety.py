@@ -15,8 +15,8 @@ from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.test_worker import Clock, Cluster, FakeEvictor, add, make_worker
 from tests.unit.test_worker_logic import ADMITTED, CONFIG, NODE, entry, pod
 from webhook.core.model import Pod, PodRef
+from webhook.engine.ledger import EvictionResult
 from webhook.engine.lifecycle import Release, next_action, room_holders
-from webhook.engine.ports import EvictionResult
 from webhook.engine.reconciler import Reconciler
 from webhook.engine.worker import PreemptionWorker
 

@@ -25,11 +25,10 @@ from tests.unit.test_worker_logic import (
 )
 from webhook.core.model import Node, Pod, PodRef
 from webhook.engine.config import Config
-from webhook.engine.ledger import LedgerEntry
+from webhook.engine.ledger import EvictionResult, LedgerEntry
 from webhook.engine.lifecycle import room_holders
 from webhook.engine.loans import LenderResizer
 from webhook.engine.metrics import Metrics
-from webhook.engine.ports import EvictionResult
 from webhook.engine.worker import PreemptionWorker, remove_entry, update_entry
 
 CONFIG = Config(persist_timeout=10.0, reservation_ttl=120.0)

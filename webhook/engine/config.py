@@ -57,7 +57,7 @@ class Config:
 
     def cache_current(self, staleness: float) -> bool:
         """Whether a view that may have missed changes for ``staleness`` seconds (see
-        :meth:`~webhook.engine.ports.ClusterView.staleness`) may still be decided on:
+        :meth:`~webhook.engine.ledger.ClusterView.staleness`) may still be decided on:
         the one bound reviews, the worker, the reconciler and readiness all apply."""
         return staleness <= self.max_cache_staleness
 

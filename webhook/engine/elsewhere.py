@@ -31,7 +31,7 @@ from webhook.core.movable import Room, room_on
 from webhook.engine.ledger import Ledger
 
 if TYPE_CHECKING:
-    from webhook.engine.ports import ClusterView
+    from webhook.engine.ledger import ClusterView
 
 #: A room's place in the order: the roomiest first (by free CPU, then memory, then name),
 #: as :func:`~webhook.core.movable.rooms_elsewhere` sorts them.

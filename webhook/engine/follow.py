@@ -38,9 +38,9 @@ import orjson
 from webhook.core.model import Pod, PodRef
 from webhook.core.movable import RECREATED_BY, judge
 from webhook.engine.decision_log import emit
+from webhook.engine.ledger import ClusterView
 from webhook.engine.loop import Loop
 from webhook.engine.metrics import Metrics
-from webhook.engine.ports import ClusterView
 
 log = logging.getLogger(__name__)
 

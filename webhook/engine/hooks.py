@@ -12,8 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from webhook.engine.ledger import Ledger
-from webhook.engine.ports import VictimEvictor
+from webhook.engine.ledger import Ledger, VictimEvictor
 
 T = TypeVar("T")
 

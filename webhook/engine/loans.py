@@ -46,10 +46,9 @@ from webhook.core.model import Node, Pod, PodRef
 from webhook.core.plan import Plan
 from webhook.core.policy import importance_key
 from webhook.core.resources import ZERO, Resources
-from webhook.engine.ledger import Ledger, LedgerChange, LedgerEntry
+from webhook.engine.ledger import ClusterView, Ledger, LedgerChange, LedgerEntry
 from webhook.engine.loop import KeyedBackoff
 from webhook.engine.metrics import RESOURCE_UNITS, Metrics, in_base_unit
-from webhook.engine.ports import ClusterView
 
 if TYPE_CHECKING:
     from webhook.engine.lifecycle import Scene

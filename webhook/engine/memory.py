@@ -24,7 +24,7 @@ from webhook.engine.ledger import LedgerChange, LedgerEntry, R
 
 
 class FixedClusterView:
-    """A :class:`~webhook.engine.ports.ClusterView` (with the reconciler's
+    """A :class:`~webhook.engine.ledger.ClusterView` (with the reconciler's
     ``pending_resizes``) over nodes, pods, PodDisruptionBudgets and PriorityClasses that
     never change: always synced, never stale."""
 

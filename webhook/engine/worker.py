@@ -53,7 +53,7 @@ Guarantees:
 
 Only the leader must run it: the service registers it with
 :class:`~webhook.engine.loop.Runnables` as needing leader election. It reaches the
-cluster only through its ports (:mod:`webhook.engine.ports`): the cache, the ledger, an
+cluster only through its ports (:mod:`webhook.engine.ledger`): the cache, the ledger, an
 evictor and an event sink, which ``webhook.kube`` provides. The event sink hears only of
 plans given up on with victims left (``abandoned``); a plan carried out is told by the
 victims' ``Preempted`` events, as upstream's. Each eviction is also told to
@@ -75,17 +75,18 @@ from dataclasses import replace
 from webhook.core.model import PodRef
 from webhook.engine.config import Config
 from webhook.engine.follow import Follow
-from webhook.engine.ledger import Ledger, LedgerEntry
+from webhook.engine.ledger import (
+    ClusterView,
+    EvictionResult,
+    Ledger,
+    LedgerEntry,
+    PreemptionEvents,
+    VictimEvictor,
+)
 from webhook.engine.lifecycle import Act, Action, Refuse, Release, Wait, next_action, room_holders
 from webhook.engine.loans import LenderResizer, Lending
 from webhook.engine.loop import Backoff, KeyedBackoff, Loop
 from webhook.engine.metrics import Metrics
-from webhook.engine.ports import (
-    ClusterView,
-    EvictionResult,
-    PreemptionEvents,
-    VictimEvictor,
-)
 
 #: Releases that give up on a plan: victims still live then were never evicted for it,
 #: and nobody else tells the resizing pod's owner so.

@@ -1,6 +1,6 @@
 """The cluster cache: pods, nodes, PodDisruptionBudgets and PriorityClasses, list+watched.
 
-:class:`ClusterCache` implements :class:`webhook.engine.ports.ClusterView`. The admission
+:class:`ClusterCache` implements :class:`webhook.engine.ledger.ClusterView`. The admission
 path reads it on every review, so reads take no lock and copy nothing: each index maps a
 key to an immutable value (a view, or a tuple of views) that writers replace, never
 mutate (copy-on-write per bucket). A reader may see one index a moment ahead of another;
@@ -310,7 +310,7 @@ def _no_api(**_: Any) -> Any:
 
 
 class ClusterCache:
-    """An in-memory, watch-fed :class:`~webhook.engine.ports.ClusterView`.
+    """An in-memory, watch-fed :class:`~webhook.engine.ledger.ClusterView`.
 
     ``start()`` launches one daemon reflector thread per kind; ``wait_synced(timeout)``
     blocks until every kind has been listed once; ``stop()`` ends the threads and closes

@@ -45,9 +45,8 @@ from webhook.engine.admission import (
     response,
 )
 from webhook.engine.config import Config
-from webhook.engine.ledger import Ledger
+from webhook.engine.ledger import ClusterView, Ledger
 from webhook.engine.metrics import Metrics
-from webhook.engine.ports import ClusterView
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
