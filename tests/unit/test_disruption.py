@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.builders import LOW, PdbBuilder, make_pdb, make_pod
-from webhook.core.disruption import budget_matches, spending, split_by_violation
 from webhook.core.model import PdbMode, Pod
+from webhook.core.policy import budget_matches, spending, split_by_violation
 
 
 def app_pod(name: str, app: str = "db", namespace: str = "default") -> Pod:

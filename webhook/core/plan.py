@@ -23,11 +23,17 @@ from webhook.core.accounting import (
     node_usage,
     pod_requests,
 )
-from webhook.core.disruption import split_by_violation
 from webhook.core.lending import Loan, borrow, room
 from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
 from webhook.core.movable import Move, Room, claim, judge_all
-from webhook.core.policy import DefaultPolicy, PreemptionPolicy, Ranking, movable_first, rank
+from webhook.core.policy import (
+    DefaultPolicy,
+    PreemptionPolicy,
+    Ranking,
+    movable_first,
+    rank,
+    split_by_violation,
+)
 from webhook.core.resources import (
     RESOURCE_NAMES,
     ZERO,

@@ -35,13 +35,12 @@ import jsonpatch
 import orjson
 
 from webhook.core.accounting import Holdings, holdings, pod_requests
-from webhook.core.disruption import spending
 from webhook.core.errors import InputError, WebhookError
 from webhook.core.fit import largest_fit
 from webhook.core.model import FIT_TO_NODE_ANNOTATION, DisruptionBudget, Node, Pod, PodRef
 from webhook.core.objects import parse_pod
 from webhook.core.plan import Plan, plan_resize
-from webhook.core.policy import PreemptionPolicy, Ranking, rank
+from webhook.core.policy import PreemptionPolicy, Ranking, rank, spending
 from webhook.core.report import WARNING_LIMIT, clip, warnings_for
 from webhook.core.resources import (
     RESOURCE_NAMES,
