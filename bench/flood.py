@@ -79,8 +79,8 @@ def serve_main(argv: Sequence[str]) -> int:
     from bench.shed_worker import FloodServer, ShedWorker
     from harness.doubles import InMemoryLedger, StaticClusterView
     from webhook.engine.admission import AdmissionEngine
-    from webhook.engine.config import Config
     from webhook.engine.loop import Backlog
+    from webhook.engine.settings import Config
     from webhook.web.app import create_app
     from webhook.web.server import ServerOptions, WorkerApp
     from webhook.web.tls import CertificateReloader

@@ -51,9 +51,9 @@ from harness.audit import eviction_codes
 from harness.kubeapi import KubeClient
 from harness.webhook_process import WebhookProcess
 from webhook.core.objects import parse_pod
-from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry, decode_entries
 from webhook.engine.lifecycle import room_holders
+from webhook.engine.settings import Config
 from webhook.kube.ledger import LEDGER_ANNOTATION, lease_name
 
 RESULTS = Path(__file__).resolve().parent / "results" / "flood-cluster.json"

@@ -402,8 +402,8 @@ def serve_main(argv: Sequence[str]) -> int:
     from bench.noop_endpoint import add_noop_endpoint
     from harness.doubles import InMemoryLedger, StaticClusterView
     from webhook.engine.admission import AdmissionEngine
-    from webhook.engine.config import Config
     from webhook.engine.loop import Backlog
+    from webhook.engine.settings import Config
     from webhook.web.app import create_app
     from webhook.web.server import ServerOptions, WorkerApp, serve
     from webhook.web.tls import CertificateReloader

@@ -297,7 +297,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from webhook.engine.config import Config
+    from webhook.engine.settings import Config
     from webhook.engine.status import service_status, status_text, status_to_dict
     from webhook.kube.status import read_live
 

@@ -13,12 +13,12 @@ from webhook.core.model import Pod
 from webhook.core.plan import Plan
 from webhook.core.report import deferred_note
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.config import Config
 from webhook.engine.follow import Follow
 from webhook.engine.hooks import Hooks
 from webhook.engine.loop import Backlog, Runnables
 from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler
+from webhook.engine.settings import Config
 from webhook.engine.worker import PreemptionWorker
 from webhook.kube.cache import BUDGETS, PODS, ClusterCache
 from webhook.kube.client import make_api_client

@@ -34,9 +34,9 @@ from tests.e2e.test_service import walkthrough
 from tests.e2e.test_worker import actual_cpu, events, get, review
 from webhook.core.movable import takes_pods
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.config import Config
 from webhook.engine.follow import Follow
 from webhook.engine.metrics import Metrics
+from webhook.engine.settings import Config
 from webhook.engine.worker import PreemptionWorker
 from webhook.kube.cache import BUDGETS, ClusterCache
 from webhook.kube.events import EventRecorder

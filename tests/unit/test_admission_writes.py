@@ -14,8 +14,8 @@ from tests.unit.web_fixtures import pod, resized, review, walkthrough_objects, w
 from webhook.core.lending import Loan
 from webhook.core.resources import Resources
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry
+from webhook.engine.settings import Config
 
 GI = 1024**3
 NOW = 1000.0

@@ -17,9 +17,9 @@ from harness.doubles import InMemoryLedger
 from tests.unit.web_fixtures import walkthrough_review, walkthrough_view
 from webhook.engine import admission
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.config import Config
 from webhook.engine.decision_log import Facts
 from webhook.engine.loop import Backlog, Job
+from webhook.engine.settings import Config
 
 LOGGER = "webhook.decisions"
 

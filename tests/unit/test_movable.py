@@ -350,7 +350,7 @@ def _validate(engine: Any, objects: list[dict[str, Any]], name: str, uid: str) -
 def test_the_service_plans_in_the_configured_order(expected: tuple[str, ...], order: Any) -> None:
     from harness.doubles import InMemoryLedger, StaticClusterView
     from webhook.engine.admission import AdmissionEngine
-    from webhook.engine.config import Config
+    from webhook.engine.settings import Config
 
     objects = _cluster("a")
     ledger = InMemoryLedger()
@@ -370,7 +370,7 @@ def test_room_elsewhere_is_not_promised_twice() -> None:
     replacement: the second plan sees it promised and evicts as upstream would."""
     from harness.doubles import InMemoryLedger, StaticClusterView
     from webhook.engine.admission import AdmissionEngine
-    from webhook.engine.config import Config
+    from webhook.engine.settings import Config
 
     objects = _cluster("a", "b")
     ledger = InMemoryLedger()

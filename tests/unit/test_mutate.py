@@ -21,7 +21,7 @@ from flask import Flask
 from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.web_fixtures import fit_to_node_objects, resized, review
 from webhook.core.model import FIT_TO_NODE_ANNOTATION
-from webhook.engine.config import Config
+from webhook.engine.settings import Config
 from webhook.web.app import create_app
 
 

@@ -14,9 +14,9 @@ from tests.unit.test_worker_logic import CONFIG, NODE, NOW, entry, pod
 from tests.unit.web_fixtures import resized, review, walkthrough_objects, walkthrough_view
 from webhook.core.resources import Resources
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import Wait, next_action
+from webhook.engine.settings import Config
 
 
 class Ledger:

@@ -32,11 +32,11 @@ from tests.unit.test_worker_logic import pod as cached_pod
 from webhook.core.model import NODE_OPT_OUT_ANNOTATION, DisruptionBudget, Node, Pod, PodRef
 from webhook.core.plan import Plan
 from webhook.core.resources import Resources
-from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.loans import is_give_back
 from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import DEFERRED_REASONS, Reconciler, review_uid_for, skip_reason
+from webhook.engine.settings import Config
 
 CONFIG = Config(reservation_ttl=120.0)
 GI = 2**30

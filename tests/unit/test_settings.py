@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from webhook.core.errors import InputError
-from webhook.engine.config import Config
-from webhook.engine.settings import SETTINGS, env_name, load_config
+from webhook.engine.settings import SETTINGS, Config, env_name, load_config
 
 
 def test_defaults_without_any_source() -> None:

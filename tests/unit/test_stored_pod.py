@@ -12,7 +12,7 @@ from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.web_fixtures import node, pod, resized, review, walkthrough_objects
 from webhook.core.objects import parse_node, parse_pod
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.config import Config
+from webhook.engine.settings import Config
 from webhook.kube.cache import PodCompactor
 
 

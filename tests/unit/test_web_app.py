@@ -32,8 +32,8 @@ from webhook.engine.admission import (
     Endpoint,
     clean_audit_annotations,
 )
-from webhook.engine.config import Config, Mode
 from webhook.engine.metrics import Metrics
+from webhook.engine.settings import Config, Mode
 from webhook.web import app as app_module
 from webhook.web.app import create_app
 

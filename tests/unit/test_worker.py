@@ -24,11 +24,11 @@ from tests.unit.test_worker_logic import (
     ref,
 )
 from webhook.core.model import Node, Pod, PodRef
-from webhook.engine.config import Config
 from webhook.engine.ledger import EvictionResult, LedgerEntry
 from webhook.engine.lifecycle import room_holders
 from webhook.engine.loans import LenderResizer
 from webhook.engine.metrics import Metrics
+from webhook.engine.settings import Config
 from webhook.engine.worker import PreemptionWorker, remove_entry, update_entry
 
 CONFIG = Config(persist_timeout=10.0, reservation_ttl=120.0)

@@ -11,9 +11,9 @@ from webhook.core.lending import Loan, loan_state
 from webhook.core.model import DisruptionBudget, LabelSelector, Node, Pod, PodRef
 from webhook.core.objects import parse_pod
 from webhook.core.resources import Resources
-from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import Act, Action, Release, Wait, next_action, persisted, phase
+from webhook.engine.settings import Config
 
 GI = 1024**3
 NODE = Node(name="node-1", allocatable=Resources(8000, 16 * GI))

@@ -262,8 +262,8 @@ def _serve_main() -> None:
             (lifecycle / event).write_text(str(os.getpid()))
 
     from harness.doubles import InMemoryLedger
-    from webhook.engine.config import Config
     from webhook.engine.metrics import Metrics
+    from webhook.engine.settings import Config
     from webhook.web.app import create_app
     from webhook.web.server import ServerOptions, WorkerApp, serve
     from webhook.web.tls import CertificateReloader

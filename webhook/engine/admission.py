@@ -49,13 +49,13 @@ from webhook.core.resources import (
     format_cpu,
     format_memory,
 )
-from webhook.engine.config import Config
 from webhook.engine.decision_log import Decision, Facts, decision_logger, emit, line
 from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.ledger import ClusterView, Ledger, LedgerEntry
 from webhook.engine.lifecycle import admit, room_holders
 from webhook.engine.loop import After, run_now
 from webhook.engine.metrics import Metrics
+from webhook.engine.settings import Config
 
 # -- on the wire ---------------------------------------------------------------------------
 

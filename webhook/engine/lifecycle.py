@@ -48,8 +48,8 @@ from webhook.core.plan import Plan, plan_resize
 from webhook.core.policy import ImportanceKey, PreemptionPolicy
 from webhook.core.resources import Resources
 from webhook.engine import loans
-from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerChange, LedgerEntry
+from webhook.engine.settings import Config
 
 State = Literal["admitted", "persisted", "actuated", "released"]
 #: States in which an entry holds room on its node: every plan counts it.

@@ -34,13 +34,13 @@ from webhook.core.errors import WebhookError
 from webhook.core.model import Node, Pod
 from webhook.core.plan import Plan, plan_resize
 from webhook.engine.admission import NodeMemo
-from webhook.engine.config import Config
 from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.ledger import ClusterView, Ledger, LedgerChange, LedgerEntry
 from webhook.engine.lifecycle import Admitted, admit, claim
 from webhook.engine.loop import Loop
 from webhook.engine.metrics import Metrics
+from webhook.engine.settings import Config
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ from webhook.core.model import Pod, PodRef
 from webhook.core.plan import Plan
 from webhook.core.resources import format_amount
 from webhook.core.snapshot import Snapshot
-from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import room_holders
 from webhook.engine.memory import FixedClusterView, MemoryLedger
 from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler
+from webhook.engine.settings import Config
 
 #: What each reason the reconciler gives means to a person (a plan's own reason is used
 #: when there is a plan).

@@ -73,7 +73,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from webhook.core.model import PodRef
-from webhook.engine.config import Config
 from webhook.engine.follow import Follow
 from webhook.engine.ledger import (
     ClusterView,
@@ -87,6 +86,7 @@ from webhook.engine.lifecycle import Act, Action, Refuse, Release, Wait, next_ac
 from webhook.engine.loans import LenderResizer, Lending
 from webhook.engine.loop import Backoff, KeyedBackoff, Loop
 from webhook.engine.metrics import Metrics
+from webhook.engine.settings import Config
 
 #: Releases that give up on a plan: victims still live then were never evicted for it,
 #: and nobody else tells the resizing pod's owner so.

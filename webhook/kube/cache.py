@@ -40,9 +40,9 @@ from webhook.core.objects import (
     parse_pod,
     parse_priority_class,
 )
-from webhook.engine.config import Config
 from webhook.engine.elsewhere import NodeRooms
 from webhook.engine.metrics import Metrics
+from webhook.engine.settings import Config
 from webhook.kube.errors import ClusterError
 from webhook.kube.reflector import (
     DEFAULT_PAGE_SIZE,

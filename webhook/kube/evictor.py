@@ -46,10 +46,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from webhook.core.model import PodRef
-from webhook.engine.config import EvictionMethod
 from webhook.engine.ledger import EvictionResult
 from webhook.engine.loop import Backoff
 from webhook.engine.metrics import Metrics
+from webhook.engine.settings import EvictionMethod
 from webhook.kube.errors import ClusterError, Conflict, NotFound, TooManyRequests
 from webhook.kube.events import EventRecorder, rfc3339
 from webhook.kube.jsonapi import STRATEGIC_MERGE_PATCH, request_json

@@ -61,11 +61,11 @@ from kubernetes.client import CoordinationV1Api
 
 from webhook.core.errors import ObjectError
 from webhook.core.model import Pod
-from webhook.engine.config import Config
 from webhook.engine.ledger import LedgerChange, LedgerEntry, R, decode_entries, encode_entries
 from webhook.engine.lifecycle import room_holders
 from webhook.engine.loop import Backoff
 from webhook.engine.metrics import Metrics
+from webhook.engine.settings import Config
 from webhook.kube import reflector as rf
 from webhook.kube.errors import ClusterError, Conflict, NotFound
 from webhook.kube.jsonapi import request_json

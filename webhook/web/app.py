@@ -44,9 +44,9 @@ from webhook.engine.admission import (
     parse_review,
     response,
 )
-from webhook.engine.config import Config
 from webhook.engine.ledger import ClusterView, Ledger
 from webhook.engine.metrics import Metrics
+from webhook.engine.settings import Config
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 from gunicorn.app.base import BaseApplication
 from prometheus_client import CollectorRegistry
 
-from webhook.engine.config import Config
+from webhook.engine.settings import Config
 from webhook.web import shared_metrics
 from webhook.web.metrics_server import MetricsServer, start_metrics_server
 from webhook.web.tls import DEFAULT_CHECK_INTERVAL, CertificateReloader
