@@ -75,8 +75,9 @@ class ContainerStatus:
 class Floor:
     """The least one container's resource may be lowered to when its pod lends.
 
-    Only floors a loan may use are kept: the container is resizable in place (an app
-    container or a sidecar) and its ``resizePolicy`` for the resource does not restart it.
+    Only floors it can be lowered to without a restart are kept: the container is
+    resizable in place (an app container or a sidecar) and its ``resizePolicy`` for the
+    resource does not restart it.
     """
 
     container: str
