@@ -13,7 +13,9 @@ scenario:
    when there are several), each timed from the moment its kubectl process returns;
 3. wait until every resize is actuated (60 s at most) - or, for scenarios where nothing
    should be actuated, watch for 12 s - then 2 s more for late victims;
-4. victims = pods of the namespace that got a ``deletionTimestamp`` or vanished;
+4. victims = pods of the namespace that got a ``deletionTimestamp`` or vanished; lost =
+   victims whose work runs nowhere now: a bare pod, or a ReplicaSet's whose replacement
+   is not bound to a node within ``REPLACEMENT_WAIT`` seconds;
    ``first_eviction_ms`` = first such moment - kubectl's return (per resize on its own
    node; the median over resizes when there are several); ``actuated_ms`` likewise for the
    kubelet reporting the new size; ``api_requests`` = requests of the
@@ -34,7 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,8 @@ RESULTS = REPO / "bench" / "results" / "compare.json"
 ACTUATION_TIMEOUT = 60.0
 OBSERVE_WINDOW = 12.0
 SETTLE = 2.0
+#: Seconds a ReplicaSet's victim's replacement has to be bound before the work counts as lost.
+REPLACEMENT_WAIT = 20.0
 OPT_OUT_OWNER = "bench.resize-preemption.io/compare"
 
 Log = Callable[[str], None]
@@ -71,10 +75,13 @@ class Measured:
     api_requests: int
     breakdown: dict[str, int]
     kubectl_errors: list[str]
+    #: Victims whose work runs nowhere after the scenario (``namespace/name``).
+    lost: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "victims": self.victims,
+            "lost": self.lost,
             "first_eviction_ms": self.first_eviction_ms,
             "actuated_ms": self.actuated_ms,
             "api_requests": self.api_requests,
@@ -144,6 +151,9 @@ class ScenarioRun:
             self._wait_running([p["metadata"]["name"] for p in pods], timeout=600)
         for budget in s.budgets:
             self._wait_budget(budget)
+        for p in s.pods:
+            if p.replicaset:
+                self._adopt(p)
         for resize in s.pending:
             self._kubectl_patch(resize)
             self._wait(
@@ -165,7 +175,7 @@ class ScenarioRun:
             "metadata": {
                 "name": p.name,
                 "namespace": self.namespace,
-                "labels": dict(p.labels),
+                "labels": _labels(p),
                 "annotations": dict(p.annotations),
             },
             "spec": {
@@ -181,6 +191,47 @@ class ScenarioRun:
                 ],
             },
         }
+
+    def _adopt(self, p: sc.PodSpec) -> None:
+        """A ReplicaSet of one replica named after ``p``, selecting it: it adopts the
+        running pod, and its template (the pod unbound) makes the replacement."""
+        template = self._pod_object(p)
+        del template["spec"]["nodeName"]
+        self.side.client.create(
+            f"/apis/apps/v1/namespaces/{self.namespace}/replicasets",
+            {
+                "metadata": {"name": p.name},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": {REPLICASET_LABEL: p.name}},
+                    "template": {"metadata": {"labels": _labels(p)}, "spec": template["spec"]},
+                },
+            },
+        )
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{p.name}"
+
+        def adopted() -> bool:
+            return _controller(self.side.client.get(path)) == ("ReplicaSet", p.name)
+
+        self._wait(adopted, 60, f"{p.name} adopted by its ReplicaSet")
+
+    def _lost(self, victims: set[str]) -> list[str]:
+        """The victims whose work runs nowhere now: bare ones, and a ReplicaSet's without
+        a replacement bound to a node (waited for up to ``REPLACEMENT_WAIT`` seconds)."""
+        owned = {p.name for p in self.scenario.pods if p.replicaset}
+        deadline = time.monotonic() + REPLACEMENT_WAIT
+        while True:
+            replaced = {
+                owner
+                for pod in self._pods()
+                if pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp")
+                for kind, owner in [_controller(pod)]
+                if kind == "ReplicaSet" and owner in victims and pod["metadata"]["name"] != owner
+            }
+            lost = sorted(v for v in victims if v not in replaced)
+            if not set(lost) & owned or time.monotonic() > deadline:
+                return [f"{self.namespace}/{name}" for name in lost]
+            time.sleep(0.2)
 
     def _create(self, pod: dict[str, Any]) -> None:
         self.side.client.create(f"/api/v1/namespaces/{self.namespace}/pods", pod)
@@ -271,6 +322,7 @@ class ScenarioRun:
         time.sleep(SETTLE)
         seen = watcher.stop()
         wall_end = time.time()
+        lost = self._lost(set(seen.deleted))
         requests, breakdown = count_requests(
             cursor, self.side.user_agent_prefix, wall_start, wall_end
         )
@@ -281,6 +333,7 @@ class ScenarioRun:
             api_requests=requests,
             breakdown=breakdown,
             kubectl_errors=errors,
+            lost=lost,
         )
 
     def _per_resize(
@@ -305,6 +358,11 @@ class ScenarioRun:
 
     def cleanup(self) -> None:
         try:
+            if any(p.replicaset for p in self.scenario.pods):
+                # First, or the ReplicaSets would recreate the pods deleted below.
+                self.side.client.request(
+                    "DELETE", f"/apis/apps/v1/namespaces/{self.namespace}/replicasets"
+                )
             self.side.client.request(
                 "DELETE",
                 f"/api/v1/namespaces/{self.namespace}/pods",
@@ -327,6 +385,22 @@ class ScenarioRun:
             self.cleanup()
 
 
+#: The label a ReplicaSet of the comparison selects its pod by.
+REPLICASET_LABEL = "bench.resize-preemption.io/replicaset"
+
+
+def _labels(p: sc.PodSpec) -> dict[str, str]:
+    return {**p.labels, REPLICASET_LABEL: p.name} if p.replicaset else dict(p.labels)
+
+
+def _controller(pod: dict[str, Any]) -> tuple[str, str]:
+    """The kind and name of ``pod``'s controller; empty strings when it has none."""
+    for ref in pod["metadata"].get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("kind", "")), str(ref.get("name", ""))
+    return "", ""
+
+
 def _victim_names(measured: Measured, namespace_prefix: str = "") -> list[str]:
     return [v.split("/", 1)[1] for v in measured.victims]
 
@@ -346,6 +420,7 @@ def _combine(runs: list[Measured]) -> Measured:
         api_requests=int(statistics.median([r.api_requests for r in runs])),
         breakdown=first.breakdown,
         kubectl_errors=[e for r in runs for e in r.kubectl_errors],
+        lost=first.lost,
     )
 
 
@@ -369,6 +444,7 @@ def run_side(
             runs.append(measured)
             log(
                 f"[{side.name}] {scenario.name} #{i}: victims={_victim_names(measured)} "
+                f"lost={len(measured.lost)} "
                 f"first_eviction={measured.first_eviction_ms} ms "
                 f"actuated={measured.actuated_ms} ms api={measured.api_requests} "
                 f"({time.monotonic() - began:.0f} s)"
@@ -434,17 +510,23 @@ def _victims_text(victims: list[str], limit: int = 3) -> str:
     return ", ".join(names) or "none"
 
 
+def _lost_count(side: dict[str, Any]) -> str:
+    lost = side.get("lost")
+    return "-" if lost is None else str(len(lost))
+
+
 def table(data: list[dict[str, Any]]) -> str:
     header = (
-        "| scenario | victims: ours | victims: upstream | first eviction ms: ours / upstream "
+        "| scenario | victims: ours | victims: upstream | pods lost: ours / upstream "
+        "| first eviction ms: ours / upstream "
         "| actuated ms: ours / upstream | API requests: ours / upstream |"
     )
-    lines = [header, "|---|---|---|---|---|---|"]
+    lines = [header, "|---|---|---|---|---|---|---|"]
     for row in data:
         o, u = row["ours"], row["upstream"]
         lines.append(
             f"| {row['scenario']} | {_victims_text(o['victims'])} | "
-            f"{_victims_text(u['victims'])} | "
+            f"{_victims_text(u['victims'])} | {_lost_count(o)} / {_lost_count(u)} | "
             f"{_ms(o['first_eviction_ms'])} / {_ms(u['first_eviction_ms'])} | "
             f"{_ms(o['actuated_ms'])} / {_ms(u['actuated_ms'])} | "
             f"{o['api_requests']} / {u['api_requests']} |"
@@ -466,6 +548,11 @@ def summary(data: list[dict[str, Any]]) -> str:
     loans = lending_summary(data)
     if loans:
         lines.append(loans)
+    lost = {side: sum(len(r[side].get("lost") or ()) for r in data) for side in SIDES}
+    lines.append(
+        f"pods lost over the {len(data)} scenarios: ours {lost['ours']}, "
+        f"upstream {lost['upstream']}"
+    )
     same = [r["scenario"] for r in data if r["ours"]["victims"] == r["upstream"]["victims"]]
     differ = [r["scenario"] for r in data if r["ours"]["victims"] != r["upstream"]["victims"]]
     lines.append(f"same victims: {', '.join(same) or 'none'}")

@@ -7,9 +7,14 @@ value (``cmp-<value>``, ``cmp-<value>-never`` for ``preemptionPolicy: Never``). 
 8 CPU / 16Gi / 110 pods unless a scenario says otherwise, and each scenario gets its own
 fresh nodes, so nothing left by one scenario can change another's outcome.
 
+A pod may belong to a ReplicaSet (``replicaset``): it is created bound like the others,
+then a ReplicaSet of one replica named after it adopts it, so that evicting it makes the
+ReplicaSet create a replacement, which kube-scheduler places wherever there is room.
+
 ``expected`` holds the victims the decision rules give for each side (pod names), worked
 out by hand in the comments; the comparison measures what actually happens and the
-end-to-end test asserts the two agree.
+end-to-end test asserts the two agree. ``lost`` likewise holds the victims whose work runs
+nowhere afterwards (a bare pod evicted, or a ReplicaSet's without a bound replacement).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class PodSpec:
     never: bool = False  # PriorityClass with preemptionPolicy: Never
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    #: Adopted by a ReplicaSet of one replica named after the pod (see the module).
+    replicaset: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +79,8 @@ class Scenario:
     expected: Mapping[str, tuple[str, ...]] | None = None
     #: Run by tests/e2e/test_compare.py.
     victim_relevant: bool = True
+    #: Victims whose work is lost on each side (pod names); None: not asserted.
+    lost: Mapping[str, tuple[str, ...]] | None = None
 
 
 def _pod(name: str, priority: int, cpu: str, **kw: object) -> PodSpec:
@@ -212,6 +221,28 @@ def node_opt_out() -> Scenario:
     )
 
 
+def move_dont_lose() -> Scenario:
+    # Issue 27. node 0 (8 CPU) is full: high 4 -> 6 needs one of two equal-priority 2 CPU
+    # pods to go. "replicated" (a ReplicaSet's, started first) and "bare" (no controller,
+    # started later). kube-scheduler takes the later start time: bare, whose work is lost.
+    # Ours, with --victim-order movable-first: replicated's ReplicaSet can recreate it on
+    # node 1 (8 CPU free), so it goes first; its replacement is bound to node 1.
+    return Scenario(
+        "move-dont-lose",
+        "high 4->6 CPU; equal-priority low pods, a ReplicaSet's (older) and a bare one "
+        "(newer), a second node with room",
+        pods=(
+            _pod("replicated", LOW, "2", replicaset=True),
+            _pod("bare", LOW, "2"),
+            _pod("high", HIGH, "4"),
+        ),
+        nodes=2,
+        resizes=(Resize("high", "6"),),
+        expected={"ours": ("replicated",), "upstream": ("bare",)},
+        lost={"ours": (), "upstream": ("bare",)},
+    )
+
+
 def lending() -> Scenario:
     # The walkthrough with low-priority-pod's owner allowing it to shrink to 1 CPU: we
     # borrow the 1 CPU missing (3 -> 2) and evict nobody. kube-scheduler knows no floors
@@ -277,6 +308,7 @@ def victim_scenarios() -> list[Scenario]:
         infeasible(),
         preemption_never(),
         node_opt_out(),
+        move_dont_lose(),
     ]
 
 

@@ -1,19 +1,24 @@
 """The two sides of the comparison, each on its own local control plane.
 
 * ``ours``: kube-apiserver, kube-scheduler and kube-controller-manager v1.37.2 with the
-  alpha gate off; the webhook service (``python -m webhook serve``) started and registered
-  for ``pods/resize`` by :func:`harness.webhook_process.start_webhook`.
+  alpha gate off; the webhook service (``python -m webhook serve --victim-order
+  movable-first``) started and registered for ``pods/resize`` by
+  :func:`harness.webhook_process.start_webhook`. Where no candidate has a controller that
+  recreates it (every scenario but ``move-dont-lose``), movable-first plans exactly as the
+  default order.
 * ``upstream``: the same binaries with ``InPlacePodVerticalScalingSchedulerPreemption=true``
   on every component (the API server must have it too, or it drops
   ``Node.spec.podPreemptionPolicy``); no webhook registered and no service process, so
   nothing of ours reconciles Deferred resizes: kube-scheduler alone preempts.
 
-Both sides run the same hollow kubelets (the v1.37.2 kubelet without containers, one
-process per node: Deferred when a resize does not fit, actuation when room appears,
-containers stopped within ``GRACE_CAP`` seconds) and log every
-API request to the audit log, so the preempting component's requests can be counted by
-user agent: ``resize-preemption-webhook/<version>`` (every client the service builds sets
-it) and ``kube-scheduler/<version> ...``.
+On both sides kube-controller-manager also runs the ReplicaSet controller (and the
+garbage collector, which removes a ReplicaSet's pods with it), so an evicted ReplicaSet
+pod gets a replacement for kube-scheduler to place. Both sides run the same hollow
+kubelets (the v1.37.2 kubelet without containers, one process per node: Deferred when a
+resize does not fit, actuation when room appears, containers stopped within
+``GRACE_CAP`` seconds) and log every API request to the audit log, so the preempting
+component's requests can be counted by user agent: ``resize-preemption-webhook/<version>``
+(every client the service builds sets it) and ``kube-scheduler/<version> ...``.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ SIDES = ("ours", "upstream")
 UPSTREAM_POLICY = "ours-upstream-policy"
 #: ``python -m webhook serve`` flags of each side that runs the webhook.
 WEBHOOK_FLAGS: dict[str, tuple[str, ...]] = {
-    "ours": (),
+    "ours": ("--victim-order", "movable-first"),
     UPSTREAM_POLICY: ("--eviction-method", "delete", "--pdb-mode", "best-effort"),
 }
 ALL_SIDES = (*SIDES, UPSTREAM_POLICY)
@@ -100,7 +105,10 @@ class Side:
     def start(self) -> Side:
         gates = {GATE: True} if self.name == "upstream" else {}
         config = ControlPlaneConfig(
-            state_dir=self.state_dir, feature_gates=gates, audit_policy=AUDIT_EVERYTHING
+            state_dir=self.state_dir,
+            feature_gates=gates,
+            audit_policy=AUDIT_EVERYTHING,
+            workload_controllers=True,
         )
         try:
             self.control_plane = ControlPlane(self.binaries, config).start()

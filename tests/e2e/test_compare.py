@@ -10,7 +10,12 @@ every component, no webhook) - each on its own local control plane, then asserts
 * the one deliberate policy difference: a candidate whose eviction a PodDisruptionBudget
   forbids is deleted by the scheduler (plain DELETE) and left alone by us (Eviction API,
   ``pdb-mode: respect``) - and with ``--eviction-method delete --pdb-mode best-effort``
-  our webhook picks the scheduler's victims there too.
+  our webhook picks the scheduler's victims there too;
+* with ``--victim-order movable-first`` (our side's setting), of two equally important
+  candidates we evict the one a ReplicaSet recreates on another node with room, where
+  the scheduler evicts the later started, bare one: no pod is lost on our side;
+* every victim's work is lost or running again as the scenario says (a bare victim is
+  lost, a ReplicaSet's is replaced on another node).
 
 Both sides are started once for the module (about two minutes in all), and the webhook set
 up like the scheduler once more for the two PDB scenarios.
@@ -35,6 +40,8 @@ OVER_PREEMPTED = {"pending-neighbour"}
 PDB_BLOCKED = {"pdb-only-candidate"}
 #: Where a PodDisruptionBudget steers the choice or forbids the only candidate.
 PDB_SCENARIOS = {"pdb-choice", *PDB_BLOCKED}
+#: Where we evict a pod whose work moves to another node, and upstream one whose work is lost.
+MOVED = {"move-dont-lose"}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +76,7 @@ def test_victims_as_expected_on_both_sides(
         assert names(measured) == set(expected[side]), f"{side} {scenario}"
 
 
-@pytest.mark.parametrize("scenario", sorted(set(SCENARIOS) - OVER_PREEMPTED - PDB_BLOCKED))
+@pytest.mark.parametrize("scenario", sorted(set(SCENARIOS) - OVER_PREEMPTED - PDB_BLOCKED - MOVED))
 def test_same_victims_where_upstream_does_not_over_preempt(
     results: dict[str, dict[str, Measured]], scenario: str
 ) -> None:
@@ -85,6 +92,30 @@ def test_strictly_fewer_victims_where_upstream_over_preempts(
     # Fewer, and still enough: both resizes were actuated.
     assert ours.actuated_ms is not None
     assert upstream.actuated_ms is not None
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_pods_lost_as_expected_on_both_sides(
+    results: dict[str, dict[str, Measured]], scenario: str
+) -> None:
+    """Without ``lost`` in the scenario, every victim is a bare pod: all of them are lost."""
+    s = SCENARIOS[scenario]
+    expected = s.lost if s.lost is not None else s.expected
+    assert expected is not None
+    for side in ("ours", "upstream"):
+        lost = {v.split("/", 1)[1] for v in results[side][scenario].lost}
+        assert set(expected[side]) == lost, f"{side} {scenario}"
+
+
+@pytest.mark.parametrize("scenario", sorted(MOVED))
+def test_we_move_what_upstream_loses(
+    results: dict[str, dict[str, Measured]], scenario: str
+) -> None:
+    ours, upstream = results["ours"][scenario], results["upstream"][scenario]
+    assert len(ours.victims) == len(upstream.victims)
+    assert [] == ours.lost
+    assert len(upstream.lost) == len(upstream.victims)
+    assert ours.actuated_ms is not None
 
 
 @pytest.mark.parametrize("scenario", sorted(PDB_BLOCKED))
