@@ -6,18 +6,21 @@ only as far as asked, against every room added up from nothing
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.builders import NOW, make_node, make_pod
+from tests.unit.builders import HIGH, LOW, MID, NODE, NOW, make_node, make_pdb, make_pod
 from tests.unit.test_reflector_stream import list_page, node_obj, pages, pod_obj
+from webhook.core import plan as P
 from webhook.core.accounting import Reservation
-from webhook.core.model import Node, Pod
-from webhook.core.movable import Room, rooms_elsewhere
+from webhook.core.model import DisruptionBudget, Node, Pod
+from webhook.core.movable import Room, claim, judge, rooms_elsewhere
+from webhook.core.plan import Plan, plan_resize
+from webhook.core.policy import DefaultPolicy, movable_first, rank
 from webhook.core.resources import Resources
 from webhook.engine.elsewhere import Elsewhere, NodeRooms
 from webhook.kube.cache import NODES, PODS, ClusterCache
@@ -227,3 +230,87 @@ def test_two_entries_of_one_pod_promising_different_room_on_one_node_merge() -> 
 
     merged = active_on([held(2000), held(1000)], "node-1", NOW)["uid-r"]
     assert (("node-2", Resources(1000, 0)), ("node-2", Resources(2000, 0))) == merged.moves
+
+
+# -- the plan's shortcuts against judging every candidate and selecting again ----------
+
+
+@st.composite
+def _crowd(draw: st.DrawFn) -> tuple[list[Pod], list[DisruptionBudget], list[Room]]:
+    """Pods of three priorities, bare or a controller's, some under budgets, on a full
+    node; a few rooms elsewhere."""
+    pods = []
+    for i in range(draw(st.integers(1, 9))):
+        b = make_pod(f"p{i}").priority(draw(st.sampled_from([LOW, LOW, MID])))
+        b = b.requests(cpu=f"{draw(st.integers(1, 6)) * 250}m").started(draw(st.integers(1, 4)))
+        b = b.labels(app=draw(st.sampled_from(["a", "b", "c"])))
+        kind = draw(st.sampled_from(["", "ReplicaSet", "ReplicaSet", "DaemonSet"]))
+        pods.append((b.owned_by(kind) if kind else b).admitted().build())
+    budgets = [
+        make_pdb(app).selecting(app=app).allowing(draw(st.integers(0, 1))).build()
+        for app in draw(st.sets(st.sampled_from(["a", "b"])))
+    ]
+    rooms = [
+        Room(f"node-{9 - i}", Resources(draw(st.integers(0, 6)) * 250, 4 * 2**30))
+        for i in range(draw(st.integers(0, 3)))
+    ]
+    return pods, budgets, sorted(rooms, key=lambda r: (-r.free.cpu, -r.free.memory, r.node))
+
+
+#: Victims that overspend a budget stay in the plan: the plan's victims are the selection's.
+POLICY = DefaultPolicy(pdb_mode="best-effort")
+
+
+def _resize() -> tuple[Pod, Pod]:
+    return make_pod("web").priority(HIGH).requests(cpu="1").admitted().resize(cpu="3")
+
+
+def _by_hand(pods: list[Pod], budgets: list[DisruptionBudget], rooms: list[Room]) -> Plan:
+    """Movable-first as docs/decision-core.md says it, every step taken: each candidate
+    up to upstream's highest victim priority judged on its own, the selection made again
+    in the movable-first order, kept when no worse, its victims judged in eviction order."""
+    old, new = _resize()
+    node, policy, everyone = (
+        make_node(NODE).allocatable(cpu="4", memory="16Gi").build(),
+        POLICY,
+        [*pods, old],
+    )
+    upstream = plan_resize(old, new, node, everyone, now=NOW, budgets=budgets, policy=policy)
+    if not upstream.victims:
+        return upstream
+    need = P._need(old, new, node, everyone, (), NOW, None)
+    ranking = rank(NODE, everyone, budgets, policy, NOW)
+    candidates = P.candidates_of(new, NODE, ranking, frozenset(), policy)
+    top = max(v.priority for v in upstream.victims)
+    movable = frozenset(p.uid for p in candidates if p.priority <= top and judge(p, rooms).movable)
+    order = movable_first(ranking, movable, NOW)
+    again = P.select_victims(
+        [p for p in order.pods if p in candidates], need.demand, node, order, need.usage, policy
+    )
+    chosen = P.select_victims(candidates, need.demand, node, ranking, need.usage, policy)
+    if P._no_worse(again, chosen):
+        chosen = again
+    by_uid = {p.uid: p for p in candidates}
+    moves = claim([by_uid[v.pod.uid] for v in chosen.victims], rooms)
+    return replace(upstream, victims=tuple(
+        replace(v, move=m) for v, m in zip(chosen.victims, moves, strict=True)
+    ))  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_crowd())
+def test_the_plan_s_shortcuts_choose_as_every_step_taken(
+    crowd: tuple[list[Pod], list[DisruptionBudget], list[Room]],
+) -> None:
+    pods, budgets, rooms = crowd
+    old, new = _resize()
+    node = make_node(NODE).allocatable(cpu="4", memory="16Gi").build()
+    planned = plan_resize(
+        old, new, node, [*pods, old], now=NOW, budgets=budgets, policy=POLICY,
+        elsewhere=rooms,
+    )  # fmt: skip
+    expected = _by_hand(pods, budgets, rooms)
+    assert (expected.victim_keys, [v.move for v in expected.victims]) == (
+        planned.victim_keys,
+        [v.move for v in planned.victims],
+    )

@@ -53,7 +53,7 @@ decisions.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from webhook.core.model import Container, Node, Pod, PodRef
@@ -238,6 +238,19 @@ class Holdings:
     total: Resources  # of every amount in held
     pods: Mapping[str, Pod]
     terminating: tuple[Pod, ...]
+    #: What each pod's spec asks for now, by uid, as :meth:`asks` reads it.
+    _asks: dict[str, Resources] = field(default_factory=dict, compare=False, repr=False)
+
+    def asks(self, pod: Pod) -> Resources:
+        """What ``pod`` (one of :attr:`pods`) asks for now, as a new pod of its spec
+        would: ``pod_requests(pod, "resizing")``, read once per pod however many
+        decisions on these pods ask."""
+        if self.pods.get(pod.uid) is not pod:
+            return pod_requests(pod, "resizing")
+        found = self._asks.get(pod.uid)
+        if found is None:
+            found = self._asks[pod.uid] = pod_requests(pod, "resizing")
+        return found
 
 
 def holdings(

@@ -14,7 +14,7 @@ them is never movable: unknown counts as lost.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -182,9 +182,16 @@ def judge(pod: Pod, rooms: Sequence[Room], taken: Mapping[str, Resources] | None
     return _place(pod, pod_requests(pod, "resizing"), rooms, taken or {})
 
 
-def judge_all(pods: Sequence[Pod], rooms: Sequence[Room]) -> dict[str, Move]:
+def _asks(pod: Pod) -> Resources:
+    return pod_requests(pod, "resizing")
+
+
+def judge_all(
+    pods: Sequence[Pod], rooms: Sequence[Room], asks: Callable[[Pod], Resources] = _asks
+) -> dict[str, Move]:
     """:func:`judge` of each of ``pods`` on its own, by uid: pods alike (one controller's,
-    as most are) are judged once."""
+    as most are) are judged once. ``asks(pod)`` must be ``pod_requests(pod,
+    "resizing")`` (a caller that keeps it between decisions passes its own)."""
     seen: dict[tuple[str, Resources, Placement], Move] = {}
     moves: dict[str, Move] = {}
     for pod in pods:
@@ -192,7 +199,7 @@ def judge_all(pods: Sequence[Pod], rooms: Sequence[Room]) -> dict[str, Move]:
         if refused:
             moves[pod.uid] = Move(False, refused)
             continue
-        needs = pod_requests(pod, "resizing")
+        needs = asks(pod)
         key = (pod.controller, needs, pod.placement)
         move = seen.get(key)
         if move is None:
@@ -201,13 +208,21 @@ def judge_all(pods: Sequence[Pod], rooms: Sequence[Room]) -> dict[str, Move]:
     return moves
 
 
-def claim(pods: Sequence[Pod], rooms: Sequence[Room]) -> tuple[Move, ...]:
+def claim(
+    pods: Sequence[Pod], rooms: Sequence[Room], judged: Mapping[str, Move] | None = None
+) -> tuple[Move, ...]:
     """:func:`judge` of each of ``pods`` in the order given, each on what the ones
-    before it left: two victims never count on the same room."""
+    before it left: two victims never count on the same room. ``judged``, by uid, may
+    hold :func:`judge_all`'s moves of some of them: a pod judged lost stays lost (the
+    ones before it only take room), one judged movable is placed again."""
     taken: dict[str, Resources] = {}
     moves = []
     for pod in pods:
-        move = judge(pod, rooms, taken)
+        move = (judged or {}).get(pod.uid)
+        if move is None:
+            move = judge(pod, rooms, taken)
+        elif move.movable:
+            move = _place(pod, move.needs, rooms, taken)
         if move.movable:
             taken[move.node] = taken.get(move.node, ZERO) + move.needs
         moves.append(move)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
+from webhook.core import accounting
 from webhook.core.accounting import (
     Holdings,
     NodeUsage,
@@ -231,19 +232,27 @@ def _lenders(
     return lenders, at_floor, floor_errors
 
 
+def candidates_of(
+    preemptor: Pod, node: str, ranking: Ranking, claimed: frozenset[str], policy: PreemptionPolicy
+) -> list[Pod]:
+    """Step 1 of victim selection: the pods of ``ranking`` that may be victims of
+    ``preemptor``'s resize (:func:`is_candidate`), in the ranking's order."""
+    return [p for p in ranking.pods if is_candidate(p, preemptor, node, claimed, policy)]
+
+
 def select_victims(
-    preemptor: Pod,
+    candidates: Sequence[Pod],
     demand: Resources,
     node: Node,
     ranking: Ranking,
     usage: NodeUsage,
-    claimed: frozenset[str],
     policy: PreemptionPolicy,
     reserved: frozenset[str] = frozenset(),
 ) -> Selection:
     """Upstream ``SelectVictimsOnNode`` for ``demand`` on a node used as ``usage`` says,
     with lending (steps 5 and 6). ``ranking`` is :func:`~webhook.core.policy.rank` of the
-    node's pods and budgets under ``policy``.
+    node's pods and budgets under ``policy``; ``candidates`` are step 1's
+    (:func:`candidates_of`), in its order.
 
     Lenders are candidates with floors, when the policy lends, other than pods holding a
     reservation of their own (``reserved``: their size is promised to their own resize).
@@ -253,8 +262,7 @@ def select_victims(
     """
     allocatable = node.allocatable
 
-    # 1. Candidates: see is_candidate. Taken in the ranking's order, which is step 3's.
-    candidates = [p for p in ranking.pods if is_candidate(p, preemptor, node.name, claimed, policy)]
+    # 1. Candidates: see is_candidate, in the ranking's order, which is step 3's.
 
     # 2. Remove every candidate; if the resize still does not fit, preempt nobody. What
     #    is already leaving counts as gone.
@@ -318,13 +326,26 @@ def _no_worse(chosen: Selection, upstream: Selection) -> bool:
     )
 
 
+def _reordered(candidates: Sequence[Pod], movable: frozenset[str]) -> bool:
+    """Whether a movable candidate comes before a candidate of its priority that is not
+    (``candidates`` in the ranking's order): only then does movable-first change it."""
+    seen = None  # the priority of the last movable candidate met
+    for p in candidates:
+        if p.uid in movable:
+            seen = p.priority
+        elif p.priority == seen:
+            return True
+    return False
+
+
 def movable_selection(
     upstream: Selection,
     candidates: Sequence[Pod],
     elsewhere: Sequence[Room],
-    select: Callable[[Ranking], Selection],
+    select: Callable[[Sequence[Pod], Ranking], Selection],
     ranking: Ranking,
     now: float,
+    asks: Callable[[Pod], Resources],
 ) -> Selection:
     """Victim order ``movable-first`` (docs/decision-core.md): the selection ``select``
     makes with movable ``candidates`` less important than the others of their priority,
@@ -335,17 +356,20 @@ def movable_selection(
 
     Only candidates of a priority up to ``upstream``'s highest victim's are judged: a
     selection no worse than upstream's never evicts a more important one, so those keep
-    upstream's order."""
+    upstream's order. ``asks(pod)`` is what a candidate's replacement asks for
+    (:meth:`~webhook.core.accounting.Holdings.asks`)."""
     top = max(v.priority for v in upstream.victims)
-    moves = judge_all([p for p in candidates if p.priority <= top], elsewhere)
+    moves = judge_all([p for p in candidates if p.priority <= top], elsewhere, asks)
     movable = frozenset(uid for uid, m in moves.items() if m.movable)
     chosen = upstream
-    if movable:
-        other = select(movable_first(ranking, movable, now))
+    if _reordered(candidates, movable):
+        order = movable_first(ranking, movable, now)
+        place = order.place
+        other = select(sorted(candidates, key=lambda p: place[p.uid]), order)
         if _no_worse(other, upstream):
             chosen = other
     by_uid = {p.uid: p for p in candidates}
-    claimed = claim([by_uid[v.pod.uid] for v in chosen.victims], elsewhere)
+    claimed = claim([by_uid[v.pod.uid] for v in chosen.victims], elsewhere, moves)
     victims = tuple(replace(v, move=m) for v, m in zip(chosen.victims, claimed, strict=True))
     return replace(chosen, victims=victims)
 
@@ -565,8 +589,9 @@ def plan_resize(
     and :func:`movable_selection` chooses; ``None`` is upstream's order.
     """
     policy = policy or DefaultPolicy()
+    kept = holdings if holdings is not None else accounting.holdings(node, pods)
     # Step 0: the pod's demand, what the rest of the node holds, what is missing.
-    need = _need(old, new, node, pods, reservations, now, holdings)
+    need = _need(old, new, node, pods, reservations, now, kept)
     # Steps 1-4: nothing to select victims for.
     early = _without_preemption(old, new, node, need)
     if early is not None:
@@ -575,20 +600,16 @@ def plan_resize(
     claimed = frozenset(uid for r in need.reserved.values() for uid in r.victims)
     if ranking is None:
         ranking = rank(node.name, pods, budgets, policy, now)
-    selection = select_victims(
-        new, need.demand, node, ranking, need.usage, claimed, policy, frozenset(need.reserved)
-    )
+    candidates = candidates_of(new, node.name, ranking, claimed, policy)
+
+    def select(candidates: Sequence[Pod], ranking: Ranking) -> Selection:
+        reserved = frozenset(need.reserved)
+        return select_victims(candidates, need.demand, node, ranking, need.usage, policy, reserved)
+
+    selection = select(candidates, ranking)
     if elsewhere is not None and selection.victims:
-        candidates = [p for p in ranking.pods if is_candidate(p, new, node.name, claimed, policy)]
         selection = movable_selection(
-            selection,
-            candidates,
-            elsewhere,
-            lambda order: select_victims(
-                new, need.demand, node, order, need.usage, claimed, policy, frozenset(need.reserved)
-            ),
-            ranking,
-            now,
+            selection, candidates, elsewhere, select, ranking, now, kept.asks
         )
     # Steps 6-7: the policy's limits, then the plan.
     return _plan(new, node, need, _within_policy(selection, node.name, need.short, policy))
