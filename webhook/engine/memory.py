@@ -13,12 +13,11 @@ reads are as cheap as the live cache's and it is safe to share between threads.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 from webhook.core.model import DisruptionBudget, Node, Pod, PriorityClass
 from webhook.core.objects import PriorityResolver
-from webhook.core.snapshot import Snapshot, load_snapshot
+from webhook.core.snapshot import Snapshot
 from webhook.engine.elsewhere import NodeRooms
 from webhook.engine.ledger import LedgerChange, LedgerEntry, R
 
@@ -59,14 +58,6 @@ class FixedClusterView:
         return cls(
             snapshot.nodes.values(), snapshot.pods, snapshot.budgets, snapshot.priority_classes
         )
-
-    @classmethod
-    def from_objects(cls, documents: Iterable[Mapping[str, Any] | None]) -> FixedClusterView:
-        """From raw Kubernetes objects or Lists (as ``kubectl get -o json`` prints them).
-
-        Raises :class:`~webhook.core.errors.ObjectError` on a malformed object.
-        """
-        return cls.from_snapshot(load_snapshot(documents))
 
     def node(self, name: str) -> Node | None:
         return self._nodes.get(name)
