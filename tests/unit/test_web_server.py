@@ -32,8 +32,8 @@ from tests.unit.web_fixtures import (
 )
 from webhook.service import process_identity
 from webhook.web.app import create_app
-from webhook.web.metrics_server import start_metrics_server
 from webhook.web.server import ServerOptions, WebhookServer, WorkerApp
+from webhook.web.shared_metrics import start_metrics_server
 from webhook.web.tls import CertificateReloader
 from webhook.web.worker import HandshakeDeadline, ReviewWorker
 

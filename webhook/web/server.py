@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from webhook.engine.settings import Config
 from webhook.web import shared_metrics
-from webhook.web.metrics_server import MetricsServer, start_metrics_server
+from webhook.web.shared_metrics import MetricsServer, start_metrics_server
 from webhook.web.tls import DEFAULT_CHECK_INTERVAL, CertificateReloader
 from webhook.web.worker import WORKER_CLASS, HandshakeDeadline
 

@@ -1,4 +1,9 @@
-"""Metrics of several worker processes, served as one from the gunicorn master.
+"""Serving the metrics: ``/metrics`` on its own plain-HTTP port, and the metrics of
+several worker processes served as one from the gunicorn master.
+
+The port is apart from the HTTPS review port so Prometheus needs no client certificate and
+the API server's port carries nothing but reviews; the scrape runs on its own daemon
+thread and never waits behind a review.
 
 With ``workers > 1`` every worker counts into its own registry, but a scrape must see the
 replica as a whole. prometheus-client's multiprocess mode does that: each process writes
@@ -16,13 +21,17 @@ variable naming a new empty directory, which the workers then inherit.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
 import tempfile
+import threading
+from dataclasses import dataclass
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, multiprocess
+from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
 #: prometheus-client reads the directory from this variable (in every process).
 DIRECTORY_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -65,3 +74,45 @@ def disable(directory: Path) -> None:
 
 
 __all__ = ["DIRECTORY_ENV", "OWNED_ENV", "disable", "enable", "process_exited", "registry"]
+
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsServer:
+    """A running metrics endpoint; :meth:`stop` it once (idempotent)."""
+
+    httpd: WSGIServer
+    thread: threading.Thread
+
+    @property
+    def host(self) -> str:
+        return str(self.httpd.server_address[0])
+
+    @property
+    def port(self) -> int:
+        """The bound port (the real one when started with port 0)."""
+        return int(self.httpd.server_address[1])
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving and close the socket; returns once the thread has ended."""
+        if self.thread.is_alive():
+            self.httpd.shutdown()
+            self.thread.join(timeout)
+        self.httpd.server_close()
+
+
+def start_metrics_server(
+    registry: CollectorRegistry, *, host: str = "0.0.0.0", port: int = 9090
+) -> MetricsServer:
+    """Serve ``registry`` in the Prometheus text format at ``http://host:port/metrics``.
+
+    Port 0 picks a free port (see :attr:`MetricsServer.port`). Raises ``OSError`` when the
+    address cannot be bound. Only this registry is served: the process-wide default
+    registry is never touched, so several servers can run in one process (tests).
+    """
+    httpd, thread = start_http_server(port, addr=host, registry=registry)
+    server = MetricsServer(httpd, thread)
+    log.info("serving metrics on http://%s:%d/metrics", server.host, server.port)
+    return server
