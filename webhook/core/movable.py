@@ -154,19 +154,29 @@ def _refused(pod: Pod) -> str:
     return ""
 
 
-def _place(
-    pod: Pod, needs: Resources, rooms: Sequence[Room], taken: Mapping[str, Resources]
-) -> Move:
+def _room_for(
+    needs: Resources, placement: Placement, rooms: Sequence[Room], taken: Mapping[str, Resources]
+) -> Room | None:
+    """The first of ``rooms`` with ``needs`` free beside ``taken`` that ``placement``
+    allows."""
     for room in rooms:
         if needs.cpu and room.free.cpu < needs.cpu:
             break  # the roomiest first: no room further on has the CPU
         free = room.free
         if room.node in taken:
             free = (free - taken[room.node]).clamp()
-        if _fits(needs, free) and allows(pod.placement, room):
-            why = f"its {pod.controller} can recreate it on {room.node}"
-            return Move(True, why, room.node, needs)
-    return Move(False, "no other node that takes pods has room for it", needs=needs)
+        if _fits(needs, free) and allows(placement, room):
+            return room
+    return None
+
+
+def _place(
+    pod: Pod, needs: Resources, rooms: Sequence[Room], taken: Mapping[str, Resources]
+) -> Move:
+    room = _room_for(needs, pod.placement, rooms, taken)
+    if room is None:
+        return Move(False, "no other node that takes pods has room for it", needs=needs)
+    return Move(True, f"its {pod.controller} can recreate it on {room.node}", room.node, needs)
 
 
 def judge(pod: Pod, rooms: Sequence[Room], taken: Mapping[str, Resources] | None = None) -> Move:
@@ -186,43 +196,38 @@ def _asks(pod: Pod) -> Resources:
     return pod_requests(pod, "resizing")
 
 
-def judge_all(
+def movable_among(
     pods: Sequence[Pod], rooms: Sequence[Room], asks: Callable[[Pod], Resources] = _asks
-) -> dict[str, Move]:
-    """:func:`judge` of each of ``pods`` on its own, by uid: pods alike (one controller's,
-    as most are) are judged once. ``asks(pod)`` must be ``pod_requests(pod,
-    "resizing")`` (a caller that keeps it between decisions passes its own)."""
-    seen: dict[tuple[str, Resources, Placement], Move] = {}
-    moves: dict[str, Move] = {}
+) -> frozenset[str]:
+    """The uids of ``pods`` that :func:`judge` finds movable, each on its own: pods alike
+    (one controller's, as most are) are judged once. ``asks(pod)`` must be
+    ``pod_requests(pod, "resizing")`` (a caller that keeps it between decisions passes
+    its own)."""
+    seen: dict[tuple[Resources, Placement], bool] = {}
+    movable = set()
     for pod in pods:
-        refused = _refused(pod)
-        if refused:
-            moves[pod.uid] = Move(False, refused)
+        if _refused(pod):
             continue
-        needs = asks(pod)
-        key = (pod.controller, needs, pod.placement)
-        move = seen.get(key)
-        if move is None:
-            move = seen[key] = _place(pod, needs, rooms, {})
-        moves[pod.uid] = move
-    return moves
+        key = (asks(pod), pod.placement)
+        found = seen.get(key)
+        if found is None:
+            found = seen[key] = _room_for(*key, rooms, {}) is not None
+        if found:
+            movable.add(pod.uid)
+    return frozenset(movable)
 
 
 def claim(
-    pods: Sequence[Pod], rooms: Sequence[Room], judged: Mapping[str, Move] | None = None
+    pods: Sequence[Pod], rooms: Sequence[Room], asks: Callable[[Pod], Resources] = _asks
 ) -> tuple[Move, ...]:
     """:func:`judge` of each of ``pods`` in the order given, each on what the ones
-    before it left: two victims never count on the same room. ``judged``, by uid, may
-    hold :func:`judge_all`'s moves of some of them: a pod judged lost stays lost (the
-    ones before it only take room), one judged movable is placed again."""
+    before it left: two victims never count on the same room. ``asks`` as for
+    :func:`movable_among`."""
     taken: dict[str, Resources] = {}
     moves = []
     for pod in pods:
-        move = (judged or {}).get(pod.uid)
-        if move is None:
-            move = judge(pod, rooms, taken)
-        elif move.movable:
-            move = _place(pod, move.needs, rooms, taken)
+        refused = _refused(pod)
+        move = Move(False, refused) if refused else _place(pod, asks(pod), rooms, taken)
         if move.movable:
             taken[move.node] = taken.get(move.node, ZERO) + move.needs
         moves.append(move)

@@ -26,7 +26,7 @@ from webhook.core.accounting import (
 )
 from webhook.core.lending import Loan, borrow, room
 from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
-from webhook.core.movable import Move, Room, claim, judge_all
+from webhook.core.movable import Move, Room, claim, movable_among
 from webhook.core.policy import (
     DefaultPolicy,
     PreemptionPolicy,
@@ -359,17 +359,15 @@ def movable_selection(
     upstream's order. ``asks(pod)`` is what a candidate's replacement asks for
     (:meth:`~webhook.core.accounting.Holdings.asks`)."""
     top = max(v.priority for v in upstream.victims)
-    moves = judge_all([p for p in candidates if p.priority <= top], elsewhere, asks)
-    movable = frozenset(uid for uid, m in moves.items() if m.movable)
+    movable = movable_among([p for p in candidates if p.priority <= top], elsewhere, asks)
     chosen = upstream
+    by_uid = {p.uid: p for p in candidates}
     if _reordered(candidates, movable):
         order = movable_first(ranking, movable, now)
-        place = order.place
-        other = select(sorted(candidates, key=lambda p: place[p.uid]), order)
+        other = select([p for p in order.pods if p.uid in by_uid], order)
         if _no_worse(other, upstream):
             chosen = other
-    by_uid = {p.uid: p for p in candidates}
-    claimed = claim([by_uid[v.pod.uid] for v in chosen.victims], elsewhere, moves)
+    claimed = claim([by_uid[v.pod.uid] for v in chosen.victims], elsewhere, asks)
     victims = tuple(replace(v, move=m) for v, m in zip(chosen.victims, claimed, strict=True))
     return replace(chosen, victims=victims)
 
