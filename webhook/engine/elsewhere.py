@@ -180,10 +180,13 @@ class Elsewhere:
         index = self.cluster.node_rooms()
         index.refresh(self.cluster)
         touched = self._touched(now, pod_uid)
-        exact = [index.room_with(name, rs, now) for name, rs in touched.items()]
-        found = sorted((r for r in exact if r is not None), key=place)
-        rest = (r for r in index.roomiest() if r.node not in touched)
-        for room in heapq.merge(rest, found, key=place):
+        rooms = index.roomiest()
+        if touched:
+            exact = [index.room_with(name, rs, now) for name, rs in touched.items()]
+            found = sorted((r for r in exact if r is not None), key=place)
+            rest = (r for r in rooms if r.node not in touched)
+            rooms = heapq.merge(rest, found, key=place)
+        for room in rooms:
             if room.node != exclude:
                 yield room
 
