@@ -356,10 +356,21 @@ def movable_figures(scenario: Scenario, reps: int, warmup: int) -> dict[str, Any
     if core() != plan:
         raise SystemExit("the rooms read lazily changed the plan")
     few, fewer = max(reps // 4, 10), warmup // 4
+    upstream, movable = measure_paired(
+        functools.partial(scenario.run, NodeMemo(POLICY)),
+        functools.partial(movable_run, scenario, memo, elsewhere),
+        reps,
+        warmup,
+    )
     return {
         "victims": len(plan.victims),
         "moved": len(plan.moves),
         "nodes": OTHER_NODES + 1,
+        "paired": {
+            "upstream_median_ms": _ms(statistics.median(upstream)),
+            "median_ms": _ms(statistics.median(movable)),
+            "ratio": round(statistics.median(movable) / statistics.median(upstream), 2),
+        },
         **_figures(
             measure(functools.partial(movable_run, scenario, memo, elsewhere), reps, warmup)
         ),
@@ -392,6 +403,27 @@ def measure(call: Callable[[], object], reps: int, warmup: int) -> list[int]:
         call()
         samples.append(clock() - start)
     return samples
+
+
+def measure_paired(
+    one: Callable[[], object], other: Callable[[], object], reps: int, warmup: int
+) -> tuple[list[int], list[int]]:
+    """Nanoseconds of ``reps`` calls of each, one after the other in turns (after
+    ``warmup`` untimed turns): on a shared machine both meet the same moments, so their
+    ratio holds when the load changes between the separate measurements."""
+    for _ in range(warmup):
+        one()
+        other()
+    ones, others = [], []
+    clock = time.perf_counter_ns
+    for _ in range(reps):
+        start = clock()
+        one()
+        middle = clock()
+        other()
+        others.append(clock() - middle)
+        ones.append(middle - start)
+    return ones, others
 
 
 def measure_changed(scenario: Scenario, reps: int, warmup: int) -> list[int]:
@@ -520,6 +552,11 @@ def table(result: dict[str, Any]) -> str:
             f"one node changed {m['first_room_one_node_changed']['median_ms']:.4f}; "
             f"every room {m['all_rooms']['median_ms']:.4f}; "
             f"built {m['rooms_built_ms']:.1f}; victims {m['victims']}, moved {m['moved']}"
+        )
+        p = m["paired"]
+        lines.append(
+            f"{r['pods']:>5} pods, timed in turns: movable-first {p['median_ms']:.4f}, "
+            f"upstream {p['upstream_median_ms']:.4f}: x{p['ratio']:.2f}"
         )
     for pods, target in ((110, TARGET_MS_110), (1000, TARGET_MS_1000)):
         row = next((r for r in result["results"] if r["pods"] == pods), None)
