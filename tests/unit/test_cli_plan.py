@@ -741,3 +741,43 @@ def test_an_unknown_victim_order_is_refused(
         main(["plan", "--snapshot", str(snapshot), "--pod", "bare", "--resize", "{}",
               "--victim-order", "random"])  # fmt: skip
     assert "upstream" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("expected_victims", "expected_moves", "order"),
+    [
+        pytest.param(["default/bare"], None, "upstream", id="upstream-evicts-the-newer"),
+        pytest.param(
+            ["default/replicated-7d9f-abcde"],
+            [
+                {
+                    "pod": "default/replicated-7d9f-abcde",
+                    "movable": True,
+                    "why": "its ReplicaSet can recreate it on node-2",
+                    "node": "node-2",
+                }
+            ],
+            "movable-first",
+            id="movable-first-evicts-the-one-that-moves",
+        ),
+    ],
+)
+def test_the_documented_equal_priority_example(
+    capsys: pytest.CaptureFixture[str],
+    expected_victims: list[str],
+    expected_moves: list[dict[str, Any]] | None,
+    order: str,
+) -> None:
+    """docs/decision-core.md shows this plan's output for docs/examples/equal-priority.yaml."""
+    code, out, err = plan_in_process(
+        capsys,
+        REPO / "docs" / "examples" / "equal-priority.yaml",
+        "--pod", "default/web",
+        "--resize", '{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"6"}}}]}}',
+        "--victim-order", order,
+        "-o", "json",
+    )  # fmt: skip
+    assert (0, "") == (code, err)
+    plan = json.loads(out)
+    assert expected_victims == plan["victims"]
+    assert expected_moves == plan.get("moves")
