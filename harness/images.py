@@ -587,6 +587,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImageBuildFailed as error:
         log(str(error))
         return 1
+    except KeyboardInterrupt:
+        # An archive is renamed into place only once whole: the next build starts over.
+        log("interrupted")
+        return 130
     print(directory)
     return 0
 
