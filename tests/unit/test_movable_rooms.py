@@ -20,7 +20,7 @@ from webhook.core.accounting import Reservation
 from webhook.core.model import DisruptionBudget, Node, Pod
 from webhook.core.movable import Room, claim, judge, rooms_elsewhere
 from webhook.core.plan import Plan, plan_resize
-from webhook.core.policy import DefaultPolicy, movable_first, rank
+from webhook.core.policy import DefaultPolicy, importance_key, rank
 from webhook.core.resources import Resources
 from webhook.engine.elsewhere import Elsewhere, NodeRooms
 from webhook.kube.cache import NODES, PODS, ClusterCache
@@ -283,11 +283,17 @@ def _by_hand(pods: list[Pod], budgets: list[DisruptionBudget], rooms: list[Room]
     candidates = P.candidates_of(new, NODE, ranking, frozenset(), policy)
     top = max(v.priority for v in upstream.victims)
     movable = frozenset(p.uid for p in candidates if p.priority <= top and judge(p, rooms).movable)
-    order = movable_first(ranking, movable, NOW)
-    again = P.select_victims(
-        [p for p in order.pods if p in candidates], need.demand, node, order, need.usage, policy
+    pods_in_order = sorted(ranking.pods, key=lambda p: importance_key(p, NOW, p.uid in movable))
+    order = replace(
+        ranking, pods=tuple(pods_in_order), place={p.uid: i for i, p in enumerate(pods_in_order)}
     )
-    chosen = P.select_victims(candidates, need.demand, node, ranking, need.usage, policy)
+    reordered = [p for p in order.pods if p in candidates]
+    again = P.select_victims(
+        reordered, order, P.clear_node(reordered, need.demand, node, need.usage, policy)
+    )
+    chosen = P.select_victims(
+        candidates, ranking, P.clear_node(candidates, need.demand, node, need.usage, policy)
+    )
     if P._no_worse(again, chosen):
         chosen = again
     by_uid = {p.uid: p for p in candidates}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import groupby
 from typing import Literal, NamedTuple
 
 from webhook.core import accounting
@@ -214,22 +215,19 @@ def _lenders(
     usage: NodeUsage,
     reserved: frozenset[str],
     policy: PreemptionPolicy,
-) -> tuple[list[Pod], dict[str, Resources], tuple[tuple[PodRef, str], ...]]:
-    """The candidates that lend, least important first, what each holds once it lends
-    every floor, and the candidates whose floor annotation is malformed (they lend
-    nothing and are named in the plan). A pod that holds nothing (never admitted) has
-    nothing to lend; one holding a reservation of its own (``reserved``) keeps its size
-    for its own resize."""
+) -> tuple[dict[str, Resources], tuple[tuple[PodRef, str], ...]]:
+    """What each candidate that lends holds once it lends every floor, by uid, and the
+    candidates whose floor annotation is malformed (they lend nothing and are named in
+    the plan). A pod that holds nothing (never admitted) has nothing to lend; one
+    holding a reservation of its own (``reserved``) keeps its size for its own resize."""
     annotated = [p for p in candidates if p.floors or p.floor_error] if policy.lending else []
     floor_errors = tuple((p.ref, p.floor_error) for p in annotated if p.floor_error)
-    lenders: list[Pod] = []
     at_floor: dict[str, Resources] = {}
-    for p in reversed(annotated):
+    for p in annotated:
         lendable = room(p)
         if p.uid not in reserved and not usage.held[p.uid].is_zero() and not lendable.is_zero():
-            lenders.append(p)
             at_floor[p.uid] = usage.held[p.uid] - lendable
-    return lenders, at_floor, floor_errors
+    return at_floor, floor_errors
 
 
 def candidates_of(
@@ -240,43 +238,76 @@ def candidates_of(
     return [p for p in ranking.pods if is_candidate(p, preemptor, node, claimed, policy)]
 
 
-def select_victims(
+class Cleared(NamedTuple):
+    """The node with every candidate removed (step 2 of victim selection), and what the
+    lenders hold at their floors: the same whatever order the candidates come in."""
+
+    demand: Resources
+    allocatable: Resources
+    #: What the node holds without the candidates, less what is already leaving.
+    used: Resources
+    #: What is still missing then: non-zero means nobody is preempted.
+    unmet: Resources
+    #: What each candidate holds now, by uid.
+    held: Mapping[str, Resources]
+    #: What each lender holds once it lends every floor, by uid.
+    at_floor: Mapping[str, Resources]
+    floor_errors: tuple[tuple[PodRef, str], ...]
+
+
+def clear_node(
     candidates: Sequence[Pod],
     demand: Resources,
     node: Node,
-    ranking: Ranking,
     usage: NodeUsage,
     policy: PreemptionPolicy,
     reserved: frozenset[str] = frozenset(),
-) -> Selection:
-    """Upstream ``SelectVictimsOnNode`` for ``demand`` on a node used as ``usage`` says,
-    with lending (steps 5 and 6). ``ranking`` is :func:`~webhook.core.policy.rank` of the
-    node's pods and budgets under ``policy``; ``candidates`` are step 1's
-    (:func:`candidates_of`), in its order.
+) -> Cleared:
+    """Step 2 of victim selection: remove every candidate (:func:`candidates_of`) from a
+    node used as ``usage`` says; what is already leaving counts as gone. Lenders are
+    candidates with floors, when the policy lends, other than pods holding a reservation
+    of their own (``reserved``: their size is promised to their own resize)."""
+    used = usage.in_use - usage.freeing - total(usage.held[p.uid] for p in candidates)
+    at_floor, floor_errors = _lenders(candidates, usage, reserved, policy)
+    return Cleared(
+        demand,
+        node.allocatable,
+        used,
+        shortfall(demand, used, node.allocatable),
+        usage.held,
+        at_floor,
+        floor_errors,
+    )
 
-    Lenders are candidates with floors, when the policy lends, other than pods holding a
-    reservation of their own (``reserved``: their size is promised to their own resize).
+
+def select_victims(
+    candidates: Sequence[Pod], ranking: Ranking, cleared: Cleared, keep_above: int | None = None
+) -> Selection:
+    """Upstream ``SelectVictimsOnNode``, with lending (steps 5 and 6), on the node as
+    :func:`clear_node` left it for the same ``candidates``. ``ranking`` is
+    :func:`~webhook.core.policy.rank` of the node's pods and budgets under the policy;
+    ``candidates`` are step 1's (:func:`candidates_of`) in its order.
+
     The result is locally minimal: without its victims, and with its loans, the resize
     fits; keeping any single victim it does not, even with every kept lender at its
     floors. Loans free no more than the resize is short of.
-    """
-    allocatable = node.allocatable
 
+    ``keep_above``, when given, is a priority no victim may have: when the reprieve
+    would make a victim of a pod above it, the selection is refused (``unmet`` is the
+    whole demand).
+    """
     # 1. Candidates: see is_candidate, in the ranking's order, which is step 3's.
 
-    # 2. Remove every candidate; if the resize still does not fit, preempt nobody. What
-    #    is already leaving counts as gone.
-    used = usage.in_use - usage.freeing - total(usage.held[p.uid] for p in candidates)
-    unmet = shortfall(demand, used, allocatable)
-    if not unmet.is_zero():
-        return Selection(unmet=unmet)
+    # 2. Remove every candidate (clear_node); if the resize still does not fit, preempt
+    #    nobody.
+    if not cleared.unmet.is_zero():
+        return Selection(unmet=cleared.unmet)
+    demand, allocatable, used, held, at_floor = (
+        cleared.demand, cleared.allocatable, cleared.used, cleared.held, cleared.at_floor
+    )  # fmt: skip
 
     # 3. Most important first (MoreImportantPod, made a total order by the policy): the
     #    candidates are in the ranking's order already.
-
-    # Lenders, least important first, and what each holds once it lends every floor.
-    lenders, at_floor, floor_errors = _lenders(candidates, usage, reserved, policy)
-    comes_back = {**usage.held, **at_floor} if at_floor else usage.held
 
     # 4. Split by PodDisruptionBudget violation, walking in that order.
     violating, other = split_by_violation(candidates, ranking.budgets, ranking.spends)
@@ -285,21 +316,19 @@ def select_victims(
     #    order; a pod whose return would make the resize not fit becomes a victim. A
     #    lender comes back at its floors, so when lending alone covers the shortfall
     #    every pod comes back and nobody is evicted.
-    leaving: list[Pod] = []
-    for pod in violating + other:
-        back = used + comes_back[pod.uid]
-        if fits(demand, back, allocatable):
-            used = back
-        else:
-            leaving.append(pod)
+    comes_back = {**held, **at_floor} if at_floor else held
+    reprieved = _reprieve(violating + other, cleared, comes_back, keep_above)
+    if reprieved is None:
+        return Selection(unmet=demand)
+    used, leaving = reprieved
 
     # 6. Loans: what is still missing with the kept lenders at their full size, borrowed
     #    from them least important first, each only as much as is still needed.
     loans: tuple[Loan, ...] = ()
-    if lenders:
+    if at_floor:
         gone = {p.uid for p in leaving}
-        kept = [p for p in lenders if p.uid not in gone]
-        whole = used + total(usage.held[p.uid] - at_floor[p.uid] for p in kept)
+        kept = [p for p in reversed(candidates) if p.uid in at_floor and p.uid not in gone]
+        whole = used + total(held[p.uid] - at_floor[p.uid] for p in kept)
         loans = _borrow(kept, shortfall(demand, whole, allocatable))
 
     # 7. Evicted least important first. Which victims overspend a budget is decided on the
@@ -308,10 +337,42 @@ def select_victims(
     leaving.sort(key=lambda p: ranking.place[p.uid], reverse=True)
     over = {p.uid for p in split_by_violation(leaving, ranking.budgets, ranking.spends)[0]}
     return Selection(
-        tuple(Victim(p.ref, p.priority, usage.held[p.uid], p.uid in over) for p in leaving),
+        tuple(Victim(p.ref, p.priority, held[p.uid], p.uid in over) for p in leaving),
         loans=loans,
-        floor_errors=floor_errors,
+        floor_errors=cleared.floor_errors,
     )
+
+
+def _reprieve(
+    walk: Sequence[Pod],
+    cleared: Cleared,
+    comes_back: Mapping[str, Resources],
+    keep_above: int | None,
+) -> tuple[Resources, list[Pod]] | None:
+    """Step 5 of :func:`select_victims`: ``walk``'s pods added back in order onto the
+    cleared node, each that would make the resize not fit left out; what the node then
+    holds and the pods left out. ``None`` when one of a priority above ``keep_above``
+    would be left out.
+
+    Pods above ``keep_above`` come back a run at a time, checked once: what the node
+    holds only grows as pods come back, so the whole run fits or one of its pods
+    would not."""
+    demand, allocatable, used = cleared.demand, cleared.allocatable, cleared.used
+    leaving: list[Pod] = []
+    keep = keep_above if keep_above is not None else max((p.priority for p in walk), default=0)
+    for kept, run in groupby(walk, key=lambda p: p.priority > keep):
+        if kept:
+            used = used + total(comes_back[p.uid] for p in run)
+            if not fits(demand, used, allocatable):
+                return None
+            continue
+        for pod in run:
+            back = used + comes_back[pod.uid]
+            if fits(demand, back, allocatable):
+                used = back
+            else:
+                leaving.append(pod)
+    return used, leaving
 
 
 def _no_worse(chosen: Selection, upstream: Selection) -> bool:
@@ -342,29 +403,29 @@ def movable_selection(
     upstream: Selection,
     candidates: Sequence[Pod],
     elsewhere: Sequence[Room],
-    select: Callable[[Sequence[Pod], Ranking], Selection],
     ranking: Ranking,
-    now: float,
+    cleared: Cleared,
     asks: Callable[[Pod], Resources],
 ) -> Selection:
-    """Victim order ``movable-first`` (docs/decision-core.md): the selection ``select``
-    makes with movable ``candidates`` less important than the others of their priority,
-    when it is no worse than ``upstream`` (:func:`_no_worse`: the reprieve is greedy, and
-    another order may need more victims); else ``upstream``. Either way its victims carry
-    their :class:`~webhook.core.movable.Move`, claimed in eviction order so that two
-    never count on the same room.
+    """Victim order ``movable-first`` (docs/decision-core.md): the selection made with
+    movable ``candidates`` less important than the others of their priority, when it is
+    no worse than ``upstream`` (:func:`_no_worse`: the reprieve is greedy, and another
+    order may need more victims); else ``upstream``. Either way its victims carry their
+    :class:`~webhook.core.movable.Move`, claimed in eviction order so that two never
+    count on the same room. ``cleared`` is :func:`clear_node` of the same candidates.
 
-    Only candidates of a priority up to ``upstream``'s highest victim's are judged: a
-    selection no worse than upstream's never evicts a more important one, so those keep
-    upstream's order. ``asks(pod)`` is what a candidate's replacement asks for
+    Only candidates of a priority up to ``upstream``'s highest victim's are judged, and
+    the second selection refuses to evict a more important one (``keep_above``): a
+    selection no worse than upstream's never does, so those keep upstream's order and
+    come back whole. ``asks(pod)`` is what a candidate's replacement asks for
     (:meth:`~webhook.core.accounting.Holdings.asks`)."""
     top = max(v.priority for v in upstream.victims)
     movable = movable_among([p for p in candidates if p.priority <= top], elsewhere, asks)
     chosen = upstream
     by_uid = {p.uid: p for p in candidates}
     if _reordered(candidates, movable):
-        order = movable_first(ranking, movable, now)
-        other = select([p for p in order.pods if p.uid in by_uid], order)
+        order = movable_first(ranking, movable)
+        other = select_victims([p for p in order.pods if p.uid in by_uid], order, cleared, top)
         if _no_worse(other, upstream):
             chosen = other
     claimed = claim([by_uid[v.pod.uid] for v in chosen.victims], elsewhere, asks)
@@ -600,14 +661,11 @@ def plan_resize(
         ranking = rank(node.name, pods, budgets, policy, now)
     candidates = candidates_of(new, node.name, ranking, claimed, policy)
 
-    def select(candidates: Sequence[Pod], ranking: Ranking) -> Selection:
-        reserved = frozenset(need.reserved)
-        return select_victims(candidates, need.demand, node, ranking, need.usage, policy, reserved)
-
-    selection = select(candidates, ranking)
+    cleared = clear_node(
+        candidates, need.demand, node, need.usage, policy, frozenset(need.reserved)
+    )
+    selection = select_victims(candidates, ranking, cleared)
     if elsewhere is not None and selection.victims:
-        selection = movable_selection(
-            selection, candidates, elsewhere, select, ranking, now, kept.asks
-        )
+        selection = movable_selection(selection, candidates, elsewhere, ranking, cleared, kept.asks)
     # Steps 6-7: the policy's limits, then the plan.
     return _plan(new, node, need, _within_policy(selection, node.name, need.short, policy))

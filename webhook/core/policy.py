@@ -201,10 +201,19 @@ def rank(
     )
 
 
-def movable_first(ranking: Ranking, movable: frozenset[str], now: float) -> Ranking:
-    """``ranking`` in victim order ``movable-first``: :func:`importance_key` with the
-    pods of ``movable`` (uids) less important than the others of their priority."""
+def movable_first(ranking: Ranking, movable: frozenset[str]) -> Ranking:
+    """``ranking`` in victim order ``movable-first``: within each priority, the pods of
+    ``movable`` (uids) after the others, each kept in the ranking's order. For the
+    default policy this is :func:`importance_key` with ``movable`` set for those pods."""
     if not movable:
         return ranking
-    pods = sorted(ranking.pods, key=lambda p: importance_key(p, now, p.uid in movable))
+    pods: list[Pod] = []
+    deferred: list[Pod] = []  # the movable pods of the current priority
+    priority = None
+    for p in ranking.pods:
+        if p.priority != priority:
+            pods += deferred
+            deferred, priority = [], p.priority
+        (deferred if p.uid in movable else pods).append(p)
+    pods += deferred
     return replace(ranking, pods=tuple(pods), place={p.uid: i for i, p in enumerate(pods)})
