@@ -270,9 +270,10 @@ def test_review_flood_quick() -> None:
     assert run["worker_alive"], run
     assert 0 == run["server_errors_5xx"], run
     assert set(counts) <= {"full", "overloaded", "timed out", "connection error"}, run
-    # Without the protection 85 to 93% time out (docs/reliability.md); the bound leaves
-    # room for the client, on the same cores, being starved in turn.
-    assert counts.get("timed out", 0) <= 0.3 * run["offered"], run
+    # Without the protection 85 to 93% time out (docs/reliability.md); the bound, half,
+    # leaves room for the client, on the same cores, being starved in turn when other
+    # work loads the machine.
+    assert counts.get("timed out", 0) <= 0.5 * run["offered"], run
     assert run["worker_rss_mb"]["after"] - run["worker_rss_mb"]["before"] < 100, run
     after = run["after_flood"]
     # Decided in full again (a busy moment of the shared machine may still shed one).
