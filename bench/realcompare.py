@@ -51,6 +51,7 @@ from harness.binaries import REPO_ROOT, ensure_binaries
 from harness.chart import CHART, NAMESPACE
 from harness.images import Role
 from harness.kubeapi import ApiError
+from harness.manifests import workload_pod
 from harness.nodes import HollowNodes, NodeError
 from harness.processes import install_signal_handlers
 from harness.realcluster import RealCluster, RealClusterOptions
@@ -225,12 +226,15 @@ class RealSide(Side):
         values = yaml.safe_load((CHART / "values.yaml").read_text())
         self.cluster.create_namespace(ROOM_NAMESPACE)
         pods = [
-            _pod(
+            workload_pod(
                 f"chart-room-{i}",
                 self.image("workload"),
                 values["priorityClassName"],
-                dict(values["resources"]["requests"]),
-                victim_script(0),
+                {"requests": values["resources"]["requests"]},
+                node=NODE_NAME,
+                script=victim_script(0),
+                grace_seconds=0,
+                dns_policy="Default",
             )
             for i in range(int(values["replicaCount"]))
         ]
@@ -242,30 +246,6 @@ class RealSide(Side):
         self.cluster.kubectl(
             "wait", "-n", ROOM_NAMESPACE, "--for=condition=Ready", *names, "--timeout=120s"
         )
-
-
-def _pod(
-    name: str, image: str, priority_class: str, requests: dict[str, str], script: str
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeName": NODE_NAME,
-            "priorityClassName": priority_class,
-            "terminationGracePeriodSeconds": 0,
-            "dnsPolicy": "Default",
-            "containers": [
-                {
-                    "name": "app",
-                    "image": image,
-                    "command": ["sh", "-c", script],
-                    "resources": {"requests": requests},
-                }
-            ],
-        },
-    }
 
 
 def make_real_side(

@@ -36,6 +36,7 @@ from cryptography import x509
 
 from harness.audit import deletion_time, eviction_codes, evictions_made
 from harness.chart import FULLNAME, NAMESPACE, ready_endpoints, wait_ready
+from harness.manifests import workload_pod
 from harness.realcluster import RealCluster, millicores
 from harness.realdemo import resize_patch, scaled_walkthrough
 from harness.realnode import NODE_NAME
@@ -262,24 +263,9 @@ def workload(
     script: str = SCRIPT,
     container: str = "app",
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeName": NODE_NAME,
-            "priorityClassName": priority,
-            "terminationGracePeriodSeconds": 30,
-            "containers": [
-                {
-                    "name": container,
-                    "image": image,
-                    "command": ["sh", "-c", script],
-                    "resources": resources,
-                }
-            ],
-        },
-    }
+    return workload_pod(
+        name, image, priority, resources, node=NODE_NAME, script=script, container=container
+    )
 
 
 def guaranteed(cpu: str, memory: str) -> dict[str, dict[str, str]]:
