@@ -127,6 +127,12 @@ class LedgerEntry:
         )
 
     @property
+    def lends(self) -> bool:
+        """Whether the plan borrows: loans to make, made or refused. Only then has
+        :class:`~webhook.engine.loans.Lending` anything to do for the entry."""
+        return bool(self.loans or self.refused)
+
+    @property
     def pending_victims(self) -> tuple[PodRef, ...]:
         return tuple(v for v in self.victims if v.uid not in self.handled)
 

@@ -461,7 +461,8 @@ class Lending:
 
     def count(self, groups: Mapping[str, Sequence[LedgerEntry]], now: float) -> None:
         """``resize_preemption_lent_resources``: what the loans the ledger records and the
-        cache shows made free, per node and resource (0 on a node whose entries are gone);
+        cache shows made free, per node and resource, of ``groups``: the entries that
+        lend, by node (0 on a node that had such entries and has none now);
         ``resize_preemption_oldest_loan_age_seconds``: how long ago the oldest entry with a
         loan still out was admitted (a loan is made right after its admission)."""
         oldest: float | None = None

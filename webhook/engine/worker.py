@@ -219,6 +219,8 @@ class PreemptionWorker:
         self._settled: set[tuple[str, str]] = set()
         #: Review uids released (logged, told) once; the entry may stay in the ledger.
         self._released: set[str] = set()
+        #: Whether the last pass found an entry that lends (its figures are zeroed once).
+        self._lending = False
         #: Review uids seen not actuated yet: their actuation is timed (a new leader
         #: cannot tell when an entry it finds spent was actuated).
         self._unactuated: set[str] = set()
@@ -291,7 +293,10 @@ class PreemptionWorker:
         self.metrics.ledger_entries.set(
             sum(len(room_holders(g, self.cluster.pods_on(n), now)) for n, g in groups.items())
         )
-        self.lending.count(groups, now)
+        lending = {n: g for n, g in groups.items() if any(e.lends for e in g)}
+        if lending or self._lending:  # once more after the last loan, to zero its figures
+            self.lending.count(lending, now)
+        self._lending = bool(lending)
         live = {e.review_uid for g in groups.values() for e in g}
         nodes = sorted(groups, key=lambda n: min(e.admitted_at for e in groups[n]))
         if len(nodes) == 1 or self.parallelism <= 1:
@@ -336,7 +341,7 @@ class PreemptionWorker:
                 self._count_error()
                 log.exception("processing the resize of %s failed", entry.pod.key)
                 self.backoff.failed(entry.review_uid)
-        if not stop.is_set():
+        if not stop.is_set() and any(e.lends for e in entries):
             self.lending.give_back(entries, stop)
 
     def _count_error(self) -> None:
@@ -400,9 +405,10 @@ class PreemptionWorker:
         """Decide and carry out one step for ``entry``; ``None`` when backing off."""
         if not self.backoff.ready(entry.review_uid):
             return None
-        # Refused loans are put back whatever the entry does next (also after a restart
-        # between recording a refusal and putting the lender back).
-        self.lending.put_back(entry)
+        if entry.lends:
+            # Refused loans are put back whatever the entry does next (also after a
+            # restart between recording a refusal and putting the lender back).
+            self.lending.put_back(entry)
         action = self.decide(entry)
         if not isinstance(action, Release):
             self._unactuated.add(entry.review_uid)
