@@ -13,10 +13,11 @@ Run ``python -m bench plan``. Figures are per call, in milliseconds, from
 Three ways of calling it. *Warm* (the headline): as the admission engine calls it, with
 its one memo (:class:`~webhook.engine.admission.NodeMemo`) of what the node's pods hold
 and how they rank, with the budgets each one's eviction spends from, kept while the
-cluster view hands out the same tuples of pods and budgets. *Cold*: without it, all of
-that computed afresh. *One pod changed*: with the memo, each call on another tuple of
-the node's pods, one of them a new object, as after a pod's status changed: the memo
-reuses what it knows of the pods the tuples share and ranks them again.
+cluster view hands out the same pods and budgets. *Cold*: without it, all of that
+computed afresh (:class:`~webhook.core.plan.NodePods`). *One pod changed*: with the
+memo, each call on another list of the node's pods, one of them in a new version, as
+after that pod changed: the memo reuses what it knows of the versions the lists share
+and ranks them again.
 
 A *lending* case runs the same nodes with one in four lower-priority pods annotated to
 lend CPU down to half its request (``resize-preemption.io/floor``): the plan borrows
@@ -44,7 +45,7 @@ from typing import Any
 from webhook.core.accounting import Reservation, active_on, node_usage
 from webhook.core.model import DisruptionBudget, Node, Pod
 from webhook.core.objects import parse_node, parse_pdb, parse_pod
-from webhook.core.plan import Plan, plan_resize
+from webhook.core.plan import NodePods, NodeView, Plan, plan_resize
 from webhook.core.policy import DefaultPolicy
 from webhook.core.resize import apply_resize
 from webhook.core.resources import Resources
@@ -98,6 +99,7 @@ def _pod_object(
         "name": f"pod-{i}",
         "namespace": namespace,
         "uid": f"uid-{i}",
+        "resourceVersion": str(1000 + i),
         "labels": {"app": app, "tier": str(priority)},
     }
     if rng.random() < 0.5:
@@ -139,20 +141,17 @@ class Scenario:
         """One decision; with ``memo``, as the engine makes it; on ``pods`` (default: the
         scenario's)."""
         pods = self.pods if pods is None else pods
-        kept: dict[str, Any] = {}
+        view: NodeView = NodePods(self.node, pods)
         if memo is not None:
-            facts = memo.of(self.node, pods, self.budgets, NOW)
-            kept = {"holdings": facts.holdings, "ranking": facts.ranking}
+            view = memo.of(self.node, pods, self.budgets, NOW)
         return plan_resize(
             self.old,
             self.new,
-            self.node,
-            pods,
+            view,
             now=NOW,
             budgets=self.budgets,
             reservations=self.reservations,
             policy=POLICY,
-            **kept,
         )
 
 
@@ -186,7 +185,12 @@ def build_scenario(pods_on_node: int, seed: int = 5836, *, lending: bool = False
     resizing = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "resizing", "namespace": namespaces[0], "uid": "uid-resizing"},
+        "metadata": {
+            "name": "resizing",
+            "namespace": namespaces[0],
+            "uid": "uid-resizing",
+            "resourceVersion": "999",
+        },
         "spec": {
             "nodeName": NODE,
             "priority": PREEMPTOR_PRIORITY,
@@ -306,18 +310,14 @@ def movable_cluster(scenario: Scenario) -> Elsewhere:
 def movable_run(scenario: Scenario, memo: NodeMemo, elsewhere: Elsewhere) -> Plan:
     """One decision as the admission engine makes it with victim order movable-first:
     one plan, given the room elsewhere, which it reads only as far as it looks."""
-    facts = memo.of(scenario.node, scenario.pods, scenario.budgets, NOW)
     return plan_resize(
         scenario.old,
         scenario.new,
-        scenario.node,
-        scenario.pods,
+        memo.of(scenario.node, scenario.pods, scenario.budgets, NOW),
         now=NOW,
         budgets=scenario.budgets,
         reservations=scenario.reservations,
         policy=POLICY,
-        holdings=facts.holdings,
-        ranking=facts.ranking,
         elsewhere=elsewhere.rooms(scenario.node.name, NOW, scenario.old.uid),
     )
 
@@ -344,13 +344,12 @@ def movable_figures(scenario: Scenario, reps: int, warmup: int) -> dict[str, Any
     built = time.perf_counter_ns() - start
     memo = NodeMemo(POLICY)
     plan = movable_run(scenario, memo, elsewhere)
-    facts = memo.of(scenario.node, scenario.pods, scenario.budgets, NOW)
+    view = memo.of(scenario.node, scenario.pods, scenario.budgets, NOW)
 
     def core() -> Plan:
         return plan_resize(
-            scenario.old, scenario.new, scenario.node, scenario.pods, now=NOW,
-            budgets=scenario.budgets, reservations=scenario.reservations, policy=POLICY,
-            holdings=facts.holdings, ranking=facts.ranking, elsewhere=rooms,
+            scenario.old, scenario.new, view, now=NOW, budgets=scenario.budgets,
+            reservations=scenario.reservations, policy=POLICY, elsewhere=rooms,
         )  # fmt: skip
 
     if core() != plan:
@@ -428,11 +427,17 @@ def measure_paired(
 
 def measure_changed(scenario: Scenario, reps: int, warmup: int) -> list[int]:
     """Like :func:`measure` with the engine's memo, but every call sees another tuple of
-    the node's pods, one pod replaced by an equal copy, as after a pod's status changed:
-    the memo keeps the amounts of the pods the tuples share."""
+    the node's pods, one pod replaced by a new version of it (another resourceVersion
+    and generation, as after its spec changed in a way no plan reads): the memo keeps the
+    amounts of the versions the tuples share."""
     memo = NodeMemo(POLICY)
     one = len(scenario.pods) // 2
-    copy = tuple(replace(p) if i == one else p for i, p in enumerate(scenario.pods))
+    copy = tuple(
+        replace(p, resource_version=f"{p.resource_version}-next", generation=p.generation + 1)
+        if i == one
+        else p
+        for i, p in enumerate(scenario.pods)
+    )
     calls = [
         functools.partial(scenario.run, memo),
         functools.partial(scenario.run, memo, copy),

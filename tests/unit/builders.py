@@ -26,7 +26,7 @@ from webhook.core.objects import (
     parse_pod,
     parse_priority_class,
 )
-from webhook.core.plan import Plan, plan_resize
+from webhook.core.plan import NodePods, Plan, plan_resize
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.resize import apply_resize
 from webhook.core.resources import Resources
@@ -96,6 +96,11 @@ class PodBuilder:
             self._obj["metadata"].pop("uid", None)
         else:
             self._obj["metadata"]["uid"] = uid
+        return self
+
+    def version(self, resource_version: str) -> PodBuilder:
+        """``metadata.resourceVersion``, as the API server stamps each stored version."""
+        self._obj["metadata"]["resourceVersion"] = resource_version
         return self
 
     def on(self, node: str) -> PodBuilder:
@@ -609,8 +614,7 @@ def plan(
     return plan_resize(
         old,
         new,
-        node,
-        listed,
+        NodePods(node, listed),
         now=now,
         budgets=budgets,
         reservations=reservations,

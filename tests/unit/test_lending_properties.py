@@ -25,7 +25,7 @@ from tests.unit.builders import (
 from webhook.core.accounting import NodeUsage, Reservation, active_on, node_usage, pod_requests
 from webhook.core.lending import room
 from webhook.core.model import DisruptionBudget, Node, Pod
-from webhook.core.plan import Plan, is_candidate, lent, plan_resize, shortfall
+from webhook.core.plan import NodePods, Plan, is_candidate, lent, plan_resize, shortfall
 from webhook.core.policy import DefaultPolicy
 from webhook.core.resources import Resources, total
 from webhook.engine.admission import NodeMemo
@@ -52,8 +52,7 @@ class World:
         return plan_resize(
             self.old,
             self.new,
-            self.node,
-            self.pods if pods is None else pods,
+            NodePods(self.node, self.pods if pods is None else pods),
             now=NOW,
             budgets=self.budgets,
             reservations=self.reservations,
@@ -244,18 +243,15 @@ def test_deterministic_under_pod_order_and_the_memo(world: World, rnd: Any) -> N
     rnd.shuffle(pods)
 
     assert plan == world.plan(pods)
-    facts = NodeMemo(world.policy).of(world.node, tuple(pods), tuple(world.budgets), NOW)
+    view = NodeMemo(world.policy).of(world.node, tuple(pods), tuple(world.budgets), NOW)
     assert plan == plan_resize(
         world.old,
         world.new,
-        world.node,
-        tuple(pods),
+        view,
         now=NOW,
         budgets=world.budgets,
         reservations=world.reservations,
         policy=world.policy,
-        holdings=facts.holdings,
-        ranking=facts.ranking,
     )
 
 

@@ -25,7 +25,7 @@ from tests.unit.builders import (
 from webhook.core.errors import InputError
 from webhook.core.model import Node, Pod
 from webhook.core.movable import Room, claim, judge, room_on, rooms_elsewhere
-from webhook.core.plan import Plan, plan_resize
+from webhook.core.plan import NodePods, Plan, plan_resize
 from webhook.core.policy import DefaultPolicy
 from webhook.core.resources import Resources
 from webhook.engine.settings import load_config
@@ -218,7 +218,7 @@ def _node() -> Node:
 def _plan(pods: list[Pod], rooms: list[Room] | None, *, now: float = NOW) -> Plan:
     old, new = make_pod("web").priority(HIGH).requests(cpu="1").admitted().resize(cpu="2")
     return plan_resize(
-        old, new, _node(), [*pods, old], now=now, policy=DefaultPolicy(), elsewhere=rooms
+        old, new, NodePods(_node(), [*pods, old]), now=now, policy=DefaultPolicy(), elsewhere=rooms
     )
 
 

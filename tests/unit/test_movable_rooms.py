@@ -19,7 +19,7 @@ from webhook.core import plan as P
 from webhook.core.accounting import Reservation
 from webhook.core.model import DisruptionBudget, Node, Pod
 from webhook.core.movable import Room, claim, judge, rooms_elsewhere
-from webhook.core.plan import Plan, plan_resize
+from webhook.core.plan import NodePods, Plan, plan_resize
 from webhook.core.policy import DefaultPolicy, importance_key, rank
 from webhook.core.resources import Resources
 from webhook.engine.elsewhere import Elsewhere, NodeRooms
@@ -275,10 +275,11 @@ def _by_hand(pods: list[Pod], budgets: list[DisruptionBudget], rooms: list[Room]
         POLICY,
         [*pods, old],
     )
-    upstream = plan_resize(old, new, node, everyone, now=NOW, budgets=budgets, policy=policy)
+    view = NodePods(node, everyone)
+    upstream = plan_resize(old, new, view, now=NOW, budgets=budgets, policy=policy)
     if not upstream.victims:
         return upstream
-    need = P._need(old, new, node, everyone, (), NOW, None)
+    need = P._need(old, new, view, (), NOW, view.holdings())
     ranking = rank(NODE, everyone, budgets, policy, NOW)
     candidates = P.candidates_of(new, NODE, ranking, frozenset(), policy)
     top = max(v.priority for v in upstream.victims)
@@ -312,7 +313,7 @@ def test_the_plan_s_shortcuts_choose_as_every_step_taken(
     old, new = _resize()
     node = make_node(NODE).allocatable(cpu="4", memory="16Gi").build()
     planned = plan_resize(
-        old, new, node, [*pods, old], now=NOW, budgets=budgets, policy=POLICY,
+        old, new, NodePods(node, [*pods, old]), now=NOW, budgets=budgets, policy=POLICY,
         elsewhere=rooms,
     )  # fmt: skip
     expected = _by_hand(pods, budgets, rooms)

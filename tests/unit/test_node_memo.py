@@ -1,17 +1,21 @@
 """The engine's one memo of the decision path: what each pod of a node holds and how the
-pods rank, kept while the cluster view hands out the same pods and budgets."""
+pods rank, kept while the cluster view hands out equal pods and budgets, and handed to
+the core as the node's view."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import replace
 from unittest import mock
 
 import pytest
 
 from tests.unit.builders import NODE, NOW, T0, make_node, make_pdb, make_pod, plan, walkthrough
-from webhook.core.accounting import holdings, pod_requests
+from webhook.core.accounting import pod_requests
 from webhook.core.model import DisruptionBudget, Pod
-from webhook.core.plan import plan_resize
-from webhook.core.policy import DefaultPolicy, rank
+from webhook.core.plan import NodePods, plan_resize
+from webhook.core.policy import DefaultPolicy, PreemptionPolicy, rank
 from webhook.core.resources import Resources
 from webhook.engine import admission
 from webhook.engine.admission import NodeMemo
@@ -19,69 +23,143 @@ from webhook.engine.admission import NodeMemo
 POLICY = DefaultPolicy()
 SIZED = make_node(NODE).allocatable(cpu="8", memory="16Gi").build()
 NO_BUDGETS: tuple[DisruptionBudget, ...] = ()
+WEB_BUDGETS = (make_pdb("p").selecting(app="web").build(),)
 
 
-def _pods() -> tuple[Pod, ...]:
-    return tuple(
-        make_pod(f"p{i}").requests(cpu=f"{i + 1}").admitted().on(NODE).build() for i in range(3)
+def _pod(i: int, cpu: str | None = None, version: str | None = "1") -> Pod:
+    built = make_pod(f"p{i}").labels(app="web").requests(cpu=cpu or f"{i + 1}").admitted()
+    return (built.version(version) if version else built).on(NODE).build()
+
+
+def _pods(version: str | None = "1") -> tuple[Pod, ...]:
+    return tuple(_pod(i, version=version) for i in range(3))
+
+
+def _nothing_computed() -> AbstractContextManager[object]:
+    """Fails whatever computes an amount, a ranking or the budgets spent from."""
+    refused = dict.fromkeys(("pod_requests", "rank", "holdings", "spending"), mock.DEFAULT)
+    return mock.patch.multiple(
+        admission, new_callable=lambda: mock.Mock(side_effect=AssertionError), **refused
     )
 
 
-def test_amounts_are_what_pod_requests_says() -> None:
+@pytest.mark.parametrize("budgets", [NO_BUDGETS, WEB_BUDGETS], ids=["no-budgets", "budgets"])
+def test_the_view_answers_as_the_plain_view(budgets: tuple[DisruptionBudget, ...]) -> None:
     pods = _pods()
-    facts = NodeMemo(POLICY).of(SIZED, pods, NO_BUDGETS, NOW)
+    plain = NodePods(SIZED, pods)
 
-    assert holdings(SIZED, pods) == facts.holdings
-    assert [pod_requests(p) for p in pods] == [facts.holdings.held[p.uid] for p in pods]
+    view = NodeMemo(POLICY).of(SIZED, pods, budgets, NOW)
 
-
-def test_the_ranking_is_what_rank_says() -> None:
-    pods = _pods()
-    budgets = (make_pdb("p").selecting(app="web").build(),)
-
-    assert (
-        rank(NODE, pods, budgets, POLICY, NOW)
-        == NodeMemo(POLICY).of(SIZED, pods, budgets, NOW).ranking
+    assert (plain.holdings(), plain.ranking(budgets, POLICY, NOW)) == (
+        view.holdings(),
+        view.ranking(budgets, POLICY, NOW),
     )
+    assert [pod_requests(p) for p in pods] == [view.holdings().held[p.uid] for p in pods]
 
 
-def test_same_tuples_compute_nothing_again() -> None:
+@pytest.mark.parametrize(
+    "again",
+    [
+        pytest.param(lambda pods: pods, id="the-same-tuple"),
+        pytest.param(lambda pods: tuple(list(pods)), id="a-new-tuple"),
+        pytest.param(lambda pods: tuple(replace(p) for p in pods), id="new-equal-pods"),
+        pytest.param(
+            lambda pods: (replace(pods[0], resource_version="2"), *pods[1:]),
+            id="a-new-version-that-reads-the-same",
+        ),
+    ],
+)
+def test_equal_pods_and_budgets_compute_nothing_again(
+    again: Callable[[tuple[Pod, ...]], tuple[Pod, ...]],
+) -> None:
     pods, memo = _pods(), NodeMemo(POLICY)
-    first = memo.of(SIZED, pods, NO_BUDGETS, NOW)
+    first = memo.of(SIZED, pods, WEB_BUDGETS, NOW)
+    listed, budgets = again(pods), tuple(list(WEB_BUDGETS))
 
-    with (
-        mock.patch.object(admission, "pod_requests", side_effect=AssertionError),
-        mock.patch.object(admission, "rank", side_effect=AssertionError),
-        mock.patch.object(admission, "holdings", side_effect=AssertionError),
-    ):
-        facts = memo.of(SIZED, pods, NO_BUDGETS, NOW + 60)
-        assert Resources(1000, 0) == facts.holdings.held[pods[0].uid]
-    assert first is facts
+    with _nothing_computed():
+        view = memo.of(SIZED, listed, budgets, NOW + 60)
+        assert Resources(1000, 0) == view.holdings().held[pods[0].uid]
+    assert first is view
 
 
-def test_a_changed_pod_is_computed_again_the_others_kept() -> None:
-    pods, memo = _pods(), NodeMemo(POLICY)
-    memo.of(SIZED, pods, NO_BUDGETS, NOW)
-    grown = make_pod("p1").requests(cpu="5").admitted().on(NODE).build()
+@pytest.mark.parametrize(
+    ("expected_computed", "version"),
+    [
+        pytest.param(["p1"], "1", id="versioned-pods-keep-their-amounts"),
+        pytest.param(["p0", "p1", "p2"], None, id="pods-without-a-version-are-computed"),
+    ],
+)
+def test_a_changed_pod_is_computed_again(expected_computed: list[str], version: str | None) -> None:
+    pods, memo = _pods(version), NodeMemo(POLICY)
+    memo.of(SIZED, pods, WEB_BUDGETS, NOW)
+    grown = _pod(1, cpu="5", version="2" if version else None)
     changed = (pods[0], grown, pods[2])
 
     with mock.patch.object(admission, "pod_requests", wraps=pod_requests) as computed:
-        facts = memo.of(SIZED, changed, NO_BUDGETS, NOW)
+        view = memo.of(SIZED, changed, WEB_BUDGETS, NOW)
 
-    assert [mock.call(grown)] == computed.call_args_list
+    assert expected_computed == [c.args[0].name for c in computed.call_args_list]
     assert [Resources(1000, 0), Resources(5000, 0), Resources(3000, 0)] == [
-        facts.holdings.held[p.uid] for p in changed
+        view.holdings().held[p.uid] for p in changed
     ]
+    assert NodePods(SIZED, changed).ranking(WEB_BUDGETS, POLICY, NOW) == view.ranked
 
 
-def test_changed_budgets_rank_again() -> None:
+def test_a_new_list_with_one_pod_in_a_new_version_gives_fresh_facts() -> None:
+    # The cluster view builds a new tuple; the pod at p1's place is another version of it
+    # (a new resourceVersion) that no longer matches the budget and holds more.
     pods, memo = _pods(), NodeMemo(POLICY)
-    before = memo.of(SIZED, pods, NO_BUDGETS, NOW)
-    budgets = (make_pdb("p").selecting(app="web").build(),)
+    memo.of(SIZED, pods, WEB_BUDGETS, NOW)
+    moved = make_pod("p1").labels(app="db").requests(cpu="4").admitted().version("2").build()
+    listed = tuple(moved if p.name == "p1" else p for p in pods)
+
+    view = memo.of(SIZED, listed, WEB_BUDGETS, NOW)
+
+    plain = NodePods(SIZED, listed)
+    assert (plain.holdings(), plain.ranking(WEB_BUDGETS, POLICY, NOW)) == (
+        view.holdings(),
+        view.ranked,
+    )
+    assert () == view.ranked.spends[moved.uid]
+
+
+@pytest.mark.parametrize(
+    ("expected_kept", "budgets"),
+    [
+        pytest.param(True, tuple(list(WEB_BUDGETS)), id="equal-budgets-kept"),
+        pytest.param(False, NO_BUDGETS, id="other-budgets-ranked-again"),
+    ],
+)
+def test_budgets_are_compared_by_value(
+    expected_kept: bool, budgets: tuple[DisruptionBudget, ...]
+) -> None:
+    pods, memo = _pods(), NodeMemo(POLICY)
+    before = memo.of(SIZED, pods, WEB_BUDGETS, NOW)
 
     after = memo.of(SIZED, pods, budgets, NOW)
 
-    assert (budgets, False) == (after.ranking.budgets, before is after)
+    assert (expected_kept, budgets) == (before is after, after.ranked.budgets)
+
+
+@pytest.mark.parametrize(
+    ("budgets", "policy", "now"),
+    [
+        pytest.param(NO_BUDGETS, POLICY, NOW, id="other-budgets"),
+        pytest.param(WEB_BUDGETS, DefaultPolicy(pdb_mode="best-effort"), NOW, id="other-policy"),
+        pytest.param(WEB_BUDGETS, POLICY, T0 - 10, id="a-time-the-ranking-does-not-hold"),
+    ],
+)
+def test_the_view_ranks_afresh_for_what_it_did_not_keep(
+    budgets: tuple[DisruptionBudget, ...], policy: PreemptionPolicy, now: float
+) -> None:
+    pods = (
+        *_pods(),
+        make_pod("waiting").not_started().on(NODE).build(),
+        make_pod("started").started(100).on(NODE).build(),
+    )
+    view = NodeMemo(POLICY).of(SIZED, pods, WEB_BUDGETS, NOW)
+
+    assert rank(NODE, pods, budgets, policy, now) == view.ranking(budgets, policy, now)
 
 
 @pytest.mark.parametrize(
@@ -104,16 +182,16 @@ def test_the_ranking_is_kept_while_the_order_cannot_have_changed(
     memo = NodeMemo(POLICY)
     first = memo.of(SIZED, pods, NO_BUDGETS, NOW - earlier)
 
-    facts = memo.of(SIZED, pods, NO_BUDGETS, NOW)
+    view = memo.of(SIZED, pods, NO_BUDGETS, NOW)
 
-    assert expected == (first is facts)
-    assert rank(NODE, pods, NO_BUDGETS, POLICY, NOW) == facts.ranking
+    assert expected == (first is view)
+    assert rank(NODE, pods, NO_BUDGETS, POLICY, NOW) == view.ranking(NO_BUDGETS, POLICY, NOW)
 
 
 def test_a_resized_node_holds_again() -> None:
     # A pod not admitted yet holds nothing on a node too small for it, its spec on one
     # large enough.
-    waiting = make_pod("waiting").requests(cpu="10").on(NODE).build()
+    waiting = make_pod("waiting").requests(cpu="10").version("1").on(NODE).build()
     memo = NodeMemo(POLICY)
     small = memo.of(SIZED, (waiting,), NO_BUDGETS, NOW)
     large = make_node(NODE).allocatable(cpu="16", memory="16Gi").build()
@@ -121,9 +199,20 @@ def test_a_resized_node_holds_again() -> None:
     grown = memo.of(large, (waiting,), NO_BUDGETS, NOW)
 
     assert [Resources(), Resources(10_000, 0)] == [
-        small.holdings.held[waiting.uid],
-        grown.holdings.held[waiting.uid],
+        small.holdings().held[waiting.uid],
+        grown.holdings().held[waiting.uid],
     ]
+
+
+def test_a_node_changed_but_not_resized_is_the_view_s_node() -> None:
+    pods, memo = _pods(), NodeMemo(POLICY)
+    memo.of(SIZED, pods, NO_BUDGETS, NOW)
+    cordoned = replace(SIZED, unschedulable=True)
+
+    with _nothing_computed():
+        view = memo.of(cordoned, pods, NO_BUDGETS, NOW)
+
+    assert cordoned == view.node
 
 
 def test_oldest_node_goes_past_the_bound() -> None:
@@ -137,8 +226,6 @@ def test_oldest_node_goes_past_the_bound() -> None:
 def test_plan_with_the_memo_is_the_plan_without() -> None:
     old, new, node, pods = walkthrough()
     listed = (*pods, old)
-    facts = NodeMemo(POLICY).of(node, listed, NO_BUDGETS, NOW)
+    view = NodeMemo(POLICY).of(node, listed, NO_BUDGETS, NOW)
 
-    assert plan(old, new, node, pods) == plan_resize(
-        old, new, node, listed, now=NOW, holdings=facts.holdings, ranking=facts.ranking
-    )
+    assert plan(old, new, node, pods) == plan_resize(old, new, view, now=NOW)

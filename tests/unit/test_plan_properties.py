@@ -23,7 +23,7 @@ from tests.unit.builders import (
 )
 from webhook.core.accounting import NodeUsage, Reservation, active_on, node_usage, pod_requests
 from webhook.core.model import DisruptionBudget, Node, Pod
-from webhook.core.plan import Plan, plan_resize, shortfall
+from webhook.core.plan import NodePods, Plan, plan_resize, shortfall
 from webhook.core.policy import DefaultPolicy, importance_key, rank
 from webhook.core.resources import Resources, total
 from webhook.engine.admission import NodeMemo
@@ -62,8 +62,7 @@ class World:
         return plan_resize(
             self.old,
             self.new,
-            self.node,
-            self.pods if pods is None else pods,
+            NodePods(self.node, self.pods if pods is None else pods),
             now=NOW,
             budgets=self.budgets if budgets is None else budgets,
             reservations=self.reservations if reservations is None else reservations,
@@ -305,18 +304,15 @@ def test_plan_is_deterministic_and_independent_of_input_order(world: World, rnd:
     assert plan == world.plan(pods, budgets, reservations)
     # The engine's memo of what pods hold and how they rank never changes a decision.
     listed = tuple(pods)
-    facts = NodeMemo(world.policy).of(world.node, listed, tuple(budgets), NOW)
+    view = NodeMemo(world.policy).of(world.node, listed, tuple(budgets), NOW)
     assert plan == plan_resize(
         world.old,
         world.new,
-        world.node,
-        listed,
+        view,
         now=NOW,
         budgets=budgets,
         reservations=reservations,
         policy=world.policy,
-        holdings=facts.holdings,
-        ranking=facts.ranking,
     )
 
 
@@ -328,18 +324,15 @@ def test_the_memo_filled_earlier_gives_the_plan_of_now(world: World, earlier: fl
     memo = NodeMemo(world.policy)
     pods, budgets = tuple(world.pods), tuple(world.budgets)
     memo.of(world.node, pods, budgets, NOW - earlier)
-    facts = memo.of(world.node, pods, budgets, NOW)
+    view = memo.of(world.node, pods, budgets, NOW)
 
-    assert rank(NODE, pods, budgets, world.policy, NOW) == facts.ranking
+    assert rank(NODE, pods, budgets, world.policy, NOW) == view.ranked
     assert world.plan() == plan_resize(
         world.old,
         world.new,
-        world.node,
-        pods,
+        view,
         now=NOW,
         budgets=budgets,
         reservations=world.reservations,
         policy=world.policy,
-        holdings=facts.holdings,
-        ranking=facts.ranking,
     )

@@ -20,7 +20,7 @@ from tests.unit.test_worker import Clock, Cluster, FakeEvictor, make_worker
 from tests.unit.test_worker_logic import ADMITTED, CONFIG, NODE, NOW
 from webhook.core.lending import Loan, refusal_state, refused, room
 from webhook.core.model import Pod, PodRef
-from webhook.core.plan import plan_resize
+from webhook.core.plan import NodePods, plan_resize
 from webhook.core.resources import ZERO, Resources, memory_bytes
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import Act, Refuse, Release, next_action, to_keep
@@ -102,7 +102,7 @@ def admitted_entry() -> LedgerEntry:
     """The entry the admission writes for "high" on the scene: one loan, from batch-1."""
     old = make_pod("high").priority(1000).requests(cpu="1", memory="4Gi").admitted().build()
     new = replace(high(), statuses={})
-    plan = plan_resize(old, new, NODE, (old, batch_1(), batch_2()), now=NOW)
+    plan = plan_resize(old, new, NodePods(NODE, (old, batch_1(), batch_2())), now=NOW)
     assert ("preempt", "lend") == (plan.verdict, plan.code)
     return LedgerEntry.for_plan(
         replace(new, generation=2), plan, review_uid="review-1", now=ADMITTED, ttl=120.0

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from webhook.core.accounting import Reservation, active_on, container_held, node_usage, pod_requests
-from webhook.core.model import DisruptionBudget, Node, Pod
-from webhook.core.plan import Plan, is_candidate, plan_resize
+from webhook.core.model import DisruptionBudget, Pod
+from webhook.core.plan import NodeView, Plan, is_candidate, plan_resize
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.resources import RESOURCE_NAMES, ResourceName, Resources, total
 
@@ -23,16 +23,16 @@ _INFEASIBLE_CODES = frozenset({"exceeds-allocatable", "insufficient-after-preemp
 
 def _room(
     new: Pod,
-    node: Node,
-    pods: Sequence[Pod],
+    view: NodeView,
     reservations: Iterable[Reservation],
     now: float,
     policy: PreemptionPolicy,
 ) -> Resources:
     """The most the pod may need: allocatable minus what stays even if every pod it may
     preempt goes."""
+    node, pods = view.node, view.pods
     reserved = active_on(reservations, node.name, now, exclude_pod=new.uid)
-    usage = node_usage(node, pods, reserved, exclude_uid=new.uid)
+    usage = node_usage(node, pods, reserved, exclude_uid=new.uid, kept=view.holdings())
     claimed = frozenset(uid for r in reserved.values() for uid in r.victims)
     removable = total(
         usage.held[p.uid] for p in pods if is_candidate(p, new, node.name, claimed, policy)
@@ -67,8 +67,7 @@ def _shrink(new: Pod, name: ResourceName, excess: int) -> Pod | None:
 def largest_fit(
     old: Pod,
     new: Pod,
-    node: Node,
-    pods: Sequence[Pod],
+    view: NodeView,
     *,
     now: float,
     budgets: Sequence[DisruptionBudget] = (),
@@ -76,14 +75,15 @@ def largest_fit(
     policy: PreemptionPolicy | None = None,
 ) -> tuple[Pod, Plan] | None:
     """``new`` reduced to the largest resize that can fit, with its plan; ``None`` when
-    the resize is not infeasible, or when no smaller growth fits either."""
+    the resize is not infeasible, or when no smaller growth fits either. ``view`` is
+    the node and its pods, as :func:`~webhook.core.plan.plan_resize` takes them."""
     policy = policy or DefaultPolicy()
     plan = plan_resize(
-        old, new, node, pods, now=now, budgets=budgets, reservations=reservations, policy=policy
+        old, new, view, now=now, budgets=budgets, reservations=reservations, policy=policy
     )
     if plan.verdict != "infeasible" or plan.code not in _INFEASIBLE_CODES:
         return None
-    room = _room(new, node, pods, reservations, now, policy).max(pod_requests(old, "other"))
+    room = _room(new, view, reservations, now, policy).max(pod_requests(old, "other"))
     candidate: Pod | None = new
     for name in RESOURCE_NAMES:
         if candidate is None:
@@ -96,8 +96,7 @@ def largest_fit(
     reduced = plan_resize(
         old,
         candidate,
-        node,
-        pods,
+        view,
         now=now,
         budgets=budgets,
         reservations=reservations,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import groupby
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
 from webhook.core import accounting
 from webhook.core.accounting import (
@@ -433,6 +433,50 @@ def movable_selection(
     return replace(chosen, victims=victims)
 
 
+class NodeView(Protocol):
+    """A node and the pods bound to it, as a plan reads them: what the pods hold and how
+    they rank. Both depend on the pods alone (and the ranking on the budgets, the policy
+    and, for pods not started, the time), never on the resize, so a caller deciding many
+    resizes on the same pods may keep them between decisions and answer from what it
+    kept (:class:`~webhook.engine.admission.NodeMemo` does); :class:`NodePods` computes
+    them when asked.
+
+    Whatever it keeps, a view's answers must equal :class:`NodePods`'s for its
+    :attr:`node` and :attr:`pods`: ``holdings()`` is
+    :func:`~webhook.core.accounting.holdings` of them, ``ranking(budgets, policy, now)``
+    is :func:`~webhook.core.policy.rank` of them for exactly those arguments."""
+
+    @property
+    def node(self) -> Node: ...
+
+    @property
+    def pods(self) -> Sequence[Pod]:
+        """The pods bound to :attr:`node` (terminal ones may be among them)."""
+        ...
+
+    def holdings(self) -> Holdings: ...
+
+    def ranking(
+        self, budgets: Sequence[DisruptionBudget], policy: PreemptionPolicy, now: float
+    ) -> Ranking: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NodePods:
+    """The plain :class:`NodeView`: keeps nothing, computes each answer when asked."""
+
+    node: Node
+    pods: Sequence[Pod]
+
+    def holdings(self) -> Holdings:
+        return accounting.holdings(self.node, self.pods)
+
+    def ranking(
+        self, budgets: Sequence[DisruptionBudget], policy: PreemptionPolicy, now: float
+    ) -> Ranking:
+        return rank(self.node.name, self.pods, budgets, policy, now)
+
+
 class _Need(NamedTuple):
     """Step 0's figures: the resize's demand under the kubelet's model, what the rest of
     the node holds, the other pods' active reservations on it, and what is missing."""
@@ -446,18 +490,18 @@ class _Need(NamedTuple):
 def _need(
     old: Pod,
     new: Pod,
-    node: Node,
-    pods: Sequence[Pod],
+    view: NodeView,
     reservations: Iterable[Reservation],
     now: float,
-    holdings: Holdings | None,
+    holdings: Holdings,
 ) -> _Need:
     """Step 0. An infeasible resize that this request does not change keeps being
     ignored, as the kubelet ignores it."""
     stale_infeasible = old.resize == "infeasible" and new.same_declared_resources(old)
     demand = pod_requests(new, "infeasible" if stale_infeasible else "resizing")
+    node = view.node
     reserved = active_on(reservations, node.name, now, exclude_pod=new.uid)
-    usage = node_usage(node, pods, reserved, exclude_uid=new.uid, kept=holdings)
+    usage = node_usage(node, view.pods, reserved, exclude_uid=new.uid, kept=holdings)
     short = shortfall(demand, usage.in_use - usage.freeing, node.allocatable)
     return _Need(demand, usage, reserved, short)
 
@@ -612,25 +656,23 @@ def _within_policy(
 def plan_resize(
     old: Pod,
     new: Pod,
-    node: Node,
-    pods: Sequence[Pod],
+    view: NodeView,
     *,
     now: float,
     budgets: Sequence[DisruptionBudget] = (),
     reservations: Iterable[Reservation] = (),
     policy: PreemptionPolicy | None = None,
-    holdings: Holdings | None = None,
-    ranking: Ranking | None = None,
     elsewhere: Sequence[Room] | None = None,
 ) -> Plan:
-    """Decide what the resize of ``old`` into ``new`` needs on ``node``.
+    """Decide what the resize of ``old`` into ``new`` needs on ``view``'s node.
 
     Contract:
     * ``old`` is the pod as stored (with the kubelet's status); ``new`` the pod with the
       desired resources (for a resize already persisted, ``new`` may equal ``old``);
-    * ``pods`` are the pods bound to ``node`` (the resizing pod may be among them; pods
-      bound elsewhere are ignored, so victims are never on another node);
-    * ``reservations`` may hold any node's; only active ones on ``node`` of other pods count;
+    * ``view`` is the node and the pods bound to it (:class:`NodeView`; the resizing pod
+      may be among them; pods bound elsewhere are ignored, so victims are never on
+      another node): :class:`NodePods` for a plain node and pods;
+    * ``reservations`` may hold any node's; only active ones on the node of other pods count;
     * the result never names a victim or lender with priority >= the resizing pod's, a
       mirror pod, a terminating pod, or a pod another admitted resize already claimed; it
       has no victims or loans unless its verdict is ``preempt``; without its victims and
@@ -638,27 +680,21 @@ def plan_resize(
       with every kept lender at its floors); no loan goes below a floor, and the loans
       free no more than the resize is short of.
 
-    ``holdings`` and ``ranking``, when given, must be ``holdings(node, pods)``
-    (:mod:`webhook.core.accounting`) and ``rank(node.name, pods, budgets, policy, now)``
-    (:mod:`webhook.core.policy`): what the decision reads of the pods alone, which the
-    engine keeps between decisions (:class:`~webhook.engine.admission.NodeMemo`).
-
     ``elsewhere``, when given, is victim order ``movable-first``: the room other nodes
     have now (:func:`~webhook.core.movable.rooms_elsewhere`, the resizing node left out),
     and :func:`movable_selection` chooses; ``None`` is upstream's order.
     """
     policy = policy or DefaultPolicy()
-    kept = holdings if holdings is not None else accounting.holdings(node, pods)
+    node, kept = view.node, view.holdings()
     # Step 0: the pod's demand, what the rest of the node holds, what is missing.
-    need = _need(old, new, node, pods, reservations, now, kept)
+    need = _need(old, new, view, reservations, now, kept)
     # Steps 1-4: nothing to select victims for.
     early = _without_preemption(old, new, node, need)
     if early is not None:
         return _plan(new, node, need, early)
     # Step 5: victim selection, with lending.
     claimed = frozenset(uid for r in need.reserved.values() for uid in r.victims)
-    if ranking is None:
-        ranking = rank(node.name, pods, budgets, policy, now)
+    ranking = view.ranking(budgets, policy, now)
     candidates = candidates_of(new, node.name, ranking, claimed, policy)
 
     cleared = clear_node(

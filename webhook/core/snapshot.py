@@ -22,7 +22,7 @@ from webhook.core.objects import (
     parse_pod,
     parse_priority_class,
 )
-from webhook.core.plan import Plan, plan_resize
+from webhook.core.plan import NodePods, Plan, plan_resize
 from webhook.core.policy import PreemptionPolicy, VictimOrder
 from webhook.core.resize import apply_resize
 
@@ -112,8 +112,7 @@ def plan_snapshot_resize(
     return plan_resize(
         old,
         new,
-        node,
-        snapshot.pods_on(node.name),
+        NodePods(node, snapshot.pods_on(node.name)),
         now=now,
         budgets=snapshot.budgets,
         reservations=reservations,

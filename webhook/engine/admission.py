@@ -16,7 +16,7 @@ our answers (uid echo, apiVersion/kind, no patch from a validating webhook, warn
 audit-annotation formats); everything we send is built there so those rules live in one
 place. So is the one memo of the decision path, :class:`NodeMemo` (the section "the node
 memo"): what a decision reads of a recently planned node's pods alone, kept between
-decisions by the engine and the reconciler.
+decisions by the engine and the reconciler and handed to the core as the node's view.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from webhook.core.errors import InputError, WebhookError
 from webhook.core.fit import largest_fit
 from webhook.core.model import FIT_TO_NODE_ANNOTATION, DisruptionBudget, Node, Pod, PodRef
 from webhook.core.objects import parse_pod
-from webhook.core.plan import Plan, plan_resize
+from webhook.core.plan import NodeView, Plan, plan_resize
 from webhook.core.policy import PreemptionPolicy, Ranking, rank, spending
 from webhook.core.report import WARNING_LIMIT, clip, warnings_for
 from webhook.core.resources import (
@@ -226,40 +226,71 @@ def response(
 # model), the pods' importance order and the PodDisruptionBudgets each one's eviction
 # spends from (:func:`~webhook.core.policy.rank`). None of it depends on the resize, only
 # on the node's pods and its namespaces' budgets, so the engine keeps it for the last
-# tuple of pods and of budgets it planned each node with, and the core computes the same
-# when nothing is kept (``python -m bench plan``: docs/decision-core.md has the figures).
-# It is the one memo of the decision path.
+# pods and budgets it planned each node with and hands it to the core as the node's
+# :class:`~webhook.core.plan.NodeView`; the core computes the same when nothing is kept
+# (``python -m bench plan``: docs/decision-core.md has the figures). It is the one memo
+# of the decision path.
 
 #: Nodes kept. Decisions come in bursts on the nodes being resized; the bound keeps a
 #: large cluster's worth of them out of memory.
 NODES_KEPT = 256
 
+#: One version of a pod: its uid and ``metadata.resourceVersion``.
+Version = tuple[str, str]
+
 
 @dataclass(frozen=True, slots=True)
 class NodeFacts:
-    """What the memo keeps of one node for one tuple of its pods and of its budgets.
+    """What the memo keeps of one node for one list of its pods and of its budgets: the
+    :class:`~webhook.core.plan.NodeView` of :attr:`node` and :attr:`pods` that answers
+    from it.
 
-    ``holdings``: :func:`~webhook.core.accounting.holdings` of the pods on a node of
-    ``allocatable``; ``by_id``: ``pod_requests`` of each pod, by pod identity, for the
-    next tuple to reuse (holding ``pods`` keeps their ids, the keys, from being reused by
-    other objects while this lives). ``ranking``: :func:`~webhook.core.policy.rank` of
-    them at ``ranked_at``.
+    ``amounts``: ``pod_requests`` of each pod that carries a resource version, by
+    :data:`Version`, for the next list of pods to reuse. ``held``:
+    :func:`~webhook.core.accounting.holdings` of the pods; ``ranked``:
+    :func:`~webhook.core.policy.rank` of them with :attr:`budgets` under :attr:`policy`
+    at :attr:`ranked_at`.
     """
 
+    node: Node
     pods: tuple[Pod, ...]
     budgets: tuple[DisruptionBudget, ...]
-    allocatable: Resources
-    by_id: Mapping[int, Resources]
-    holdings: Holdings
-    ranking: Ranking
+    policy: PreemptionPolicy
+    amounts: Mapping[Version, Resources]
+    held: Holdings
+    ranked: Ranking
     ranked_at: float
 
+    def holdings(self) -> Holdings:
+        return self.held
+
+    def ranking(
+        self, budgets: Sequence[DisruptionBudget], policy: PreemptionPolicy, now: float
+    ) -> Ranking:
+        """The kept ranking when asked for the budgets and policy it was made with, at a
+        time it holds for (:meth:`ranked_for`); ranked afresh otherwise."""
+        if self.ranked_for(now) and policy == self.policy and tuple(budgets) == self.budgets:
+            return self.ranked
+        return rank(self.node.name, self.pods, budgets, policy, now)
+
     def ranked_for(self, now: float) -> bool:
-        """Whether :attr:`ranking` is the ranking at ``now`` too: the importance order
+        """Whether :attr:`ranked` is the ranking at ``now`` too: the importance order
         reads the time only for pods not started yet, as starting then, so it is the same
         at any two times after the latest start time (:attr:`Ranking.settled`; at it, a
         pod not started ties with the last one started)."""
-        return now == self.ranked_at or min(now, self.ranked_at) > self.ranking.settled
+        return now == self.ranked_at or min(now, self.ranked_at) > self.ranked.settled
+
+    def current(
+        self, node: Node, pods: tuple[Pod, ...], budgets: tuple[DisruptionBudget, ...]
+    ) -> bool:
+        """Whether these are the facts of ``pods`` and ``budgets`` on a node of ``node``'s
+        size: compared by value, so a view that hands out a new but equal list reuses
+        them, and one that changes a pod in any way gets fresh ones."""
+        return (
+            self.node.allocatable == node.allocatable
+            and self.budgets == budgets
+            and self.pods == pods
+        )
 
 
 class NodeMemo:
@@ -267,9 +298,13 @@ class NodeMemo:
 
     The policy's importance order must read the time as
     :func:`~webhook.core.policy.importance_key` does (every policy of the service
-    does). Both cluster views replace a node's tuple of pods when any of its pods changes,
-    and the tuple of a set of namespaces' budgets when any budget changes (and never
-    change a tuple), so the tuples' identities are the versions of what is kept.
+    does). The kept facts are reused only for pods and budgets equal to theirs (by
+    value, whatever objects the cluster view hands out). A new list of pods reuses what
+    the kept facts computed of each pod of the same :data:`Version`: a pod's uid and a
+    non-empty ``resourceVersion`` name one version of the stored object, which reads the
+    same every time (the API server's promise; a pod changed in this process, e.g.
+    shown as lending, must not reach the memo under its stored version). A pod without
+    a version is computed every time.
     """
 
     def __init__(self, policy: PreemptionPolicy, size: int = NODES_KEPT) -> None:
@@ -285,38 +320,19 @@ class NodeMemo:
         budgets: tuple[DisruptionBudget, ...],
         now: float,
     ) -> NodeFacts:
-        """What ``pods`` on ``node`` hold and their ranking with ``budgets`` at ``now``:
-        the kept facts while both tuples and the node's allocatable are the same (and the
-        ranking holds at ``now``). A new tuple of pods reuses the amounts of the pods it
-        shares with the kept one (the views replace only the pods that changed; a shared
-        id is the very same immutable pod, as the kept facts hold their pods)."""
+        """The view of ``pods`` on ``node``, with their ranking with ``budgets`` at
+        ``now``: the kept facts while they are :meth:`~NodeFacts.current` (ranked again
+        when the ranking does not hold at ``now``), fresh ones otherwise."""
         kept = self._kept.get(node.name)
-        if (
-            kept is not None
-            and kept.pods is pods
-            and kept.budgets is budgets
-            and kept.allocatable == node.allocatable
-        ):
-            if kept.ranked_for(now):
+        if kept is not None and kept.current(node, pods, budgets):
+            if kept.ranked_for(now) and kept.node == node:
                 return kept
-            facts = replace(
-                kept, ranking=rank(node.name, pods, budgets, self.policy, now), ranked_at=now
-            )
+            facts = replace(kept, node=node)
+            if not kept.ranked_for(now):
+                ranked = rank(node.name, pods, budgets, self.policy, now)
+                facts = replace(facts, ranked=ranked, ranked_at=now)
         else:
-            before = kept.by_id if kept is not None else {}
-            by_id: dict[int, Resources] = {}
-            for p in pods:
-                amount = before.get(id(p))
-                by_id[id(p)] = pod_requests(p) if amount is None else amount
-            facts = NodeFacts(
-                pods,
-                budgets,
-                node.allocatable,
-                by_id,
-                holdings(node, pods, lambda p: by_id[id(p)]),
-                rank(node.name, pods, budgets, self.policy, now, self._spends(kept, pods, budgets)),
-                now,
-            )
+            facts = self._fresh(kept, node, pods, budgets, now)
         with self._lock:
             if len(self._kept) >= self.size and node.name not in self._kept:
                 # The oldest insertion goes: a dict keeps insertion order.
@@ -324,16 +340,60 @@ class NodeMemo:
             self._kept[node.name] = facts
         return facts
 
+    def _fresh(
+        self,
+        kept: NodeFacts | None,
+        node: Node,
+        pods: tuple[Pod, ...],
+        budgets: tuple[DisruptionBudget, ...],
+        now: float,
+    ) -> NodeFacts:
+        """The facts of ``pods``, reusing what ``kept`` computed of the same versions."""
+        before = kept.amounts if kept is not None else {}
+        amounts: dict[Version, Resources] = {}
+        for p in pods:
+            if p.resource_version:
+                version = (p.uid, p.resource_version)
+                amount = before.get(version)
+                amounts[version] = pod_requests(p) if amount is None else amount
+
+        def holds(p: Pod) -> Resources:
+            if p.resource_version:
+                return amounts[p.uid, p.resource_version]
+            return pod_requests(p)
+
+        spends = self._spends(kept, pods, budgets)
+        return NodeFacts(
+            node,
+            pods,
+            budgets,
+            self.policy,
+            amounts,
+            holdings(node, pods, holds),
+            rank(node.name, pods, budgets, self.policy, now, spends),
+            now,
+        )
+
     def _spends(
         self, kept: NodeFacts | None, pods: tuple[Pod, ...], budgets: tuple[DisruptionBudget, ...]
     ) -> dict[str, tuple[int, ...]] | None:
-        """``spending`` of ``pods``: what the kept facts say of the very pods they share,
-        under the same budgets, and computed for the others (None: nothing to share)."""
-        if kept is None or kept.budgets is not budgets:
+        """``spending`` of ``pods``: what the kept facts say of the same versions, under
+        equal budgets, and computed for the others (None: nothing to share)."""
+        if kept is None or kept.budgets != budgets:
             return None
-        known = {id(p): kept.ranking.spends[p.uid] for p in kept.ranking.pods}
-        spends = {p.uid: known[id(p)] for p in pods if id(p) in known}
-        fresh = [p for p in pods if id(p) not in known]
+        known = {
+            (p.uid, p.resource_version): kept.ranked.spends[p.uid]
+            for p in kept.ranked.pods
+            if p.resource_version
+        }
+        spends: dict[str, tuple[int, ...]] = {}
+        fresh: list[Pod] = []
+        for p in pods:
+            spent = known.get((p.uid, p.resource_version)) if p.resource_version else None
+            if spent is None:
+                fresh.append(p)
+            else:
+                spends[p.uid] = spent
         return spends | spending(fresh, budgets, self.policy.pdb_mode)
 
     def __len__(self) -> int:
@@ -356,7 +416,8 @@ class _Scene(NamedTuple):
     node: Node
     pods: tuple[Pod, ...]
     budgets: tuple[Any, ...]
-    facts: NodeFacts
+    #: The node and its pods as the plan reads them: from the memo.
+    view: NodeView
 
 
 def _audit(plan: Plan) -> dict[str, str]:
@@ -555,8 +616,7 @@ class AdmissionEngine:
             )
         pods = tuple(self.cluster.pods_on(node.name))
         budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
-        facts = self._memo.of(node, pods, budgets, now)
-        return _Scene(old, new, node, pods, budgets, facts)
+        return _Scene(old, new, node, pods, budgets, self._memo.of(node, pods, budgets, now))
 
     def _stored_pod(self, obj: Mapping[str, Any]) -> Pod | None:
         """The view's pod when it is this very version of the stored object ``obj`` (same
@@ -592,14 +652,11 @@ class AdmissionEngine:
         return plan_resize(
             s.old,
             s.new,
-            s.node,
-            s.pods,
+            s.view,
             now=now,
             budgets=s.budgets,
             reservations=[e.reservation() for e in holders],
             policy=self.policy,
-            holdings=s.facts.holdings,
-            ranking=s.facts.ranking,
             elsewhere=elsewhere,
         )
 
@@ -680,8 +737,7 @@ class AdmissionEngine:
         fitted = largest_fit(
             scene.old,
             scene.new,
-            scene.node,
-            scene.pods,
+            scene.view,
             now=now,
             budgets=scene.budgets,
             reservations=[e.reservation() for e in entries],

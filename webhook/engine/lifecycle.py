@@ -44,7 +44,7 @@ from typing import Literal, NamedTuple
 
 from webhook.core.lending import Loan
 from webhook.core.model import DisruptionBudget, Node, PdbMode, Pod, PodRef
-from webhook.core.plan import Plan, plan_resize
+from webhook.core.plan import NodePods, Plan, plan_resize
 from webhook.core.policy import ImportanceKey, PreemptionPolicy
 from webhook.core.resources import Resources
 from webhook.engine import loans
@@ -495,8 +495,7 @@ def replan(s: Scene, refusing: tuple[Loan, ...], *, listed: bool) -> Plan:
     return plan_resize(
         old,
         s.pod,
-        s.node,
-        pods,
+        NodePods(s.node, pods),
         now=s.now,
         budgets=s.budgets,
         reservations=[o.reservation() for o in s.others],

@@ -282,7 +282,7 @@ class Reconciler:
         reserves. Room that appears lets the kubelet actuate by itself, and a reservation
         without victims would only hold room others may use."""
         budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
-        facts = self._memo.of(node, pods, budgets, now)
+        view = self._memo.of(node, pods, budgets, now)
 
         def plan_against(holders: Sequence[LedgerEntry]) -> Plan:
             elsewhere = None
@@ -292,14 +292,11 @@ class Reconciler:
             return plan_resize(
                 pod,
                 pod,
-                node,
-                pods,
+                view,
                 now=now,
                 budgets=budgets,
                 reservations=[e.reservation() for e in holders],
                 policy=self.policy,
-                holdings=facts.holdings,
-                ranking=facts.ranking,
                 elsewhere=elsewhere,
             )
 
