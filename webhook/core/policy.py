@@ -12,8 +12,8 @@ Victim selection reads the importance order and the budgets of every candidate, 
 neither depends on the resize: only on the node's pods, its namespaces'
 PodDisruptionBudgets, the policy and (for pods not started yet) the time. :func:`rank`
 computes them; a caller deciding many resizes on the same pods may keep its
-:class:`Ranking` between decisions (:class:`~webhook.engine.admission.NodeMemo` does,
-within the bounds of :attr:`Ranking.settled`).
+:class:`Ranking` between decisions, within the bounds of :attr:`Ranking.settled`, and
+hand it to a plan through the node's view (:class:`~webhook.core.plan.NodeView`).
 """
 
 from __future__ import annotations

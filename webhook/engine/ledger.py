@@ -306,7 +306,10 @@ class ClusterView(Protocol):
         ...
 
     def pods_on(self, node: str) -> Sequence[Pod]:
-        """Pods bound to ``node``, terminal ones included (the planner skips them)."""
+        """Pods bound to ``node``, terminal ones included (the planner skips them). A pod
+        with a ``resource_version`` reads as that version of the stored object, nothing
+        else: the node memo reuses what it computed of a version
+        (:class:`~webhook.engine.admission.NodeMemo`)."""
         ...
 
     def node_rooms(self) -> NodeRooms:
