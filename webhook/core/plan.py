@@ -359,8 +359,11 @@ def _reprieve(
     would not."""
     demand, allocatable, used = cleared.demand, cleared.allocatable, cleared.used
     leaving: list[Pod] = []
-    keep = keep_above if keep_above is not None else max((p.priority for p in walk), default=0)
-    for kept, run in groupby(walk, key=lambda p: p.priority > keep):
+
+    def must_return(pod: Pod) -> bool:
+        return keep_above is not None and pod.priority > keep_above
+
+    for kept, run in groupby(walk, key=must_return):
         if kept:
             used = used + total(comes_back[p.uid] for p in run)
             if not fits(demand, used, allocatable):
