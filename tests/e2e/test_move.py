@@ -252,8 +252,14 @@ def test_upstream_evicts_the_pod_started_last_and_its_work_is_lost(
 
     wait_until(lambda: service.outcomes(), timeout=20, what="the victim's outcome")
     assert {"lost": 1} == service.outcomes()
-    expected = f"Preempted {namespace}/bare did not move: no controller recreates it"
-    assert [expected] == wait_until(lambda: told(kubectl, "NotMoved"), what="the NotMoved event")
+    wait_until(
+        lambda: [e for e in events(kubectl, "bare") if e["reason"] == "Preempted"],
+        what="the victim's Preempted event",
+    )
+    # Nothing recreates the bare pod: lost as under kube-scheduler, and its Preempted event
+    # is the preemption's only one. The follow tells within milliseconds of counting.
+    time.sleep(1.0)
+    assert [] == told(kubectl, "NotMoved")
     assert [web] == [p["metadata"]["name"] for p in web_pods(scene, namespace)]
 
 
@@ -307,7 +313,7 @@ def test_node_2_filling_up_after_the_plan_loses_the_victim_and_the_resize_comple
     assert get(scene, namespace, "bare") is not None
 
 
-def test_the_service_process_counts_a_bare_victim_lost_and_tells_the_resizing_pod(
+def test_the_service_process_counts_a_bare_victim_lost_with_its_preempted_event_only(
     cluster: Cluster,
     namespace: str,
     kubectl: Kubectl,
@@ -325,10 +331,9 @@ def test_the_service_process_counts_a_bare_victim_lost_and_tells_the_resizing_po
         return sample(scrape(process.metrics_port), OUTCOMES, outcome="lost")
 
     assert 1 == wait_until(lost, timeout=30, what="the outcome in /metrics")
-    [note] = wait_until(
-        lambda: [e["message"] for e in service_events(kubectl, "high-priority-pod", "NotMoved")],
-        what="the NotMoved event",
+    wait_until(
+        lambda: service_events(kubectl, "low-priority-pod", "Preempted"),
+        what="the victim's Preempted event",
     )
-    assert (
-        f"Preempted {namespace}/low-priority-pod did not move: no controller recreates it" == note
-    )
+    time.sleep(1.0)  # the process tells an outcome within milliseconds of counting it
+    assert [] == service_events(kubectl, "high-priority-pod", "NotMoved")

@@ -142,14 +142,14 @@ def start(victims: Sequence[PodBuilder], done: bool = True) -> Run:
         ),
         pytest.param(
             {"lost": 1},
-            [("NotMoved", "default/b", "no controller recreates it")],
+            [],
             make_pod("b").requests(cpu="1"),
             [],
             id="bare-pod",
         ),
         pytest.param(
             {"lost": 1},
-            [("NotMoved", "default/b", "its DaemonSet recreates it on this node only")],
+            [],
             make_pod("b").owned_by("DaemonSet", "agents"),
             [("added", make_pod("b-2").owned_by("DaemonSet", "agents").on(NODE))],
             id="daemonset",
@@ -233,6 +233,27 @@ def test_two_victims_of_one_owner_take_one_replacement_each() -> None:
         ("Moved", "default/c", "default/c-2", OTHER_NODE),
         ("NotMoved", "default/b", "the scheduler found no node for its replacement default/b-2"),
     ] == run.events.told
+
+
+@pytest.mark.parametrize(
+    ("expected_why", "victim"),
+    [
+        pytest.param("no controller recreates it", make_pod("b").on(NODE), id="bare-pod"),
+        pytest.param(
+            "its DaemonSet recreates it on this node only",
+            make_pod("b").owned_by("DaemonSet", "agents").on(NODE),
+            id="daemonset",
+        ),
+    ],
+)
+def test_a_victim_nothing_moves_is_logged_lost_without_an_event(
+    caplog: pytest.LogCaptureFixture, expected_why: str, victim: PodBuilder
+) -> None:
+    with caplog.at_level(logging.INFO, logger="webhook.decisions"):
+        run = start([victim])
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "webhook.decisions"]
+    assert [("lost", expected_why)] == [(line["outcome"], line["why"]) for line in lines]
+    assert [] == run.events.told
 
 
 def test_the_decision_log_has_a_line_per_outcome(caplog: pytest.LogCaptureFixture) -> None:

@@ -21,6 +21,13 @@ tell where the replacement went. Each evicted victim gets one outcome:
 The outcome is counted at once (``resize_preemption_victim_outcomes_total``); the event
 on the resizing pod (``Moved``, ``NotMoved``) and the decision log's line are written by
 this loop's own thread, so neither a resize nor an eviction ever waits on them.
+
+``NotMoved`` is told only of a victim that could have moved (its controller recreates
+it elsewhere) and did not. A victim nothing recreates elsewhere is lost by the plan
+itself, as it is under kube-scheduler: the admission's warning named it to the resizing
+pod's owner, it has its ``Preempted`` event, and the counter and the decision log say it
+was lost; one more event would make each such preemption cost a request more than
+kube-scheduler's.
 """
 
 from __future__ import annotations
@@ -269,7 +276,7 @@ class Follow:
             return
         if told.outcome == "moved" and f.replacement is not None:
             self.events.moved(f.preemptor, f.victim, f.replacement, told.to)
-        elif told.outcome == "lost":
+        elif told.outcome == "lost" and not f.refused:
             self.events.lost(f.preemptor, f.victim, told.why)
 
     # -- lifecycle -----------------------------------------------------------------------------

@@ -18,8 +18,8 @@ reconciler planned, by its ``DeferredResizePreemption`` event). A plan given up 
 all its victims went (it expired, or the victims no longer sufficed) gets one Warning
 ``ResizePreemptionAbandoned`` on the resizing pod: nobody else would say so. Once the
 leader knows where an evicted victim's work went (webhook.engine.follow), the resizing pod
-gets ``Moved`` (its controller's replacement runs on another node, named) or ``NotMoved``
-(why not); upstream says nothing of it.
+gets ``Moved`` (its controller's replacement runs on another node, named) or, for a victim
+its controller recreates elsewhere, ``NotMoved`` (why not); upstream says nothing of it.
 
 Contract: recording never raises to the caller. A failure is logged and counted
 (:attr:`EventRecorder.failures` and the ``resize_preemption_errors_total{where="event"}``
