@@ -509,6 +509,53 @@ def test_compaction_shares_but_does_not_change_pods() -> None:
     assert p0.annotations == {"resize-preemption.io/fit-to-node": "true"}
 
 
+def test_compaction_shares_owner_and_placement_but_does_not_change_pods() -> None:
+    tolerations = [
+        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+    ]
+
+    def owned(name: str, node: str, *, daemon: bool) -> dict[str, Any]:
+        obj = pod_obj(name, "1", node=node, priority=1_000_000)
+        obj["metadata"]["ownerReferences"] = [
+            {
+                "kind": "DaemonSet" if daemon else "ReplicaSet",
+                "name": "owner",
+                "uid": "uid-" + "-".join(["owner"] * 4),
+                "controller": True,
+            }
+        ]
+        obj["spec"]["preemptionPolicy"] = "Never"
+        obj["spec"]["tolerations"] = [dict(t) for t in tolerations]
+        if daemon:
+            field = {"key": "metadata.name", "operator": "In", "values": [node]}
+            term = {"matchFields": [field]}
+            required = {"nodeSelectorTerms": [term]}
+            obj["spec"]["affinity"] = {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
+            }
+        return obj
+
+    objs = [
+        owned("rs-a", "node-1", daemon=False),
+        owned("rs-b", "node-2", daemon=False),
+        owned("ds-a", "node-1", daemon=True),
+        owned("ds-b", "node-2", daemon=True),
+    ]
+    cache = ClusterCache(None, freeze_gc=False)
+    cache.reflector(PODS).load_pages(pages(list_page(objs, "9")))
+    rs_a, rs_b, ds_a, ds_b = (cache.pod("default", o["metadata"]["name"]) for o in objs)
+    assert rs_a is not None and rs_b is not None and ds_a is not None and ds_b is not None
+    assert [rs_a, rs_b, ds_a, ds_b] == [parse_pod(o) for o in objs]
+    assert rs_a.placement is rs_b.placement
+    assert rs_a.controller_uid is rs_b.controller_uid is ds_b.controller_uid
+    assert rs_a.controller is rs_b.controller and rs_a.priority is rs_b.priority
+    assert rs_a.preemption_policy is ds_b.preemption_policy
+    # The terms name each its own node; the tolerations are the same.
+    assert ds_a.placement != ds_b.placement
+    assert ds_a.placement.tolerations is ds_b.placement.tolerations is rs_a.placement.tolerations
+
+
 def test_offline_cache_cannot_start() -> None:
     with pytest.raises(ClusterError):
         ClusterCache(None, freeze_gc=False).start()

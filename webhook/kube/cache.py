@@ -21,16 +21,19 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar, cast
 
 from kubernetes.client import CoreV1Api, PolicyV1Api, SchedulingV1Api
 
 from webhook.core.model import (
+    ANYWHERE,
     Container,
     ContainerStatus,
     DisruptionBudget,
     Node,
+    Placement,
     Pod,
+    PreemptionPolicyName,
     PriorityClass,
 )
 from webhook.core.objects import (
@@ -204,6 +207,10 @@ class _Interner(Generic[H]):
         self._table[value] = value
         return value
 
+    def seen(self, value: H) -> H | None:
+        """The shared value equal to ``value``, or ``None``; shares nothing new."""
+        return self._table.get(value)
+
 
 class _MappingInterner(Generic[V]):
     """Shares equal mappings, keyed by their content's hash only (a colliding mapping is
@@ -227,35 +234,47 @@ class _MappingInterner(Generic[V]):
         self._table[h] = value
         return value
 
+    def seen(self, value: Mapping[str, V]) -> Mapping[str, V] | None:
+        """The shared mapping equal to ``value``, or ``None``; shares nothing new."""
+        if not value:
+            return _EMPTY_MAP
+        got = self._table.get(hash(frozenset(value.items())))
+        return got if got is not None and got == value else None
+
 
 class PodCompactor:
     """Rebuilds a freshly parsed :class:`Pod` so that it shares what it has in common with others.
 
-    Pods of one ReplicaSet have the same labels, containers and (mostly) statuses; the
-    same few quantities recur across a whole cluster. Strings that repeat (namespace,
-    node, label keys and values, container names) are interned, and annotations are
-    trimmed to :data:`KEPT_ANNOTATION_PREFIXES`. Not thread-safe: one per reflector.
+    Pods of one ReplicaSet have the same labels, containers, (mostly) statuses, owner and
+    placement (the tolerations the API server adds to every pod, at least); the same few
+    quantities and priorities recur across a whole cluster. Strings that repeat
+    (namespace, node, label keys and values, container names, the controller's kind and
+    uid, the preemption policy) are interned, and annotations are trimmed to
+    :data:`KEPT_ANNOTATION_PREFIXES`. Not thread-safe: one per reflector.
     """
 
     def __init__(self, *, limit: int = 1 << 17) -> None:
         self._values: _Interner[Any] = _Interner(limit)
+        # Numbers apart: equal numbers of another type (1.0, True) would share the int.
+        self._priorities: _Interner[int] = _Interner(limit)
         self._labels: _MappingInterner[str] = _MappingInterner(limit)
         self._statuses: _MappingInterner[ContainerStatus] = _MappingInterner(limit)
 
     def compact(self, pod: Pod) -> Pod:
         """``pod`` with its parts shared with the pods compacted before it."""
+        # Each part is looked up as parsed first: most are already shared, and then the
+        # interned copy need not be built.
         share = self._values
         intern = sys.intern
-        labels = pod.labels
         return replace(
             pod,
             namespace=intern(pod.namespace),
             node=intern(pod.node),
+            priority=self._priorities(pod.priority),
+            preemption_policy=cast(PreemptionPolicyName, intern(pod.preemption_policy)),
             phase=intern(pod.phase),
             qos_class=intern(pod.qos_class),
-            labels=self._labels({intern(k): intern(v) for k, v in labels.items()})
-            if labels
-            else _EMPTY_MAP,
+            labels=self._labels_of(pod.labels),
             annotations=_kept(pod.annotations),
             containers=self._containers(pod.containers),
             init_containers=self._containers(pod.init_containers),
@@ -264,10 +283,45 @@ class PodCompactor:
             pod_limits=share(pod.pod_limits),
             pod_allocated=share(pod.pod_allocated) if pod.pod_allocated is not None else None,
             pod_actual=share(pod.pod_actual) if pod.pod_actual is not None else None,
-            statuses=self._statuses({s.name: self._status(s) for s in pod.statuses.values()})
-            if pod.statuses
-            else _EMPTY_MAP,
+            statuses=self._statuses_of(pod.statuses),
+            controller=intern(pod.controller),
+            controller_uid=intern(pod.controller_uid),
+            placement=self._placement(pod.placement),
         )
+
+    def _labels_of(self, labels: Mapping[str, str]) -> Mapping[str, str]:
+        got = self._labels.seen(labels)
+        if got is not None:
+            return got
+        intern = sys.intern
+        return self._labels({intern(k): intern(v) for k, v in labels.items()})
+
+    def _statuses_of(
+        self, statuses: Mapping[str, ContainerStatus]
+    ) -> Mapping[str, ContainerStatus]:
+        got = self._statuses.seen(statuses)
+        if got is not None:
+            return got
+        return self._statuses({s.name: self._status(s) for s in statuses.values()})
+
+    def _placement(self, placement: Placement) -> Placement:
+        if placement is ANYWHERE:
+            return placement
+        share = self._values
+        got: Placement | None = share.seen(placement)
+        if got is not None:
+            return got
+        # Its parts are shared on their own too: the pods of a DaemonSet have the same
+        # tolerations, and terms that each name its own node.
+        shared: Placement = share(
+            Placement(
+                share(placement.node_selector),
+                share(placement.terms),
+                share(placement.tolerations),
+                sys.intern(placement.unknown),
+            )
+        )
+        return shared
 
     def _status(self, status: ContainerStatus) -> ContainerStatus:
         share = self._values
@@ -284,6 +338,9 @@ class PodCompactor:
         if not containers:
             return ()
         share = self._values
+        got: tuple[Container, ...] | None = share.seen(containers)
+        if got is not None:
+            return got
         shared: tuple[Container, ...] = share(
             tuple(
                 share(Container(sys.intern(c.name), share(c.requests), share(c.limits), c.sidecar))
