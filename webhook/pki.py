@@ -53,30 +53,8 @@ def make_ca(common_name: str, *, validity: dt.timedelta = DEFAULT_VALIDITY) -> C
     """Create a self-signed CA certificate valid for ``validity`` from now."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = _now()
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
-        .not_valid_after(now + validity)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        _builder(name, name, key, validity, ca=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -126,30 +104,8 @@ def issue(
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise TypeError("the CA key must be an ECDSA key made by make_ca")
     key = ec.generate_private_key(ec.SECP256R1())
-    now = _now()
     builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
-        .not_valid_after(now + validity)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        _builder(subject, ca_cert.subject, key, validity, ca=False)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
@@ -160,6 +116,46 @@ def issue(
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     return KeyPair(cert_pem=cert.public_bytes(serialization.Encoding.PEM), key_pem=key_to_pem(key))
+
+
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    validity: dt.timedelta,
+    *,
+    ca: bool,
+) -> x509.CertificateBuilder:
+    """A builder of ``key``'s certificate, valid for ``validity`` from a little before now.
+
+    A CA's key may sign certificates and revocation lists; any other key only digital
+    signatures (the TLS handshake's, all a serving or client certificate needs).
+    """
+    now = _now()
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + validity)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=ca,
+                crl_sign=ca,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+    )
 
 
 def key_to_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
