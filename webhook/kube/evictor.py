@@ -52,7 +52,7 @@ from webhook.engine.metrics import Metrics
 from webhook.engine.settings import EvictionMethod
 from webhook.kube.errors import ClusterError, Conflict, NotFound, TooManyRequests
 from webhook.kube.events import EventRecorder, rfc3339
-from webhook.kube.jsonapi import STRATEGIC_MERGE_PATCH, request_json
+from webhook.kube.jsonapi import patch_pod, pod_path, request_json
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +66,6 @@ DEFAULT_GRACE_SECONDS: Final = 30
 def preemption_message(scheduler_name: str) -> str:
     """The ``DisruptionTarget`` message kube-scheduler writes."""
     return f"{scheduler_name}: preempting to accommodate a higher priority pod"
-
-
-def _pod_path(victim: PodRef) -> str:
-    return f"/api/v1/namespaces/{victim.namespace}/pods/{victim.name}"
 
 
 def _existing(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -163,7 +159,7 @@ class Evictor:
             return self._evict_api(victim, {"preconditions": {"uid": victim.uid}})
         # 1. Read the victim: gone, replaced or already leaving means nothing to do.
         try:
-            pod = request_json(self._api_client, "GET", _pod_path(victim), timeout=self._timeout)
+            pod = request_json(self._api_client, "GET", pod_path(victim), timeout=self._timeout)
         except NotFound:
             return EvictionResult.GONE
         meta = pod.get("metadata") or {}
@@ -195,7 +191,7 @@ class Evictor:
             "metadata": {"name": victim.name, "namespace": victim.namespace},
             "deleteOptions": options,
         }
-        path = _pod_path(victim) + "/eviction"
+        path = pod_path(victim) + "/eviction"
         for attempt in range(self.max_retries + 1):
             try:
                 request_json(self._api_client, "POST", path, body=body, timeout=self._timeout)
@@ -248,14 +244,7 @@ class Evictor:
                 "status": {"conditions": [condition]},
             }
             try:
-                request_json(
-                    self._api_client,
-                    "PATCH",
-                    _pod_path(victim) + "/status",
-                    body=patch,
-                    content_type=STRATEGIC_MERGE_PATCH,
-                    timeout=self._timeout,
-                )
+                patch_pod(self._api_client, victim, "status", patch, timeout=self._timeout)
             except NotFound:
                 return EvictionResult.GONE
             except ClusterError:
@@ -267,7 +256,7 @@ class Evictor:
             request_json(
                 self._api_client,
                 "DELETE",
-                _pod_path(victim),
+                pod_path(victim),
                 body={"apiVersion": "v1", "kind": "DeleteOptions", **options},
                 timeout=self._timeout,
             )
@@ -286,7 +275,7 @@ class Evictor:
     def _replaced(self, victim: PodRef) -> bool:
         """True when ``victim`` no longer exists under its uid (after a failed write)."""
         try:
-            pod = request_json(self._api_client, "GET", _pod_path(victim), timeout=self._timeout)
+            pod = request_json(self._api_client, "GET", pod_path(victim), timeout=self._timeout)
         except NotFound:
             return True
         return str((pod.get("metadata") or {}).get("uid") or "") != victim.uid

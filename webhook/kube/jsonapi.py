@@ -18,6 +18,7 @@ import orjson
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from webhook.core.model import PodRef
 from webhook.kube.errors import TRANSLATABLE, translate
 
 Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
@@ -66,4 +67,36 @@ def request_json(
     return decoded if isinstance(decoded, dict) else {}
 
 
-__all__ = ["JSON", "MERGE_PATCH", "STRATEGIC_MERGE_PATCH", "request_json"]
+def pod_path(pod: PodRef) -> str:
+    """The API path of ``pod`` (by namespace and name: its uid is no part of it)."""
+    return f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+
+
+def patch_pod(
+    api_client: ApiClient,
+    pod: PodRef,
+    subresource: str,
+    patch: Mapping[str, Any],
+    *,
+    timeout: float | tuple[float, float] | None,
+) -> dict[str, Any]:
+    """Send the strategic merge ``patch`` to ``pod``'s ``subresource`` (``status``,
+    ``resize``); raises as :func:`request_json`."""
+    return request_json(
+        api_client,
+        "PATCH",
+        pod_path(pod) + "/" + subresource,
+        body=patch,
+        content_type=STRATEGIC_MERGE_PATCH,
+        timeout=timeout,
+    )
+
+
+__all__ = [
+    "JSON",
+    "MERGE_PATCH",
+    "STRATEGIC_MERGE_PATCH",
+    "patch_pod",
+    "pod_path",
+    "request_json",
+]

@@ -41,7 +41,7 @@ from webhook.engine.loans import LoanResult
 from webhook.engine.metrics import Metrics
 from webhook.kube.errors import ClusterError, Conflict, NotFound
 from webhook.kube.events import EventRecorder
-from webhook.kube.jsonapi import STRATEGIC_MERGE_PATCH, request_json
+from webhook.kube.jsonapi import patch_pod
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +89,6 @@ def resize_patch(
     }
 
 
-def _pod_path(pod: PodRef) -> str:
-    return f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
-
-
 class Resizer:
     """Lowers lenders for loans, one call at a time; thread-safe (no per-call state)."""
 
@@ -115,14 +111,13 @@ class Resizer:
     def lend(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
         """Make ``loan`` for ``borrower`` on ``node``; see the module docstring. Never
         raises."""
-        try:
-            result = self._resize(loan, expect=loan.before, amount=loan.after)
-        except (ClusterError, ObjectError) as e:
-            log.warning("could not lend from %s for %s: %s", loan.pod.key, borrower.key, e)
-            result = LoanResult.FAILED
-        except Exception:
-            log.exception("error lending from %s for %s", loan.pod.key, borrower.key)
-            result = LoanResult.FAILED
+        result = self._attempt(
+            loan,
+            back=False,
+            failure="could not lend from %s for %s: %s",
+            error="error lending from %s for %s",
+            keys=(loan.pod.key, borrower.key),
+        )
         if result is LoanResult.LENT:
             self.metrics.loans.labels("made").inc()
             log.info(
@@ -148,14 +143,13 @@ class Resizer:
         the loan's ``after`` (``done`` at ``before`` already, ``void`` at any other
         amount: its owner's spec wins). Counted in
         ``resize_preemption_loans_total{result="returned"}``. Never raises."""
-        try:
-            result = self._resize(loan, expect=loan.after, amount=loan.before)
-        except (ClusterError, ObjectError) as e:
-            log.warning("could not give back to %s: %s", loan.pod.key, e)
-            result = LoanResult.FAILED
-        except Exception:
-            log.exception("error giving back to %s", loan.pod.key)
-            result = LoanResult.FAILED
+        result = self._attempt(
+            loan,
+            back=True,
+            failure="could not give back to %s: %s",
+            error="error giving back to %s",
+            keys=(loan.pod.key,),
+        )
         if result is LoanResult.LENT:
             self.metrics.loans.labels("returned").inc()
             log.info(
@@ -174,14 +168,13 @@ class Resizer:
         back to ``before`` while it still asks for the loan's ``after``
         (``done``: at ``before`` already; ``void``: at another amount, or gone). Never
         raises."""
-        try:
-            result = self._resize(loan, expect=loan.after, amount=loan.before)
-        except (ClusterError, ObjectError) as e:
-            log.warning("could not put %s back after a refused loan: %s", loan.pod.key, e)
-            result = LoanResult.FAILED
-        except Exception:
-            log.exception("error putting %s back after a refused loan", loan.pod.key)
-            result = LoanResult.FAILED
+        result = self._attempt(
+            loan,
+            back=True,
+            failure="could not put %s back after a refused loan: %s",
+            error="error putting %s back after a refused loan",
+            keys=(loan.pod.key,),
+        )
         if result is LoanResult.LENT:
             log.info(
                 "put %s %s back to %s after the kubelet refused the loan to %s on %s: %s",
@@ -202,6 +195,22 @@ class Resizer:
                     note=refused_note(loan, why),
                 )
         return result
+
+    def _attempt(
+        self, loan: Loan, *, back: bool, failure: str, error: str, keys: tuple[str, ...]
+    ) -> LoanResult:
+        """The lender lowered from ``before`` to ``after`` or, ``back``, raised from
+        ``after`` to ``before``; never raises. An API or object error is logged as the
+        warning ``failure % (*keys, error)``, anything else with its traceback as
+        ``error % keys``: both are ``failed``."""
+        expect, amount = (loan.after, loan.before) if back else (loan.before, loan.after)
+        try:
+            return self._resize(loan, expect=expect, amount=amount)
+        except (ClusterError, ObjectError) as e:
+            log.warning(failure, *keys, e)
+        except Exception:
+            log.exception(error, *keys)
+        return LoanResult.FAILED
 
     def _resize(self, loan: Loan, *, expect: int, amount: int) -> LoanResult:
         pod = self._lenders(loan.pod.namespace, loan.pod.name)
@@ -224,14 +233,7 @@ class Resizer:
             init=container in pod.init_containers,
         )
         try:
-            request_json(
-                self._api_client,
-                "PATCH",
-                _pod_path(loan.pod) + "/resize",
-                body=patch,
-                content_type=STRATEGIC_MERGE_PATCH,
-                timeout=self._timeout,
-            )
+            patch_pod(self._api_client, loan.pod, "resize", patch, timeout=self._timeout)
         except NotFound:
             return LoanResult.VOID
         except Conflict:
