@@ -170,6 +170,18 @@ def _loan(pod: Pod, floor: Floor, want: int) -> Loan | None:
     return Loan(pod.ref, pod.priority, name, resource, before, after, frees, guaranteed(pod))
 
 
+def _lent_from(loan: Loan, lender: Pod | None) -> tuple[int, ContainerStatus | None] | None:
+    """The cached lender's request of the loan's resource in the loan's container, and
+    that container's status; None when the lender is gone, replaced or leaving, or the
+    container is gone: no loan stands on such a lender."""
+    if lender is None or lender.uid != loan.pod.uid or lender.terminating or lender.terminal:
+        return None
+    container = lender.container(loan.container)
+    if container is None:
+        return None
+    return container.requests.get(loan.resource), lender.statuses.get(loan.container)
+
+
 LoanState = Literal["pending", "lent", "returning", "void"]
 
 
@@ -183,17 +195,14 @@ def loan_state(loan: Loan, lender: Pod | None) -> LoanState:
     ``void``: the lender is gone, replaced or leaving, or its owner set another amount
     since the plan (its spec wins; nothing is lowered for it).
     """
-    if lender is None or lender.uid != loan.pod.uid or lender.terminating or lender.terminal:
+    found = _lent_from(loan, lender)
+    if found is None:
         return "void"
-    container = lender.container(loan.container)
-    if container is None:
-        return "void"
-    request = container.requests.get(loan.resource)
+    request, status = found
     if request <= loan.after:
         return "lent"
     if request != loan.before:
         return "void"
-    status = lender.statuses.get(loan.container)
     granted = None if status is None else (status.allocated or status.actual)
     return (
         "returning"
@@ -236,19 +245,16 @@ def refusal_state(loan: Loan, lender: Pod | None) -> RefusalState:
     that borrowed it must make that room. ``ended``: the lender holds its ``before``
     again, or is gone, or its owner set another amount (its spec wins).
     """
-    if lender is None or lender.uid != loan.pod.uid or lender.terminating or lender.terminal:
+    found = _lent_from(loan, lender)
+    if found is None:
         return "ended"
-    container = lender.container(loan.container)
-    if container is None:
-        return "ended"
-    request = container.requests.get(loan.resource)
+    request, status = found
     if request < loan.after:
         return "restoring"
     if request == loan.after:
         return "undo"
     if request != loan.before:
         return "ended"
-    status = lender.statuses.get(loan.container)
     allocated = None if status is None else status.allocated
     return (
         "restoring"

@@ -153,14 +153,12 @@ class LedgerEntry:
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "v": ENTRY_VERSION,
-            "pod": {"namespace": self.pod.namespace, "name": self.pod.name, "uid": self.pod.uid},
+            "pod": _ref_json(self.pod),
             "node": self.node,
             "review": self.review_uid,
             "resources": {"cpu": self.resources.cpu, "memory": self.resources.memory},
             "desired": {n: [r.cpu, r.memory] for n, r in self.desired},
-            "victims": [
-                {"namespace": v.namespace, "name": v.name, "uid": v.uid} for v in self.victims
-            ],
+            "victims": [_ref_json(v) for v in self.victims],
             "admitted": self.admitted_at,
             "expires": self.expires_at,
             "handled": sorted(self.handled),
@@ -182,9 +180,8 @@ class LedgerEntry:
         try:
             if data.get("v") != ENTRY_VERSION:
                 raise ObjectError(f"ledger entry version {data.get('v')!r} is not supported")
-            pod = data["pod"]
             return LedgerEntry(
-                pod=PodRef(str(pod["namespace"]), str(pod["name"]), str(pod["uid"])),
+                pod=_ref_from_json(data["pod"]),
                 node=str(data["node"]),
                 review_uid=str(data["review"]),
                 resources=Resources(
@@ -193,10 +190,7 @@ class LedgerEntry:
                 desired=tuple(
                     (str(n), Resources(int(c), int(m))) for n, (c, m) in data["desired"].items()
                 ),
-                victims=tuple(
-                    PodRef(str(v["namespace"]), str(v["name"]), str(v["uid"]))
-                    for v in data["victims"]
-                ),
+                victims=tuple(_ref_from_json(v) for v in data["victims"]),
                 admitted_at=float(data["admitted"]),
                 expires_at=float(data["expires"]),
                 handled=frozenset(str(u) for u in data.get("handled", ())),
@@ -213,9 +207,17 @@ class LedgerEntry:
             raise ObjectError(f"malformed ledger entry: {e!r}") from None
 
 
+def _ref_json(ref: PodRef) -> dict[str, str]:
+    return {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid}
+
+
+def _ref_from_json(data: Mapping[str, Any]) -> PodRef:
+    return PodRef(str(data["namespace"]), str(data["name"]), str(data["uid"]))
+
+
 def _loan_json(loan: Loan) -> dict[str, Any]:
     return {
-        "pod": {"namespace": loan.pod.namespace, "name": loan.pod.name, "uid": loan.pod.uid},
+        "pod": _ref_json(loan.pod),
         "priority": loan.priority,
         "container": loan.container,
         "resource": loan.resource,
@@ -233,9 +235,8 @@ def _loan_from_json(data: Mapping[str, Any]) -> Loan:
     before, after = int(data["before"]), int(data["after"])
     if not 0 < after < before:
         raise ValueError(f"loan from {before} to {after} lowers nothing")
-    pod = data["pod"]
     return Loan(
-        pod=PodRef(str(pod["namespace"]), str(pod["name"]), str(pod["uid"])),
+        pod=_ref_from_json(data["pod"]),
         priority=int(data["priority"]),
         container=str(data["container"]),
         resource=resource,
