@@ -14,9 +14,9 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
 import orjson
 import yaml
@@ -39,6 +39,8 @@ VIEWER_ROLE = "resize-preemption-webhook-viewer"
 PROG = "python -m webhook"
 #: How kubectl names the plugin (the console script ``kubectl-resize_preemption``).
 KUBECTL_PLUGIN = "kubectl resize-preemption"
+
+_V = TypeVar("_V")
 
 
 class UsageError(InputError):
@@ -208,10 +210,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
             policy=_policy(args),
             victim_order=args.victim_order,
         )
-    if args.output == "json":
-        sys.stdout.write(orjson.dumps(plan_to_dict(plan)).decode() + "\n")
-    else:
-        sys.stdout.write(human_report(plan) + "\n")
+    return _output(args, plan, plan_to_dict, human_report)
+
+
+def _output(
+    args: argparse.Namespace,
+    value: _V,
+    as_dict: Callable[[_V], Any],
+    as_text: Callable[[_V], str],
+) -> int:
+    """Write ``value`` to stdout as ``--output`` asks, one JSON line or text; EXIT_OK."""
+    text = orjson.dumps(as_dict(value)).decode() if args.output == "json" else as_text(value)
+    sys.stdout.write(text + "\n")
     return EXIT_OK
 
 
@@ -319,11 +329,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         now=_now(args),
         node=args.node,
     )
-    if args.output == "json":
-        sys.stdout.write(orjson.dumps(status_to_dict(status)).decode() + "\n")
-    else:
-        sys.stdout.write(status_text(status) + "\n")
-    return EXIT_OK
+    return _output(args, status, status_to_dict, status_text)
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:

@@ -45,15 +45,22 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         ],
         "floorErrors": [{"pod": ref.key, "error": error} for ref, error in plan.floor_errors],
     }
-    moves = [
-        {"pod": v.pod.key, "movable": v.move.movable, "why": v.move.why, "node": v.move.node}
-        for v in plan.victims
-        if v.move is not None
-    ]
+    moves = victim_moves(plan)
     if moves:
         # Only with victim order movable-first: upstream's plans keep the form they had.
         data["moves"] = moves
     return data
+
+
+def victim_moves(plan: Plan) -> list[dict[str, Any]]:
+    """Where each victim's work would go, for the victims whose move was judged (victim
+    order movable-first only): the ``moves`` field of ``plan -o json`` and of the
+    decision log alike."""
+    return [
+        {"pod": v.pod.key, "movable": v.move.movable, "why": v.move.why, "node": v.move.node}
+        for v in plan.victims
+        if v.move is not None
+    ]
 
 
 def _change(loan: Loan) -> str:

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from webhook.core.plan import Plan
+from webhook.core.report import victim_moves
 from webhook.core.resources import format_amount
 from webhook.engine.ledger import LedgerEntry
 
@@ -96,11 +97,7 @@ def plan_fields(plan: Plan, reserved: bool) -> dict[str, Any]:
         "victims": list(plan.victim_keys),
         "reserved": reserved,
     }
-    moves = [
-        {"pod": v.pod.key, "movable": v.move.movable, "why": v.move.why, "node": v.move.node}
-        for v in plan.victims
-        if v.move is not None
-    ]
+    moves = victim_moves(plan)
     if moves:
         # Victim order movable-first only: where each victim's work would go.
         fields["moves"] = moves
