@@ -456,6 +456,106 @@ def test_nodes_are_worked_on_side_by_side(
     worker.stop()
 
 
+def test_a_node_admitted_during_a_pass_is_taken_up_before_the_pass_ends(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
+) -> None:
+    # node-1's eviction hangs until node-2's has happened: node-2's entry, written while
+    # node-1 is being worked on, must not wait for the pass to end.
+    on_two = (
+        pod("high-2", cpu="6", allocated="2", priority=1000, node="node-2"),
+        pod("low-2", cpu="4", node="node-2"),
+        pod("mid-2", cpu="1", priority=2000, node="node-2"),
+    )
+    second = replace(
+        entry("low-2", pod_name="high-2", review="review-2"),
+        node="node-2",
+        victims=(ref("low-2"),),
+    )
+    add(ledger, entry("low"))
+    first_started, second_evicted = threading.Event(), threading.Event()
+
+    def on_evict(victim: PodRef) -> None:
+        if victim.name == "low":
+            first_started.set()
+            second_evicted.wait(5)
+        else:
+            second_evicted.set()
+
+    evictor.on_evict = on_evict
+    worker = make_worker(Cluster(), ledger, evictor, clock)
+    worker.cluster = StaticClusterView([NODE, NODE_2], (HIGH_RESIZED, LOW, MID, *on_two))
+    passing = threading.Thread(target=worker.run_once)
+    passing.start()
+    assert first_started.wait(5)
+    add(ledger, second)
+    worker.wake()
+
+    assert second_evicted.wait(2)
+    passing.join(5)
+    assert [("low", "high", "node-1"), ("low-2", "high-2", "node-2")] == evictor.calls
+    worker.stop()
+
+
+@pytest.mark.parametrize("nodes", [1, 2], ids=["one-plan", "two-plans"])
+def test_each_plan_evicts_at_most_victim_parallelism_at_once(
+    nodes: int, ledger: InMemoryLedger, clock: Clock
+) -> None:
+    # Three victims per plan, two at once at most for each plan: with two plans on two
+    # nodes, four evictions run together.
+    cluster: list[Pod] = []
+    for n in range(1, nodes + 1):
+        node = f"node-{n}"
+        lows = tuple(
+            pod(f"low-{n}{i}", cpu="1", start=f"2024-01-01T0{i}:00:00Z", node=node)
+            for i in range(3)
+        )
+        cluster += [
+            pod(f"high-{n}", cpu="5", allocated="2", priority=1000, resize="Deferred", node=node),
+            pod(f"mid-{n}", cpu="3", priority=2000, node=node),
+            *lows,
+        ]
+        names = (p.name for p in lows)
+        plan = entry(*names, desired_cpu=5000, persisted=True, pod_name=f"high-{n}", review=node)
+        add(ledger, replace(plan, node=node))
+    lock = threading.Lock()
+    running: dict[str, int] = {}
+    most: dict[str, int] = {}
+    total, top = [0], [0]
+    all_started = threading.Event()
+
+    class CountingEvictor(FakeEvictor):
+        def evict(
+            self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
+        ) -> EvictionResult:
+            with lock:
+                running[node] = running.get(node, 0) + 1
+                most[node] = max(most.get(node, 0), running[node])
+                total[0] += 1
+                top[0] = max(top[0], total[0])
+                if total[0] == 2 * nodes:
+                    all_started.set()
+            all_started.wait(2)
+            with lock:
+                running[node] -= 1
+                total[0] -= 1
+            return super().evict(victim, preemptor, node, seen_live=seen_live)
+
+    evictor = CountingEvictor()
+    worker = make_worker(Cluster(), ledger, evictor, clock)
+    worker.cluster = StaticClusterView(
+        [Node(name=f"node-{n}", allocatable=NODE.allocatable) for n in range(1, nodes + 1)],
+        tuple(cluster),
+    )
+    worker.victim_parallelism = 2
+
+    worker.run_once()
+
+    assert 3 * nodes == len(evictor.calls)
+    assert {f"node-{n}": 2 for n in range(1, nodes + 1)} == most
+    assert 2 * nodes == top[0]
+    worker.stop()
+
+
 def test_a_plans_victims_are_evicted_together(
     ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock
 ) -> None:

@@ -5,8 +5,10 @@ plan) and answers at once; this worker does the slow part. It runs as a
 :class:`~webhook.engine.loop.Loop`: woken by :meth:`~PreemptionWorker.wake` (the service
 calls it on every change of the cache or the ledger, an admission's write included), or every
 ``interval`` seconds, it walks every entry: up to ``NODE_PARALLELISM`` nodes side by side, each
-node's entries one after another, oldest admission first. For each it asks the lifecycle
-(:func:`webhook.engine.lifecycle.next_action`) what to do and does it:
+node's entries one after another, oldest admission first. A node whose resize is admitted
+while a pass is under way is taken up by that pass at once, not after its slowest node.
+For each entry it asks the lifecycle (:func:`webhook.engine.lifecycle.next_action`) what
+to do and does it:
 
 1. ``Release`` - evict nobody; the entry is removed from the ledger only when readers
    would still count it (``Release.write``: its pod is gone from the cache, or the plan
@@ -18,11 +20,11 @@ node's entries one after another, oldest admission first. For each it asks the l
    room appeared), then make the plan's pending loans (:class:`~webhook.engine.loans.Lending`
    does all a loan needs: made, refused and put back, given back), then evict the listed
    victims together, as kube-scheduler's executor removes a candidate's victims (at most
-   ``VICTIM_PARALLELISM`` calls at once): the resize waits for the slowest victim, not for
-   the sum of them. A loan that fails stops the entry's turn before any eviction. A victim
-   ``blocked-by-pdb`` or ``failed`` does not hold back the others; the entry is retried
-   later with exponential backoff (:class:`~webhook.engine.loop.Backoff`), or at once when
-   a PodDisruptionBudget changes (it may allow the eviction now).
+   ``VICTIM_PARALLELISM`` calls at once for one plan): the resize waits for the slowest
+   victim, not for the sum of them. A loan that fails stops the entry's turn before any
+   eviction. A victim ``blocked-by-pdb`` or ``failed`` does not hold back the others; the
+   entry is retried later with exponential backoff (:class:`~webhook.engine.loop.Backoff`),
+   or at once when a PodDisruptionBudget changes (it may allow the eviction now).
 
 So a plan carried out as admitted costs no ledger write here: the admission's write is
 the only one. Which victims are done is read from the cluster (terminating, gone, or
@@ -68,9 +70,10 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
+from itertools import islice
 
 from webhook.core.model import PodRef
 from webhook.engine.follow import Follow
@@ -104,6 +107,8 @@ NODE_PARALLELISM = 8
 #: Victims of one plan evicted at once, at most (upstream's parallelizer default). Each
 #: eviction is a request and an event that wait on the API server, not on each other.
 VICTIM_PARALLELISM = 16
+#: Seconds between two looks, while a pass's nodes are busy, for nodes a wake brought.
+TAKE_UP = 0.05
 
 EntryChange = tuple[tuple[LedgerEntry, ...] | None, bool]
 
@@ -186,7 +191,7 @@ class PreemptionWorker:
         #: Nodes worked on at once in a pass (each node's entries one after another).
         self.parallelism = parallelism
         self._pool: ThreadPoolExecutor | None = None
-        #: Victims of one plan evicted at once (shared by the nodes worked on).
+        #: Victims of one plan evicted at once; the nodes worked on share one pool.
         self.victim_parallelism = victim_parallelism
         self._victim_pool: ThreadPoolExecutor | None = None
         #: Checked before every eviction: a replica that lost its leadership (and whose
@@ -226,6 +231,8 @@ class PreemptionWorker:
         self._unactuated: set[str] = set()
         self._started_at = float("inf")
         self._budgets_changed = False
+        #: Set by :meth:`wake`: a pass under way looks for nodes with new work.
+        self._woken = threading.Event()
         #: Makes, puts back and gives back the ledger's loans.
         self.lending = Lending(
             cluster,
@@ -235,7 +242,7 @@ class PreemptionWorker:
             resizer,
             may_act=self._may_act,
             backoff=self.backoff,
-            wake=self._loop.wake,
+            wake=self.wake,
         )
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -271,6 +278,7 @@ class PreemptionWorker:
         may be allowed now)."""
         if budgets_changed:
             self._budgets_changed = True
+        self._woken.set()
         self._loop.wake()
 
     # -- one pass --------------------------------------------------------------------------------
@@ -286,9 +294,8 @@ class PreemptionWorker:
         if self._budgets_changed:
             self._budgets_changed = False
             self.backoff.reset()
-        groups: dict[str, list[LedgerEntry]] = defaultdict(list)
-        for entry in self.ledger.all_entries():
-            groups[entry.node].append(entry)
+        self._woken.clear()
+        groups = self._groups()
         now = self.clock()
         self.metrics.ledger_entries.set(
             sum(len(room_holders(g, self.cluster.pods_on(n), now)) for n, g in groups.items())
@@ -297,27 +304,53 @@ class PreemptionWorker:
         if lending or self._lending:  # once more after the last loan, to zero its figures
             self.lending.count(lending, now)
         self._lending = bool(lending)
-        live = {e.review_uid for g in groups.values() for e in g}
-        nodes = sorted(groups, key=lambda n: min(e.admitted_at for e in groups[n]))
-        if len(nodes) == 1 or self.parallelism <= 1:
-            for node in nodes:
+        if self.parallelism <= 1:
+            for node in _oldest_first(groups):
                 self._process_node(groups[node], stop)
         else:
-            # Nodes are independent (each has its own ledger object and its own room), so
-            # they are worked on side by side; entries of one node stay in admission
-            # order, since each one's claims shape the next one's plan.
-            pool = self._node_pool()
-            try:
-                futures = [pool.submit(self._process_node, groups[n], stop) for n in nodes]
-            except RuntimeError:
-                if stop.is_set():
-                    return  # stop() shut the pool down while this pass was starting
-                raise
-            for future in futures:
-                future.result()
+            self._work_nodes(groups, stop)
         if stop.is_set():
             return
-        # Forget state of entries no longer in the ledger, and evictions the cache shows.
+        self._forget_gone()
+
+    def _groups(self) -> dict[str, list[LedgerEntry]]:
+        """The ledger's entries by node."""
+        groups: dict[str, list[LedgerEntry]] = defaultdict(list)
+        for entry in self.ledger.all_entries():
+            groups[entry.node].append(entry)
+        return groups
+
+    def _work_nodes(self, groups: dict[str, list[LedgerEntry]], stop: threading.Event) -> None:
+        """Works on ``groups``' nodes side by side, and takes up a node with new work as
+        soon as a wake says so, until every node taken up has finished. Nodes are
+        independent (each has its own ledger object and its own room); entries of one node
+        stay in admission order, since each one's claims shape the next one's plan. A node
+        is never worked on twice at once."""
+        pool = self._node_pool()
+        busy: dict[str, Future[None]] = {}
+        while True:
+            for node in _oldest_first(groups):
+                if node not in busy:
+                    try:
+                        busy[node] = pool.submit(self._process_node, groups[node], stop)
+                    except RuntimeError:
+                        if stop.is_set():
+                            return  # stop() shut the pool down while this pass was running
+                        raise
+            wait(busy.values(), timeout=TAKE_UP, return_when=FIRST_COMPLETED)
+            if stop.is_set():
+                wait(busy.values())  # each ends after its victim in progress
+            for node in [n for n, f in busy.items() if f.done()]:
+                busy.pop(node).result()
+            if not busy or stop.is_set():
+                return
+            groups = self._groups() if self._woken.is_set() else {}
+            self._woken.clear()
+
+    def _forget_gone(self) -> None:
+        """Forgets state of entries no longer in the ledger, and evictions the cache shows."""
+        entries = self.ledger.all_entries()
+        live = {e.review_uid for e in entries}
         self.backoff.retain(live)
         self._released &= live
         self._unactuated &= live
@@ -325,8 +358,7 @@ class PreemptionWorker:
         with self._lock:
             self._evicted = {
                 v.uid
-                for g in groups.values()
-                for e in g
+                for e in entries
                 for v in e.victims
                 if v.uid in self._evicted and self._live(v)
             }
@@ -360,7 +392,8 @@ class PreemptionWorker:
         with self._lock:
             if self._victim_pool is None:
                 self._victim_pool = ThreadPoolExecutor(
-                    max_workers=self.victim_parallelism, thread_name_prefix="preemption-victim"
+                    max_workers=self.parallelism * self.victim_parallelism,
+                    thread_name_prefix="preemption-victim",
                 )
             return self._victim_pool
 
@@ -503,13 +536,23 @@ class PreemptionWorker:
         if len(victims) == 1 or self.victim_parallelism <= 1:
             return [self._evict_one(entry, v, stop) for v in victims]
         pool = self._victims_pool()
-        try:
-            futures = [pool.submit(self._evict_one, entry, v, stop) for v in victims]
-        except RuntimeError:
-            if stop.is_set():
-                return []  # stop() shut the pool down meanwhile
-            raise
-        return [f.result() for f in futures]
+        waiting: Iterator[PodRef] = iter(victims)
+        running: dict[Future[EvictionResult | None], PodRef] = {}
+        results: dict[PodRef, EvictionResult | None] = {}
+        while True:
+            # At most victim_parallelism of this plan at once; the pool is the nodes'.
+            for victim in islice(waiting, self.victim_parallelism - len(running)):
+                try:
+                    running[pool.submit(self._evict_one, entry, victim, stop)] = victim
+                except RuntimeError:
+                    if stop.is_set():
+                        return list(results.values())  # stop() shut the pool down meanwhile
+                    raise
+            if not running:
+                return [results[v] for v in victims]
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                results[running.pop(future)] = future.result()
 
     def _evict_one(
         self, entry: LedgerEntry, victim: PodRef, stop: threading.Event
@@ -550,6 +593,11 @@ class PreemptionWorker:
             return True
         log.info("cache watches lost %.0fs ago: no eviction until they are back", stale)
         return False
+
+
+def _oldest_first(groups: dict[str, list[LedgerEntry]]) -> list[str]:
+    """The nodes of ``groups``, the one with the oldest admission first."""
+    return sorted(groups, key=lambda n: min(e.admitted_at for e in groups[n]))
 
 
 __all__ = [
