@@ -421,6 +421,15 @@ def test_victims_no_longer_needed_leave_the_claim_before_anyone_is_evicted(
 
 
 NODE_2 = Node(name="node-2", allocatable=NODE.allocatable)
+#: The walkthrough again on node-2, and its admitted plan.
+ON_TWO = (
+    pod("high-2", cpu="6", allocated="2", priority=1000, node="node-2"),
+    pod("low-2", cpu="4", node="node-2"),
+    pod("mid-2", cpu="1", priority=2000, node="node-2"),
+)
+SECOND = replace(
+    entry("low-2", pod_name="high-2", review="review-2"), node="node-2", victims=(ref("low-2"),)
+)
 
 
 def test_nodes_are_worked_on_side_by_side(
@@ -428,18 +437,8 @@ def test_nodes_are_worked_on_side_by_side(
 ) -> None:
     # Two walkthroughs on two nodes: each eviction waits until the other one started,
     # which only works when the two nodes are worked on at the same time.
-    on_two = (
-        pod("high-2", cpu="6", allocated="2", priority=1000, node="node-2"),
-        pod("low-2", cpu="4", node="node-2"),
-        pod("mid-2", cpu="1", priority=2000, node="node-2"),
-    )
-    view = StaticClusterView([NODE, NODE_2], (HIGH_RESIZED, LOW, MID, *on_two))
-    second = replace(
-        entry("low-2", pod_name="high-2", review="review-2"),
-        node="node-2",
-        victims=(ref("low-2"),),
-    )
-    add(ledger, entry("low"), second)
+    view = StaticClusterView([NODE, NODE_2], (HIGH_RESIZED, LOW, MID, *ON_TWO))
+    add(ledger, entry("low"), SECOND)
     together = threading.Barrier(2, timeout=5)
     evictor.on_evict = lambda _: together.wait()
     metrics = Metrics()
@@ -461,16 +460,6 @@ def test_a_node_admitted_during_a_pass_is_taken_up_before_the_pass_ends(
 ) -> None:
     # node-1's eviction hangs until node-2's has happened: node-2's entry, written while
     # node-1 is being worked on, must not wait for the pass to end.
-    on_two = (
-        pod("high-2", cpu="6", allocated="2", priority=1000, node="node-2"),
-        pod("low-2", cpu="4", node="node-2"),
-        pod("mid-2", cpu="1", priority=2000, node="node-2"),
-    )
-    second = replace(
-        entry("low-2", pod_name="high-2", review="review-2"),
-        node="node-2",
-        victims=(ref("low-2"),),
-    )
     add(ledger, entry("low"))
     first_started, second_evicted = threading.Event(), threading.Event()
 
@@ -483,11 +472,11 @@ def test_a_node_admitted_during_a_pass_is_taken_up_before_the_pass_ends(
 
     evictor.on_evict = on_evict
     worker = make_worker(Cluster(), ledger, evictor, clock)
-    worker.cluster = StaticClusterView([NODE, NODE_2], (HIGH_RESIZED, LOW, MID, *on_two))
+    worker.cluster = StaticClusterView([NODE, NODE_2], (HIGH_RESIZED, LOW, MID, *ON_TWO))
     passing = threading.Thread(target=worker.run_once)
     passing.start()
     assert first_started.wait(5)
-    add(ledger, second)
+    add(ledger, SECOND)
     worker.wake()
 
     assert second_evicted.wait(2)
