@@ -344,8 +344,10 @@ class PreemptionWorker:
                 busy.pop(node).result()
             if not busy or stop.is_set():
                 return
-            groups = self._groups() if self._woken.is_set() else {}
-            self._woken.clear()
+            groups = {}
+            if self._woken.is_set():
+                self._woken.clear()  # before the read: a wake during it is not lost
+                groups = self._groups()
 
     def _forget_gone(self) -> None:
         """Forgets state of entries no longer in the ledger, and evictions the cache shows."""
