@@ -437,8 +437,7 @@ def run_side(
     results: dict[str, Measured] = {}
     for scenario in scenarios:
         runs: list[Measured] = []
-        times = 1 if not scenario.victim_relevant else repeat
-        for i in range(times):
+        for i in range(repeat):
             began = time.monotonic()
             measured = ScenarioRun(side, scenario, f"r{i}", log, victim_grace).run()
             runs.append(measured)
@@ -610,7 +609,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="nodes x pods per node x concurrent resizes of the big scenario (default 50x30x20)",
     )
     parser.add_argument("--no-scale", action="store_true", help="skip the big scenario")
-    parser.add_argument("--repeat", type=int, default=1, help="runs of each small scenario")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each scenario")
     parser.add_argument("--only", nargs="*", default=None, help="scenario names to run")
     parser.add_argument("--sides", nargs="*", default=list(SIDES), choices=ALL_SIDES)
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
