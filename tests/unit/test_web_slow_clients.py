@@ -245,3 +245,6 @@ def test_a_stop_closes_idle_connections_and_does_not_wait_for_them(tmp_path: Pat
         stopped_in = time.monotonic() - t0
         kept.close()
     assert stopped_in < 8, f"stopped in {stopped_in:.1f} s"
+    # Closing them is the stop's own doing, not an error: no ERROR line, no traceback.
+    logged = (tmp_path / "server.log").read_text()
+    assert [] == [line for line in logged.splitlines() if "[ERROR]" in line or "Traceback" in line]

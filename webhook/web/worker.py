@@ -303,6 +303,10 @@ class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
         try:
             with gevent.Timeout(self.header_timeout if first else self.cfg.keepalive, False):
                 yield
+        except gevent.GreenletExit:
+            # A stopping worker closing an idle connection (_close_idle): as quiet as a
+            # deadline; gunicorn would log it as a failed request, with a traceback.
+            pass
         finally:
             self._idle.discard(current)
 
