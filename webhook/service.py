@@ -157,10 +157,7 @@ def build(
         )
         ledger = hooks.ledger(lease_ledger, identity)
         act_api = make_api_client(kubeconfig)
-        events = Backlog(name="events")
-        recorder = EventRecorder(
-            act_api, controller=config.scheduler_name, instance=identity, after=events.submit
-        )
+        recorder = EventRecorder(act_api, controller=config.scheduler_name, instance=identity)
         evictor = hooks.evictor(_evictor(act_api, recorder, metrics, config), identity)
         runnables = Runnables()
         elector = _elector(act_api, config, identity, runnables, metrics)
@@ -202,8 +199,6 @@ def build(
             metrics=metrics,
             readiness=_readiness(tls, cache, lease_ledger, config),
         )
-        # Stopped last (newest first): what the others tell while stopping is still posted.
-        runnables.add(events, stop_timeout=5)
         runnables.add(after_review, stop_timeout=5)
         runnables.add(cache, stop_timeout=5)
         runnables.add(lease_ledger, stop_timeout=5)

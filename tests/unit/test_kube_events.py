@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
-
 from webhook.core.model import PodRef
 from webhook.kube.events import (
     NOTE_LIMIT,
@@ -112,46 +108,3 @@ def test_a_malformed_floor_is_told_once_per_pod_and_message() -> None:
         ("batch-1", "Warning", "InvalidLendingFloor", f"{message}; this pod lends nothing"),
         ("batch-1", "Warning", "InvalidLendingFloor", "another message; this pod lends nothing"),
     ] == recorder.sent
-
-
-@dataclass
-class _Response:
-    status: int
-
-    def read(self) -> bytes:
-        return b"{}"
-
-
-@dataclass
-class _EventsAPI:
-    """An ``ApiClient`` that answers each POST with the next status of ``statuses``."""
-
-    statuses: list[int]
-    posted: list[str] = field(default_factory=list)
-
-    def param_serialize(self, **request: Any) -> tuple[Any, ...]:
-        return (request["body"],)
-
-    def call_api(self, body: dict[str, Any], **_: Any) -> _Response:
-        self.posted.append(body["regarding"]["name"])
-        return _Response(self.statuses.pop(0))
-
-
-def test_through_a_queue_events_are_posted_when_the_queue_runs_them() -> None:
-    api = _EventsAPI(statuses=[201, 403])
-    queued: list[tuple[Any, Any]] = []
-    recorder = EventRecorder(
-        api, controller="c", instance="i", after=lambda job, item: queued.append((job, item))
-    )
-    preemptor = PodRef("default", "high", "uid-high")
-
-    recorded = [
-        recorder.preempted(PodRef("default", name, f"uid-{name}"), preemptor, "node-1")
-        for name in ("low-a", "low-b")
-    ]
-
-    assert ([True, True], [], 0) == (recorded, api.posted, recorder.failures)
-    (job, _), _ = queued
-    items: Sequence[Any] = [item for _, item in queued]
-    job(items)
-    assert (["low-a", "low-b"], 1) == (api.posted, recorder.failures)

@@ -23,10 +23,7 @@ its controller recreates elsewhere, ``NotMoved`` (why not); upstream says nothin
 
 Contract: recording never raises to the caller. A failure is logged and counted
 (:attr:`EventRecorder.failures` and the ``resize_preemption_errors_total{where="event"}``
-metric) - an event is feedback, never a reason to stop preempting. Nor a reason to wait:
-given a background queue (``after``), the recorder builds each event at once (its time is
-the moment of the deed) and posts it from the queue's thread, as client-go's broadcaster
-does, so an eviction's thread is free as soon as the eviction is answered.
+metric) - an event is feedback, never a reason to stop preempting.
 """
 
 from __future__ import annotations
@@ -39,7 +36,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
 
 from webhook.core.model import PodRef
-from webhook.engine.loop import After
 from webhook.engine.metrics import Metrics
 from webhook.kube.errors import ClusterError
 from webhook.kube.jsonapi import request_json
@@ -107,8 +103,7 @@ class EventRecorder:
 
     ``controller`` is ``reportingController`` (a qualified name, e.g. the scheduler name
     ``resize-preemption-webhook``), ``instance`` is ``reportingInstance`` (this replica; cut
-    to 128 characters). ``after``: the queue that posts the events (see the module
-    docstring); ``None`` posts each one in the caller.
+    to 128 characters).
     """
 
     def __init__(
@@ -120,10 +115,8 @@ class EventRecorder:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
         request_timeout: float = 10.0,
-        after: After | None = None,
     ) -> None:
         self._api_client = api_client
-        self._after = after
         self.controller = controller
         self.instance = (instance or controller)[:INSTANCE_LIMIT]
         self._metrics = metrics
@@ -253,22 +246,10 @@ class EventRecorder:
         action: str,
         note: str,
     ) -> bool:
-        """Create one event; ``False`` (logged, counted) when the API refused it. Through
-        the ``after`` queue: ``True`` once queued; a refusal is logged and counted when
-        the queue posts it."""
+        """Create one event; ``False`` (logged, counted) when the API refused it."""
         body = self.event_body(
             regarding, related=related, type_=type_, reason=reason, action=action, note=note
         )
-        if self._after is not None:
-            self._after(self._post_all, (regarding, reason, body))
-            return True
-        return self._post(regarding, reason, body)
-
-    def _post_all(self, events: Sequence[tuple[PodRef, str, dict[str, Any]]]) -> None:
-        for regarding, reason, body in events:
-            self._post(regarding, reason, body)
-
-    def _post(self, regarding: PodRef, reason: str, body: dict[str, Any]) -> bool:
         namespace = body["metadata"]["namespace"]
         try:
             request_json(
