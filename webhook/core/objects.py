@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final, cast
+from typing import Any, Final, NamedTuple, cast
 
 from webhook.core.errors import InputError, ObjectError
 from webhook.core.model import (
@@ -163,27 +163,29 @@ def _status(raw: object, where: str) -> ContainerStatus:
     )
 
 
-def _resize_error(status: Obj, where: str) -> tuple[str, int]:
-    """``PodResizeInProgress`` with reason ``Error``: (message, observedGeneration)."""
-    for i, raw in enumerate(_list(status.get("conditions"), where, ".status.conditions")):
-        cond = raw if type(raw) is dict else _map(raw, where, f".status.conditions[{i}]")
-        if (
-            cond.get("type") == "PodResizeInProgress"
-            and cond.get("status") == "True"
-            and cond.get("reason") == "Error"
-        ):
-            field = f".status.conditions[{i}]"
-            message = _str(cond.get("message"), where, f"{field}.message") or "Error"
-            return message, _int(
-                cond.get("observedGeneration"), where, f"{field}.observedGeneration"
-            )
-    return "", 0
+class _Conditions(NamedTuple):
+    """What a pod's ``status.conditions`` (and the legacy ``status.resize``) say."""
+
+    #: ``PodResizePending`` (the last one that is True) and when it was set.
+    resize: ResizeState
+    resize_since: float | None
+    #: ``PodResizePreemptionDisabled=True``.
+    preemption_disabled: bool
+    #: The first ``PodResizeInProgress=True`` with reason ``Error``: its message and
+    #: ``observedGeneration``.
+    error: str
+    error_generation: int
+    #: The first ``PodScheduled``: False with reason ``Unschedulable``.
+    unschedulable: bool
 
 
-def _resize_state(status: Obj, where: str) -> tuple[ResizeState, float | None, bool]:
+def _conditions(status: Obj, where: str) -> _Conditions:
+    """Reads every condition in one pass; errors name the condition's field."""
     state: ResizeState = "none"
     since: float | None = None
     disabled = False
+    error, error_generation = "", 0
+    scheduled: Obj | None = None
     for i, raw in enumerate(_list(status.get("conditions"), where, ".status.conditions")):
         cond = raw if type(raw) is dict else _map(raw, where, f".status.conditions[{i}]")
         kind, value = cond.get("type"), cond.get("status")
@@ -196,11 +198,26 @@ def _resize_state(status: Obj, where: str) -> tuple[ResizeState, float | None, b
                 )
         elif kind == "PodResizePreemptionDisabled" and value == "True":
             disabled = True
+        elif kind == "PodResizeInProgress" and value == "True" and cond.get("reason") == "Error":
+            if not error:
+                field = f".status.conditions[{i}]"
+                error = _str(cond.get("message"), where, f"{field}.message") or "Error"
+                error_generation = _int(
+                    cond.get("observedGeneration"), where, f"{field}.observedGeneration"
+                )
+        elif kind == "PodScheduled" and scheduled is None:
+            scheduled = cond
     # Before 1.33 the kubelet reported the resize state in status.resize.
     legacy = status.get("resize")
     if state == "none" and legacy in ("Deferred", "Infeasible"):
         state = "deferred" if legacy == "Deferred" else "infeasible"
-    return state, since, disabled
+    unschedulable = (
+        not status.get("nominatedNodeName")
+        and scheduled is not None
+        and scheduled.get("status") == "False"
+        and scheduled.get("reason") == "Unschedulable"
+    )
+    return _Conditions(state, since, disabled, error, error_generation, unschedulable)
 
 
 class PriorityResolver:
@@ -270,8 +287,7 @@ def parse_pod(obj: Obj, priorities: PriorityResolver = _NO_CLASSES) -> Pod:
             st = _status(raw, f"{where}.status.{field}[{i}]")
             statuses[st.name] = st
     pod_status_resources = _map(status.get("resources"), where, ".status.resources")
-    resize, since, disabled = _resize_state(status, where)
-    resize_error, error_generation = _resize_error(status, where)
+    conditions = _conditions(status, where)
     controller, controller_uid = _controller(meta.get("ownerReferences"), where)
     floor_text = annotations.get(FLOOR_ANNOTATION)
     floors, floor_error = ((), "") if floor_text is None else parse_floors(floor_text, spec)
@@ -301,18 +317,18 @@ def parse_pod(obj: Obj, priorities: PriorityResolver = _NO_CLASSES) -> Pod:
         pod_actual=_optional_resources(
             pod_status_resources.get("requests"), where, ".status.resources.requests"
         ),
-        resize=resize,
-        resize_pending_since=since,
-        resize_preemption_disabled=disabled,
-        resize_error=resize_error,
-        resize_error_generation=error_generation,
+        resize=conditions.resize,
+        resize_pending_since=conditions.resize_since,
+        resize_preemption_disabled=conditions.preemption_disabled,
+        resize_error=conditions.error,
+        resize_error_generation=conditions.error_generation,
         qos_class=_str(status.get("qosClass"), where, ".status.qosClass"),
         floors=floors,
         floor_error=floor_error,
         generation=_int(meta.get("generation"), where, ".metadata.generation"),
         controller=controller,
         controller_uid=controller_uid,
-        unschedulable=_unschedulable(status, where),
+        unschedulable=conditions.unschedulable,
         placement=_placement(spec, where),
         resource_version=_str(meta.get("resourceVersion"), where, ".metadata.resourceVersion"),
     )
@@ -323,23 +339,12 @@ def _controller(value: object, where: str) -> tuple[str, str]:
     if value is None:
         return "", ""
     for i, raw in enumerate(_list(value, where, ".metadata.ownerReferences")):
-        ref = _map(raw, where, f".metadata.ownerReferences[{i}]")
+        ref = raw if type(raw) is dict else _map(raw, where, f".metadata.ownerReferences[{i}]")
         if ref.get("controller") is True:
             field = f".metadata.ownerReferences[{i}]"
             kind = _str(ref.get("kind"), where, f"{field}.kind")
             return kind, _str(ref.get("uid"), where, f"{field}.uid")
     return "", ""
-
-
-def _unschedulable(status: Obj, where: str) -> bool:
-    """``PodScheduled=False`` with reason ``Unschedulable``, and no node nominated."""
-    if status.get("nominatedNodeName"):
-        return False
-    for i, raw in enumerate(_list(status.get("conditions"), where, ".status.conditions")):
-        cond = raw if type(raw) is dict else _map(raw, where, f".status.conditions[{i}]")
-        if cond.get("type") == "PodScheduled":
-            return cond.get("status") == "False" and cond.get("reason") == "Unschedulable"
-    return False
 
 
 #: Volumes that tie a pod to no node: any node can mount them for a replacement.
@@ -355,7 +360,7 @@ def _unknown_placement(spec: Obj, affinity: Obj) -> str:
     if spec.get("topologySpreadConstraints"):
         return "topology spread constraints"
     for raw in spec.get("volumes") or ():
-        if isinstance(raw, dict) and set(raw) - _PORTABLE_VOLUMES:
+        if isinstance(raw, dict) and not raw.keys() <= _PORTABLE_VOLUMES:
             return "volumes"
     return ""
 
@@ -407,8 +412,10 @@ def _placement(spec: Obj, where: str) -> Placement:
         return ANYWHERE
     affinity = _map(raw_affinity, where, ".spec.affinity")
     placement = Placement(
-        node_selector=tuple(sorted(_labels(selector, where, ".spec.nodeSelector").items())),
-        terms=_terms(affinity, f"{where}.spec.affinity"),
+        node_selector=()
+        if selector is None
+        else tuple(sorted(_labels(selector, where, ".spec.nodeSelector").items())),
+        terms=_terms(affinity, f"{where}.spec.affinity") if affinity else (),
         tolerations=tuple(
             Toleration(
                 key=_str(t.get("key"), where, ".spec.tolerations.key"),
@@ -417,7 +424,7 @@ def _placement(spec: Obj, where: str) -> Placement:
                 effect=_str(t.get("effect"), where, ".spec.tolerations.effect"),
             )
             for t in (
-                _map(raw, where, f".spec.tolerations[{i}]")
+                raw if type(raw) is dict else _map(raw, where, f".spec.tolerations[{i}]")
                 for i, raw in enumerate(_list(tolerations, where, ".spec.tolerations"))
             )
         ),

@@ -359,11 +359,14 @@ def _reprieve(
     would not."""
     demand, allocatable, used = cleared.demand, cleared.allocatable, cleared.used
     leaving: list[Pod] = []
-
-    def must_return(pod: Pod) -> bool:
-        return keep_above is not None and pod.priority > keep_above
-
-    for kept, run in groupby(walk, key=must_return):
+    # Runs of pods that must come back (True) or may be left out (False); upstream's
+    # walk is one run of the latter.
+    runs: Iterable[tuple[bool, Iterable[Pod]]] = (
+        ((False, walk),)
+        if keep_above is None
+        else groupby(walk, key=lambda pod: pod.priority > keep_above)
+    )
+    for kept, run in runs:
         if kept:
             used = used + total(comes_back[p.uid] for p in run)
             if not fits(demand, used, allocatable):
