@@ -615,7 +615,7 @@ class AdmissionEngine:
                 error=f"node {node_name} not in cache",
             )
         pods = tuple(self.cluster.pods_on(node.name))
-        budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
+        budgets = tuple(self.cluster.budgets(frozenset({p.namespace for p in pods})))
         return _Scene(old, new, node, pods, budgets, self._memo.of(node, pods, budgets, now))
 
     def _stored_pod(self, obj: Mapping[str, Any]) -> Pod | None:
