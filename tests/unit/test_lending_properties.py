@@ -25,7 +25,7 @@ from tests.unit.builders import (
 from webhook.core.accounting import NodeUsage, Reservation, active_on, node_usage, pod_requests
 from webhook.core.lending import room
 from webhook.core.model import DisruptionBudget, Node, Pod
-from webhook.core.plan import NodePods, Plan, is_candidate, lent, plan_resize, shortfall
+from webhook.core.plan import NodePods, Plan, candidates_of, lent, plan_resize, shortfall
 from webhook.core.policy import DefaultPolicy
 from webhook.core.resources import Resources, total
 from webhook.engine.admission import NodeMemo
@@ -71,11 +71,8 @@ class World:
         held = self.usage().held
         return {
             p.uid: room(p)
-            for p in self.pods
-            if is_candidate(p, self.new, NODE, claimed, self.policy)
-            and p.uid not in self.reserved()
-            and not held[p.uid].is_zero()
-            and not room(p).is_zero()
+            for p in candidates_of(self.new, NODE, self.pods, claimed, self.policy)
+            if p.uid not in self.reserved() and not held[p.uid].is_zero() and not room(p).is_zero()
         }
 
 

@@ -281,7 +281,7 @@ def _by_hand(pods: list[Pod], budgets: list[DisruptionBudget], rooms: list[Room]
         return upstream
     need = P._need(old, new, view, (), NOW, view.holdings())
     ranking = rank(NODE, everyone, budgets, policy, NOW)
-    candidates = P.candidates_of(new, NODE, ranking, frozenset(), policy)
+    candidates = P.candidates_of(new, NODE, ranking.pods, frozenset(), policy)
     top = max(v.priority for v in upstream.victims)
     movable = frozenset(p.uid for p in candidates if p.priority <= top and judge(p, rooms).movable)
     pods_in_order = sorted(ranking.pods, key=lambda p: importance_key(p, NOW, p.uid in movable))

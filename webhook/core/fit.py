@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from webhook.core.accounting import Reservation, active_on, container_held, node_usage, pod_requests
 from webhook.core.model import DisruptionBudget, Pod
-from webhook.core.plan import NodeView, Plan, is_candidate, plan_resize
+from webhook.core.plan import NodeView, Plan, candidates_of, plan_resize
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy
 from webhook.core.resources import RESOURCE_NAMES, ResourceName, Resources, total
 
@@ -35,7 +35,7 @@ def _room(
     usage = node_usage(node, pods, reserved, exclude_uid=new.uid, kept=view.holdings())
     claimed = frozenset(uid for r in reserved.values() for uid in r.victims)
     removable = total(
-        usage.held[p.uid] for p in pods if is_candidate(p, new, node.name, claimed, policy)
+        usage.held[p.uid] for p in candidates_of(new, node.name, pods, claimed, policy)
     )
     stays = usage.in_use - usage.freeing - removable
     return (node.allocatable - stays).clamp()

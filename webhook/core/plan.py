@@ -11,6 +11,7 @@ same inputs, same :class:`Plan`, whatever order the pods come in.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import groupby
@@ -159,31 +160,19 @@ def shortfall(demand: Resources, used: Resources, allocatable: Resources) -> Res
     return Resources(missing.cpu if demand.cpu else 0, missing.memory if demand.memory else 0)
 
 
+def most_held(demand: Resources, allocatable: Resources) -> tuple[float, float]:
+    """The most cpu and memory a node may hold beside ``demand`` for it to fit: a resource
+    ``demand`` does not ask for has no bound (see :func:`shortfall`)."""
+    return (
+        allocatable.cpu - demand.cpu if demand.cpu else math.inf,
+        allocatable.memory - demand.memory if demand.memory else math.inf,
+    )
+
+
 def fits(demand: Resources, used: Resources, allocatable: Resources) -> bool:
     """True when :func:`shortfall` is zero: ``demand`` fits next to ``used``."""
-    return (not demand.cpu or demand.cpu + used.cpu <= allocatable.cpu) and (
-        not demand.memory or demand.memory + used.memory <= allocatable.memory
-    )
-
-
-def is_candidate(
-    pod: Pod, preemptor: Pod, node: str, claimed: frozenset[str], policy: PreemptionPolicy
-) -> bool:
-    """Whether ``pod`` may be a victim of ``preemptor``'s resize on ``node``.
-
-    Strictly lower priority (equal priority never preempts), bound to the node, not the
-    preemptor itself, and removable: not finished, not already terminating (the room it
-    frees is on its way), not a mirror pod (the API cannot delete it), not claimed by
-    another admitted resize. The policy may rule out more.
-    """
-    return (
-        pod.priority < preemptor.priority
-        and pod.node == node
-        and pod.uid != preemptor.uid
-        and not (pod.terminal or pod.terminating or pod.mirror)
-        and pod.uid not in claimed
-        and policy.may_preempt(pod, preemptor)
-    )
+    most_cpu, most_memory = most_held(demand, allocatable)
+    return used.cpu <= most_cpu and used.memory <= most_memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,11 +220,33 @@ def _lenders(
 
 
 def candidates_of(
-    preemptor: Pod, node: str, ranking: Ranking, claimed: frozenset[str], policy: PreemptionPolicy
+    preemptor: Pod,
+    node: str,
+    pods: Iterable[Pod],
+    claimed: frozenset[str],
+    policy: PreemptionPolicy,
 ) -> list[Pod]:
-    """Step 1 of victim selection: the pods of ``ranking`` that may be victims of
-    ``preemptor``'s resize (:func:`is_candidate`), in the ranking's order."""
-    return [p for p in ranking.pods if is_candidate(p, preemptor, node, claimed, policy)]
+    """Step 1 of victim selection: the pods that may be victims of ``preemptor``'s resize
+    on ``node``, in the order of ``pods`` (the ranking's, for step 3).
+
+    Strictly lower priority (equal priority never preempts), bound to the node, not the
+    preemptor itself, and removable: not finished, not already terminating (the room it
+    frees is on its way), not a mirror pod (the API cannot delete it), not claimed by
+    another admitted resize. The policy may rule out more.
+    """
+    # One comprehension rather than a predicate called per pod: this runs over every pod
+    # of the node in each review.
+    priority, uid = preemptor.priority, preemptor.uid
+    return [
+        p
+        for p in pods
+        if p.priority < priority
+        and p.node == node
+        and p.uid != uid
+        and not (p.terminal or p.terminating or p.mirror)
+        and p.uid not in claimed
+        and policy.may_preempt(p, preemptor)
+    ]
 
 
 class Cleared(NamedTuple):
@@ -366,19 +377,24 @@ def _reprieve(
         if keep_above is None
         else groupby(walk, key=lambda pod: pod.priority > keep_above)
     )
+    # The walk meets every candidate in each review, so it keeps what the node holds as
+    # two integers against fits' bounds rather than building a Resources per pod.
+    most_cpu, most_memory = most_held(demand, allocatable)
+    cpu, memory = used.cpu, used.memory
     for kept, run in runs:
         if kept:
-            used = used + total(comes_back[p.uid] for p in run)
-            if not fits(demand, used, allocatable):
+            back = total(comes_back[p.uid] for p in run)
+            cpu, memory = cpu + back.cpu, memory + back.memory
+            if cpu > most_cpu or memory > most_memory:
                 return None
             continue
         for pod in run:
-            back = used + comes_back[pod.uid]
-            if fits(demand, back, allocatable):
-                used = back
+            back = comes_back[pod.uid]
+            if cpu + back.cpu <= most_cpu and memory + back.memory <= most_memory:
+                cpu, memory = cpu + back.cpu, memory + back.memory
             else:
                 leaving.append(pod)
-    return used, leaving
+    return Resources(cpu, memory), leaving
 
 
 def _no_worse(chosen: Selection, upstream: Selection) -> bool:
@@ -701,7 +717,7 @@ def plan_resize(
     # Step 5: victim selection, with lending.
     claimed = frozenset(uid for r in need.reserved.values() for uid in r.victims)
     ranking = view.ranking(budgets, policy, now)
-    candidates = candidates_of(new, node.name, ranking, claimed, policy)
+    candidates = candidates_of(new, node.name, ranking.pods, claimed, policy)
 
     cleared = clear_node(
         candidates, need.demand, node, need.usage, policy, frozenset(need.reserved)
