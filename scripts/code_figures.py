@@ -3,14 +3,18 @@
     python scripts/code_figures.py [ROOT]      # ROOT: a checkout (default: this one)
 
 Prints the lines of ``webhook/`` (every line of every ``.py`` file), its classes, the
-modules that mention loans (``grep -ril loan webhook``, as a file count) and the longest
-functions (``def`` to its last line, decorators left out), longest first.
+modules that mention loans (``grep -ril loan webhook``, as a file count), the lines of
+each package by kind (blank, comment, docstring, code) and the longest functions (``def``
+to its last line, decorators left out), longest first.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import sys
+import tokenize
+from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -36,6 +40,34 @@ def functions(root: Path) -> list[Function]:
     return sorted(found, key=lambda f: (-f.lines, f.path, f.name))
 
 
+def kinds(source: str) -> Counter[str]:
+    """Lines of ``source`` by kind: a docstring's lines are ``docstring``, a line with
+    nothing but a comment ``comment``, an empty one ``blank``, every other ``code``."""
+    lines = source.splitlines()
+    kind = ["code" if line.strip() else "blank" for line in lines]
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT and not lines[tok.start[0] - 1][: tok.start[1]].strip():
+            kind[tok.start[0] - 1] = "comment"
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            value = body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                for n in range(body[0].lineno - 1, body[0].end_lineno or body[0].lineno):
+                    kind[n] = "docstring"
+    return Counter(kind)
+
+
+def by_package(root: Path) -> dict[str, Counter[str]]:
+    """Line kinds per package of ``root/webhook`` (its top-level modules as ``webhook``)."""
+    out: dict[str, Counter[str]] = {}
+    for path in sorted((root / "webhook").rglob("*.py")):
+        rel = path.relative_to(root / "webhook")
+        package = f"webhook/{rel.parts[0]}" if len(rel.parts) > 1 else "webhook"
+        out.setdefault(package, Counter()).update(kinds(path.read_text()))
+    return out
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent
     files = sorted((root / "webhook").rglob("*.py"))
@@ -45,9 +77,20 @@ def main(argv: list[str]) -> int:
     )
     loans = [p for p in files if "loan" in p.read_text().lower()]
     print(f"modules {len(files)}, lines {lines}, classes {classes}, mention loans {len(loans)}")
+    total: Counter[str] = Counter()
+    print(f"{'package':16s}{'lines':>7s}{'code':>7s}{'docstring':>10s}{'comment':>8s}{'blank':>7s}")
+    for package, n in by_package(root).items():
+        total.update(n)
+        print(_kinds_row(package, n))
+    print(_kinds_row("all", total))
     for f in functions(root)[:12]:
         print(f"{f.lines:4d}  {f.name}  ({f.path})")
     return 0
+
+
+def _kinds_row(name: str, n: Counter[str]) -> str:
+    row = (n.total(), n["code"], n["docstring"], n["comment"], n["blank"])
+    return f"{name:16s}{row[0]:7d}{row[1]:7d}{row[2]:10d}{row[3]:8d}{row[4]:7d}"
 
 
 if __name__ == "__main__":
