@@ -1,4 +1,9 @@
-"""The line kinds ``scripts/code_figures.py`` reports for docs/architecture.md."""
+"""What ``scripts/code_figures.py`` measures of webhook/, for docs/architecture.md.
+
+No function in webhook/ is longer than one can read at once (80 lines, ``def`` to its
+last line). The functions still over it are listed with their length today: none may
+grow, and none may join them; one split below the limit leaves the list. Each line of
+the package is counted as one kind: blank, comment, docstring or code."""
 
 from __future__ import annotations
 
@@ -11,6 +16,10 @@ from typing import NamedTuple
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+LIMIT = 80
+
+#: (module path, function) -> its length today; to be split, never to grow.
+OVER_THE_LIMIT: dict[tuple[str, str], int] = {}
 
 
 def _figures() -> ModuleType:
@@ -19,6 +28,14 @@ def _figures() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_no_function_is_over_the_limit_but_the_listed_ones() -> None:
+    long = {(f.path, f.name): f.lines for f in _figures().functions(ROOT) if f.lines > LIMIT}
+
+    assert set() == set(long) - set(OVER_THE_LIMIT), "split it below 80 lines"
+    grown = {k: n for k, n in long.items() if n > OVER_THE_LIMIT[k]}
+    assert {} == grown, "a function over the limit may only shrink"
 
 
 class Case(NamedTuple):
