@@ -40,6 +40,10 @@ def functions(root: Path) -> list[Function]:
     return sorted(found, key=lambda f: (-f.lines, f.path, f.name))
 
 
+#: What a docstring documents: a module, a class, a function.
+_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
 def kinds(source: str) -> Counter[str]:
     """Lines of ``source`` by kind: a docstring's lines are ``docstring``, a line with
     nothing but a comment ``comment``, an empty one ``blank``, every other ``code``."""
@@ -49,12 +53,10 @@ def kinds(source: str) -> Counter[str]:
         if tok.type == tokenize.COMMENT and not lines[tok.start[0] - 1][: tok.start[1]].strip():
             kind[tok.start[0] - 1] = "comment"
     for node in ast.walk(ast.parse(source)):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
-            value = body[0].value
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                for n in range(body[0].lineno - 1, body[0].end_lineno or body[0].lineno):
-                    kind[n] = "docstring"
+        if isinstance(node, _DOCUMENTED) and ast.get_docstring(node, clean=False) is not None:
+            first = node.body[0]
+            for n in range(first.lineno - 1, first.end_lineno or first.lineno):
+                kind[n] = "docstring"
     return Counter(kind)
 
 
@@ -71,7 +73,8 @@ def by_package(root: Path) -> dict[str, Counter[str]]:
 def main(argv: list[str]) -> int:
     root = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent
     files = sorted((root / "webhook").rglob("*.py"))
-    lines = sum(len(p.read_text().splitlines()) for p in files)
+    packages = by_package(root)
+    lines = sum(n.total() for n in packages.values())
     classes = sum(
         isinstance(n, ast.ClassDef) for p in files for n in ast.walk(ast.parse(p.read_text()))
     )
@@ -79,7 +82,7 @@ def main(argv: list[str]) -> int:
     print(f"modules {len(files)}, lines {lines}, classes {classes}, mention loans {len(loans)}")
     total: Counter[str] = Counter()
     print(f"{'package':16s}{'lines':>7s}{'code':>7s}{'docstring':>10s}{'comment':>8s}{'blank':>7s}")
-    for package, n in by_package(root).items():
+    for package, n in packages.items():
         total.update(n)
         print(_kinds_row(package, n))
     print(_kinds_row("all", total))
