@@ -13,6 +13,7 @@ import pytest
 from tests.unit.test_ledger_metrics import LeaseServer, add, entry
 from tests.unit.web_fixtures import walkthrough_review, walkthrough_view
 from webhook.engine.admission import AdmissionEngine
+from webhook.engine.metrics import Metrics
 from webhook.engine.settings import Config
 from webhook.kube.errors import ClusterError
 from webhook.kube.ledger import Busy, LeaseLedger
@@ -33,8 +34,8 @@ class SlowLeaseServer(LeaseServer):
 
 
 def test_writers_of_one_node_take_turns_and_never_conflict() -> None:
-    server = SlowLeaseServer()
-    ledger = LeaseLedger(server)
+    server, metrics = SlowLeaseServer(), Metrics()
+    ledger = LeaseLedger(server, metrics=metrics)
     pods = [f"pod-{i}" for i in range(8)]
     threads = [
         threading.Thread(target=ledger.update, args=("node-1", add(entry(p, "node-1", 1e12))))
@@ -46,7 +47,7 @@ def test_writers_of_one_node_take_turns_and_never_conflict() -> None:
         t.join()
 
     assert sorted(pods) == sorted(e.pod.name for e in ledger.entries("node-1"))
-    assert 0 == ledger.conflicts
+    assert 0.0 == metrics.registry.get_sample_value("resize_preemption_ledger_conflicts_total")
     # One POST and seven PUTs: no GET after a conflict, no second try.
     assert len(pods) == server.requests
 

@@ -438,12 +438,6 @@ def test_next_action_is_pure() -> None:
     assert next_action(*args, now=NOW, config=CONFIG) == first
 
 
-def test_wait_for_persistence_says_when_to_look_again() -> None:
-    action = next_action(entry("low"), HIGH_BEFORE, NODE, SCENE, now=NOW, config=CONFIG)
-    assert isinstance(action, Wait)
-    assert action.recheck_at == ADMITTED + CONFIG.persist_timeout
-
-
 def test_act_carries_the_fresh_plan() -> None:
     action = next_action(entry("low"), HIGH_RESIZED, NODE, SCENE, now=NOW, config=CONFIG)
     assert isinstance(action, Act)

@@ -259,11 +259,10 @@ class Release:
 @dataclass(frozen=True, slots=True)
 class Wait:
     """Nothing to evict now. ``settle``: pending victims found leaving (nothing to do for
-    them); ``recheck_at`` (epoch seconds) is when the answer changes by itself, if known."""
+    them)."""
 
     reason: WaitReason
     detail: str
-    recheck_at: float | None = None
     settle: tuple[PodRef, ...] = ()
 
 
@@ -425,7 +424,7 @@ def _until_persisted(s: Scene, now_in: Phase) -> Release | Wait | None:
         # Written unless the entry carries its own deadline, which every reader applies.
         detail = f"resize not in the pod's spec {config.persist_timeout:g}s after admission"
         return Release("not-persisted", detail, write=not entry.persist_by)
-    return Wait("not-persisted-yet", "waiting for the resize to persist", deadline)
+    return Wait("not-persisted-yet", "waiting for the resize to persist")
 
 
 def _done(s: Scene, now_in: Phase) -> Release | Wait | None:

@@ -314,8 +314,6 @@ class LeaseLedger:
         self._last_ok: bool | None = None
         self._subscribers: list[LedgerSubscriber] = []
         self._sub_lock = threading.Lock()
-        self.writes = 0
-        self.conflicts = 0
         coordination = CoordinationV1Api(api)
         self.reflector: rf.Reflector[LeaseState] = rf.Reflector(
             rf.Resource(
@@ -432,7 +430,6 @@ class LeaseLedger:
         )
 
     def _count_conflict(self) -> None:
-        self.conflicts += 1
         if self._metrics is not None:
             self._metrics.ledger_conflicts.inc()
 
@@ -493,7 +490,6 @@ class LeaseLedger:
             # resourceVersion makes the PUT conditional: 409 if anyone wrote since.
             metadata["resourceVersion"] = state.resource_version
             obj = self._request("PUT", f"{self._collection()}/{name}", body)
-        self.writes += 1
         return parse_lease(obj)
 
     def _apply_own(self, state: LeaseState) -> None:

@@ -312,10 +312,6 @@ class Reflector(Generic[V]):
         self._current_at = 0.0
         self._stream_opened = 0.0
         self._watching = False
-        self.lists = 0
-        self.watches = 0
-        self.relists_after_expiry = 0
-        self.last_error: str = ""
 
     # -- state --------------------------------------------------------------------------
 
@@ -415,7 +411,6 @@ class Reflector(Generic[V]):
         self._failed &= versions.keys()
         self.resource_version = rv
         self._last_list = self._current_at = self._clock()
-        self.lists += 1
         self._heard()
         self._synced.set()
         self._emit(changes)
@@ -535,7 +530,6 @@ class Reflector(Generic[V]):
         )
         with self._response_lock:
             self._response = resp
-        self.watches += 1
         self._heard()
         self._stream_opened = self._clock()
         self._watching = True
@@ -573,9 +567,7 @@ class Reflector(Generic[V]):
                 self.watch_once()
                 # The server ended the watch (its timeout): continue from where we are.
                 failures = 0
-                self.last_error = ""
             except Expired as e:
-                self.relists_after_expiry += 1
                 log.info("%s: %s; relisting", self.resource.name, e.message)
                 need_list = True
             except (*TRANSLATABLE, ClusterError) as e:
@@ -587,7 +579,6 @@ class Reflector(Generic[V]):
                     continue
                 err = translate(e)
                 if isinstance(err, Expired):
-                    self.relists_after_expiry += 1
                     need_list = True
                     log.info("%s: %s; relisting", self.resource.name, err.message)
                     continue
@@ -595,7 +586,6 @@ class Reflector(Generic[V]):
                     # A silent watch: reconnect from the last resourceVersion at once.
                     log.debug("%s: watch idle past the read timeout", self.resource.name)
                     continue
-                self.last_error = err.message
                 failures += 1
                 delay = reconnect.delay(failures)
                 log.warning("%s: %s; retrying in %.1fs", self.resource.name, err.message, delay)
@@ -605,7 +595,6 @@ class Reflector(Generic[V]):
                     break
                 failures += 1
                 delay = reconnect.delay(failures)
-                self.last_error = "internal error"
                 log.exception("%s: reflector failed; retrying in %.1fs", self.resource.name, delay)
                 self._stop.wait(delay)
 
