@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import pytest
 
-from webhook.core.lending import Loan, loan_state
+from webhook.core.lending import Loan, lender_step, loan_state
 from webhook.core.model import DisruptionBudget, LabelSelector, Node, Pod, PodRef
 from webhook.core.objects import parse_pod
 from webhook.core.resources import Resources
@@ -577,3 +577,32 @@ def test_next_action_with_loans(case: LoanCase) -> None:
 )
 def test_loan_state(expected: str, lender: Pod | None) -> None:
     assert expected == loan_state(LOAN, lender)
+
+
+@dataclass(frozen=True)
+class StepCase:
+    id: str
+    expected: str
+    lender: Pod | None
+    back: bool = False
+
+
+STEP_CASES = [
+    StepCase("lend-at-before", "resize", LENDER),
+    StepCase("lend-at-after", "done", LENT),
+    StepCase("lend-below-after", "done", pod("lender", cpu="500m")),
+    StepCase("lend-owner-set-another-amount", "void", pod("lender", cpu="2")),
+    StepCase("give-back-at-after", "resize", LENT, back=True),
+    StepCase("give-back-at-before", "done", LENDER, back=True),
+    StepCase("give-back-below-after", "void", pod("lender", cpu="500m"), back=True),
+    StepCase("give-back-owner-set-another-amount", "void", pod("lender", cpu="2"), back=True),
+    StepCase("leaving", "void", pod("lender", cpu="3", terminating=True)),
+    StepCase("finished", "void", pod("lender", cpu="3", phase="Succeeded")),
+    StepCase("replaced", "void", pod("lender", cpu="1", uid="uid-other"), back=True),
+    StepCase("gone", "void", None),
+]
+
+
+@pytest.mark.parametrize("case", STEP_CASES, ids=lambda c: c.id)
+def test_lender_step(case: StepCase) -> None:
+    assert case.expected == lender_step(LOAN, case.lender, back=case.back)

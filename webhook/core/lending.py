@@ -211,6 +211,27 @@ def loan_state(loan: Loan, lender: Pod | None) -> LoanState:
     )
 
 
+LenderStep = Literal["resize", "done", "void"]
+
+
+def lender_step(loan: Loan, lender: Pod | None, *, back: bool = False) -> LenderStep:
+    """What making ``loan`` (or, ``back``, returning it) asks of the lender as cached.
+
+    ``done``: its spec already asks for the target (made: at most ``after``; returned:
+    ``before``). ``void``: no lender to act on (as :func:`loan_state`), or its owner set
+    an amount other than the one the step starts from (its spec wins). ``resize``: the
+    spec still asks for the start amount, and one ``pods/resize`` takes it to the target.
+    """
+    found = _lent_from(loan, lender)
+    if found is None:
+        return "void"
+    request = found[0]
+    start, target = (loan.after, loan.before) if back else (loan.before, loan.after)
+    if request == target or (not back and request < target):
+        return "done"
+    return "resize" if request == start else "void"
+
+
 def refused(loan: Loan, lender: Pod | None) -> bool:
     """Whether the kubelet refused ``loan``: the lender lent (its spec at or below the
     loan's ``after``), the kubelet reports an error actuating that spec

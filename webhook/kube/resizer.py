@@ -9,10 +9,10 @@ Contract - idempotent, safe to call again after a crash or by another replica:
 
 * the lender is looked up in the cluster cache (``lenders``), not read from the API
   server: the patch's preconditions make a stale copy safe, so a loan costs one request.
-  Absent, another uid, terminating, or the container gone -> ``void``; the resource's
-  request at or below ``after`` -> ``done`` (lent already); any amount other than
-  ``before`` -> ``void`` (its owner changed it since the plan, and the new spec wins).
-  No write in any of those cases;
+  Whether there is anything to write is the core's judgement of that copy
+  (:func:`webhook.core.lending.lender_step`): ``done`` (lent already) and ``void`` (no
+  lender, or its owner changed the amount since the plan, and the new spec wins) write
+  nothing;
 * the patch carries the lender's uid and the ``resourceVersion`` the cache holds: a newer
   pod of the same name, or a change the cache has not seen yet, fails it with a conflict
   (``failed``, judged again on the next pass, when the cache has caught up) instead of
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from webhook.core.errors import ObjectError
-from webhook.core.lending import Loan
+from webhook.core.lending import Loan, lender_step
 from webhook.core.model import Pod, PodRef
 from webhook.core.resources import format_cpu, format_memory
 from webhook.engine.loans import LoanResult
@@ -203,34 +203,25 @@ class Resizer:
         ``after`` to ``before``; never raises. An API or object error is logged as the
         warning ``failure % (*keys, error)``, anything else with its traceback as
         ``error % keys``: both are ``failed``."""
-        expect, amount = (loan.after, loan.before) if back else (loan.before, loan.after)
         try:
-            return self._resize(loan, expect=expect, amount=amount)
+            return self._resize(loan, back=back)
         except (ClusterError, ObjectError) as e:
             log.warning(failure, *keys, e)
         except Exception:
             log.exception(error, *keys)
         return LoanResult.FAILED
 
-    def _resize(self, loan: Loan, *, expect: int, amount: int) -> LoanResult:
+    def _resize(self, loan: Loan, *, back: bool) -> LoanResult:
         pod = self._lenders(loan.pod.namespace, loan.pod.name)
-        if pod is None or pod.uid != loan.pod.uid or pod.terminating:
-            return LoanResult.VOID
-        container = pod.container(loan.container)
-        if container is None:
-            return LoanResult.VOID
-        current = container.requests.get(loan.resource)
-        lowering = amount < expect
-        if current == amount or (lowering and current < amount):
-            return LoanResult.DONE
-        if current != expect:
-            return LoanResult.VOID
+        step = lender_step(loan, pod, back=back)
+        if pod is None or step != "resize":
+            return LoanResult.DONE if step == "done" else LoanResult.VOID
         patch = resize_patch(
             loan,
-            amount,
+            loan.before if back else loan.after,
             uid=loan.pod.uid,
             resource_version=pod.resource_version,
-            init=container in pod.init_containers,
+            init=pod.container(loan.container) in pod.init_containers,
         )
         try:
             patch_pod(self._api_client, loan.pod, "resize", patch, timeout=self._timeout)
