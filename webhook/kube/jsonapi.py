@@ -24,7 +24,6 @@ from webhook.kube.errors import TRANSLATABLE, translate
 Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 JSON: Final = "application/json"
-MERGE_PATCH: Final = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
 
 
@@ -94,7 +93,6 @@ def patch_pod(
 
 __all__ = [
     "JSON",
-    "MERGE_PATCH",
     "STRATEGIC_MERGE_PATCH",
     "patch_pod",
     "pod_path",

@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import logging
 import random
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -49,11 +47,6 @@ log = logging.getLogger(__name__)
 LEADER_LEASE: Final = "resize-preemption-webhook-leader"
 #: client-go's ``leaderelection.JitterFactor``.
 JITTER_FACTOR: Final = 1.2
-
-
-def default_identity() -> str:
-    """``<hostname>_<random uuid>``, the form client-go's components use."""
-    return f"{socket.gethostname()}_{uuid.uuid4()}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,4 +394,4 @@ class LeaderElector:
         return True
 
 
-__all__ = ["JITTER_FACTOR", "LeaderElector", "LeaderRecord", "default_identity"]
+__all__ = ["JITTER_FACTOR", "LeaderElector", "LeaderRecord"]
