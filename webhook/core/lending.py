@@ -174,7 +174,7 @@ def _lent_from(loan: Loan, lender: Pod | None) -> tuple[int, ContainerStatus | N
     """The cached lender's request of the loan's resource in the loan's container, and
     that container's status; None when the lender is gone, replaced or leaving, or the
     container is gone: no loan stands on such a lender."""
-    if lender is None or lender.uid != loan.pod.uid or lender.terminating or lender.terminal:
+    if lender is None or lender.uid != loan.pod.uid or lender.leaving:
         return None
     container = lender.container(loan.container)
     if container is None:

@@ -243,6 +243,11 @@ class Pod:
         """Succeeded or Failed: holds no resources on its node."""
         return self.phase in TERMINAL_PHASES
 
+    @property
+    def leaving(self) -> bool:
+        """Terminating or terminal: no victim, lender or resize of it is acted on."""
+        return self.terminating or self.phase in TERMINAL_PHASES
+
     def all_containers(self) -> tuple[Container, ...]:
         return self.init_containers + self.containers
 

@@ -243,7 +243,7 @@ def candidates_of(
         if p.priority < priority
         and p.node == node
         and p.uid != uid
-        and not (p.terminal or p.terminating or p.mirror)
+        and not (p.leaving or p.mirror)
         and p.uid not in claimed
         and policy.may_preempt(p, preemptor)
     ]

@@ -203,7 +203,7 @@ class Follow:
             f = self._replacements.get(pod.uid)
             if f is None and added and pod.uid not in self._victims:
                 f = self._take(pod)
-            if f is None or pod.terminating or pod.terminal:
+            if f is None or pod.leaving:
                 return
             told = placed(f, pod)
         if told is not None:

@@ -85,7 +85,7 @@ def phase(entry: LedgerEntry, pod: Pod | None, now: float) -> Phase:
         return Phase("released", "expired")
     if pod is None or pod.uid != entry.pod.uid:
         return Phase("admitted", "unseen")
-    if pod.terminating or pod.terminal:
+    if pod.leaving:
         return Phase("released", "pod-leaving")
     if not persisted(entry, pod):
         # The generation tells a superseded spec apart at once (the spec alone cannot:
@@ -344,7 +344,7 @@ class Scene:
         leaving: list[PodRef] = []
         for v in self.entry.pending_victims:
             pod = by_uid.get(v.uid)
-            gone = v.uid in handled or pod is None or pod.terminal or pod.terminating
+            gone = v.uid in handled or pod is None or pod.leaving
             (leaving if gone else live).append(v)
         return tuple(live), tuple(leaving)
 

@@ -104,7 +104,7 @@ def skip_reason(pod: Pod) -> str:
         return "infeasible" if pod.resize == "infeasible" else "not-pending"
     if not pod.node:
         return "not-bound"
-    if pod.terminating or pod.terminal:
+    if pod.leaving:
         return "leaving"
     if pod.resize_preemption_disabled:
         return "preemption-disabled"

@@ -401,11 +401,7 @@ class PreemptionWorker:
 
     def _live(self, victim: PodRef) -> bool:
         cached = self.cluster.pod(victim.namespace, victim.name)
-        return (
-            cached is not None
-            and cached.uid == victim.uid
-            and not (cached.terminating or cached.terminal)
-        )
+        return cached is not None and cached.uid == victim.uid and not cached.leaving
 
     def _with_evicted(self, entry: LedgerEntry) -> LedgerEntry:
         """``entry`` as this worker knows it: its victims evicted here count as handled,
