@@ -400,7 +400,9 @@ def test_a_guaranteed_lender_using_the_memory_is_refused_by_the_kubelet_and_anot
     # batch-2 takes every byte left: the node is full.
     batch_2_memory = free - batch_1_memory - web_memory
     image = real_cluster.image("workload")
-    batch_1 = workload("batch-1", image, classes["lowest"], guaranteed("50m", "512Mi"),
+    # A quarter core: at 50m the CFS quota and the small cpu.weight leave dd writing its
+    # 300Mi for seconds on a quiet node and far longer on a busy one.
+    batch_1 = workload("batch-1", image, classes["lowest"], guaranteed("250m", "512Mi"),
                        script=FILL)  # fmt: skip
     batch_1["metadata"]["annotations"] = {FLOOR_ANNOTATION: json.dumps({"app": {"memory": "64Mi"}})}
     batch_1["spec"]["containers"][0]["volumeMounts"] = [{"name": "fill", "mountPath": "/fill"}]
@@ -413,7 +415,7 @@ def test_a_guaranteed_lender_using_the_memory_is_refused_by_the_kubelet_and_anot
     ])  # fmt: skip
     wait_until(
         lambda: real_cluster.memory(real_namespace, "batch-1").usage >= FILL_MI * MI,
-        timeout=30,
+        timeout=60,
         what="batch-1's process holding its memory",
     )
     uids = {
