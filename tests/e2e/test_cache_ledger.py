@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import threading
 import time
@@ -178,7 +179,10 @@ def uncached_control_plane(
         yield control_plane
 
 
-def test_relist_after_410_gone(uncached_control_plane: ControlPlane, wait_until: Waiter) -> None:
+def test_relist_after_410_gone(
+    uncached_control_plane: ControlPlane, wait_until: Waiter, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="webhook.kube.reflector")
     control_plane = uncached_control_plane
     api = make_api_client(str(control_plane.kubeconfig))
     cache = ClusterCache(api)
@@ -206,8 +210,12 @@ def test_relist_after_410_gone(uncached_control_plane: ControlPlane, wait_until:
         # Resume the watch from before the compaction: 410 Gone, then a relist.
         pods.resource_version = stale
         pods.reconnect()
-        # Only a relist gets past the compaction: the watch from `stale` ends in 410.
-        wait_until(lambda: int(pods.resource_version) >= compacted, what="a relist after 410")
+        wait_until(
+            lambda: any("relisting" in r.getMessage() for r in caplog.records),
+            what="a relist after 410",
+        )
+        # Only a relist gets past the compaction: the watch from `stale` ended in 410.
+        wait_until(lambda: int(pods.resource_version) >= compacted, what="the relist")
         assert cache.synced() and cache.pod("default", "before-gone") is not None
         control_plane.client.create("/api/v1/namespaces/default/pods", pod_body("after-gone"))
         wait_until(lambda: cache.pod("default", "after-gone") is not None, what="watch again")
