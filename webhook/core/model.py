@@ -246,7 +246,7 @@ class Pod:
     @property
     def leaving(self) -> bool:
         """Terminating or terminal: no victim, lender or resize of it is acted on."""
-        return self.terminating or self.phase in TERMINAL_PHASES
+        return self.terminating or self.terminal
 
     def all_containers(self) -> tuple[Container, ...]:
         return self.init_containers + self.containers
