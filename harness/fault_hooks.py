@@ -122,6 +122,9 @@ class FaultLedger:
     def reachable(self) -> bool:
         return self._ledger.reachable()
 
+    def untidy(self) -> frozenset[str]:
+        return self._ledger.untidy()
+
     def update(self, node: str, change: LedgerChange[R]) -> R:
         wrote = added = False
 

@@ -13,10 +13,10 @@ import pytest
 
 from harness.doubles import InMemoryLedger
 from harness.fault_hooks import Fault, FaultEvictor, FaultLedger, fault_hooks
-from tests.unit.test_worker_logic import entry, ref
+from tests.unit.test_worker_logic import NOW, entry, ref
 from webhook.engine.hooks import Hooks
 from webhook.engine.ledger import EvictionResult, LedgerChange, LedgerEntry
-from webhook.engine.worker import remove_entry, update_entry
+from webhook.engine.lifecycle import drop_victims, release
 
 
 @dataclass
@@ -42,12 +42,14 @@ def add(new: LedgerEntry) -> LedgerChange[None]:
             id="a-new-entry-is-an-admission",
         ),
         pytest.param(
-            update_entry("review-1", drop=("uid-low",)),
+            drop_victims("review-1", ("uid-low",), (), NOW),
             ["ledger-before", "ledger-write"],
             id="a-drop-is-a-write",
         ),
-        pytest.param(remove_entry("review-1"), ["ledger-before", "ledger-write"], id="a-release"),
-        pytest.param(remove_entry("nobody"), [], id="no-change-writes-nothing"),
+        pytest.param(
+            release("review-1", (), NOW), ["ledger-before", "ledger-write"], id="a-release"
+        ),
+        pytest.param(release("nobody", (), NOW), [], id="no-change-writes-nothing"),
     ],
 )
 def test_ledger_points(change: LedgerChange[object], points: list[str]) -> None:

@@ -33,7 +33,7 @@ from webhook.core.model import NODE_OPT_OUT_ANNOTATION, DisruptionBudget, Node, 
 from webhook.core.plan import Plan
 from webhook.core.resources import Resources
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.loans import is_give_back
+from webhook.engine.lifecycle import is_give_back
 from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import DEFERRED_REASONS, Reconciler, review_uid_for, skip_reason
 from webhook.engine.settings import Config

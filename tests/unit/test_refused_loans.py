@@ -8,6 +8,7 @@ uses. "batch-2" (priority 100, Burstable, request 4Gi, floor 1Gi) can lend inste
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import pytest
@@ -18,20 +19,24 @@ from harness.doubles import InMemoryLedger
 from tests.unit.builders import make_pod
 from tests.unit.test_worker import Clock, Cluster, FakeEvictor, make_worker
 from tests.unit.test_worker_logic import ADMITTED, CONFIG, NODE, NOW
-from webhook.core.lending import Loan, refusal_state, refused, room
+from webhook.core.lending import Loan, LoanRecord, refusal_state, refused, room
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import NodePods, plan_resize
 from webhook.core.resources import ZERO, Resources, memory_bytes
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.lifecycle import Act, Refuse, Release, next_action, to_keep
-from webhook.engine.loans import (
-    LoanResult,
+from webhook.engine.lifecycle import (
+    Act,
+    Refuse,
+    Release,
     give_backs,
     is_give_back,
+    next_action,
     record_refusal,
-    refuse_entry,
+    refuse,
+    to_keep,
     to_put_back,
 )
+from webhook.engine.loans import LoanResult
 from webhook.engine.metrics import Metrics
 
 GI = 1024**3
@@ -277,6 +282,10 @@ class Resizer:
         self.log.append(f"put back {loan.pod.name}: {why}")
         return LoanResult.LENT
 
+    def forget(self, lender: PodRef, ended: Sequence[LoanRecord]) -> LoanResult:
+        self.log.append(f"forget {lender.name}")
+        return LoanResult.LENT
+
 
 def worker_on(cluster: Cluster, entry: LedgerEntry, metrics: Metrics) -> tuple[object, Resizer]:
     ledger = InMemoryLedger()
@@ -357,7 +366,7 @@ def test_a_refused_lender_put_back_is_never_preempted_for() -> None:
 def test_a_refusal_is_recorded_once() -> None:
     action = decide(ENTRY, high("8Gi"), REFUSED, batch_2())
     assert isinstance(action, Refuse)
-    change = refuse_entry(ENTRY.review_uid, action)
+    change = refuse(ENTRY.review_uid, action, (), NOW)
 
     first, recorded = change((ENTRY,))
     assert first is not None

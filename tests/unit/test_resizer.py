@@ -4,14 +4,14 @@ lender the plan saw."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from webhook.core.lending import Loan
-from webhook.core.model import Pod, PodRef
+from webhook.core.lending import Loan, LoanRecord, records_text
+from webhook.core.model import LOANS_ANNOTATION, Pod, PodRef
 from webhook.core.objects import parse_pod
 from webhook.engine.loans import LoanResult
 from webhook.engine.metrics import Metrics
@@ -19,6 +19,7 @@ from webhook.kube.resizer import Resizer, lent_note, refused_note, resize_patch
 
 GI = 1024**3
 BORROWER = PodRef("default", "high-priority-pod", "uid-high")
+AT = 1_700_000_000.0
 CPU_LOAN = Loan(PodRef("default", "batch-1", "uid-batch"), 1000, "worker", "cpu", 3000, 1000, 2000)
 MEMORY_LOAN = Loan(
     PodRef("default", "batch-1", "uid-batch"), 1000, "worker", "memory", 2 * GI, GI, GI, True
@@ -47,7 +48,14 @@ class PodServer:
         return parse_pod(self.pod) if self.pod is not None else None
 
     def resizer(self, recorder: Any = None, metrics: Metrics | None = None) -> Resizer:
-        return Resizer(self, recorder, metrics or Metrics(), lenders=self.lenders)
+        return Resizer(self, recorder, metrics or Metrics(), lenders=self.lenders, clock=lambda: AT)
+
+    def patches(self, subresource: str = "") -> list[Any]:
+        """The bodies of the PATCHes sent to the pod (``""``) or to a subresource."""
+        path = "/api/v1/namespaces/default/pods/batch-1" + (
+            f"/{subresource}" if subresource else ""
+        )
+        return [body for method, p, body in self.calls if method == "PATCH" and p == path]
 
     def param_serialize(self, **request: Any) -> tuple[Any, ...]:
         return (request["method"], request["resource_path"], request.get("body"))
@@ -84,10 +92,18 @@ class Recorder:
 
 
 def lender(
-    cpu: str = "3", *, uid: str = "uid-batch", terminating: bool = False, sidecar: bool = False
+    cpu: str = "3",
+    *,
+    uid: str = "uid-batch",
+    terminating: bool = False,
+    sidecar: bool = False,
+    recorded: tuple[Loan, ...] = (),
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": "batch-1", "namespace": "default", "uid": uid}
     meta["resourceVersion"] = "42"
+    if recorded:
+        text = records_text(LoanRecord(loan, BORROWER, AT) for loan in recorded)
+        meta["annotations"] = {LOANS_ANNOTATION: text}
     if terminating:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     container = {
@@ -104,48 +120,136 @@ def lender(
 
 
 @pytest.mark.parametrize(
-    ("expected", "pod"),
+    ("expected", "records", "resizes", "pod"),
     [
-        pytest.param(LoanResult.LENT, lender(), id="at-before-is-lowered"),
-        pytest.param(LoanResult.DONE, lender("1"), id="at-after-is-done"),
-        pytest.param(LoanResult.DONE, lender("500m"), id="below-after-is-done"),
-        pytest.param(LoanResult.VOID, lender("2"), id="owner-changed-it"),
-        pytest.param(LoanResult.VOID, lender(uid="uid-new"), id="replaced"),
-        pytest.param(LoanResult.VOID, lender(terminating=True), id="terminating"),
-        pytest.param(LoanResult.VOID, None, id="gone"),
+        pytest.param(LoanResult.LENT, 1, 1, lender(), id="at-before-is-recorded-and-lowered"),
+        pytest.param(
+            LoanResult.LENT, 0, 1, lender(recorded=(CPU_LOAN,)), id="recorded-already-is-lowered"
+        ),
+        pytest.param(LoanResult.DONE, 1, 0, lender("1"), id="at-after-is-done-and-recorded"),
+        pytest.param(
+            LoanResult.DONE, 0, 0, lender("1", recorded=(CPU_LOAN,)), id="done-and-recorded"
+        ),
+        pytest.param(LoanResult.DONE, 1, 0, lender("500m"), id="below-after-is-done"),
+        pytest.param(LoanResult.VOID, 0, 0, lender("2"), id="owner-changed-it"),
+        pytest.param(LoanResult.VOID, 0, 0, lender(uid="uid-new"), id="replaced"),
+        pytest.param(LoanResult.VOID, 0, 0, lender(terminating=True), id="terminating"),
+        pytest.param(LoanResult.VOID, 0, 0, None, id="gone"),
     ],
 )
-def test_a_loan_lowers_only_the_lender_the_plan_saw(
-    expected: LoanResult, pod: dict[str, Any] | None
+def test_a_loan_lowers_only_the_lender_the_plan_saw_and_is_recorded_first(
+    expected: LoanResult, records: int, resizes: int, pod: dict[str, Any] | None
 ) -> None:
     server = PodServer(pod)
 
     result = server.resizer().lend(CPU_LOAN, BORROWER, "node-1")
 
-    assert expected == result
-    patches = [c for c in server.calls if c[0] == "PATCH"]
-    assert (1 if expected is LoanResult.LENT else 0) == len(patches)
+    assert (expected, records, resizes) == (
+        result,
+        len(server.patches()),
+        len(server.patches("resize")),
+    )
 
 
-def test_the_patch_goes_to_the_resize_subresource_with_preconditions() -> None:
+def test_the_record_then_the_resize_each_with_preconditions() -> None:
     server = PodServer(lender())
 
     server.resizer().lend(CPU_LOAN, BORROWER, "node-1")
 
-    [(_, path, body)] = [c for c in server.calls if c[0] == "PATCH"]
-    assert "/api/v1/namespaces/default/pods/batch-1/resize" == path
-    assert {
-        "metadata": {"uid": "uid-batch", "resourceVersion": "42"},
-        "spec": {"containers": [{"name": "worker", "resources": {"requests": {"cpu": "1"}}}]},
-    } == body
+    paths = [path for method, path, _ in server.calls if method == "PATCH"]
+    assert [
+        "/api/v1/namespaces/default/pods/batch-1",
+        "/api/v1/namespaces/default/pods/batch-1/resize",
+    ] == paths
+    [record] = server.patches()
+    text = record["metadata"]["annotations"][LOANS_ANNOTATION]
+    assert {"uid": "uid-batch", "resourceVersion": "42"} == {
+        k: v for k, v in record["metadata"].items() if k != "annotations"
+    }
+    assert [
+        {
+            "container": "worker",
+            "resource": "cpu",
+            "before": 3000,
+            "after": 1000,
+            "frees": 2000,
+            "limits": False,
+            "borrower": {"namespace": "default", "name": "high-priority-pod", "uid": "uid-high"},
+            "at": AT,
+        }
+    ] == json.loads(text)
+    assert [
+        {
+            "metadata": {"uid": "uid-batch", "resourceVersion": "42"},
+            "spec": {"containers": [{"name": "worker", "resources": {"requests": {"cpu": "1"}}}]},
+        }
+    ] == server.patches("resize")
 
 
-def test_a_loan_costs_one_request_the_lender_is_read_from_the_cache() -> None:
+def test_a_loan_costs_two_requests_the_lender_is_read_from_the_cache() -> None:
     server = PodServer(lender())
 
     server.resizer().lend(CPU_LOAN, BORROWER, "node-1")
 
-    assert ["PATCH"] == [method for method, _, _ in server.calls]
+    assert ["PATCH", "PATCH"] == [method for method, _, _ in server.calls]
+
+
+def test_a_record_that_cannot_be_written_stops_the_loan() -> None:
+    server = PodServer(lender(), patch_status=409)
+
+    assert LoanResult.FAILED == server.resizer().lend(CPU_LOAN, BORROWER, "node-1")
+    assert [] == server.patches("resize")
+
+
+SECOND_LOAN = replace(CPU_LOAN, before=1000, after=500, frees=500)
+
+
+@pytest.mark.parametrize(
+    ("expected", "annotation", "pod", "ended"),
+    [
+        pytest.param(
+            LoanResult.LENT,
+            None,
+            lender(recorded=(CPU_LOAN,)),
+            (CPU_LOAN,),
+            id="the-last-record-removes-the-annotation",
+        ),
+        pytest.param(
+            LoanResult.LENT,
+            [SECOND_LOAN],
+            lender(recorded=(CPU_LOAN, SECOND_LOAN)),
+            (CPU_LOAN,),
+            id="the-others-stay",
+        ),
+        pytest.param(
+            LoanResult.DONE, "unsent", lender(recorded=(SECOND_LOAN,)), (CPU_LOAN,), id="not-there"
+        ),
+        pytest.param(LoanResult.VOID, "unsent", None, (CPU_LOAN,), id="lender-gone"),
+        pytest.param(
+            LoanResult.VOID,
+            "unsent",
+            lender(uid="uid-new", recorded=(CPU_LOAN,)),
+            (CPU_LOAN,),
+            id="lender-replaced",
+        ),
+    ],
+)
+def test_forget_removes_only_the_ended_records(
+    expected: LoanResult, annotation: Any, pod: dict[str, Any] | None, ended: tuple[Loan, ...]
+) -> None:
+    server = PodServer(pod)
+
+    result = server.resizer().forget(CPU_LOAN.pod, [LoanRecord(x, BORROWER, AT) for x in ended])
+
+    sent = [p["metadata"]["annotations"][LOANS_ANNOTATION] for p in server.patches()]
+    if annotation == "unsent":
+        assert (expected, []) == (result, sent)
+    elif annotation is None:
+        assert (expected, [None]) == (result, sent)
+    else:
+        [text] = sent
+        kept = [(r["before"], r["after"]) for r in json.loads(text)]
+        assert (expected, [(x.before, x.after) for x in annotation]) == (result, kept)
 
 
 @pytest.mark.parametrize(
@@ -182,7 +286,7 @@ def test_a_sidecar_lends_through_init_containers() -> None:
     server = PodServer(lender(sidecar=True))
 
     assert LoanResult.LENT == server.resizer().lend(CPU_LOAN, BORROWER, "node-1")
-    [(_, _, body)] = [c for c in server.calls if c[0] == "PATCH"]
+    [body] = server.patches("resize")
     assert ["initContainers"] == list(body["spec"])
 
 

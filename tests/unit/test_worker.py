@@ -19,17 +19,18 @@ from tests.unit.test_worker_logic import (
     LOW_B,
     MID,
     NODE,
+    NOW,
     entry,
     pod,
     ref,
 )
 from webhook.core.model import Node, Pod, PodRef
 from webhook.engine.ledger import EvictionResult, LedgerEntry
-from webhook.engine.lifecycle import room_holders
+from webhook.engine.lifecycle import drop_victims, release, room_holders
 from webhook.engine.loans import LenderResizer
 from webhook.engine.metrics import Metrics
 from webhook.engine.settings import Config
-from webhook.engine.worker import PreemptionWorker, remove_entry, update_entry
+from webhook.engine.worker import PreemptionWorker
 
 CONFIG = Config(persist_timeout=10.0, reservation_ttl=120.0)
 
@@ -257,7 +258,7 @@ def test_a_superseded_entry_stops_between_victims_waiting_their_turn(
 
     def newer_resize(_: PodRef) -> None:
         # A newer admission of the same pod replaced the entry meanwhile.
-        ledger.update("node-1", remove_entry(first.review_uid))
+        ledger.update("node-1", release(first.review_uid, (), NOW))
 
     evictor.on_evict = newer_resize
     worker.run_once()
@@ -600,16 +601,16 @@ def test_at_most_victim_parallelism_evictions_run_at_once(
 
 def test_ledger_changes_are_pure_and_report_presence() -> None:
     e = entry("low-a", "low-b")
-    change = update_entry(e.review_uid, drop=("uid-low-b",))
+    change = drop_victims(e.review_uid, ("uid-low-b",), (), NOW)
     first = change((e,))
     assert first == change((e,))
     new, found = first
     assert found and new is not None
     assert (LOW_A.ref,) == new[0].victims
-    assert (None, True) == update_entry(e.review_uid, drop=("uid-nobody",))((e,))
-    assert update_entry("other", drop=("uid-low-a",))((e,)) == (None, False)
-    assert remove_entry(e.review_uid)((e,)) == ((), True)
-    assert remove_entry("other")((e,)) == (None, False)
+    assert (None, True) == drop_victims(e.review_uid, ("uid-nobody",), (), NOW)((e,))
+    assert (None, False) == drop_victims("other", ("uid-low-a",), (), NOW)((e,))
+    assert ((), True) == release(e.review_uid, (), NOW)((e,))
+    assert (None, False) == release("other", (), NOW)((e,))
 
 
 def actuation_times(metrics: Metrics) -> tuple[float | None, float | None]:

@@ -3,6 +3,7 @@ a lender that changed."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
@@ -19,7 +20,7 @@ from tests.unit.test_worker_logic import (
     entry,
     pod,
 )
-from webhook.core.lending import Loan
+from webhook.core.lending import Loan, LoanRecord
 from webhook.core.model import PodRef
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.loans import LoanResult
@@ -49,6 +50,14 @@ class FakeResizer:
     def give_back(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
         self.log.append(f"give back {loan.pod.name} {loan.after}->{loan.before}")
         return self.results.get(loan.pod.name, LoanResult.LENT)
+
+    def put_back(self, loan: Loan, borrower: PodRef, node: str, why: str) -> LoanResult:
+        self.log.append(f"put back {loan.pod.name}")
+        return LoanResult.LENT
+
+    def forget(self, lender: PodRef, ended: Sequence[LoanRecord]) -> LoanResult:
+        self.log.append(f"forget {lender.name}")
+        return LoanResult.LENT
 
 
 class LoggingEvictor(FakeEvictor):

@@ -17,12 +17,13 @@ See docs/lending.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from webhook.core.accounting import pod_requests
-from webhook.core.model import Container, ContainerStatus, Floor, Pod, PodRef
+from webhook.core.model import LOANS_ANNOTATION, Container, ContainerStatus, Floor, Pod, PodRef
 from webhook.core.resources import ZERO, ResourceName, Resources
 
 
@@ -43,6 +44,89 @@ class Loan:
     after: int
     frees: int
     limits: bool = False
+
+
+LoanKey = tuple[str, str, str, int, int]
+
+
+def loan_key(loan: Loan) -> LoanKey:
+    """The one identity of a loan: its lender's uid, container, resource, ``before`` and
+    ``after``. A container lent twice has two loans, the second from what the first left."""
+    return (loan.pod.uid, loan.container, loan.resource, loan.before, loan.after)
+
+
+@dataclass(frozen=True, slots=True)
+class LoanRecord:
+    """A loan as its lender carries it (:data:`~webhook.core.model.LOANS_ANNOTATION`):
+    the loan, the pod that borrowed, and when (epoch seconds)."""
+
+    loan: Loan
+    borrower: PodRef
+    at: float
+
+
+def records(pod: Pod) -> tuple[LoanRecord, ...]:
+    """The loans ``pod`` records having made, in the order made. A record that does not
+    read is left out: a lender never stops a decision, and a malformed record only loses
+    the loan's safety net (its ledger entry still holds it)."""
+    text = pod.annotations.get(LOANS_ANNOTATION)
+    if not text:
+        return ()
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return ()
+    out = []
+    for item in raw if isinstance(raw, list) else ():
+        try:
+            out.append(_record(pod, item))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return tuple(out)
+
+
+def _record(pod: Pod, item: Mapping[str, Any]) -> LoanRecord:
+    resource = item["resource"]
+    before, after = int(item["before"]), int(item["after"])
+    if resource not in ("cpu", "memory") or not 0 < after < before:
+        raise ValueError(f"loan record of {resource!r} from {before} to {after}")
+    borrower = item["borrower"]
+    loan = Loan(
+        pod=pod.ref,
+        priority=pod.priority,
+        container=str(item["container"]),
+        resource=resource,
+        before=before,
+        after=after,
+        frees=int(item.get("frees", before - after)),
+        limits=bool(item.get("limits", False)),
+    )
+    ref = PodRef(str(borrower["namespace"]), str(borrower["name"]), str(borrower["uid"]))
+    return LoanRecord(loan, ref, float(item["at"]))
+
+
+def records_text(kept: Iterable[LoanRecord]) -> str:
+    """The annotation's value for ``kept`` (``"[]"`` for none): compact JSON, made order."""
+    return json.dumps(
+        [
+            {
+                "container": r.loan.container,
+                "resource": r.loan.resource,
+                "before": r.loan.before,
+                "after": r.loan.after,
+                "frees": r.loan.frees,
+                "limits": r.loan.limits,
+                "borrower": {
+                    "namespace": r.borrower.namespace,
+                    "name": r.borrower.name,
+                    "uid": r.borrower.uid,
+                },
+                "at": r.at,
+            }
+            for r in kept
+        ],
+        separators=(",", ":"),
+    )
 
 
 def guaranteed(pod: Pod) -> bool:

@@ -28,6 +28,10 @@ MIRROR_POD_ANNOTATION: Final = "kubernetes.io/config.mirror"
 #: Opt-in to lending: a JSON object mapping container names to the least each can run
 #: with, e.g. ``{"worker": {"cpu": "1", "memory": "512Mi"}}`` (docs/lending.md).
 FLOOR_ANNOTATION: Final = "resize-preemption.io/floor"
+#: A lender's own record of the loans it made: what it asked for before each, who
+#: borrowed and when (:func:`webhook.core.lending.records`). Written before a loan is made
+#: and removed once it ended, so a loan outlives the ledger entry that borrowed it.
+LOANS_ANNOTATION: Final = "resize-preemption.io/loans"
 TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
 

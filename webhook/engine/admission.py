@@ -415,9 +415,64 @@ class _Scene(NamedTuple):
     new: Pod
     node: Node
     pods: tuple[Pod, ...]
-    budgets: tuple[Any, ...]
+    budgets: tuple[DisruptionBudget, ...]
     #: The node and its pods as the plan reads them: from the memo.
     view: NodeView
+
+
+@dataclass(frozen=True, slots=True)
+class ResizePlanner:
+    """The one :class:`~webhook.engine.lifecycle.Planner` of
+    :func:`~webhook.engine.lifecycle.admit`, for the admission path (``review``) and for
+    the reconciler (a resize the kubelet deferred): ``pod``'s resize from ``old`` planned
+    on ``node`` as the memo's ``view`` has it, at ``now``; in victim order
+    ``movable-first``, with the room elsewhere (read only by a plan with victims, and
+    only as far as it looks)."""
+
+    old: Pod
+    pod: Pod
+    node: Node
+    view: NodeView
+    budgets: tuple[DisruptionBudget, ...]
+    now: float
+    review_uid: str
+    review: bool
+    config: Config
+    policy: PreemptionPolicy
+    elsewhere: Elsewhere
+
+    def plan(self, holders: Sequence[LedgerEntry]) -> Plan:
+        rooms = None
+        if self.config.victim_order == "movable-first":
+            rooms = self.elsewhere.rooms(self.node.name, self.now, self.pod.uid)
+        return plan_resize(
+            self.old,
+            self.pod,
+            self.view,
+            now=self.now,
+            budgets=self.budgets,
+            reservations=[e.reservation() for e in holders],
+            policy=self.policy,
+            elsewhere=rooms,
+        )
+
+    def reserves(self, plan: Plan) -> bool:
+        """A review's plan reserves when it needs room (:func:`_reserves`); a deferred
+        resize's only with victims: room that appears lets the kubelet actuate by itself,
+        and a reservation without victims would only hold room others may use."""
+        return _reserves(plan) if self.review else plan.verdict == "preempt"
+
+    def entry(self, plan: Plan) -> LedgerEntry:
+        return LedgerEntry.for_plan(
+            self.pod,
+            plan,
+            review_uid=self.review_uid,
+            now=self.now,
+            ttl=self.config.reservation_ttl,
+            # A deferred resize is in the spec already: it has no deadline to persist by.
+            persisted=not self.review,
+            persist_timeout=self.config.persist_timeout,
+        )
 
 
 def _audit(plan: Plan) -> dict[str, str]:
@@ -642,22 +697,20 @@ class AdmissionEngine:
             return None
         return pod
 
-    def _plan(self, s: _Scene, holders: Sequence[LedgerEntry], now: float) -> Plan:
-        """The resize planned against ``holders``, the node's entries holding room; in
-        victim order ``movable-first``, with the room elsewhere (read only by a plan
-        with victims, and only as far as it looks)."""
-        elsewhere = None
-        if self.config.victim_order == "movable-first":
-            elsewhere = self._elsewhere.rooms(s.node.name, now, s.new.uid)
-        return plan_resize(
+    def _planner(self, s: _Scene, uid: str, now: float) -> ResizePlanner:
+        config = self.config
+        return ResizePlanner(
             s.old,
             s.new,
+            s.node,
             s.view,
-            now=now,
-            budgets=s.budgets,
-            reservations=[e.reservation() for e in holders],
-            policy=self.policy,
-            elsewhere=elsewhere,
+            s.budgets,
+            now,
+            uid,
+            True,
+            config,
+            self.policy,
+            self._elsewhere,
         )
 
     # -- validating -------------------------------------------------------------------
@@ -668,31 +721,11 @@ class AdmissionEngine:
         if isinstance(scene, Decision):
             return scene
         acting = self.config.mode != "warn" and not request.get("dryRun")
+        planner = self._planner(scene, uid, now)
         if not acting:
             holders = room_holders(self.ledger.entries(scene.node.name), scene.pods, now)
-            plan = self._plan(scene, holders, now)
-            return self._verdict(uid, plan, admitted=None, acting=False)
-
-        def entry(plan: Plan) -> LedgerEntry:
-            return LedgerEntry.for_plan(
-                scene.new,
-                plan,
-                review_uid=uid,
-                now=now,
-                ttl=self.config.reservation_ttl,
-                persist_timeout=self.config.persist_timeout,
-            )
-
-        change = admit(
-            scene.new,
-            scene.pods,
-            now,
-            review_uid=uid,
-            plan=lambda holders: self._plan(scene, holders, now),
-            reserves=_reserves,
-            entry=entry,
-            review=True,
-        )
+            return self._verdict(uid, planner.plan(holders), admitted=None, acting=False)
+        change = admit(planner, scene.pods, now)
         planned, admitted = self.ledger.update(scene.node.name, change)
         assert planned is not None  # a review is always planned
         return self._verdict(uid, planned, admitted=admitted, acting=True)

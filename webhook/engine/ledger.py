@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import orjson
 
 from webhook.core.accounting import Reservation
-from webhook.core.errors import ObjectError
+from webhook.core.errors import ObjectError, WebhookError
 from webhook.core.lending import Loan
 from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
 from webhook.core.objects import PriorityResolver
@@ -40,6 +40,28 @@ R = TypeVar("R")
 
 #: Bump when the JSON form changes incompatibly; readers skip entries they do not know.
 ENTRY_VERSION = 1
+#: Bytes of one node's encoded entries a store takes at most. A Lease's annotations may
+#: hold 256 KiB in all (the API server's ``TotalAnnotationSizeLimitB``); this leaves room
+#: for the other annotations and keys. Both stores apply it, so both refuse alike.
+MAX_NODE_BYTES = 240 * 1024
+
+
+class LedgerFull(WebhookError):
+    """A node's entries, as a change would write them, are more than one store object
+    holds (:data:`MAX_NODE_BYTES`); nothing was written. The admission path fails open
+    with this message; the worker and the reconciler try again on a later pass."""
+
+
+def check_size(node: str, encoded: str) -> str:
+    """``encoded`` (one node's entries, :func:`encode_entries`) if a store may write it;
+    raises :class:`LedgerFull` otherwise."""
+    size = len(encoded.encode())
+    if size > MAX_NODE_BYTES:
+        raise LedgerFull(
+            f"ledger of node {node} full: its entries would take {size} bytes, "
+            f"more than the {MAX_NODE_BYTES} one Lease holds"
+        )
+    return encoded
 
 
 def desired_requests(pod: Pod) -> tuple[tuple[str, Resources], ...]:
@@ -287,14 +309,23 @@ class Ledger(Protocol):
     def all_entries(self) -> tuple[LedgerEntry, ...]: ...
 
     def update(self, node: str, change: LedgerChange[R]) -> R:
-        """Apply ``change`` atomically to ``node``'s entries; retried on conflict.
+        """Apply ``change`` atomically to ``node``'s entries; retried on conflict. The
+        store writes exactly the entries ``change`` returns: which entries live is the
+        lifecycle's rule (:func:`webhook.engine.lifecycle.to_keep`), never the store's.
 
-        Raises ``webhook.kube.errors.ClusterError`` (a :class:`WebhookError`) when the
-        store cannot be reached; callers on the admission path fail open.
+        Raises :class:`LedgerFull` when they would not fit one store object, and
+        ``webhook.kube.errors.ClusterError`` (a :class:`WebhookError`) when the store
+        cannot be reached; callers on the admission path fail open.
         """
         ...
 
     def reachable(self) -> bool: ...
+
+    def untidy(self) -> frozenset[str]:
+        """Nodes whose stored entries include some that reads leave out (a late write's
+        void entries): a write through the keep rule
+        (:func:`webhook.engine.lifecycle.tidy`) drops them."""
+        ...
 
 
 class ClusterView(Protocol):
@@ -318,6 +349,11 @@ class ClusterView(Protocol):
         ...
 
     def pod(self, namespace: str, name: str) -> Pod | None: ...
+
+    def lenders(self) -> Sequence[Pod]:
+        """Pods carrying a loan record (:data:`~webhook.core.model.LOANS_ANNOTATION`),
+        on any node: the worker gives back loans whose ledger entry is gone."""
+        ...
 
     def budgets(self, namespaces: Iterable[str]) -> Sequence[DisruptionBudget]:
         """PodDisruptionBudgets in any of ``namespaces``."""

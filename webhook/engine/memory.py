@@ -15,11 +15,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 
-from webhook.core.model import DisruptionBudget, Node, Pod, PriorityClass
+from webhook.core.model import LOANS_ANNOTATION, DisruptionBudget, Node, Pod, PriorityClass
 from webhook.core.objects import PriorityResolver
 from webhook.core.snapshot import Snapshot
 from webhook.engine.elsewhere import NodeRooms
-from webhook.engine.ledger import LedgerChange, LedgerEntry, R
+from webhook.engine.ledger import LedgerChange, LedgerEntry, R, check_size, encode_entries
 
 
 class FixedClusterView:
@@ -43,6 +43,7 @@ class FixedClusterView:
         # Tuples: callers get the same immutable sequence every time, no copy per read.
         self._by_node = {name: tuple(group) for name, group in by_node.items()}
         self._pending = tuple(p for p in self._pods.values() if p.resize != "none")
+        self._lenders = tuple(p for p in self._pods.values() if LOANS_ANNOTATION in p.annotations)
         by_namespace: dict[str, list[DisruptionBudget]] = {}
         for b in budgets:
             by_namespace.setdefault(b.namespace, []).append(b)
@@ -73,6 +74,9 @@ class FixedClusterView:
 
     def pod(self, namespace: str, name: str) -> Pod | None:
         return self._pods.get(f"{namespace}/{name}")
+
+    def lenders(self) -> Sequence[Pod]:
+        return self._lenders
 
     def budgets(self, namespaces: Iterable[str]) -> Sequence[DisruptionBudget]:
         key = namespaces if type(namespaces) is frozenset else frozenset(namespaces)
@@ -128,11 +132,15 @@ class MemoryLedger:
         with self._lock:
             new, result = change(self._nodes.get(node, ()))
             if new is not None:
+                check_size(node, encode_entries(new))
                 self._nodes[node] = new
             return result
 
     def reachable(self) -> bool:
         return True
+
+    def untidy(self) -> frozenset[str]:
+        return frozenset()  # its reads leave nothing out
 
 
 __all__ = ["FixedClusterView", "MemoryLedger"]

@@ -32,11 +32,11 @@ import orjson
 
 from webhook.core.errors import WebhookError
 from webhook.core.model import Node, Pod
-from webhook.core.plan import Plan, plan_resize
-from webhook.engine.admission import NodeMemo
+from webhook.core.plan import Plan
+from webhook.engine.admission import NodeMemo, ResizePlanner
 from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.elsewhere import Elsewhere
-from webhook.engine.ledger import ClusterView, Ledger, LedgerChange, LedgerEntry
+from webhook.engine.ledger import ClusterView, Ledger, LedgerChange
 from webhook.engine.lifecycle import Admitted, admit, claim
 from webhook.engine.loop import Loop
 from webhook.engine.metrics import Metrics
@@ -278,48 +278,24 @@ class Reconciler:
     def _admit(
         self, pod: Pod, node: Node, pods: tuple[Pod, ...], now: float
     ) -> LedgerChange[Admitted]:
-        """The ledger write admitting ``pod``'s deferred resize: only a plan with victims
-        reserves. Room that appears lets the kubelet actuate by itself, and a reservation
-        without victims would only hold room others may use."""
+        """The ledger write admitting ``pod``'s deferred resize, planned as the admission
+        path plans a review (:class:`~webhook.engine.admission.ResizePlanner`)."""
         budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
         view = self._memo.of(node, pods, budgets, now)
-
-        def plan_against(holders: Sequence[LedgerEntry]) -> Plan:
-            elsewhere = None
-            if self.config.victim_order == "movable-first":
-                # As the admission path: only a plan with victims reads the room elsewhere.
-                elsewhere = self._elsewhere.rooms(node.name, now, pod.uid)
-            return plan_resize(
-                pod,
-                pod,
-                view,
-                now=now,
-                budgets=budgets,
-                reservations=[e.reservation() for e in holders],
-                policy=self.policy,
-                elsewhere=elsewhere,
-            )
-
-        def entry_for(plan: Plan) -> LedgerEntry:
-            return LedgerEntry.for_plan(
-                pod,
-                plan,
-                review_uid=review_uid_for(pod),
-                now=now,
-                ttl=self.config.reservation_ttl,
-                persisted=True,  # the kubelet deferred it: it is in the spec already
-            )
-
-        return admit(
+        planner = ResizePlanner(
             pod,
-            pods,
+            pod,
+            node,
+            view,
+            budgets,
             now,
-            review_uid=review_uid_for(pod),
-            plan=plan_against,
-            reserves=lambda plan: plan.verdict == "preempt",
-            entry=entry_for,
-            review=False,
+            review_uid_for(pod),
+            False,
+            self.config,
+            self.policy,
+            self._elsewhere,
         )
+        return admit(planner, pods, now)
 
 
 def _log_decision(pod: Pod, plan: Plan, admitted: bool) -> None:

@@ -74,7 +74,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from itertools import islice
+from math import inf
 
+from webhook.core.errors import WebhookError
 from webhook.core.model import PodRef
 from webhook.engine.follow import Follow
 from webhook.engine.ledger import (
@@ -85,7 +87,19 @@ from webhook.engine.ledger import (
     PreemptionEvents,
     VictimEvictor,
 )
-from webhook.engine.lifecycle import Act, Action, Refuse, Release, Wait, next_action, room_holders
+from webhook.engine.lifecycle import (
+    Act,
+    Action,
+    Refuse,
+    Release,
+    Wait,
+    drop_victims,
+    next_action,
+    persisted,
+    release,
+    room_holders,
+    tidy,
+)
 from webhook.engine.loans import LenderResizer, Lending
 from webhook.engine.loop import Backoff, KeyedBackoff, Loop
 from webhook.engine.metrics import Metrics
@@ -109,56 +123,6 @@ NODE_PARALLELISM = 8
 VICTIM_PARALLELISM = 16
 #: Seconds between two looks, while a pass's nodes are busy, for nodes a wake brought.
 TAKE_UP = 0.05
-
-EntryChange = tuple[tuple[LedgerEntry, ...] | None, bool]
-
-
-# -- pure ledger changes (a store may call them again after a conflict) ----------------------
-
-
-def remove_entry(review_uid: str) -> Callable[[tuple[LedgerEntry, ...]], EntryChange]:
-    """Change: drop the entry admitted by ``review_uid``; result: whether it was there.
-
-    An entry with loans is not dropped but made to hold no room (expired, no victims):
-    its loans are given back from it, and the next write to the node drops it once they
-    are (:func:`webhook.engine.lifecycle.to_keep`)."""
-
-    def change(entries: tuple[LedgerEntry, ...]) -> EntryChange:
-        found = False
-        out = []
-        for e in entries:
-            if e.review_uid != review_uid:
-                out.append(e)
-                continue
-            found = True
-            if e.loans:
-                out.append(replace(e, expires_at=min(e.expires_at, e.admitted_at), victims=()))
-        result = tuple(out)
-        return (result if result != entries else None), found
-
-    return change
-
-
-def update_entry(
-    review_uid: str, *, drop: tuple[str, ...]
-) -> Callable[[tuple[LedgerEntry, ...]], EntryChange]:
-    """Change: take the victims ``drop`` (uids) off the entry admitted by ``review_uid``,
-    so its reservation stops claiming them; result: whether the entry was there."""
-
-    def change(entries: tuple[LedgerEntry, ...]) -> EntryChange:
-        found = False
-        out = []
-        for e in entries:
-            if e.review_uid == review_uid:
-                found = True
-                e = e.with_victims([v for v in e.victims if v.uid not in drop])
-            out.append(e)
-        if not found:
-            return None, False
-        result = tuple(out)
-        return (result if result != entries else None), True
-
-    return change
 
 
 class PreemptionWorker:
@@ -224,8 +188,9 @@ class PreemptionWorker:
         self._settled: set[tuple[str, str]] = set()
         #: Review uids released (logged, told) once; the entry may stay in the ledger.
         self._released: set[str] = set()
-        #: Whether the last pass found an entry that lends (its figures are zeroed once).
-        self._lending = False
+        #: Whether the last pass found an entry that lends (its figures are zeroed once),
+        #: and the nodes where it found a lender carrying a loan record.
+        self._lending, self._lender_nodes = False, frozenset[str]()
         #: Review uids seen not actuated yet: their actuation is timed (a new leader
         #: cannot tell when an entry it finds spent was actuated).
         self._unactuated: set[str] = set()
@@ -306,7 +271,7 @@ class PreemptionWorker:
         self._lending = bool(lending)
         if self.parallelism <= 1:
             for node in _oldest_first(groups):
-                self._process_node(groups[node], stop)
+                self._process_node(node, groups[node], stop)
         else:
             self._work_nodes(groups, stop)
         if stop.is_set():
@@ -314,10 +279,14 @@ class PreemptionWorker:
         self._forget_gone()
 
     def _groups(self) -> dict[str, list[LedgerEntry]]:
-        """The ledger's entries by node."""
+        """The ledger's entries by node, and the nodes with work but no entry: a lender
+        carrying a loan record (an orphan's give-back) or a store to tidy."""
         groups: dict[str, list[LedgerEntry]] = defaultdict(list)
         for entry in self.ledger.all_entries():
             groups[entry.node].append(entry)
+        self._lender_nodes = frozenset(p.node for p in self.cluster.lenders() if p.node)
+        for node in self._lender_nodes | self.ledger.untidy():
+            groups.setdefault(node, [])
         return groups
 
     def _work_nodes(self, groups: dict[str, list[LedgerEntry]], stop: threading.Event) -> None:
@@ -332,7 +301,7 @@ class PreemptionWorker:
             for node in _oldest_first(groups):
                 if node not in busy:
                     try:
-                        busy[node] = pool.submit(self._process_node, groups[node], stop)
+                        busy[node] = pool.submit(self._process_node, node, groups[node], stop)
                     except RuntimeError:
                         if stop.is_set():
                             return  # stop() shut the pool down while this pass was running
@@ -365,7 +334,10 @@ class PreemptionWorker:
                 if v.uid in self._evicted and self._live(v)
             }
 
-    def _process_node(self, entries: list[LedgerEntry], stop: threading.Event) -> None:
+    def _process_node(self, node: str, entries: list[LedgerEntry], stop: threading.Event) -> None:
+        """One node's turn: its entries in admission order, then its ledger tidied when
+        the store holds void entries, then the loans given back (orphans included) and
+        the records of ended loans removed."""
         for entry in sorted(entries, key=lambda e: (e.admitted_at, e.review_uid)):
             if stop.is_set():
                 return
@@ -375,8 +347,22 @@ class PreemptionWorker:
                 self._count_error()
                 log.exception("processing the resize of %s failed", entry.pod.key)
                 self.backoff.failed(entry.review_uid)
-        if not stop.is_set() and any(e.lends for e in entries):
-            self.lending.give_back(entries, stop)
+        if stop.is_set() or not node:
+            return
+        if node in self.ledger.untidy():
+            self._tidy(node)
+        if any(e.lends for e in entries) or node in self._lender_nodes:
+            self.lending.give_back(node, stop)
+
+    def _tidy(self, node: str) -> None:
+        """Write ``node``'s entries as the store reads them, through the keep rule: the
+        store holds entries its reads leave out (a late write's void entry). Tried again
+        on every pass while it fails."""
+        pods = tuple(self.cluster.pods_on(node))
+        try:
+            self.ledger.update(node, tidy(pods, self.clock()))
+        except WebhookError as e:
+            log.info("ledger %s: void entries not dropped yet: %s", node, e)
 
     def _count_error(self) -> None:
         # The series appears with the first error, not before.
@@ -457,7 +443,8 @@ class PreemptionWorker:
 
     def _release(self, entry: LedgerEntry, action: Release) -> None:
         if action.write:
-            self.ledger.update(entry.node, remove_entry(entry.review_uid))
+            pods = tuple(self.cluster.pods_on(entry.node))
+            self.ledger.update(entry.node, release(entry.review_uid, pods, self.clock()))
         self.backoff.succeeded(entry.review_uid)
         if entry.review_uid in self._released:
             return
@@ -495,8 +482,15 @@ class PreemptionWorker:
             log.info("victim %s of %s: %s", victim.key, entry.pod.key, result.value)
 
     def _still_pending(self, entry: LedgerEntry, victim: PodRef) -> bool:
-        """Whether ``victim`` must still go for ``entry`` by the ledger as it is now: the
-        entry may have been released or superseded since the action was decided."""
+        """Whether ``victim`` must still go for ``entry`` now, a batch's decision having
+        been made a moment (or a wave of evictions) ago: the resizing pod still exists
+        under the entry's uid, is not leaving, and its spec still asks for the admitted
+        size (a resize patched back down, or the pod deleted, stops the rest of its
+        batch); and the entry is still in the ledger with the victim pending (a newer
+        resize of the same pod or a release stops the old plan)."""
+        pod = self.cluster.pod(entry.pod.namespace, entry.pod.name)
+        if pod is None or pod.uid != entry.pod.uid or pod.leaving or not persisted(entry, pod):
+            return False
         current = next(
             (e for e in self.ledger.entries(entry.node) if e.review_uid == entry.review_uid),
             None,
@@ -510,7 +504,10 @@ class PreemptionWorker:
         if action.drop:
             for victim in action.drop:
                 log.info("victim %s no longer needed by %s", victim.key, entry.pod.key)
-            dropped = update_entry(entry.review_uid, drop=tuple(v.uid for v in action.drop))
+            pods = tuple(self.cluster.pods_on(entry.node))
+            dropped = drop_victims(
+                entry.review_uid, (v.uid for v in action.drop), pods, self.clock()
+            )
             if not self.ledger.update(entry.node, dropped):
                 return  # the entry went away meanwhile
         # 3b. Loans before evictions: one is actuated at once, an eviction waits out a
@@ -595,7 +592,7 @@ class PreemptionWorker:
 
 def _oldest_first(groups: dict[str, list[LedgerEntry]]) -> list[str]:
     """The nodes of ``groups``, the one with the oldest admission first."""
-    return sorted(groups, key=lambda n: min(e.admitted_at for e in groups[n]))
+    return sorted(groups, key=lambda n: min((e.admitted_at for e in groups[n]), default=inf))
 
 
 __all__ = [
@@ -603,6 +600,4 @@ __all__ = [
     "NODE_PARALLELISM",
     "VICTIM_PARALLELISM",
     "PreemptionWorker",
-    "remove_entry",
-    "update_entry",
 ]

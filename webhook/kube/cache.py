@@ -27,6 +27,7 @@ from kubernetes.client import CoreV1Api, PolicyV1Api, SchedulingV1Api
 
 from webhook.core.model import (
     ANYWHERE,
+    LOANS_ANNOTATION,
     Container,
     ContainerStatus,
     DisruptionBudget,
@@ -413,6 +414,8 @@ class ClusterCache:
                 # Pods whose resize the kubelet deferred or found infeasible: the
                 # reconciler's work list, kept small by construction.
                 "pending": lambda p: "" if p.resize != "none" else None,
+                # Lenders carrying a loan record: few, and the worker reads them each pass.
+                "lenders": lambda p: "" if LOANS_ANNOTATION in p.annotations else None,
             },
         )
         self.nodes: IndexedStore[Node] = IndexedStore()
@@ -548,6 +551,9 @@ class ClusterCache:
         return max(r.staleness() for r in self._reflectors.values())
 
     # -- more reads for the worker and reconciler ----------------------------------------
+
+    def lenders(self) -> tuple[Pod, ...]:
+        return self.pods.group("lenders", "")
 
     def pending_resizes(self) -> tuple[Pod, ...]:
         """Pods whose ``PodResizePending`` is Deferred or Infeasible."""

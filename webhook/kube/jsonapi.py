@@ -80,11 +80,11 @@ def patch_pod(
     timeout: float | tuple[float, float] | None,
 ) -> dict[str, Any]:
     """Send the strategic merge ``patch`` to ``pod``'s ``subresource`` (``status``,
-    ``resize``); raises as :func:`request_json`."""
+    ``resize``; ``""``: the pod itself); raises as :func:`request_json`."""
     return request_json(
         api_client,
         "PATCH",
-        pod_path(pod) + "/" + subresource,
+        pod_path(pod) + ("/" + subresource if subresource else ""),
         body=patch,
         content_type=STRATEGIC_MERGE_PATCH,
         timeout=timeout,

@@ -39,9 +39,10 @@ failed open (no reservation) - and when etcd runs again it applies the write (se
 worker evict for a review that told its user nobody was preempted. So an admission entry
 that a live watch delivers more than :data:`LATE_AFTER` seconds after its admission is
 void: left out of every read and of what the next write keeps, and dropped from the Lease
-at once. The reconciler plans the resize afresh if the kubelet defers it. An entry first
-seen in a LIST (a process that starts, or relists, after the late write landed and
-before it was dropped) cannot be told apart and counts.
+by the leader's next worker pass (:meth:`LeaseLedger.untidy`). The reconciler plans the
+resize afresh if the kubelet defers it. An entry first seen in a LIST (a process that
+starts, or relists, after the late write landed and before it was dropped) cannot be told
+apart and counts.
 """
 
 from __future__ import annotations
@@ -61,7 +62,14 @@ from kubernetes.client import CoordinationV1Api
 
 from webhook.core.errors import ObjectError
 from webhook.core.model import Pod
-from webhook.engine.ledger import LedgerChange, LedgerEntry, R, decode_entries, encode_entries
+from webhook.engine.ledger import (
+    LedgerChange,
+    LedgerEntry,
+    R,
+    check_size,
+    decode_entries,
+    encode_entries,
+)
 from webhook.engine.lifecycle import room_holders
 from webhook.engine.loop import Backoff
 from webhook.engine.metrics import Metrics
@@ -372,8 +380,9 @@ class LeaseLedger:
         """Apply ``change`` to ``node``'s entries with optimistic concurrency.
 
         ``change`` sees the cached entries first; after a conflict it sees the Lease as
-        just read from the API server. Entries whose expiry has passed are dropped from
-        what is written. A Lease deleted behind the cache's back is created again.
+        just read from the API server. What it returns is written as it is: which entries
+        live is the lifecycle's rule, not the store's. A Lease deleted behind the cache's
+        back is created again.
         A change that writes waits for the node's turn in this process, then sees the
         entries as the writes before it left them. Raises :class:`Busy` when it cannot
         have its turn (module docstring), :class:`Conflict` after ``max_attempts``
@@ -404,10 +413,8 @@ class LeaseLedger:
                 new, result = change(self._valid(state.entries) if state is not None else ())
             if new is None:
                 return result
-            now = self._clock()
-            kept = tuple(e for e in new if e.expires_at > now)
             try:
-                written = self._write(node, state, kept, now)
+                written = self._write(node, state, new, self._clock())
             except NotFound:
                 if state is None:
                     raise  # the create itself failed: the namespace is missing
@@ -472,7 +479,10 @@ class LeaseLedger:
             "name": name,
             "namespace": self.namespace,
             "labels": dict(LABELS),
-            "annotations": {NODE_ANNOTATION: node, LEDGER_ANNOTATION: encode_entries(entries)},
+            "annotations": {
+                NODE_ANNOTATION: node,
+                LEDGER_ANNOTATION: check_size(node, encode_entries(entries)),
+            },
         }
         spec: dict[str, Any] = {"renewTime": _micro_time(now)}
         if self.config.identity:
@@ -549,34 +559,16 @@ class LeaseLedger:
             )
             if self._metrics is not None:
                 self._metrics.errors.labels("ledger-late-write").inc()
-        for node in set(late.values()):
-            threading.Thread(
-                target=self._drop_void, args=(node,), name="ledger-drop-void", daemon=True
-            ).start()
 
-    def _drop_void(self, node: str) -> None:
-        """Write ``node``'s Lease without its void entries (the reads leave them out), so
-        that a process listing it later does not count them; retried while the API server
-        fails."""
-
-        def rewrite(
-            entries: tuple[LedgerEntry, ...],
-        ) -> tuple[tuple[LedgerEntry, ...] | None, None]:
-            state = self._store.node(node)
-            held = state.entries if state is not None else ()
-            return (entries if len(held) != len(entries) else None), None
-
-        def attempt() -> bool:
-            try:
-                self.update(node, rewrite)
-            except ClusterError as e:
-                log.info("ledger %s: void entry not dropped yet: %s", node, e.message)
-                return False
-            return True
-
-        # Every second for half a minute: the API server is back by then, or the next
-        # admission's write on the node drops the entry.
-        Backoff(initial=1.0, factor=1.0, attempts=30).retry(attempt, wait=time.sleep)
+    def untidy(self) -> frozenset[str]:
+        """Nodes whose Lease still holds a void entry (the reads leave it out); the
+        leader's worker writes them through the keep rule on its next pass."""
+        void = self._void
+        if not void:
+            return frozenset()
+        return frozenset(
+            s.node for s in self._store.states() if any(e.review_uid in void for e in s.entries)
+        )
 
     def _on_changes(self, _kind: str, changes: Any) -> None:
         with self._sub_lock:

@@ -22,6 +22,13 @@ Contract - idempotent, safe to call again after a crash or by another replica:
 * a refused loan is put back (:meth:`Resizer.put_back`) the same way: the lender from
   ``after`` to ``before``, only while it still asks for ``after``, with a
   ``LoanRefused`` warning event on the lender saying why;
+* a loan is recorded on its lender before the lender is lowered: the annotation
+  :data:`~webhook.core.model.LOANS_ANNOTATION` (its size before, the borrower, the time),
+  in a patch of the pod's metadata with the same preconditions (the resize subresource
+  writes the containers' resources only). A crash between the two leaves a record of a
+  loan not made, which the worker removes (:meth:`Resizer.forget`) once no entry holds
+  it; a loan is never out without its record. Records are removed only by ``forget``,
+  once the loan ended;
 * ``lent`` is followed by a ``Lent`` event on the lender, related to the borrower, and
   counted in ``resize_preemption_loans_total{result="made"}``; nothing is raised: API
   failures are logged and reported as ``failed``.
@@ -30,12 +37,13 @@ Contract - idempotent, safe to call again after a crash or by another replica:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from webhook.core.errors import ObjectError
-from webhook.core.lending import Loan, lender_step
-from webhook.core.model import Pod, PodRef
+from webhook.core.lending import Loan, LoanRecord, lender_step, loan_key, records, records_text
+from webhook.core.model import LOANS_ANNOTATION, Pod, PodRef
 from webhook.core.resources import format_cpu, format_memory
 from webhook.engine.loans import LoanResult
 from webhook.engine.metrics import Metrics
@@ -100,10 +108,12 @@ class Resizer:
         *,
         lenders: Callable[[str, str], Pod | None],
         request_timeout: float = 10.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """``lenders(namespace, name)``: the pod as the cluster cache holds it."""
         self._api_client = api_client
         self._lenders = lenders
+        self._clock = clock
         self.recorder = recorder
         self.metrics = metrics
         self._timeout = request_timeout
@@ -113,6 +123,7 @@ class Resizer:
         raises."""
         result = self._attempt(
             loan,
+            borrower,
             back=False,
             failure="could not lend from %s for %s: %s",
             error="error lending from %s for %s",
@@ -145,6 +156,7 @@ class Resizer:
         ``resize_preemption_loans_total{result="returned"}``. Never raises."""
         result = self._attempt(
             loan,
+            borrower,
             back=True,
             failure="could not give back to %s: %s",
             error="error giving back to %s",
@@ -170,6 +182,7 @@ class Resizer:
         raises."""
         result = self._attempt(
             loan,
+            borrower,
             back=True,
             failure="could not put %s back after a refused loan: %s",
             error="error putting %s back after a refused loan",
@@ -196,31 +209,74 @@ class Resizer:
                 )
         return result
 
+    def forget(self, lender: PodRef, ended: Sequence[LoanRecord]) -> LoanResult:
+        """Remove the records ``ended`` from ``lender``'s loan record (the annotation goes
+        with the last one); ``done`` when none is there, ``void`` when the lender is gone
+        or replaced. Never raises."""
+        try:
+            pod = self._lenders(lender.namespace, lender.name)
+            if pod is None or pod.uid != lender.uid:
+                return LoanResult.VOID
+            gone = {loan_key(r.loan) for r in ended}
+            kept = tuple(r for r in records(pod) if loan_key(r.loan) not in gone)
+            if len(kept) == len(records(pod)):
+                return LoanResult.DONE
+            self._record(pod, kept)
+        except NotFound:
+            return LoanResult.VOID
+        except (ClusterError, ObjectError) as e:
+            log.warning("could not remove ended loan records from %s: %s", lender.key, e)
+            return LoanResult.FAILED
+        except Exception:
+            log.exception("error removing ended loan records from %s", lender.key)
+            return LoanResult.FAILED
+        log.info("removed %d ended loan record(s) from %s", len(ended), lender.key)
+        return LoanResult.LENT
+
     def _attempt(
-        self, loan: Loan, *, back: bool, failure: str, error: str, keys: tuple[str, ...]
+        self,
+        loan: Loan,
+        borrower: PodRef,
+        *,
+        back: bool,
+        failure: str,
+        error: str,
+        keys: tuple[str, ...],
     ) -> LoanResult:
         """The lender lowered from ``before`` to ``after`` or, ``back``, raised from
         ``after`` to ``before``; never raises. An API or object error is logged as the
         warning ``failure % (*keys, error)``, anything else with its traceback as
         ``error % keys``: both are ``failed``."""
         try:
-            return self._resize(loan, back=back)
+            return self._resize(loan, borrower, back=back)
         except (ClusterError, ObjectError) as e:
             log.warning(failure, *keys, e)
         except Exception:
             log.exception(error, *keys)
         return LoanResult.FAILED
 
-    def _resize(self, loan: Loan, *, back: bool) -> LoanResult:
+    def _resize(self, loan: Loan, borrower: PodRef, *, back: bool) -> LoanResult:
         pod = self._lenders(loan.pod.namespace, loan.pod.name)
         step = lender_step(loan, pod, back=back)
-        if pod is None or step != "resize":
-            return LoanResult.DONE if step == "done" else LoanResult.VOID
+        if pod is None or step == "void":
+            return LoanResult.VOID
+        version = pod.resource_version
+        if not back and all(loan_key(r.loan) != loan_key(loan) for r in records(pod)):
+            try:
+                version = self._record(
+                    pod, (*records(pod), LoanRecord(loan, borrower, self._clock()))
+                )
+            except NotFound:
+                return LoanResult.VOID
+            except Conflict:
+                return LoanResult.FAILED  # judged again when the cache has caught up
+        if step == "done":
+            return LoanResult.DONE
         patch = resize_patch(
             loan,
             loan.before if back else loan.after,
             uid=loan.pod.uid,
-            resource_version=pod.resource_version,
+            resource_version=version,
             init=pod.container(loan.container) in pod.init_containers,
         )
         try:
@@ -232,6 +288,19 @@ class Resizer:
             # next pass judges it again on the copy the cache has by then.
             return LoanResult.FAILED
         return LoanResult.LENT
+
+    def _record(self, pod: Pod, kept: Sequence[LoanRecord]) -> str:
+        """Write ``kept`` as ``pod``'s loan record (none: the annotation removed), on the
+        cache's copy's uid and resourceVersion; the lender's new resourceVersion."""
+        meta: dict[str, Any] = {
+            "uid": pod.uid,
+            "annotations": {LOANS_ANNOTATION: records_text(kept) if kept else None},
+        }
+        if pod.resource_version:
+            meta["resourceVersion"] = pod.resource_version
+        out = patch_pod(self._api_client, pod.ref, "", {"metadata": meta}, timeout=self._timeout)
+        version = out.get("metadata", {}).get("resourceVersion")
+        return version if isinstance(version, str) else ""
 
 
 __all__ = [
