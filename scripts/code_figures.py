@@ -1,4 +1,4 @@
-"""Size figures of the product package, for docs/architecture.md.
+"""Size figures of the product package, for docs/comparison.md.
 
     python scripts/code_figures.py [ROOT]      # ROOT: a checkout (default: this one)
 

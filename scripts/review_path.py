@@ -1,4 +1,4 @@
-"""The modules of ``webhook/`` one review passes through, for docs/architecture.md.
+"""The modules of ``webhook/`` one review passes through, for docs/comparison.md.
 
     python scripts/review_path.py
 

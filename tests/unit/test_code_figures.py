@@ -1,4 +1,4 @@
-"""What ``scripts/code_figures.py`` measures of webhook/, for docs/architecture.md.
+"""What ``scripts/code_figures.py`` measures of webhook/, for docs/comparison.md.
 
 No function in webhook/ is longer than one can read at once (80 lines, ``def`` to its
 last line). The functions still over it are listed with their length today: none may
