@@ -11,6 +11,9 @@ worker the master would fork again). Nothing is armed unless the environment say
 * ``RPW_FAULT_FILE=<path>`` (``{identity}`` is replaced by the process's identity) reads
   the same ``<point>:<n>`` from a file whenever a point is reached, so a test can arm a
   running process; the file is removed before the kill;
+* ``RPW_EVICT_DELAY=<seconds>`` holds each eviction's thread that long after its call
+  returned, so that a batch larger than the worker's parallelism goes in waves a test
+  can act between;
 * ``<point>:<n>:pause`` in that file holds the thread that reaches the point instead of
   killing anything: it writes ``<path>.paused`` and goes on once a test removed it (after
   at most :data:`PAUSE_LIMIT` seconds), so the test can break the control plane at
@@ -49,6 +52,7 @@ log = logging.getLogger(__name__)
 
 FAULT_ENV: Final = "RPW_FAULT"
 FAULT_FILE_ENV: Final = "RPW_FAULT_FILE"
+DELAY_ENV: Final = "RPW_EVICT_DELAY"
 #: What runs the service with these hooks (``harness.webhook_process.launch``'s command).
 COMMAND: Final = (sys.executable, "-m", "harness.fault_hooks", "serve")
 #: Seconds a paused point waits for the test at most.
@@ -149,15 +153,17 @@ class FaultLedger:
 class FaultEvictor:
     """An evictor whose calls are fault points (``evicted``)."""
 
-    def __init__(self, evictor: VictimEvictor, fault: Fault) -> None:
+    def __init__(self, evictor: VictimEvictor, fault: Fault, delay: float = 0.0) -> None:
         self._evictor = evictor
         self._fault = fault
+        self._delay = delay
 
     def evict(
         self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
     ) -> EvictionResult:
         result = self._evictor.evict(victim, preemptor, node, seen_live=seen_live)
         self._fault.reached("evicted")
+        time.sleep(self._delay)
         return result
 
 
@@ -166,7 +172,8 @@ def fault_hooks(env: Mapping[str, str]) -> Hooks:
     identity); hooks that keep everything when it arms none."""
     spec = env.get(FAULT_ENV, "")
     path = env.get(FAULT_FILE_ENV, "")
-    if not spec and not path:
+    delay = float(env.get(DELAY_ENV) or 0.0)
+    if not spec and not path and not delay:
         return Hooks()
     faults: dict[str, Fault] = {}
 
@@ -178,7 +185,7 @@ def fault_hooks(env: Mapping[str, str]) -> Hooks:
 
     return Hooks(
         ledger=lambda ledger, identity: FaultLedger(ledger, fault(identity)),
-        evictor=lambda evictor, identity: FaultEvictor(evictor, fault(identity)),
+        evictor=lambda evictor, identity: FaultEvictor(evictor, fault(identity), delay),
     )
 
 

@@ -25,6 +25,7 @@ from webhook.core.errors import InputError, LookupFailed, WebhookError
 from webhook.core.objects import parse_time
 from webhook.core.policy import DefaultPolicy, VictimOrder
 from webhook.core.report import human_report, plan_to_dict
+from webhook.core.resources import format_amount
 from webhook.core.snapshot import load_snapshot, plan_snapshot_resize
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
 EXIT_FORBIDDEN = 4
+#: Some of what was asked could not be done (a loan not given back): each is listed.
+EXIT_FAILED = 1
 #: The ClusterRole that grants what ``status`` and ``plan --kubeconfig`` read.
 VIEWER_ROLE = "resize-preemption-webhook-viewer"
 PROG = "python -m webhook"
@@ -332,6 +335,38 @@ def cmd_status(args: argparse.Namespace) -> int:
     return _output(args, status, status_to_dict, status_text)
 
 
+def cmd_return_loans(args: argparse.Namespace) -> int:
+    from webhook.kube.resizer import Returned, return_loans
+
+    returned = _ask_cluster(args, lambda api: return_loans(api, node=args.node))
+
+    def as_dict(items: tuple[Returned, ...]) -> list[dict[str, Any]]:
+        return [
+            {
+                "lender": r.record.loan.pod.key,
+                "container": r.record.loan.container,
+                "resource": r.record.loan.resource,
+                "from": format_amount(r.record.loan.resource, r.record.loan.after),
+                "to": format_amount(r.record.loan.resource, r.record.loan.before),
+                "borrower": r.record.borrower.key,
+                "result": r.result.value,
+            }
+            for r in items
+        ]
+
+    def as_text(items: tuple[Returned, ...]) -> str:
+        if not items:
+            return "no loans recorded on any lender"
+        return "\n".join(
+            f"{d['lender']} {d['container']} {d['resource']} {d['from']} -> {d['to']} "
+            f"(lent to {d['borrower']}): {d['result']}"
+            for d in as_dict(items)
+        )
+
+    _output(args, returned, as_dict, as_text)
+    return EXIT_OK if all(r.result.value != "failed" for r in returned) else EXIT_FAILED
+
+
 def cmd_metrics(args: argparse.Namespace) -> int:
     from webhook.engine.metrics import METRICS, markdown_table
 
@@ -444,6 +479,23 @@ def _status_parser(sub: Any) -> None:
     _output_argument(status)
     _policy_arguments(status)
     status.set_defaults(func=cmd_status)
+
+
+def _return_loans_parser(sub: Any) -> None:
+    cmd = sub.add_parser(
+        "return-loans",
+        help="give every loan back to its lender, before uninstalling",
+        description=(
+            "Every loan recorded on a lender (annotation resize-preemption.io/loans) is given "
+            "back: the lender's spec back to its size before, then the record removed. Run it "
+            "after the service is uninstalled, with rights to patch pods and pods/resize; "
+            "docs/lending.md."
+        ),
+    )
+    _cluster_arguments(cmd, kubeconfig_help="default: $KUBECONFIG, ~/.kube/config")
+    cmd.add_argument("--node", metavar="NAME", help="one node only")
+    _output_argument(cmd)
+    cmd.set_defaults(func=cmd_return_loans)
 
 
 def _serve_parser(sub: Any) -> None:
@@ -590,6 +642,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _plan_parser(sub, live_by_default=prog == KUBECTL_PLUGIN)
     _status_parser(sub)
+    _return_loans_parser(sub)
     _serve_parser(sub)
     _certs_parser(sub)
     _metrics_parser(sub)

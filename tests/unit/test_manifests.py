@@ -32,7 +32,7 @@ TLS_DIR = "/etc/rpw/tls"
 
 #: (apiGroup, resource, verb) the ServiceAccount may use in every namespace.
 EXPECTED_CLUSTER_PERMISSIONS = frozenset(
-    {("", "pods", v) for v in ("get", "list", "watch", "delete")}
+    {("", "pods", v) for v in ("get", "list", "watch", "delete", "patch")}
     | {("", "pods/eviction", "create"), ("", "pods/status", "patch"), ("", "pods/resize", "patch")}
     | {("", "nodes", v) for v in ("get", "list", "watch")}
     | {("policy", "poddisruptionbudgets", v) for v in ("get", "list", "watch")}

@@ -599,6 +599,30 @@ def test_at_most_victim_parallelism_evictions_run_at_once(
     worker.stop()
 
 
+@pytest.mark.parametrize(
+    "now_pods",
+    [
+        pytest.param((HIGH_BEFORE, LOW_A, LOW_B, MID), id="patched-back-down"),
+        pytest.param((LOW_A, LOW_B, MID), id="resizing-pod-deleted"),
+        pytest.param(
+            (replace(HIGH_RESIZED, uid="uid-high-2"), LOW_A, LOW_B, MID), id="replaced-by-name"
+        ),
+    ],
+)
+def test_a_cancelled_resize_stops_the_rest_of_its_batch(
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock, now_pods: tuple[Pod, ...]
+) -> None:
+    add(ledger, entry("low-a", "low-b", persisted=True))
+    cluster = Cluster(HIGH_RESIZED, LOW_A, LOW_B, MID)
+    worker = make_worker(cluster, ledger, evictor, clock)
+    worker.victim_parallelism = 1  # low-b waits for its turn
+
+    evictor.on_evict = lambda _victim: cluster.set(*now_pods)
+    worker.run_once()
+
+    assert [("low-a", "high", "node-1")] == evictor.calls
+
+
 def test_ledger_changes_are_pure_and_report_presence() -> None:
     e = entry("low-a", "low-b")
     change = drop_victims(e.review_uid, ("uid-low-b",), (), NOW)

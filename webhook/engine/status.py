@@ -2,10 +2,11 @@
 
 Pure: the caller reads the cluster (``webhook.kube.status``) and passes the time. For
 each node, the reservations its ledger holds (entries still holding room: not expired, not
-spent) and the loans they made or will make; the pods whose resize the kubelet Deferred
-and why each waits, as the reconciler would judge it now (:meth:`Reconciler.consider`
-over :mod:`webhook.engine.memory`'s ledger, which keeps its writes to itself: the same
-plans, nothing written); the leader.
+spent) and the loans they made or will make, and the loans its lenders record that no
+entry holds any more (orphans, given back by the worker when room allows); the pods whose
+resize the kubelet Deferred and why each waits, as the reconciler would judge it now
+(:meth:`Reconciler.consider` over :mod:`webhook.engine.memory`'s ledger, which keeps its
+writes to itself: the same plans, nothing written); the leader.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from webhook.core.plan import Plan
 from webhook.core.resources import format_amount
 from webhook.core.snapshot import Snapshot
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.lifecycle import room_holders
+from webhook.engine.lifecycle import orphans, room_holders
 from webhook.engine.memory import FixedClusterView, MemoryLedger
 from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler
@@ -62,6 +63,8 @@ class LoanStatus:
     #: lent, pending or void (:func:`webhook.core.lending.loan_state`); a loan returning
     #: is shown pending, as its lender's spec reads.
     state: str
+    #: Recorded on its lender, held by no ledger entry (its entry was lost).
+    orphan: bool = False
 
 
 def _shown(state: str) -> str:
@@ -110,15 +113,22 @@ def service_status(
     view = FixedClusterView.from_snapshot(snapshot)
     ledger = MemoryLedger(entries)
     nodes = []
-    for name in sorted({e.node for e in ledger.all_entries()}):
+    names = {e.node for e in ledger.all_entries()} | {p.node for p in view.lenders() if p.node}
+    for name in sorted(names):
         if node is not None and name != node:
             continue
         pods = view.pods_on(name)
         by_uid = {p.uid: p for p in pods}
         held = ledger.entries(name)
+        lost = orphans(held, pods)
         loans = tuple(
-            LoanStatus(loan, e.pod, _shown(loan_state(loan, by_uid.get(loan.pod.uid))))
-            for e in held
+            LoanStatus(
+                loan,
+                e.pod,
+                _shown(loan_state(loan, by_uid.get(loan.pod.uid))),
+                orphan=e in lost,
+            )
+            for e in (*held, *lost)
             for loan in e.loans
         )
         live = room_holders(held, pods, now)
@@ -176,6 +186,7 @@ def _loan_dict(s: LoanStatus) -> dict[str, Any]:
         "to": format_amount(r, s.loan.after),
         "state": s.state,
         "borrower": s.borrower.key,
+        "orphan": s.orphan,
     }
 
 
@@ -279,7 +290,7 @@ def status_text(status: ServiceStatus) -> str:
             d["from"],
             d["to"],
             d["state"],
-            d["borrower"],
+            d["borrower"] + (" (entry lost)" if d["orphan"] else ""),
         )
         for n in status.nodes
         for d in (_loan_dict(s) for s in n.loans)

@@ -39,17 +39,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import quote
 
 from webhook.core.errors import ObjectError
 from webhook.core.lending import Loan, LoanRecord, lender_step, loan_key, records, records_text
 from webhook.core.model import LOANS_ANNOTATION, Pod, PodRef
+from webhook.core.objects import parse_pod
 from webhook.core.resources import format_cpu, format_memory
 from webhook.engine.loans import LoanResult
 from webhook.engine.metrics import Metrics
 from webhook.kube.errors import ClusterError, Conflict, NotFound
 from webhook.kube.events import EventRecorder
-from webhook.kube.jsonapi import patch_pod
+from webhook.kube.jsonapi import patch_pod, pod_path, request_json
 
 log = logging.getLogger(__name__)
 
@@ -303,13 +306,62 @@ class Resizer:
         return version if isinstance(version, str) else ""
 
 
+@dataclass(frozen=True, slots=True)
+class Returned:
+    """What :func:`return_loans` did with one recorded loan."""
+
+    record: LoanRecord
+    result: LoanResult
+
+
+def return_loans(
+    api_client: Any, *, node: str | None = None, timeout: float = 10.0
+) -> tuple[Returned, ...]:
+    """Give back every loan its lenders record (on ``node`` only, when given), for an
+    operator about to uninstall: each lender's spec back to each loan's ``before``, the
+    latest loan of a container first, then its records removed. No room is checked:
+    nothing will make room or give back once the service is gone, so the spec goes back
+    now and the kubelet actuates it when the node has room. Lenders are read from the API
+    server at every step (no cache runs)."""
+    query = f"?fieldSelector=spec.nodeName%3D{quote(node)}" if node else ""
+    listed = request_json(api_client, "GET", "/api/v1/pods" + query, timeout=timeout)
+    lenders = [
+        parse_pod(item)
+        for item in listed.get("items") or ()
+        if LOANS_ANNOTATION in ((item.get("metadata") or {}).get("annotations") or {})
+    ]
+
+    def live(namespace: str, name: str) -> Pod | None:
+        try:
+            return parse_pod(
+                request_json(api_client, "GET", pod_path(PodRef(namespace, name)), timeout=timeout)
+            )
+        except NotFound:
+            return None
+
+    resizer = Resizer(api_client, None, Metrics(), lenders=live, request_timeout=timeout)
+    out: list[Returned] = []
+    for lender in lenders:
+        made = records(lender)
+        results = [
+            Returned(r, resizer.give_back(r.loan, r.borrower, lender.node)) for r in reversed(made)
+        ]
+        ended = [r.record for r in results if r.result is not LoanResult.FAILED]
+        if ended and resizer.forget(lender.ref, ended) is LoanResult.FAILED:
+            results = [Returned(r.record, LoanResult.FAILED) for r in results]
+        out.extend(reversed(results))
+    return tuple(out)
+
+
 __all__ = [
     "LENDING_ACTION",
     "LENT_REASON",
     "REFUSED_REASON",
     "Resizer",
+    "Returned",
     "amount_text",
     "lent_note",
     "refused_note",
     "resize_patch",
+    "return_loans",
 ]
