@@ -338,7 +338,7 @@ def test_ledger_under_contention_loses_nothing(
     assert len(threads) + conflicts <= sum(calls) <= 2 * len(threads) + conflicts
 
 
-def test_ledger_drops_expired_entries_and_keeps_an_empty_lease(
+def test_ledger_stores_what_a_change_returns_and_keeps_an_empty_lease(
     cluster: Cluster,
     ledgers: list[tuple[LeaseLedger, Metrics]],
     namespace: str,
@@ -348,15 +348,18 @@ def test_ledger_drops_expired_entries_and_keeps_an_empty_lease(
     node = "node-with-a-long-name-" + "x" * 240
     now = time.time()
     live, stale = make_entry(1, node, now), make_entry(2, node, now, ttl=-1)
+    # Expired or not, what the change returns is stored: which entries live is the
+    # lifecycle's rule, not the store's (tests/e2e/test_ledger_contract.py).
     assert a.update(node, lambda entries: ((*entries, live, stale), "ok")) == "ok"
-    assert [e.review_uid for e in a.entries(node)] == ["review-1"]
-    wait_until(lambda: [e.review_uid for e in b.entries(node)] == ["review-1"], what="b sees it")
+    both = ["review-1", "review-2"]
+    assert both == sorted(e.review_uid for e in a.entries(node))
+    wait_until(lambda: sorted(e.review_uid for e in b.entries(node)) == both, what="b sees it")
     assert len(lease_name(node)) <= 253
 
     # A change returning None writes nothing.
     path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease_name(node)}"
     version = cluster.client.get(path)["metadata"]["resourceVersion"]
-    assert b.update(node, lambda entries: (None, len(entries))) == 1
+    assert b.update(node, lambda entries: (None, len(entries))) == 2
     assert version == cluster.client.get(path)["metadata"]["resourceVersion"]
 
     # Emptied: the Lease stays, with an empty list, for reuse.

@@ -25,6 +25,7 @@ per node, two replicas on one fresh namespace). Together they prove that both st
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import Counter
@@ -34,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.builders import HIGH, LOW, NODE, Gi, Mi, make_node, make_pod, plan, uid
+from tests.unit.builders import HIGH, LOW, NODE, Mi, make_node, make_pod, plan, uid
 from webhook.core.lending import Loan
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import Plan
@@ -207,10 +208,10 @@ def entry(
     victims: Sequence[str] = (),
     loans: tuple[Loan, ...] = (),
 ) -> LedgerEntry:
-    """An entry admitted just now (a replica's watch takes an entry admitted long ago
-    for a late write), expired a second before that when ``expired``. Its pod is not in
-    any cache unless named: it holds room until it expires."""
-    now = time.time()
+    """An entry admitted two seconds ago (a replica's watch takes one admitted long ago
+    for a late write, :data:`webhook.kube.ledger.LATE_AFTER`), expired a second ago when
+    ``expired``. Its pod is in no cache unless named: it holds room until it expires."""
+    now = time.time() - 2
     asked = Resources(100, 64 * Mi)
     return LedgerEntry(
         pod=ref(pod),
@@ -220,7 +221,7 @@ def entry(
         desired=(("app", asked),),
         victims=tuple(ref(v) for v in victims),
         admitted_at=now,
-        expires_at=now - 1 if expired else now + TTL,
+        expires_at=now + 1 if expired else now + TTL,
         loans=loans,
     )
 
@@ -243,13 +244,17 @@ def eventually(read: Callable[[], Any], expected: Any, what: str) -> None:
     assert expected == got, what
 
 
+def reads(ledger: Ledger) -> tuple[str, ...]:
+    return summary(ledger.entries(NODE))
+
+
 def assert_holds(store: Store, expected: tuple[str, ...]) -> None:
     """The store holds ``expected`` on the node; replica A reads it at once, replica B
     once its watch has seen it."""
     assert expected == summary(store.held(NODE))
     assert expected == summary(store.ledger.entries(NODE))
     assert expected == summary(store.ledger.all_entries())
-    eventually(lambda: summary(store.other.entries(NODE)), expected, "replica B's read")
+    eventually(functools.partial(reads, store.other), expected, "replica B's read")
 
 
 def write(store: Store, *entries: LedgerEntry) -> None:
@@ -270,13 +275,20 @@ def adding(new: LedgerEntry, seen: list[tuple[str, ...]] | None = None) -> Ledge
 
 # The node and its pods: "high" borrowed 2 CPUs of "lender" (3 -> 1).
 NODE_16 = make_node(NODE).allocatable(cpu="16", memory="32Gi").build()
-HIGH_POD = make_pod("high").priority(HIGH).requests(cpu="6", memory=Gi).started(50).admitted()
-LENDER = make_pod("lender").priority(LOW).started(100)
-LENT = LENDER.requests(cpu="1", memory=Gi).admitted().build()
-RETURNING = make_pod("lender").priority(LOW).started(100).requests(cpu="3", memory=Gi)
-RETURNING_POD = RETURNING.holding(cpu="1", memory=Gi).build()
-BACK = make_pod("lender").priority(LOW).started(100).requests(cpu="3", memory=Gi)
-BACK_POD = BACK.admitted().build()
+HIGH_POD = (
+    make_pod("high").priority(HIGH).requests(cpu="6", memory="1Gi").started(50).admitted().build()
+)
+
+
+def lender(cpu: str, allocated: str) -> Pod:
+    """The lender asking for ``cpu``, the kubelet holding it at ``allocated``."""
+    builder = make_pod("lender").priority(LOW).requests(cpu=cpu, memory="1Gi").started(100)
+    return builder.holding(cpu=allocated, memory="1Gi").build()
+
+
+LENT = lender("1", "1")
+RETURNING = lender("3", "1")  # given back, the kubelet has not allocated it yet
+BACK = lender("3", "3")  # given back and allocated: the loan ended
 LOAN = Loan(LENT.ref, LOW, "app", "cpu", 3000, 1000, 2000)
 
 
@@ -286,8 +298,8 @@ def loan_entry(*, expired: bool = True, victims: Sequence[str] = ()) -> LedgerEn
 
 def resizing(name: str) -> tuple[Pod, Pod]:
     """``name`` resizing from half a CPU to one."""
-    builder = make_pod(name).requests(cpu="500m", memory=Gi).started(200).admitted()
-    return builder.resize(cpu="1", memory=Gi)
+    builder = make_pod(name).requests(cpu="500m", memory="1Gi").started(200).admitted()
+    return builder.resize(cpu="1", memory="1Gi")
 
 
 @dataclass(frozen=True)
@@ -317,14 +329,15 @@ class Resize:
         )
 
 
-def admission(name: str, lender: Pod) -> tuple[LedgerChange[lifecycle.Admitted], str]:
-    """The change admitting ``name``'s resize (review ``r-<name>``) on the node of
-    "high" and ``lender``, and that review uid."""
+def admit(store: Store, name: str, lent_from: Pod) -> str | None:
+    """Admits ``name``'s resize (review ``r-<name>``) through replica A, on the node of
+    "high" and the lender ``lent_from``; the review uid of the entry written."""
     old, new = resizing(name)
-    others = (HIGH_POD.build(), lender)
+    others = (HIGH_POD, lent_from)
     now = time.time()
-    planner = Resize(old, new, others, f"r-{name}", now)
-    return lifecycle.admit(planner, (*others, new), now), planner.review_uid
+    change = lifecycle.admit(Resize(old, new, others, f"r-{name}", now), (*others, new), now)
+    written = store.ledger.update(NODE, change).entry
+    return None if written is None else written.review_uid
 
 
 # -- 1. a store stores exactly what a change returns ------------------------------------------
@@ -402,7 +415,7 @@ KEPT = [
     pytest.param(
         lambda now: Kept(
             (loan_entry(expired=False, victims=["v1"]),),
-            lifecycle.release("r-loan", (HIGH_POD.build(), LENT), now),
+            lifecycle.release("r-loan", (HIGH_POD, LENT), now),
             ("r-loan",),
         ),
         id="release-keeps-an-entry-owing-a-loan-without-its-victims",
@@ -418,7 +431,7 @@ KEPT = [
     pytest.param(
         lambda now: Kept(
             (entry("r-1"), entry("r-old", expired=True), loan_entry()),
-            lifecycle.tidy((HIGH_POD.build(), LENT), now),
+            lifecycle.tidy((HIGH_POD, LENT), now),
             ("r-1", "r-loan"),
         ),
         id="tidy-keeps-an-expired-entry-whose-loan-is-lent",
@@ -426,7 +439,7 @@ KEPT = [
     pytest.param(
         lambda now: Kept(
             (entry("r-1"), loan_entry()),
-            lifecycle.tidy((HIGH_POD.build(), RETURNING_POD), now),
+            lifecycle.tidy((HIGH_POD, RETURNING), now),
             ("r-1", "r-loan"),
         ),
         id="tidy-keeps-an-expired-entry-whose-loan-is-returning",
@@ -434,7 +447,7 @@ KEPT = [
     pytest.param(
         lambda now: Kept(
             (entry("r-1"), loan_entry()),
-            lifecycle.tidy((HIGH_POD.build(), BACK_POD), now),
+            lifecycle.tidy((HIGH_POD, BACK), now),
             ("r-1",),
         ),
         id="tidy-drops-it-once-the-loan-ended",
@@ -459,12 +472,10 @@ def test_an_expired_entry_owing_a_loan_outlives_admissions_until_the_loan_ends(
 ) -> None:
     write(store, loan_entry(), entry("r-old", expired=True))
 
-    lent, review = admission("other", LENT)
-    assert review == store.ledger.update(NODE, lent).entry.review_uid
+    assert "r-other" == admit(store, "other", LENT)
     assert_holds(store, ("r-loan", "r-other"))
 
-    ended, review = admission("third", BACK_POD)
-    assert review == store.ledger.update(NODE, ended).entry.review_uid
+    assert "r-third" == admit(store, "third", BACK)
     assert_holds(store, ("r-other", "r-third"))
 
 
@@ -494,7 +505,7 @@ def test_two_writers_at_once_both_land(store: Store) -> None:
     assert [] == errors
     assert ("r-a", "r-b") == summary(store.held(NODE))
     for replica in (store.ledger, store.other):
-        eventually(lambda r=replica: summary(r.entries(NODE)), ("r-a", "r-b"), "both read both")
+        eventually(functools.partial(reads, replica), ("r-a", "r-b"), "both replicas' reads")
 
 
 def test_a_change_is_applied_again_to_the_entries_another_writer_left(store: Store) -> None:
@@ -550,12 +561,14 @@ def sized(size: int) -> LedgerEntry:
     """An entry whose :func:`encode_entries` takes exactly ``size`` bytes (its victims
     fill it; the first victim's name is padded to the byte)."""
     bare = entry("r-big")
-    one = len(encode_entries([bare.with_victims([ref("v-00000")])])) - len(encode_entries([bare]))
-    count = (size - len(encode_entries([bare]))) // one
-    names = [f"v-{i:05d}" for i in range(count)]
-    short = size - len(encode_entries([bare.with_victims([ref(n) for n in names])]).encode())
-    names[0] += "x" * short
-    big = bare.with_victims([ref(n) for n in names])
+    empty = len(encode_entries([bare]))
+    # Each victim after the first takes its JSON and a comma.
+    one = len(encode_entries([bare.with_victims([ref("v-00000")])])) - empty
+    victims = [ref(f"v-{i:05d}") for i in range((size - empty) // (one + 1))]
+    short = size - len(encode_entries([bare.with_victims(victims)]).encode())
+    first = victims[0]
+    victims[0] = PodRef(first.namespace, first.name + "x" * short, first.uid)
+    big = bare.with_victims(victims)
     assert size == len(encode_entries([big]).encode())
     return big
 

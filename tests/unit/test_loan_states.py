@@ -155,7 +155,12 @@ def test_an_orphan_is_given_back_as_any_due_loan(
     [
         pytest.param(1, recorded(AT_BEFORE, LOAN), (), id="returned-and-no-entry"),
         pytest.param(1, recorded(OWNER_CHANGED, LOAN), (), id="void-and-no-entry"),
-        pytest.param(0, recorded(AT_BEFORE, LOAN), (BORROWED,), id="an-entry-still-holds-it"),
+        pytest.param(
+            0, recorded(AT_BEFORE, LOAN), (BORROWED,), id="an-entry-holding-room-may-lend-it"
+        ),
+        pytest.param(
+            1, recorded(AT_BEFORE, LOAN), (EXPIRED,), id="an-entry-holding-no-room-will-not"
+        ),
         pytest.param(0, recorded(LENT, LOAN), (), id="lent-is-given-back-first"),
         pytest.param(0, recorded(RETURNING, LOAN), (), id="returning-keeps-its-record"),
     ],
@@ -163,7 +168,8 @@ def test_an_orphan_is_given_back_as_any_due_loan(
 def test_a_record_is_removed_once_its_loan_ended_and_no_entry_holds_it(
     expected: int, lender: Pod, entries: tuple[LedgerEntry, ...]
 ) -> None:
-    found = ended_records(entries, (HIGH_BACK_TO_4, lender, MID))
+    borrowing = replace(pod("high", cpu="6", allocated="2", priority=1000), generation=1)
+    found = ended_records(entries, (borrowing, lender, MID), NOW)
 
     assert expected == sum(len(r) for r in found.values())
 

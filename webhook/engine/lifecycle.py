@@ -871,13 +871,13 @@ def orphans(entries: Sequence[LedgerEntry], pods: Sequence[Pod]) -> tuple[Ledger
 
 
 def ended_records(
-    entries: Sequence[LedgerEntry], pods: Sequence[Pod]
+    entries: Sequence[LedgerEntry], pods: Sequence[Pod], now: float
 ) -> dict[PodRef, tuple[LoanRecord, ...]]:
-    """The records to remove from each lender among ``pods``: those whose loan no entry
-    holds and that has ended (the lender back at its size before, or void). A record
-    whose loan is lent, due or returning stays until the kubelet holds the lender at its
-    size again."""
-    held = {loan_key(loan) for e in entries for loan in (*e.loans, *e.refused)}
+    """The records to remove from each lender among ``pods``: those whose loan has ended
+    (the lender back at its size before and allocated so, or void) and that no entry
+    holding room may still make. A record whose loan is lent, due or returning stays
+    until the kubelet holds the lender at its size again."""
+    held = {loan_key(loan) for e in room_holders(entries, pods, now) for loan in e.loans}
     out: dict[PodRef, tuple[LoanRecord, ...]] = {}
     for lender in pods:
         done = tuple(

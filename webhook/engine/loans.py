@@ -270,7 +270,7 @@ class Lending:
             if result is LoanResult.FAILED:
                 return done  # judged again on the next pass, on fresh state
             done += result is LoanResult.LENT
-        for lender, ended in lifecycle.ended_records(entries, pods).items():
+        for lender, ended in lifecycle.ended_records(entries, pods, self.clock()).items():
             if stop.is_set() or not self.may_act():
                 break
             self.resizer.forget(lender, ended)
