@@ -22,7 +22,8 @@ from webhook.core.movable import Room, claim, judge, rooms_elsewhere
 from webhook.core.plan import NodePods, Plan, plan_resize
 from webhook.core.policy import DefaultPolicy, importance_key, rank
 from webhook.core.resources import Resources
-from webhook.engine.elsewhere import Elsewhere, NodeRooms
+from webhook.engine.elsewhere import Elsewhere
+from webhook.engine.rooms import NodeRooms
 from webhook.kube.cache import NODES, PODS, ClusterCache
 from webhook.kube.reflector import WatchEvent
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
@@ -31,10 +31,7 @@ from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
 from webhook.core.objects import PriorityResolver
 from webhook.core.plan import Plan
 from webhook.core.resources import Resources
-
-if TYPE_CHECKING:
-    # The rooms elsewhere read the ledger: only the view's type names them here.
-    from webhook.engine.elsewhere import NodeRooms
+from webhook.engine.rooms import NodeRooms
 
 R = TypeVar("R")
 

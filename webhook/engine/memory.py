@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 from webhook.core.model import LOANS_ANNOTATION, DisruptionBudget, Node, Pod, PriorityClass
 from webhook.core.objects import PriorityResolver
 from webhook.core.snapshot import Snapshot
-from webhook.engine.elsewhere import NodeRooms
 from webhook.engine.ledger import LedgerChange, LedgerEntry, R, check_size, encode_entries
+from webhook.engine.rooms import NodeRooms
 
 
 class FixedClusterView:

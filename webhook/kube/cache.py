@@ -44,8 +44,8 @@ from webhook.core.objects import (
     parse_pod,
     parse_priority_class,
 )
-from webhook.engine.elsewhere import NodeRooms
 from webhook.engine.metrics import Metrics
+from webhook.engine.rooms import NodeRooms
 from webhook.engine.settings import Config
 from webhook.kube.errors import ClusterError
 from webhook.kube.reflector import (
