@@ -12,12 +12,8 @@ API server, resizes made with kubectl, the hollow kubelet actuating them.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,7 +23,6 @@ from harness.webhook_process import NAMESPACE, WebhookProcess, start_webhook
 from tests.e2e.conftest import NODE, Cluster, Kubectl, StartService, Waiter
 from tests.e2e.service_support import (
     LEASES,
-    actual_cpu,
     clear_ledger,
     ledger_entries,
     pod_manifest,
@@ -37,27 +32,13 @@ from tests.e2e.service_support import (
     spec_cpu,
     terminating,
 )
-from webhook.core.model import FLOOR_ANNOTATION, LOANS_ANNOTATION
+from tests.e2e.test_lending import at, floor
+from tests.e2e.test_status import run_cli
+from webhook.core.model import LOANS_ANNOTATION
 from webhook.engine.worker import VICTIM_PARALLELISM
 from webhook.kube.ledger import lease_name
 
 pytestmark = pytest.mark.e2e
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def floor(cpu: str) -> dict[str, str]:
-    return {FLOOR_ANNOTATION: json.dumps({"app": {"cpu": cpu}})}
-
-
-def at(cluster: Cluster, namespace: str, name: str, cpu: str) -> Callable[[], Any]:
-    """A wait condition: ``name`` asks for and runs at ``cpu``."""
-
-    def check() -> Any:
-        pod = read_pod(cluster, namespace, name)
-        return pod if pod and spec_cpu(pod) == cpu and actual_cpu(pod) == cpu else None
-
-    return check
 
 
 def record_of(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -76,18 +57,6 @@ def entry_of(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | No
             if (e["pod"]["namespace"], e["pod"]["name"]) == (namespace, name)
         ),
         None,
-    )
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "webhook", *args],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
 
 
