@@ -222,3 +222,21 @@ def test_what_is_lent_drops_to_zero_once_the_node_has_no_entries() -> None:
     assert 0.0 == metrics.registry.get_sample_value(
         "resize_preemption_lent_resources", {"node": "node-1", "resource": "cpu", "unit": "core"}
     )
+
+
+def test_a_resize_cancelled_before_its_loan_neither_lends_nor_evicts() -> None:
+    """The plan is decided, then the resize is patched back down before the loan is
+    made: the loan and the evictions after it are not needed any more."""
+    cluster = Cluster(*SCENE)
+    worker, _, _, _, log = setup(cluster)
+    decide = worker.decide
+
+    def decided_then_cancelled(e: LedgerEntry) -> object:
+        action = decide(e)
+        cluster.set(pod("high", cpu="2", priority=1000), LENDER, LOW_B, MID_0)
+        return action
+
+    worker.decide = decided_then_cancelled  # type: ignore[method-assign,assignment]
+    worker.run_once()
+
+    assert [] == log

@@ -142,6 +142,16 @@ def persisted(entry: LedgerEntry, pod: Pod) -> bool:
     return {c.name: c.requests for c in pod.all_containers()} == dict(entry.desired)
 
 
+def wanted(entry: LedgerEntry, pod: Pod | None) -> bool:
+    """Whether the resize ``entry`` admitted is still asked for, by ``pod`` as cached (by
+    name): the same pod, not leaving, its spec at exactly the admitted requests. Checked
+    before each loan and each eviction of a batch decided a moment ago: a resize patched
+    back down, or its pod deleted, stops the rest."""
+    return (
+        pod is not None and pod.uid == entry.pod.uid and not pod.leaving and persisted(entry, pod)
+    )
+
+
 def _allocated(desired: Iterable[tuple[str, Resources]], pod: Pod) -> bool:
     """Whether the kubelet allocated at least ``desired`` to every container named:
     ``allocatedResources``, or ``resources`` (what the runtime applied) where the kubelet
@@ -1024,5 +1034,6 @@ __all__ = [
     "tidy",
     "to_keep",
     "to_put_back",
+    "wanted",
     "with_loans",
 ]

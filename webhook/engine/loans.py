@@ -185,8 +185,9 @@ class Lending:
                 (e for e in self.ledger.entries(entry.node) if e.review_uid == entry.review_uid),
                 None,
             )
-            if current is None:
-                return False  # released meanwhile: nobody needs the room any more
+            pod = self.cluster.pod(entry.pod.namespace, entry.pod.name)
+            if current is None or not lifecycle.wanted(entry, pod):
+                return False  # released or cancelled meanwhile: nobody needs the room
             result = self.resizer.lend(loan, entry.pod, entry.node)
             if result is LoanResult.VOID:
                 # The lender changed since the decision: decide again before evicting.

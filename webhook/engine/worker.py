@@ -41,8 +41,10 @@ Guarantees:
   a loan the kubelet refused: the plan made again without its lender is written into the
   entry first, and only its victims may go;
 * the victims evicted together are the ones a decision on the current cache named a
-  moment before, and before each eviction the entry must still be in the ledger with the
-  victim pending: a newer resize of the same pod or a release stops the old plan;
+  moment before, and before each loan and each eviction the resize must still be wanted
+  (:func:`~webhook.engine.lifecycle.wanted`: the pod there, its spec at the admitted
+  size) and the entry still in the ledger with the victim pending: a resize patched back
+  down, a deleted pod, a newer resize of the same pod or a release stops the rest;
 * before each eviction the replica must still lead (``may_act``): a leader that lost its
   Lease stops acting before another can have taken over (renew deadline < lease
   duration);
@@ -95,10 +97,10 @@ from webhook.engine.lifecycle import (
     Wait,
     drop_victims,
     next_action,
-    persisted,
     release,
     room_holders,
     tidy,
+    wanted,
 )
 from webhook.engine.loans import LenderResizer, Lending
 from webhook.engine.loop import Backoff, KeyedBackoff, Loop
@@ -488,8 +490,7 @@ class PreemptionWorker:
         size (a resize patched back down, or the pod deleted, stops the rest of its
         batch); and the entry is still in the ledger with the victim pending (a newer
         resize of the same pod or a release stops the old plan)."""
-        pod = self.cluster.pod(entry.pod.namespace, entry.pod.name)
-        if pod is None or pod.uid != entry.pod.uid or pod.leaving or not persisted(entry, pod):
+        if not wanted(entry, self.cluster.pod(entry.pod.namespace, entry.pod.name)):
             return False
         current = next(
             (e for e in self.ledger.entries(entry.node) if e.review_uid == entry.review_uid),
