@@ -24,9 +24,10 @@ BENCHMARKS: dict[str, str] = {
     "vpa": "bench.vpa",
     "realnode": "bench.realnode",
     "realcompare": "bench.realcompare",
+    "lender-memory": "bench.lender_memory",
 }
 #: Run only when named: they start the real node.
-REAL_NODE = frozenset({"realnode", "realcompare"})
+REAL_NODE = frozenset({"realnode", "realcompare", "lender-memory"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,6 +5,7 @@ evicted, keeps running, and gets its CPU back when the room returns."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -345,27 +346,18 @@ def memory_of(pod: dict[str, Any] | None) -> tuple[int, int, int, int]:
     )
 
 
-def test_a_loan_the_kubelet_refuses_is_put_back_and_the_room_borrowed_elsewhere(
-    cluster: Cluster,
-    namespace: str,
-    kubectl: Kubectl,
-    priority_classes: dict[str, str],
-    lowest_class: str,
-    start_service: StartService,
-    wait_until: Waiter,
-) -> None:
-    # web grows by 2Gi more than the node has free. batch-1 (Guaranteed, the least
-    # important) lends it first, down to 4Gi, but uses 5Gi: the kubelet will not lower its
-    # memory limit below that. batch-2 (Burstable) lends instead: only its request goes
-    # down, below what it uses, which the kubelet accepts.
-    gi = 1024**3
-    service = start_service()
-    batch_1 = pod_manifest("batch-1", "1", lowest_class, memory="6Gi")
+def refusal_scene(
+    cluster: Cluster, namespace: str, kubectl: Kubectl, classes: dict[str, str], lowest: str
+) -> tuple[dict[str, str], int, subprocess.CompletedProcess[str]]:
+    """web 4Gi; batch-1 Guaranteed 6Gi (floor 2Gi, using 5Gi), the least important;
+    batch-2 Burstable 4Gi (floor 1Gi, using 3Gi). web grows by 2Gi more than the node has
+    free: the pods' uids, web's new size, and kubectl's answer."""
+    batch_1 = pod_manifest("batch-1", "1", lowest, memory="6Gi")
     batch_1["metadata"]["annotations"] = {
         FLOOR_ANNOTATION: json.dumps({"app": {"memory": "2Gi"}}),
         MEMORY_USAGE: "5Gi",
     }
-    batch_2 = pod_manifest("batch-2", "1", priority_classes["low"], memory="4Gi")
+    batch_2 = pod_manifest("batch-2", "1", classes["low"], memory="4Gi")
     batch_2["metadata"]["annotations"] = {
         FLOOR_ANNOTATION: json.dumps({"app": {"memory": "1Gi"}}),
         MEMORY_USAGE: "3Gi",
@@ -374,19 +366,15 @@ def test_a_loan_the_kubelet_refuses_is_put_back_and_the_room_borrowed_elsewhere(
         "requests": {"cpu": "1", "memory": "4Gi"},
         "limits": {"memory": "8Gi"},
     }
-    run_pods(
-        kubectl,
-        [pod_manifest("web", "1", priority_classes["high"], memory="4Gi"), batch_1, batch_2],
-    )
-    before = {
+    run_pods(kubectl, [pod_manifest("web", "1", classes["high"], memory="4Gi"), batch_1, batch_2])
+    uids = {
         n: (read_pod(cluster, namespace, n) or {})["metadata"]["uid"]
         for n in ("batch-1", "batch-2")
     }
     node = cluster.client.get(f"/api/v1/nodes/{NODE}")
-    target = memory_bytes(node["status"]["allocatable"]["memory"]) - 8 * gi
+    target = memory_bytes(node["status"]["allocatable"]["memory"]) - 8 * 1024**3
     memory = format_memory(target)
     patch = {"requests": {"memory": memory}, "limits": {"memory": memory}}
-
     result = kubectl(
         "patch",
         "pod",
@@ -396,6 +384,64 @@ def test_a_loan_the_kubelet_refuses_is_put_back_and_the_room_borrowed_elsewhere(
         "--patch",
         json.dumps({"spec": {"containers": [{"name": "app", "resources": patch}]}}),
         check=False,
+    )
+    return uids, target, result
+
+
+def test_by_default_a_guaranteed_lenders_memory_is_not_lent(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    lowest_class: str,
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    # The same scene without lend-memory-limits: batch-1's limit is never lowered (a
+    # process growing past it would be OOM-killed); batch-2 lends its request at once.
+    gi = 1024**3
+    start_service()
+    uids, target, result = refusal_scene(
+        cluster, namespace, kubectl, priority_classes, lowest_class
+    )
+
+    assert 0 == result.returncode, result.stderr
+    assert [
+        as_warning(
+            f"borrowing memory 2Gi from 1 lower-priority pod on {NODE}: "
+            f"{namespace}/batch-2 (memory 4Gi->2Gi)"
+        )
+    ] == kubectl_warnings(result)
+    wait_until(
+        lambda: memory_of(read_pod(cluster, namespace, "web")) == (target,) * 4,
+        timeout=30,
+        what="web's resize actuated",
+    )
+    batch_1 = read_pod(cluster, namespace, "batch-1")
+    assert ((6 * gi,) * 4, uids["batch-1"], []) == (
+        memory_of(batch_1),
+        (batch_1 or {})["metadata"]["uid"],
+        events(kubectl, "batch-1", "Lent") + events(kubectl, "batch-1", "LoanRefused"),
+    )
+
+
+def test_a_loan_the_kubelet_refuses_is_put_back_and_the_room_borrowed_elsewhere(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    lowest_class: str,
+    start_service: StartService,
+    wait_until: Waiter,
+) -> None:
+    # web grows by 2Gi more than the node has free. With lend-memory-limits on, batch-1
+    # (Guaranteed, the least important) lends it first, down to 4Gi, but uses 5Gi: the
+    # kubelet will not lower its memory limit below that. batch-2 (Burstable) lends
+    # instead: only its request goes down, below what it uses, which the kubelet accepts.
+    gi = 1024**3
+    service = start_service("--lend-memory-limits", "true")
+    before, target, result = refusal_scene(
+        cluster, namespace, kubectl, priority_classes, lowest_class
     )
 
     assert 0 == result.returncode, result.stderr

@@ -45,6 +45,7 @@ CHART_SETTINGS = {
     "protectedNamespaces": "protected-namespaces",
     "maxVictims": "max-victims",
     "lending": "lending",
+    "lendMemoryLimits": "lend-memory-limits",
     "victimOrder": "victim-order",
     "reservationTTL": "reservation-ttl",
     "gracePeriodCap": "grace-period-cap",

@@ -3,8 +3,9 @@ again without it, and nothing lost.
 
 The scene, memory only (node 16Gi): "high" (priority 1000) grows 4Gi -> 8Gi with 2Gi free.
 "batch-1" (priority 10, Guaranteed, 6Gi, floor 2Gi) is the least important lender and
-lends 2Gi (6Gi -> 4Gi); the kubelet refuses to lower its memory limit below what it
-uses. "batch-2" (priority 100, Burstable, request 4Gi, floor 1Gi) can lend instead."""
+lends 2Gi (6Gi -> 4Gi) with ``lend-memory-limits`` on; the kubelet refuses to lower its
+memory limit below what it uses. "batch-2" (priority 100, Burstable, request 4Gi, floor
+1Gi) can lend instead."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from tests.unit.test_worker_logic import ADMITTED, CONFIG, NODE, NOW
 from webhook.core.lending import Loan, LoanRecord, refusal_state, refused, room
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import NodePods, plan_resize
+from webhook.core.policy import DefaultPolicy
 from webhook.core.resources import ZERO, Resources, memory_bytes
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import (
@@ -104,11 +106,20 @@ RESTORING = batch_1("6Gi", allocated="4Gi", error_generation=2, generation=3)
 
 
 def admitted_entry() -> LedgerEntry:
-    """The entry the admission writes for "high" on the scene: one loan, from batch-1."""
+    """The entry the admission writes for "high" on the scene with ``lend-memory-limits``
+    on: one loan, from batch-1's memory, its limit lowered too. (By default a Guaranteed
+    pod's memory never lends, and batch-2 lends instead: ``lending.lends``.)"""
     old = make_pod("high").priority(1000).requests(cpu="1", memory="4Gi").admitted().build()
     new = replace(high(), statuses={})
-    plan = plan_resize(old, new, NodePods(NODE, (old, batch_1(), batch_2())), now=NOW)
-    assert ("preempt", "lend") == (plan.verdict, plan.code)
+    scene = NodePods(NODE, (old, batch_1(), batch_2()))
+    plan = plan_resize(old, new, scene, now=NOW, policy=DefaultPolicy(lend_memory_limits=True))
+    default = plan_resize(old, new, scene, now=NOW)
+    assert ("preempt", "lend", ["batch-1"], ["batch-2"]) == (
+        plan.verdict,
+        plan.code,
+        [loan.pod.name for loan in plan.loans],
+        [loan.pod.name for loan in default.loans],
+    )
     return LedgerEntry.for_plan(
         replace(new, generation=2), plan, review_uid="review-1", now=ADMITTED, ttl=120.0
     )
@@ -337,7 +348,16 @@ def test_the_kubelet_error_is_parsed_with_the_generation_it_is_about() -> None:
 
 
 def test_a_pod_whose_resize_the_kubelet_cannot_actuate_lends_nothing() -> None:
-    assert (Resources(0, 4 * GI), ZERO) == (room(batch_1()), room(REFUSED))
+    assert (Resources(0, 3 * GI), ZERO) == (
+        room(batch_2()),
+        room(replace(batch_2(), resize_error=REFUSAL)),
+    )
+
+
+def test_a_guaranteed_pods_memory_floor_lends_nothing() -> None:
+    """Its limit would go down with its request: usage that grows past it later is
+    OOM-killed (docs/lending.md, "A lender's memory")."""
+    assert (ZERO, ZERO) == (room(batch_1()), room(REFUSED))
 
 
 def test_nothing_is_given_back_into_the_room_a_refused_lender_is_owed() -> None:

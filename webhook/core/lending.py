@@ -188,36 +188,50 @@ def _request(pod: Pod, floor: Floor) -> int:
     return 0 if c is None else c.requests.get(floor.resource)
 
 
-def at_floors(pod: Pod) -> Pod:
-    """``pod`` with every floor it declares lent in full."""
+def lends(pod: Pod, floor: Floor, *, limits: bool = False) -> bool:
+    """Whether ``floor`` of ``pod`` may lend. A Guaranteed pod's memory only with
+    ``limits`` (the setting ``lend-memory-limits``, off by default): its limit goes down
+    with its request, and the kubelet checks the usage against a lowered limit only when
+    it applies it; usage that grows past the limit later is OOM-killed, and the container
+    restarts into the same limit until the loan is given back (measured on the real
+    node: docs/lending.md, "A lender's memory"). Lowering a CPU limit throttles, never
+    kills, and a Burstable pod's loan lowers its request only."""
+    return limits or not (floor.resource == "memory" and guaranteed(pod))
+
+
+def at_floors(pod: Pod, *, limits: bool = False) -> Pod:
+    """``pod`` with every floor that :func:`lends` lent in full."""
     for floor in pod.floors:
-        if floor.amount < _request(pod, floor):
+        if lends(pod, floor, limits=limits) and floor.amount < _request(pod, floor):
             pod = lowered(pod, floor.container, floor.resource, floor.amount)
     return pod
 
 
-def room(pod: Pod) -> Resources:
+def room(pod: Pod, *, limits: bool = False) -> Resources:
     """What lending every floor of ``pod`` in full frees on its node (zero without floors).
 
     Zero too while the kubelet reports an error actuating the pod's resize (a loan it
     refused, being put back): a loan from it now would likely be refused again."""
     if not pod.floors or pod.resize_error:
         return ZERO
-    return (held(pod) - held(at_floors(pod))).clamp()
+    return (held(pod) - held(at_floors(pod, limits=limits))).clamp()
 
 
-def borrow(pod: Pod, needed: Resources) -> tuple[tuple[Loan, ...], Resources]:
+def borrow(
+    pod: Pod, needed: Resources, *, limits: bool = False
+) -> tuple[tuple[Loan, ...], Resources]:
     """Loans from ``pod`` covering as much of ``needed`` as its floors allow, each only as
     much as is still needed, and what they free together.
 
-    Contract: every loan stays at or above its floor and below the request; what the
-    loans free is at most ``needed`` per resource and at most :func:`room`.
+    Contract: every loan stays at or above its floor and below the request, only from a
+    floor that :func:`lends`; what the loans free is at most ``needed`` per resource and
+    at most :func:`room`.
     """
     loans: list[Loan] = []
     freed = ZERO
     for floor in pod.floors:
         want = needed.get(floor.resource) - freed.get(floor.resource)
-        loan = _loan(pod, floor, want) if want > 0 else None
+        loan = _loan(pod, floor, want) if want > 0 and lends(pod, floor, limits=limits) else None
         if loan is not None:
             loans.append(loan)
             freed = freed.replace(loan.resource, freed.get(loan.resource) + loan.frees)

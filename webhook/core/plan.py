@@ -186,14 +186,15 @@ class Selection:
     floor_errors: tuple[tuple[PodRef, str], ...] = ()
 
 
-def _borrow(lenders: Iterable[Pod], needed: Resources) -> tuple[Loan, ...]:
+def _borrow(lenders: Iterable[Pod], needed: Resources, limits: bool) -> tuple[Loan, ...]:
     """Loans covering ``needed``, taken from ``lenders`` in the order given, each lender
-    lending only what is still needed after the ones before it."""
+    lending only what is still needed after the ones before it (``limits``: the policy's
+    ``lend_memory_limits``)."""
     loans: list[Loan] = []
     for pod in lenders:
         if needed.is_zero():
             break
-        taken, freed = borrow(pod, needed)
+        taken, freed = borrow(pod, needed, limits=limits)
         loans += taken
         needed = (needed - freed).clamp()
     return tuple(loans)
@@ -213,7 +214,7 @@ def _lenders(
     floor_errors = tuple((p.ref, p.floor_error) for p in annotated if p.floor_error)
     at_floor: dict[str, Resources] = {}
     for p in annotated:
-        lendable = room(p)
+        lendable = room(p, limits=policy.lend_memory_limits)
         if p.uid not in reserved and not usage.held[p.uid].is_zero() and not lendable.is_zero():
             at_floor[p.uid] = usage.held[p.uid] - lendable
     return at_floor, floor_errors
@@ -264,6 +265,8 @@ class Cleared(NamedTuple):
     #: What each lender holds once it lends every floor, by uid.
     at_floor: Mapping[str, Resources]
     floor_errors: tuple[tuple[PodRef, str], ...]
+    #: A Guaranteed lender's memory lends too (the policy's ``lend_memory_limits``).
+    limits: bool = False
 
 
 def clear_node(
@@ -288,6 +291,7 @@ def clear_node(
         usage.held,
         at_floor,
         floor_errors,
+        policy.lend_memory_limits,
     )
 
 
@@ -340,7 +344,7 @@ def select_victims(
         gone = {p.uid for p in leaving}
         kept = [p for p in reversed(candidates) if p.uid in at_floor and p.uid not in gone]
         whole = used + total(held[p.uid] - at_floor[p.uid] for p in kept)
-        loans = _borrow(kept, shortfall(demand, whole, allocatable))
+        loans = _borrow(kept, shortfall(demand, whole, allocatable), cleared.limits)
 
     # 7. Evicted least important first. Which victims overspend a budget is decided on the
     # victims themselves, in that order, as the Eviction API will meet them: step 4

@@ -129,6 +129,13 @@ class PreemptionPolicy(Protocol):
         (and besides) victims are chosen (docs/lending.md). Only annotated pods lend."""
         ...
 
+    @property
+    def lend_memory_limits(self) -> bool:
+        """Whether a Guaranteed pod's memory floor lends too, its limit going down with its
+        request. Off by default: a process that grows past a lowered limit is OOM-killed
+        (:func:`webhook.core.lending.lends`)."""
+        ...
+
     def may_preempt(self, victim: Pod, preemptor: Pod) -> bool:
         """Extra eligibility on top of the fixed rules (lower priority, same node, not a
         mirror pod, not already terminating)."""
@@ -148,6 +155,7 @@ class DefaultPolicy:
     max_victims: int | None = None
     protected_namespaces: frozenset[str] = frozenset()
     lending: bool = True
+    lend_memory_limits: bool = False
 
     def may_preempt(self, victim: Pod, preemptor: Pod) -> bool:
         return victim.namespace not in self.protected_namespaces

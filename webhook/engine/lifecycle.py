@@ -560,6 +560,10 @@ class ListedOnly:
     def lending(self) -> bool:
         return False
 
+    @property
+    def lend_memory_limits(self) -> bool:
+        return False
+
     def may_preempt(self, victim: Pod, preemptor: Pod) -> bool:
         return victim.uid in self.allowed and self.base.may_preempt(victim, preemptor)
 

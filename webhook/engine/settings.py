@@ -42,6 +42,9 @@ class Config:
     #: Pods annotated with a floor lend CPU and memory in place before anyone is evicted
     #: (docs/lending.md).
     lending: bool = True
+    #: A Guaranteed lender's memory lends too, its limit lowered with its request: off by
+    #: default, a process that grows past a lowered limit is OOM-killed (docs/lending.md).
+    lend_memory_limits: bool = False
     #: ``upstream``: victims by priority, then start time. ``movable-first``: on equal
     #: priority, pods whose controller can recreate them on another node with room go
     #: before pods whose work would be lost (docs/decision-core.md).
@@ -80,6 +83,7 @@ class Config:
             max_victims=self.max_victims,
             protected_namespaces=self.protected_namespaces,
             lending=self.lending,
+            lend_memory_limits=self.lend_memory_limits,
         )
 
 
@@ -215,6 +219,13 @@ SETTINGS: Final[dict[str, Setting]] = {
         _switch,
         "pods annotated with a floor lend CPU and memory in place before anyone is "
         "evicted; false: evictions only",
+        metavar="{true,false}",
+    ),
+    "lend-memory-limits": Setting(
+        "lend_memory_limits",
+        _switch,
+        "a Guaranteed lender's memory floor lends too, its limit lowered with its request "
+        "(a process growing past it later is OOM-killed); false: such pods lend CPU only",
         metavar="{true,false}",
     ),
     "victim-order": _one_of(
