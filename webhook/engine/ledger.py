@@ -88,7 +88,7 @@ class LedgerEntry:
     so a restart neither repeats a loan nor forgets one. ``refused``: loans the kubelet
     refused, taken out of ``loans`` (never made again for this entry, never given back):
     each is put back and the plan made again without its lender
-    (:mod:`webhook.engine.loans`).
+    (:mod:`webhook.engine.lifecycle`).
     """
 
     pod: PodRef
