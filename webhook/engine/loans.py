@@ -110,8 +110,9 @@ class Lending:
     """What the worker does with the ledger's loans, through ``resizer``: makes an entry's
     pending loans before its evictions (each recorded on its lender first), records a
     refusal and puts the lenders back, gives loans back (orphans whose entry was lost
-    included) and removes the records of loans that ended, and counts what they free. Without a ``resizer`` no loan is made (nor are
-    the victims chosen to go with one evicted).
+    included) and removes the records of loans that ended, and counts what they free.
+    Without a ``resizer`` no loan is made (nor are the victims chosen to go with one
+    evicted).
 
     ``may_act`` is asked before every call to the API server; a failure backs the entry
     off in ``backoff``; ``wake`` asks the worker for another pass.
