@@ -36,6 +36,7 @@ Contract - idempotent, safe to call again after a crash or by another replica:
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +50,7 @@ from webhook.core.model import LOANS_ANNOTATION, Pod, PodRef
 from webhook.core.objects import parse_pod
 from webhook.core.resources import format_cpu, format_memory
 from webhook.engine.loans import LoanResult
+from webhook.engine.loop import Backoff
 from webhook.engine.metrics import Metrics
 from webhook.kube.errors import ClusterError, Conflict, NotFound
 from webhook.kube.events import EventRecorder
@@ -306,6 +308,10 @@ class Resizer:
         return version if isinstance(version, str) else ""
 
 
+#: Tries of one give-back or record removal by :func:`return_loans`, a short pause apart.
+RETURN_RETRIES: Final = Backoff(initial=0.2, factor=2.0, cap=2.0, attempts=6)
+
+
 @dataclass(frozen=True, slots=True)
 class Returned:
     """What :func:`return_loans` did with one recorded loan."""
@@ -340,17 +346,36 @@ def return_loans(
             return None
 
     resizer = Resizer(api_client, None, Metrics(), lenders=live, request_timeout=timeout)
-    out: list[Returned] = []
-    for lender in lenders:
-        made = records(lender)
-        results = [
-            Returned(r, resizer.give_back(r.loan, r.borrower, lender.node)) for r in reversed(made)
-        ]
-        ended = [r.record for r in results if r.result is not LoanResult.FAILED]
-        if ended and resizer.forget(lender.ref, ended) is LoanResult.FAILED:
-            results = [Returned(r.record, LoanResult.FAILED) for r in results]
-        out.extend(reversed(results))
-    return tuple(out)
+    return tuple(r for lender in lenders for r in _return_all(resizer, lender))
+
+
+def _return_all(resizer: Resizer, lender: Pod) -> list[Returned]:
+    """Every loan ``lender`` records given back, the latest first, then the records of
+    those given back removed; in the order made."""
+    results = [
+        Returned(
+            r, _patiently(functools.partial(resizer.give_back, r.loan, r.borrower, lender.node))
+        )
+        for r in reversed(records(lender))
+    ]
+    ended = [r.record for r in results if r.result is not LoanResult.FAILED]
+    if ended and _patiently(lambda: resizer.forget(lender.ref, ended)) is LoanResult.FAILED:
+        results = [Returned(r.record, LoanResult.FAILED) for r in results]
+    return results[::-1]
+
+
+def _patiently(step: Callable[[], LoanResult]) -> LoanResult:
+    """``step`` until it does not fail, at most :data:`RETURN_RETRIES` times. The kubelet
+    writes the lender's status often: a patch on the version just read may meet a newer
+    one (409), and is made again on a fresh read."""
+    outcome = [LoanResult.FAILED]
+
+    def attempt() -> bool:
+        outcome[0] = step()
+        return outcome[0] is not LoanResult.FAILED
+
+    RETURN_RETRIES.retry(attempt, wait=time.sleep)
+    return outcome[0]
 
 
 __all__ = [
