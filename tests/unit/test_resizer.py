@@ -43,6 +43,9 @@ class PodServer:
     pod: dict[str, Any] | None
     calls: list[tuple[str, str, Any]] = field(default_factory=list)
     patch_status: int = 200
+    #: Resize PATCHes answered 409 before the others succeed, and the pod a GET reads then.
+    resize_conflicts: int = 0
+    moved_on: dict[str, Any] | None = None
 
     def lenders(self, namespace: str, name: str) -> Pod | None:
         return parse_pod(self.pod) if self.pod is not None else None
@@ -68,6 +71,10 @@ class PodServer:
             raise ApiException(status=404, reason="Not Found")
         if method == "PATCH" and self.patch_status != 200:
             raise ApiException(status=self.patch_status, reason="refused")
+        if method == "PATCH" and path.endswith("/resize") and self.resize_conflicts:
+            self.resize_conflicts -= 1
+            self.pod = self.moved_on or self.pod
+            raise ApiException(status=409, reason="Conflict")
         return _Response(200, json.dumps(self.pod).encode())
 
 
@@ -363,3 +370,33 @@ def test_refused_note_says_what_the_kubelet_refused_and_what_was_put_back() -> N
         MEMORY_LOAN, WHY
     )
     assert 1024 == len(refused_note(MEMORY_LOAN, "x" * 2000))
+
+
+@pytest.mark.parametrize(
+    ("expected", "moved_on", "resizes"),
+    [
+        pytest.param(LoanResult.LENT, lender(), 2, id="status-written-meanwhile-patched-again"),
+        pytest.param(LoanResult.VOID, lender("2"), 1, id="owner-changed-it-meanwhile"),
+        pytest.param(LoanResult.DONE, lender("1"), 1, id="lent-meanwhile"),
+    ],
+)
+def test_a_conflict_is_judged_again_on_a_fresh_read(
+    expected: LoanResult, moved_on: dict[str, Any], resizes: int
+) -> None:
+    """The kubelet writes the lender's status after the record's patch: the resize meets
+    a newer version, and is made again only if the lender still asks the same."""
+    moved_on["metadata"]["resourceVersion"] = "43"
+    server = PodServer(lender(recorded=(CPU_LOAN,)), resize_conflicts=1, moved_on=moved_on)
+
+    result = server.resizer().lend(CPU_LOAN, BORROWER, "node-1")
+
+    gets = [p for m, p, _ in server.calls if m == "GET"]
+    assert (expected, resizes, 1) == (result, len(server.patches("resize")), len(gets))
+    if resizes == 2:
+        assert "43" == server.patches("resize")[1]["metadata"]["resourceVersion"]
+
+
+def test_two_conflicts_fail_and_wait_for_the_next_pass() -> None:
+    server = PodServer(lender(recorded=(CPU_LOAN,)), resize_conflicts=2)
+
+    assert LoanResult.FAILED == server.resizer().lend(CPU_LOAN, BORROWER, "node-1")

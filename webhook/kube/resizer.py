@@ -277,22 +277,38 @@ class Resizer:
                 return LoanResult.FAILED  # judged again when the cache has caught up
         if step == "done":
             return LoanResult.DONE
-        patch = resize_patch(
-            loan,
-            loan.before if back else loan.after,
-            uid=loan.pod.uid,
-            resource_version=version,
-            init=pod.container(loan.container) in pod.init_containers,
-        )
+        init = pod.container(loan.container) in pod.init_containers
+        for fresh in (False, True):
+            if fresh:
+                # The lender moved on from the version patched (the kubelet writes its
+                # status after every change, the loan's record included): judged again
+                # on a fresh read, and patched once more if it still asks the same.
+                pod = self._read(loan.pod)
+                step = lender_step(loan, pod, back=back)
+                if pod is None or step != "resize":
+                    return LoanResult.DONE if step == "done" else LoanResult.VOID
+                version = pod.resource_version
+            target = loan.before if back else loan.after
+            patch = resize_patch(
+                loan, target, uid=loan.pod.uid, resource_version=version, init=init
+            )
+            try:
+                patch_pod(self._api_client, loan.pod, "resize", patch, timeout=self._timeout)
+            except NotFound:
+                return LoanResult.VOID
+            except Conflict:
+                continue
+            return LoanResult.LENT
+        return LoanResult.FAILED  # judged again on the next pass
+
+    def _read(self, ref: PodRef) -> Pod | None:
+        """``ref`` as the API server has it now (``None``: gone)."""
         try:
-            patch_pod(self._api_client, loan.pod, "resize", patch, timeout=self._timeout)
+            return parse_pod(
+                request_json(self._api_client, "GET", pod_path(ref), timeout=self._timeout)
+            )
         except NotFound:
-            return LoanResult.VOID
-        except Conflict:
-            # The cache's copy is older than the lender, or the lender was replaced: the
-            # next pass judges it again on the copy the cache has by then.
-            return LoanResult.FAILED
-        return LoanResult.LENT
+            return None
 
     def _record(self, pod: Pod, kept: Sequence[LoanRecord]) -> str:
         """Write ``kept`` as ``pod``'s loan record (none: the annotation removed), on the
@@ -306,6 +322,14 @@ class Resizer:
         out = patch_pod(self._api_client, pod.ref, "", {"metadata": meta}, timeout=self._timeout)
         version = out.get("metadata", {}).get("resourceVersion")
         return version if isinstance(version, str) else ""
+
+
+def read_pod(api_client: Any, ref: PodRef, timeout: float) -> Pod | None:
+    """``ref`` as the API server has it now (``None``: gone)."""
+    try:
+        return parse_pod(request_json(api_client, "GET", pod_path(ref), timeout=timeout))
+    except NotFound:
+        return None
 
 
 #: Tries of one give-back or record removal by :func:`return_loans`, a short pause apart.
@@ -338,12 +362,7 @@ def return_loans(
     ]
 
     def live(namespace: str, name: str) -> Pod | None:
-        try:
-            return parse_pod(
-                request_json(api_client, "GET", pod_path(PodRef(namespace, name)), timeout=timeout)
-            )
-        except NotFound:
-            return None
+        return read_pod(api_client, PodRef(namespace, name), timeout)
 
     resizer = Resizer(api_client, None, Metrics(), lenders=live, request_timeout=timeout)
     return tuple(r for lender in lenders for r in _return_all(resizer, lender))
