@@ -96,7 +96,7 @@ def all_yaml_files() -> Iterator[Path]:
     for path in sorted(DEPLOY.rglob("*.yaml")):
         parts = path.relative_to(DEPLOY).parts
         # tls/ is written by the certs command; the chart (templates, values) and the
-        # Prometheus rules are not manifests: tests/unit/test_helm_chart.py checks them.
+        # Prometheus rules are not manifests: tests/e2e/test_helm_chart.py checks them.
         if not {"tls", "helm", "prometheus"} & set(parts):
             yield path
 

@@ -2,7 +2,11 @@
 and bad values), and the one-source-of-truth check - the chart's default objects equal
 `kubectl kustomize deploy/overlays/cert-manager`, with the mutating component too, and the
 "provided" certificates mode equals the self-signed overlay minus its Secret. Helm's own
-labels (tests/unit/helm_tools.HELM_LABELS) are the only difference allowed."""
+labels (tests/e2e/helm_tools.HELM_LABELS) are the only difference allowed.
+
+Runs helm (built from the Go module proxy by scripts/build-tools.sh on first use, about 4
+minutes on 2 cores, then cached) and ``kubectl kustomize`` (the control-plane binaries of
+scripts/build-control-plane.sh); no cluster."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import yaml
 from cryptography import x509
 
 from harness.binaries import ensure_binaries
-from tests.unit.helm_tools import (
+from tests.e2e.helm_tools import (
     CHART,
     REPO,
     by_key,
@@ -30,6 +34,8 @@ from tests.unit.helm_tools import (
 )
 from webhook.cli import build_parser
 from webhook.engine.settings import SETTINGS, env_name, load_config
+
+pytestmark = pytest.mark.e2e
 
 DEPLOY = REPO / "deploy"
 NAMESPACE = "resize-preemption-system"
@@ -55,7 +61,7 @@ CHART_SETTINGS = {
     "maxBodyBytes": "max-body-bytes",
     "schedulerName": "scheduler-name",
 }
-FROM_THE_POD = {"namespace", "identity"}
+FROM_THE_POD = {"service-namespace", "identity"}
 
 
 def kustomize(directory: Path) -> list[dict[str, Any]]:
