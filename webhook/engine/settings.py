@@ -425,7 +425,8 @@ SETTINGS: Final[dict[str, Setting]] = {
     "scheduler-name": Setting(
         "scheduler_name",
         Text(required=True),
-        "the reporting controller named on the events the service records",
+        "the name the service's events and a deleted victim's DisruptionTarget report; "
+        "it selects no pods",
         metavar="NAME",
     ),
 }
