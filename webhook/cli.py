@@ -187,7 +187,7 @@ def _ask_cluster(args: argparse.Namespace, read: Any) -> Any:
 
     try:
         # A kubeconfig named but unreadable is bad input (exit 2); none found, exit 3.
-        client_source(args.kubeconfig)
+        client_source(args.kubeconfig, context=args.context)
     except NoClientConfiguration as e:
         raise ClusterUnusable(str(e), EXIT_UNREACHABLE) from None
     try:
@@ -335,7 +335,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from webhook.engine.settings import SETTINGS, check_ports, load_config
     from webhook.kube.kubeconfig import client_source
-    from webhook.web.server import ServerOptions, serve
+    from webhook.web.server import ServerOptions, check_address, serve
     from webhook.web.tls import TLSConfigError
 
     # Everything is checked before a port is bound or a process forked: each mistake is
@@ -345,6 +345,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = load_config(file=args.config, env=os.environ, flags=flags)
     check_ports(args.port, args.metrics_port)
     client_source(args.kubeconfig)
+    try:
+        check_address(args.host)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
     def factory(tls: Any) -> Any:
         # Imported in the worker, after it made the standard library cooperative: the

@@ -83,6 +83,15 @@ SERVE_MISTAKES = [
             "kubeconfig {broken.yaml} is not valid YAML at line 3"),
     Mistake("kubeconfig-binary", ("serve", *TLS, "--kubeconfig", "{binary}"),
             "kubeconfig {binary} is not UTF-8 text"),
+    Mistake("kubeconfig-without-a-context", ("serve", *TLS, "--kubeconfig", "{no-context}"),
+            "kubeconfig {no-context} names no current-context"),
+    Mistake("kubeconfig-not-a-mapping", ("serve", *TLS, "--kubeconfig", "{unknown.yaml}"),
+            "kubeconfig {unknown.yaml} names no current-context"),
+    # -- the address
+    Mistake("host-does-not-resolve", ("serve", *TLS, *KUBECONFIG, "--host", "nowhere.invalid"),
+            "--host 'nowhere.invalid' does not resolve"),
+    Mistake("host-not-this-machines", ("serve", *TLS, *KUBECONFIG, "--host", "192.0.2.1"),
+            "--host '192.0.2.1' is not an address of this machine"),
     # -- the config file
     Mistake("config-binary", ("serve", *TLS, *KUBECONFIG, "--config", "{binary}"),
             "config file {binary} is not UTF-8 text"),
@@ -146,6 +155,8 @@ COMMAND_MISTAKES = [
             "kubeconfig {broken.yaml} is not valid YAML at line 3", ports=False),
     Mistake("status-kubeconfig-missing", ("status", "--kubeconfig", "{missing}"),
             "cannot read kubeconfig {missing}", ports=False),
+    Mistake("status-unknown-context", ("status", "--kubeconfig", "{kubeconfig}", "--context",
+            "elsewhere"), "kubeconfig {kubeconfig} has no context 'elsewhere'", ports=False),
     Mistake("plan-resize-file-binary", ("plan", "--snapshot", "{snapshot.yaml}", "--pod",
             "web", "--resize", "@{binary}"), "--resize file {binary} is not UTF-8 text",
             ports=False),
@@ -175,6 +186,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "broken.yaml": b"apiVersion: v1\nclusters: [\n  - a: {\n",
         "binary": bytes(range(256)) * 4,
         "unknown.yaml": b"colour: blue\n",
+        "no-context": b"apiVersion: v1\nkind: Config\nclusters: []\n",
         "old-namespace.yaml": b"namespace: rpw\n",
         "snapshot.yaml": b"apiVersion: v1\nkind: List\nitems: []\n",
     }

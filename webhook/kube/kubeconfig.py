@@ -41,9 +41,10 @@ def default_kubeconfig(environ: Mapping[str, str] | None = None) -> str:
     return env.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
 
 
-def check_kubeconfig(path: str) -> None:
-    """Raises :class:`InputError` (one line) unless ``path`` is a readable YAML mapping:
-    a kubeconfig the client's loader can at least read."""
+def check_kubeconfig(path: str, *, context: str | None = None, whole: bool = True) -> None:
+    """Raises :class:`InputError` (one line) unless ``path`` is a readable YAML mapping
+    and, when it is the ``whole`` configuration (not one of several merged), names a
+    context it defines (``context``, else its ``current-context``)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
@@ -58,9 +59,30 @@ def check_kubeconfig(path: str) -> None:
         raise InputError(f"kubeconfig {path} is not valid YAML{where}") from None
     if not isinstance(data, dict):
         raise InputError(f"kubeconfig {path} is not a kubeconfig (no mapping of clusters)")
+    if whole:
+        _check_context(path, data, context)
 
 
-def client_source(kubeconfig: str | None, environ: Mapping[str, str] | None = None) -> str:
+def _check_context(path: str, data: dict[str, object], context: str | None) -> None:
+    chosen = context or data.get("current-context")
+    if not chosen:
+        raise InputError(f"kubeconfig {path} names no current-context")
+    contexts = data.get("contexts")
+    names = (
+        [c.get("name") for c in contexts if isinstance(c, dict)]
+        if isinstance(contexts, list)
+        else []
+    )
+    if chosen not in names:
+        raise InputError(f"kubeconfig {path} has no context {chosen!r}")
+
+
+def client_source(
+    kubeconfig: str | None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    context: str | None = None,
+) -> str:
     """What the client will be configured from, as :func:`webhook.kube.client.
     make_configuration` chooses: ``kubeconfig`` if given, else in-cluster inside a pod,
     else the default kubeconfig; checked. Raises :class:`NoClientConfiguration` when
@@ -68,7 +90,7 @@ def client_source(kubeconfig: str | None, environ: Mapping[str, str] | None = No
     if kubeconfig is None and in_cluster(environ):
         return "in-cluster"
     if kubeconfig is not None:
-        check_kubeconfig(kubeconfig)
+        check_kubeconfig(kubeconfig, context=context)
         return kubeconfig
     listed = default_kubeconfig(environ)
     found = [p for p in listed.split(os.pathsep) if p and Path(p).exists()]
@@ -78,5 +100,5 @@ def client_source(kubeconfig: str | None, environ: Mapping[str, str] | None = No
             f"{listed} (give --kubeconfig FILE or set KUBECONFIG)"
         )
     for path in found:
-        check_kubeconfig(path)
+        check_kubeconfig(path, context=context, whole=len(found) == 1)
     return listed
