@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cryptography import x509
 
 from tests.unit.builders import HIGH, make_node, make_pod
 from webhook.cli import KUBECTL_PLUGIN, PLAN_SETTINGS, kubectl_plugin, main
@@ -186,3 +187,16 @@ def test_output_has_help_text(
     text = _help(capsys, command)
 
     assert re.search(r"^  -o \{text,json\}, --output \{text,json\}\s+output format: ", text, re.M)
+
+
+@pytest.mark.parametrize("flag", ["--service-namespace", "--namespace"], ids=["new", "deprecated"])
+def test_certs_names_the_services_namespace_as_serve_does(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str
+) -> None:
+    code = main(["certs", "--out", str(tmp_path), "--service", "rpw", flag, "ops"])
+    capsys.readouterr()
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+
+    assert 0 == code
+    assert "rpw.ops.svc" in names.get_values_for_type(x509.DNSName)
