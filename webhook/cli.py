@@ -3,9 +3,10 @@ as the console script ``resize-preemption-webhook`` and as the kubectl plugin
 ``kubectl resize-preemption`` (:func:`kubectl_plugin`).
 
 Every subcommand turns expected failures into one line on stderr and an exit code: 2 for
-bad input or unreadable files, 3 when the cluster cannot be reached (or no client
-configuration is found), 4 when the cluster refuses the request (RBAC); a traceback means
-a bug.
+bad input or unreadable files (argparse's own mistakes included; a kubeconfig named that
+does not read; ``serve`` finding no client configuration at all), 3 when the cluster
+cannot be reached (or the commands that ask it find no client configuration), 4 when the
+cluster refuses the request (RBAC); a traceback means a bug.
 """
 
 from __future__ import annotations

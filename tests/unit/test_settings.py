@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -171,31 +172,35 @@ def test_every_value_is_checked_by_its_settings_rule(
         assert expected == getattr(load_config(flags={name: value}), setting.field)
 
 
-@pytest.mark.parametrize(
-    ("source", "message"),
-    [
-        pytest.param(
-            {"env": {"RPW_NAMESPACE": "rpw"}},
-            "environment: RPW_NAMESPACE is now RPW_SERVICE_NAMESPACE",
-            id="env",
-        ),
-        pytest.param(
-            {"flags": {"namespace": "rpw"}},
-            "command line: --namespace is now --service-namespace",
-            id="flag",
-        ),
-    ],
-)
-def test_a_former_name_is_refused_with_the_new_one(source: dict[str, Any], message: str) -> None:
-    with pytest.raises(InputError, match=f"^{re.escape(message)}$"):
-        load_config(**source)
+def test_a_former_name_on_the_command_line_is_refused_with_the_new_one() -> None:
+    with pytest.raises(InputError, match=r"^command line: --namespace is now --service-namespace$"):
+        load_config(flags={"namespace": "rpw"})
 
 
-def test_a_former_name_in_the_file_is_refused_with_the_new_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["environment", "file"])
+def test_a_former_name_in_manifests_is_read_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
     file = tmp_path / "config.yaml"
     file.write_text("namespace: rpw\n")
-    with pytest.raises(InputError, match=f"config file {file}: namespace is now service-namespace"):
-        load_config(file=str(file))
+    source: dict[str, Any] = (
+        {"env": {"RPW_NAMESPACE": "rpw"}} if where == "environment" else {"file": str(file)}
+    )
+
+    with caplog.at_level(logging.WARNING):
+        assert "rpw" == load_config(**source).namespace
+
+    said = {
+        "environment": "environment: RPW_NAMESPACE is deprecated, read as RPW_SERVICE_NAMESPACE",
+        "file": f"config file {file}: namespace is deprecated, read as service-namespace",
+    }
+    assert [said[where]] == [r.getMessage() for r in caplog.records]
+
+
+def test_the_new_name_wins_over_the_former_one() -> None:
+    env = {"RPW_NAMESPACE": "old", "RPW_SERVICE_NAMESPACE": "new"}
+
+    assert "new" == load_config(env=env).namespace
 
 
 @pytest.mark.parametrize(

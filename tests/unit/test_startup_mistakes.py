@@ -99,8 +99,6 @@ SERVE_MISTAKES = [
             "cannot read config file {missing}"),
     Mistake("config-unknown-setting", ("serve", *TLS, *KUBECONFIG, "--config",
             "{unknown.yaml}"), "unknown setting 'colour'"),
-    Mistake("config-old-namespace-key", ("serve", *TLS, *KUBECONFIG, "--config",
-            "{old-namespace.yaml}"), "namespace is now service-namespace"),
     # -- settings, from the environment and the command line
     Mistake("max-body-bytes-zero", ("serve", *TLS, *KUBECONFIG),
             "RPW_MAX_BODY_BYTES='0' must be a whole number of at least 65536",
@@ -128,8 +126,11 @@ SERVE_MISTAKES = [
     Mistake("service-namespace-not-a-name", ("serve", *TLS, *KUBECONFIG),
             "RPW_SERVICE_NAMESPACE='Bad_NS!' must be a namespace name (DNS-1123 label",
             env={"RPW_SERVICE_NAMESPACE": "Bad_NS!"}),
-    Mistake("old-namespace-variable", ("serve", *TLS, *KUBECONFIG),
-            "RPW_NAMESPACE is now RPW_SERVICE_NAMESPACE", env={"RPW_NAMESPACE": "rpw"}),
+    Mistake("old-namespace-variable-and-a-mistake", ("serve", *TLS, *KUBECONFIG),
+            "RPW_LEASE_DURATION='0' must be", env={"RPW_NAMESPACE": "rpw",
+                                                    "RPW_LEASE_DURATION": "0"}),
+    Mistake("old-namespace-variable-not-a-name", ("serve", *TLS, *KUBECONFIG),
+            "RPW_NAMESPACE='Bad_NS!' must be a namespace name", env={"RPW_NAMESPACE": "Bad_NS!"}),
     Mistake("protected-namespace-not-a-name", ("serve", *TLS, *KUBECONFIG,
             "--protected-namespaces", "ok,Kube_System"), "holds 'Kube_System', which must be"),
     Mistake("scheduler-name-empty", ("serve", *TLS, *KUBECONFIG),
@@ -187,7 +188,6 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "binary": bytes(range(256)) * 4,
         "unknown.yaml": b"colour: blue\n",
         "no-context": b"apiVersion: v1\nkind: Config\nclusters: []\n",
-        "old-namespace.yaml": b"namespace: rpw\n",
         "snapshot.yaml": b"apiVersion: v1\nkind: List\nitems: []\n",
     }
     for name, content in contents.items():

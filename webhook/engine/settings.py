@@ -2,14 +2,17 @@
 defaults < file < environment < flags.
 
 Every setting has one name, spelled ``kebab-case`` in the file and on the command line
-(``--reservation-ttl``) and ``RPW_UPPER_SNAKE`` in the environment
-(``RPW_RESERVATION_TTL``). Bad values raise :class:`InputError` naming the setting and
-where it came from.
+(``--reservation-ttl``, the same for ``serve``, ``plan`` and ``status``) and
+``RPW_UPPER_SNAKE`` in the environment (``RPW_RESERVATION_TTL``), and one :class:`Rule`:
+how a value is read and what it must be, wherever it comes from, and the chart's values
+schema (scripts/chart_schema.py). Bad values raise :class:`InputError`, one line naming
+the setting as it was given, where it came from and the rule.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -22,6 +25,8 @@ import yaml
 from webhook.core.errors import InputError
 from webhook.core.model import PdbMode
 from webhook.core.policy import DefaultPolicy, VictimOrder
+
+log = logging.getLogger(__name__)
 
 Mode = Literal["enforce", "warn", "deny-infeasible"]
 EvictionMethod = Literal["evict", "delete"]
@@ -431,7 +436,10 @@ SETTINGS: Final[dict[str, Setting]] = {
     ),
 }
 
-#: Names a setting had before; giving one is refused with the new name, never ignored.
+#: Names a setting had before. Manifests written for them (``RPW_NAMESPACE``, a file's
+#: ``namespace:``) keep working, with a warning naming the new one; the new name wins
+#: where both are given. On the command line, where ``-n/--namespace`` is a pod's
+#: namespace as in kubectl, the old name is refused with the new one.
 RENAMED: Final[dict[str, str]] = {"namespace": "service-namespace"}
 #: The command line's server options (not settings): ports.
 PORT: Final = Port()
@@ -461,11 +469,20 @@ def _as_is(name: str) -> str:
     return name
 
 
-def _apply(values: dict[str, Any], source: Mapping[str, Any], origin: str) -> None:
+def _apply(
+    values: dict[str, Any], source: Mapping[str, Any], origin: str, notes: list[str]
+) -> None:
+    """Parse each value of ``source`` into ``values`` (by field); a former name adds a
+    line to ``notes``, said only once everything loaded, so a mistake stays one line."""
     spell: Callable[[str], str] = _SPELLING.get(origin, _as_is)
-    for key, raw in source.items():
-        if key in RENAMED:
-            raise InputError(f"{origin}: {spell(key)} is now {spell(RENAMED[key])}")
+    for given, raw in source.items():
+        key = RENAMED.get(given, given)
+        if key != given:
+            if origin == "command line":
+                raise InputError(f"{origin}: {spell(given)} is now {spell(key)}")
+            if key in source:
+                continue
+            notes.append(f"{origin}: {spell(given)} is deprecated, read as {spell(key)}")
         if key not in SETTINGS:
             known = ", ".join(sorted(SETTINGS))
             raise InputError(f"{origin}: unknown setting {key!r} (known: {known})")
@@ -473,7 +490,7 @@ def _apply(values: dict[str, Any], source: Mapping[str, Any], origin: str) -> No
         try:
             values[setting.field] = setting.parse(raw)
         except (ValueError, TypeError) as e:
-            raise InputError(f"{origin}: {spell(key)}={raw!r} {e}") from None
+            raise InputError(f"{origin}: {spell(given)}={raw!r} {e}") from None
 
 
 def read_file(path: str) -> dict[str, Any]:
@@ -505,12 +522,16 @@ def load_config(
     its setting's :class:`Rule`; the first bad one raises :class:`InputError`, one line
     naming the setting, where it came from and the rule."""
     values: dict[str, Any] = {}
+    notes: list[str] = []
     if file:
-        _apply(values, read_file(file), f"config file {file}")
+        _apply(values, read_file(file), f"config file {file}", notes)
     if env:
         names = [*SETTINGS, *RENAMED]
         from_env = {s: env[env_name(s)] for s in names if env_name(s) in env}
-        _apply(values, from_env, "environment")
+        _apply(values, from_env, "environment", notes)
     if flags:
-        _apply(values, {k: v for k, v in flags.items() if v is not None}, "command line")
+        given = {k: v for k, v in flags.items() if v is not None}
+        _apply(values, given, "command line", notes)
+    for note in notes:
+        log.warning("%s", note)
     return dataclasses.replace(Config(), **values)
