@@ -68,7 +68,7 @@ lint: venv
 	$(VENV)/bin/mypy webhook
 	$(VENV)/bin/lint-imports
 
-unit: venv tools binaries
+unit: venv
 	$(PY) -m pytest tests/unit -q
 
 e2e: venv binaries node vpa tools

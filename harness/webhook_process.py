@@ -3,7 +3,7 @@
 The service's command-line contract::
 
     python -m webhook serve --kubeconfig FILE --tls-cert FILE --tls-key FILE \
-        --port N --metrics-port M --namespace rpw-system
+        --port N --metrics-port M --service-namespace rpw-system
 
 serving HTTPS ``/validate-resize`` and ``/readyz``. :func:`start_webhook` makes a CA and a
 serving certificate for 127.0.0.1, starts that process, waits for ``/readyz`` (verifying the
@@ -174,7 +174,7 @@ def launch(
         "--tls-key": str(cert_dir / "tls.key"),
         "--port": str(port),
         "--metrics-port": str(metrics_port),
-        "--namespace": namespace,
+        "--service-namespace": namespace,
     }
     argv = [*command, *(part for item in flags.items() for part in item), *extra_args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -3,9 +3,10 @@ as the console script ``resize-preemption-webhook`` and as the kubectl plugin
 ``kubectl resize-preemption`` (:func:`kubectl_plugin`).
 
 Every subcommand turns expected failures into one line on stderr and an exit code: 2 for
-bad input or unreadable files, 3 when the cluster cannot be reached (or no client
-configuration is found), 4 when the cluster refuses the request (RBAC); a traceback means
-a bug.
+bad input or unreadable files (argparse's own mistakes included; a kubeconfig named that
+does not read; ``serve`` finding no client configuration at all), 3 when the cluster
+cannot be reached (or the commands that ask it find no client configuration), 4 when the
+cluster refuses the request (RBAC); a traceback means a bug.
 """
 
 from __future__ import annotations
@@ -16,20 +17,20 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import orjson
 import yaml
 
 from webhook.core.errors import InputError, LookupFailed, WebhookError
 from webhook.core.objects import parse_time
-from webhook.core.policy import DefaultPolicy, VictimOrder
 from webhook.core.report import human_report, plan_to_dict
 from webhook.core.resources import format_amount
 from webhook.core.snapshot import load_snapshot, plan_snapshot_resize
 
 if TYPE_CHECKING:
     from webhook.engine.hooks import Hooks
+    from webhook.engine.settings import Config
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -48,6 +49,27 @@ _V = TypeVar("_V")
 
 class UsageError(InputError):
     """A command-line argument that cannot be used."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose mistakes are one line, like every other bad input: the usage it
+    prints above them is what ``--help`` shows."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _rule_type(rule: Callable[[str], _V]) -> Callable[[str], _V]:
+    """A :class:`~webhook.engine.settings.Rule` as an argparse type: its message, and
+    the value, instead of argparse's "invalid <function name> value"."""
+
+    def parse(text: str) -> _V:
+        try:
+            return rule(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{text!r} {e}") from None
+
+    return parse
 
 
 class ClusterUnusable(WebhookError):
@@ -85,36 +107,64 @@ def _read_documents(path: str) -> list[object]:
 
 
 def _read_patch(text: str) -> dict[str, Any]:
+    given = "--resize"
     if text.startswith("@"):
+        given = f"--resize file {text[1:]}"
         try:
             text = Path(text[1:]).read_text(encoding="utf-8")
         except OSError as e:
             raise UsageError(f"cannot read resize patch {text[1:]}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"{given} is not UTF-8 text") from None
     try:
         patch = orjson.loads(text)
     except orjson.JSONDecodeError as e:
-        raise UsageError(f"--resize is not valid JSON: {e}") from None
+        raise UsageError(
+            f"{given} is not JSON (line {e.lineno} column {e.colno}): give the patch of "
+            f"kubectl patch --subresource resize, {_PATCH_EXAMPLE}, or @FILE"
+        ) from None
     if not isinstance(patch, dict):
-        raise UsageError('--resize must be a JSON object like {"spec": {"containers": [...]}}')
+        raise UsageError(f"{given} must be a JSON object like {_PATCH_EXAMPLE}")
     return patch
 
 
-def _pod_key(text: str) -> str:
-    namespace, sep, name = text.partition("/")
+_PATCH_EXAMPLE = '{"spec": {"containers": [{"name": "app", "resources": {...}}]}}'
+
+
+def _pod_key(text: str, namespace: str | None) -> str:
+    """``--pod NAME`` in ``-n/--namespace`` (default ``default``), or ``--pod NS/NAME``."""
+    given, sep, name = text.partition("/")
     if not sep:
-        namespace, name = "default", text
-    if not namespace or not name or "/" in name:
-        raise UsageError(f"--pod must be NAMESPACE/NAME, not {text!r}")
-    return f"{namespace}/{name}"
+        given, name = namespace or "default", text
+    if not given or not name or "/" in name:
+        raise UsageError(f"--pod must be NAME or NAMESPACE/NAME, not {text!r}")
+    if namespace is not None and given != namespace:
+        raise UsageError(f"--pod {text} is not in --namespace {namespace}")
+    return f"{given}/{name}"
 
 
-def _policy(args: argparse.Namespace) -> DefaultPolicy:
-    return DefaultPolicy(
-        pdb_mode=args.pdb_mode,
-        max_victims=args.max_victims,
-        protected_namespaces=frozenset(args.protected_namespace or ()),
-        lending=args.lending,
-    )
+#: The settings ``plan`` and ``status`` take, to plan as a service set so would.
+PLAN_SETTINGS = (
+    "pdb-mode",
+    "max-victims",
+    "protected-namespaces",
+    "lending",
+    "lend-memory-limits",
+    "victim-order",
+    "service-namespace",
+)
+
+
+def _settings(args: argparse.Namespace, names: Sequence[str] = PLAN_SETTINGS) -> Config:
+    """The service's settings as the command line gives them, read by the settings
+    table's own rules (the same as ``serve``'s)."""
+    from webhook.engine.settings import load_config
+
+    return load_config(flags={name: getattr(args, _dest(name)) for name in names})
+
+
+def _dest(setting: str) -> str:
+    return setting.replace("-", "_")
 
 
 def _now(args: argparse.Namespace) -> float:
@@ -135,7 +185,13 @@ def _ask_cluster(args: argparse.Namespace, read: Any) -> Any:
     failures turned into :class:`ClusterUnusable` with a one-line message."""
     from webhook.kube.client import make_api_client
     from webhook.kube.errors import ClusterError, Forbidden, Unavailable
+    from webhook.kube.kubeconfig import NoClientConfiguration, client_source
 
+    try:
+        # A kubeconfig named but unreadable is bad input (exit 2); none found, exit 3.
+        client_source(args.kubeconfig, context=args.context)
+    except NoClientConfiguration as e:
+        raise ClusterUnusable(str(e), EXIT_UNREACHABLE) from None
     try:
         api = make_api_client(args.kubeconfig, context=args.context, connect_timeout=5.0)
     except ClusterError as e:
@@ -145,7 +201,7 @@ def _ask_cluster(args: argparse.Namespace, read: Any) -> Any:
     except Forbidden as e:
         raise ClusterUnusable(
             f"the cluster refused: {e} (a viewer needs the {VIEWER_ROLE} ClusterRole and "
-            f"its Role in namespace {args.namespace}, docs/operations.md)",
+            f"its Role in namespace {args.service_namespace}, docs/operations.md)",
             EXIT_FORBIDDEN,
         ) from None
     except Unavailable as e:
@@ -160,7 +216,7 @@ def _ask_cluster(args: argparse.Namespace, read: Any) -> Any:
         api.close()  # type: ignore[no-untyped-call]
 
 
-def _live_plan(args: argparse.Namespace, key: str, patch: dict[str, Any]) -> Any:
+def _live_plan(args: argparse.Namespace, config: Config, key: str, patch: dict[str, Any]) -> Any:
     from webhook.engine.lifecycle import room_holders
     from webhook.kube.errors import NotFound
     from webhook.kube.status import read_live, read_pod
@@ -175,8 +231,8 @@ def _live_plan(args: argparse.Namespace, key: str, patch: dict[str, Any]) -> Any
         # An unbound pod: node "" reads the pods bound nowhere (it among them), no node.
         # Movable-first reads every node: the others are the room elsewhere.
         node = (pod.get("spec") or {}).get("nodeName") or ""
-        everywhere = args.victim_order == "movable-first"
-        return read_live(api, namespace=args.namespace, node=None if everywhere else node)
+        everywhere = config.victim_order == "movable-first"
+        return read_live(api, namespace=config.namespace, node=None if everywhere else node)
 
     live = _ask_cluster(args, read)
     snapshot = load_snapshot(live.objects)
@@ -190,19 +246,20 @@ def _live_plan(args: argparse.Namespace, key: str, patch: dict[str, Any]) -> Any
         key,
         patch,
         now=now,
-        policy=_policy(args),
+        policy=config.policy(),
         reservations=reservations,
-        victim_order=args.victim_order,
+        victim_order=config.victim_order,
     )
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    key, patch = _pod_key(args.pod), _read_patch(args.resize)
+    key, patch = _pod_key(args.pod, args.namespace), _read_patch(args.resize)
+    config = _settings(args)
     live = args.kubeconfig is not None or (args.live_by_default and args.snapshot is None)
     if (args.snapshot is not None) == live:
         raise UsageError("plan needs one of --snapshot FILE and --kubeconfig FILE")
     if live:
-        plan = _live_plan(args, key, patch)
+        plan = _live_plan(args, config, key, patch)
     else:
         snapshot = load_snapshot(_read_documents(args.snapshot))
         plan = plan_snapshot_resize(
@@ -210,8 +267,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             key,
             patch,
             now=_now(args),
-            policy=_policy(args),
-            victim_order=args.victim_order,
+            policy=config.policy(),
+            victim_order=config.victim_order,
         )
     return _output(args, plan, plan_to_dict, human_report)
 
@@ -228,17 +285,13 @@ def _output(
     return EXIT_OK
 
 
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return value
-
-
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number of at least 1")
     return value
 
 
@@ -282,12 +335,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import logging
     import os
 
-    from webhook.engine.settings import SETTINGS, load_config
-    from webhook.web.server import ServerOptions, serve
+    from webhook.engine.settings import SETTINGS, check_ports, load_config
+    from webhook.kube.kubeconfig import client_source
+    from webhook.web.server import ServerOptions, check_address, serve
+    from webhook.web.tls import TLSConfigError
 
+    # Everything is checked before a port is bound or a process forked: each mistake is
+    # one line and exit 2, not a worker's traceback in a crash loop.
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
-    flags = {name: getattr(args, name.replace("-", "_"), None) for name in SETTINGS}
+    flags = {name: getattr(args, _dest(name), None) for name in SETTINGS}
     config = load_config(file=args.config, env=os.environ, flags=flags)
+    check_ports(args.port, args.metrics_port)
+    client_source(args.kubeconfig)
+    try:
+        check_address(args.host)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
     def factory(tls: Any) -> Any:
         # Imported in the worker, after it made the standard library cooperative: the
@@ -306,23 +369,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         max_body_bytes=config.max_body_bytes,
     )
-    serve(factory, options)
+    try:
+        serve(factory, options)
+    except TLSConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from webhook.engine.settings import Config
     from webhook.engine.status import service_status, status_text, status_to_dict
     from webhook.kube.status import read_live
 
-    live = _ask_cluster(args, lambda api: read_live(api, namespace=args.namespace, node=args.node))
-    policy = _policy(args)
-    config = Config(
-        namespace=args.namespace,
-        pdb_mode=policy.pdb_mode,
-        max_victims=policy.max_victims,
-        protected_namespaces=policy.protected_namespaces,
-        lending=policy.lending,
-        victim_order=args.victim_order,
+    config = _settings(args)
+    live = _ask_cluster(
+        args, lambda api: read_live(api, namespace=config.namespace, node=args.node)
     )
     status = service_status(
         load_snapshot(live.objects),
@@ -378,56 +437,44 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _setting_arguments(parser: Any, names: Sequence[str]) -> None:
+    """``--NAME`` for each setting of ``names``, spelled, explained and read as ``serve``
+    takes it (the value is checked by the setting's rule once parsed)."""
+    from webhook.engine.settings import SETTINGS, env_name
+
+    for name in names:
+        setting = SETTINGS[name]
+        parser.add_argument(
+            f"--{name}",
+            dest=_dest(name),
+            default=None,
+            metavar="{" + ",".join(setting.choices) + "}" if setting.choices else setting.metavar,
+            help=f"{setting.help} (default: {setting.default}; {env_name(name)})".replace(
+                "%", "%%"
+            ),
+        )
+
+
 def _cluster_arguments(parser: argparse.ArgumentParser, *, kubeconfig_help: str) -> None:
     parser.add_argument("--kubeconfig", metavar="FILE", help=kubeconfig_help)
     parser.add_argument("--context", metavar="NAME", help="kubeconfig context")
-    parser.add_argument(
-        "--namespace",
-        default="resize-preemption-system",
-        metavar="NAMESPACE",
-        help="the webhook's namespace, where its ledger and leader Leases are "
-        "(default: %(default)s)",
-    )
 
 
 def _policy_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--pdb-mode",
-        choices=("respect", "best-effort"),
-        default="respect",
-        help="the service's pdb-mode setting (default: %(default)s)",
+    group = parser.add_argument_group(
+        "the service's settings, to plan as it would (spelled as serve takes them)"
     )
-    parser.add_argument(
-        "--max-victims",
-        type=_non_negative_int,
-        default=None,
-        metavar="N",
-        help="the service's max-victims setting (default: unlimited)",
-    )
-    parser.add_argument(
-        "--protected-namespace",
-        action="append",
-        metavar="NAMESPACE",
-        help="a namespace whose pods are never victims (repeatable)",
-    )
-    parser.add_argument(
-        "--no-lending",
-        dest="lending",
-        action="store_false",
-        help="plan evictions only: pods with a floor annotation do not lend",
-    )
-    parser.add_argument(
-        "--victim-order",
-        choices=get_args(VictimOrder),
-        default="upstream",
-        help="the service's victim-order setting (default: %(default)s)",
-    )
+    _setting_arguments(group, PLAN_SETTINGS)
     parser.add_argument("--now", metavar="RFC3339", help="evaluate as of this time")
 
 
 def _output_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "-o", "--output", choices=("text", "json"), default="text", help="(default: %(default)s)"
+        "-o",
+        "--output",
+        choices=("text", "json"),
+        default="text",
+        help="output format: text for people, json (one line) for programs (default: %(default)s)",
     )
 
 
@@ -447,7 +494,13 @@ def _plan_parser(sub: Any, live_by_default: bool) -> None:
         help="Nodes, Pods, PodDisruptionBudgets, PriorityClasses (YAML or JSON; - reads "
         "standard input, e.g. kubectl get nodes,pods,pdb,priorityclasses -A -o yaml)",
     )
-    plan.add_argument("--pod", required=True, metavar="NAMESPACE/NAME", help="the resizing pod")
+    plan.add_argument("--pod", required=True, metavar="[NAMESPACE/]NAME", help="the resizing pod")
+    plan.add_argument(
+        "-n",
+        "--namespace",
+        metavar="NAMESPACE",
+        help="the pod's namespace, as kubectl's -n (default: default, or the one in --pod)",
+    )
     plan.add_argument(
         "--resize",
         required=True,
@@ -493,13 +546,14 @@ def _return_loans_parser(sub: Any) -> None:
         ),
     )
     _cluster_arguments(cmd, kubeconfig_help="default: $KUBECONFIG, ~/.kube/config")
+    _setting_arguments(cmd, ["service-namespace"])
     cmd.add_argument("--node", metavar="NAME", help="one node only")
     _output_argument(cmd)
     cmd.set_defaults(func=cmd_return_loans)
 
 
 def _serve_parser(sub: Any) -> None:
-    from webhook.engine.settings import SETTINGS, env_name
+    from webhook.engine.settings import METRICS_PORT, PORT, SETTINGS
 
     srv = sub.add_parser(
         "serve",
@@ -511,13 +565,19 @@ def _serve_parser(sub: Any) -> None:
     server.add_argument("--tls-cert", required=True, metavar="FILE", help="serving certificate")
     server.add_argument("--tls-key", required=True, metavar="FILE", help="its private key")
     server.add_argument("--host", default="0.0.0.0", help="address (default: %(default)s)")
-    server.add_argument("--port", type=int, default=8443, help="HTTPS (default: %(default)s)")
+    server.add_argument(
+        "--port",
+        type=_rule_type(PORT),
+        metavar="PORT",
+        default=8443,
+        help="HTTPS, 1-65535 (default: %(default)s)",
+    )
     server.add_argument(
         "--metrics-port",
-        type=int,
+        type=_rule_type(METRICS_PORT),
         metavar="PORT",
         default=9090,
-        help="plain HTTP /metrics; 0 disables it (default: %(default)s)",
+        help="plain HTTP /metrics, 1-65535 and not --port; 0 disables it (default: %(default)s)",
     )
     server.add_argument(
         "--workers",
@@ -538,16 +598,7 @@ def _serve_parser(sub: Any) -> None:
         help="(default: %(default)s)",
     )
     settings = srv.add_argument_group("settings (also RPW_* variables and --config keys)")
-    for name, setting in SETTINGS.items():
-        settings.add_argument(
-            f"--{name}",
-            dest=name.replace("-", "_"),
-            default=None,
-            metavar="{" + ",".join(setting.choices) + "}" if setting.choices else setting.metavar,
-            help=f"{setting.help} (default: {setting.default}; {env_name(name)})".replace(
-                "%", "%%"
-            ),
-        )
+    _setting_arguments(settings, list(SETTINGS))
     srv.set_defaults(func=cmd_serve)
 
 
@@ -575,10 +626,13 @@ def _certs_parser(sub: Any) -> None:
         help="(default: %(default)s)",
     )
     add(
+        "--service-namespace",
         "--namespace",
+        dest="namespace",
         default="resize-preemption-system",
         metavar="NAMESPACE",
-        help="(default: %(default)s)",
+        help="the Service's namespace, as serve's service-namespace setting; --namespace is "
+        "the deprecated spelling (default: %(default)s)",
     )
     add(
         "--cluster-domain", default="cluster.local", metavar="DOMAIN", help="(default: %(default)s)"
@@ -635,7 +689,7 @@ def _metrics_parser(sub: Any) -> None:
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command line; as the kubectl plugin (``prog`` ``kubectl resize-preemption``),
     ``plan`` asks the live cluster unless given a snapshot, as kubectl's own commands do."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=prog,
         description="Make room for in-place pod resizes by preempting lower-priority pods.",
     )

@@ -26,7 +26,8 @@ STUB_WEBHOOK = """
 import argparse, http.server, json, ssl
 
 parser = argparse.ArgumentParser()
-for flag in ("--kubeconfig", "--tls-cert", "--tls-key", "--port", "--metrics-port", "--namespace"):
+for flag in ("--kubeconfig", "--tls-cert", "--tls-key", "--port", "--metrics-port",
+             "--service-namespace"):
     parser.add_argument(flag)
 args = parser.parse_args()
 

@@ -28,9 +28,9 @@ from harness.kubeapi import ApiError
 from harness.launcher import free_port
 from harness.webhook_process import launch
 from tests.e2e.conftest import Cluster, Kubectl, Waiter, _remove_namespace
+from tests.e2e.helm_tools import CHART, helm_binary, set_args
 from tests.e2e.service_support import resize
 from tests.e2e.test_service import expect_preempted_and_actuated, walkthrough
-from tests.unit.helm_tools import CHART, helm_binary, set_args
 
 pytestmark = pytest.mark.e2e
 

@@ -141,7 +141,13 @@ def test_a_loan_whose_lease_was_deleted_is_listed_and_given_back(
     wait_until(lambda: entry_of(cluster, namespace, "high") is None, timeout=10, what="no entry")
 
     status = run_cli(
-        "status", "--kubeconfig", str(cluster.kubeconfig), "--namespace", NAMESPACE, "-o", "json"
+        "status",
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        "--service-namespace",
+        NAMESPACE,
+        "-o",
+        "json",
     )
     assert 0 == status.returncode, status.stderr
     [node] = [n for n in json.loads(status.stdout)["nodes"] if n["node"] == NODE]

@@ -13,8 +13,8 @@ import yaml
 
 from harness.webhook_process import ensure_namespace
 from tests.e2e.conftest import Cluster, Kubectl
+from tests.e2e.helm_tools import template
 from tests.e2e.test_deploy import DEPLOY, build, documents, server_dry_run
-from tests.unit.helm_tools import template
 
 NAMESPACE = "resize-preemption-system"
 

@@ -203,7 +203,14 @@ def test_a_viewer_sees_the_deferred_resize_why_it_waits_and_the_leader(
 
 def run_status(kubeconfig: Path, *args: str) -> dict[str, Any]:
     result = run_cli(
-        "status", "--kubeconfig", str(kubeconfig), "--namespace", NAMESPACE, "-o", "json", *args
+        "status",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--service-namespace",
+        NAMESPACE,
+        "-o",
+        "json",
+        *args,
     )
     assert (0, "") == (result.returncode, result.stderr)
     answer: dict[str, Any] = json.loads(result.stdout)
@@ -216,7 +223,7 @@ def test_status_of_one_node_and_as_a_table(
     viewer = accounts("viewer")
 
     elsewhere = run_status(viewer, "--node", "no-such-node")
-    table = run_cli("status", "--kubeconfig", str(viewer), "--namespace", NAMESPACE)
+    table = run_cli("status", "--kubeconfig", str(viewer), "--service-namespace", NAMESPACE)
 
     assert ([], []) == (elsewhere["nodes"], elsewhere["deferred"])
     assert 0 == table.returncode, table.stderr
@@ -235,7 +242,7 @@ def test_plan_against_the_live_cluster_is_the_plan_of_its_snapshot(
     common = ["--pod", pod, "--resize", resize_patch("7"), "--now", NOW, "-o", "json"]
     listed = kubectl("get", "nodes,pods,pdb,priorityclasses", "-A", "-o", "yaml").stdout
 
-    live = run_cli("plan", "--kubeconfig", str(viewer), "--namespace", NAMESPACE, *common)
+    live = run_cli("plan", "--kubeconfig", str(viewer), "--service-namespace", NAMESPACE, *common)
     offline = run_cli("plan", "--snapshot", "-", *common, stdin=listed)
 
     assert (0, "") == (live.returncode, live.stderr)
@@ -268,9 +275,9 @@ def test_the_kubectl_plugin_tells_status_and_plans_as_the_commands_do(
     pod = f"{namespace}/high-priority-pod"
     common = ["--pod", pod, "--resize", resize_patch("7"), "--now", NOW, "-o", "json"]
 
-    status = run_plugin(cluster, viewer, "status", "--namespace", NAMESPACE, "-o", "json")
-    plan = run_plugin(cluster, viewer, "plan", "--namespace", NAMESPACE, *common)
-    direct = run_cli("plan", "--kubeconfig", str(viewer), "--namespace", NAMESPACE, *common)
+    status = run_plugin(cluster, viewer, "status", "--service-namespace", NAMESPACE, "-o", "json")
+    plan = run_plugin(cluster, viewer, "plan", "--service-namespace", NAMESPACE, *common)
+    direct = run_cli("plan", "--kubeconfig", str(viewer), "--service-namespace", NAMESPACE, *common)
 
     assert (0, "") == (status.returncode, status.stderr)
     assert (0, "") == (plan.returncode, plan.stderr)
@@ -284,7 +291,7 @@ def test_without_the_viewer_rights_one_line_and_exit_4(
 ) -> None:
     outsider = accounts("outsider")
 
-    status = run_cli("status", "--kubeconfig", str(outsider), "--namespace", NAMESPACE)
+    status = run_cli("status", "--kubeconfig", str(outsider), "--service-namespace", NAMESPACE)
     plan = run_cli(
         "plan",
         "--kubeconfig",

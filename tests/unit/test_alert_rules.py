@@ -1,13 +1,11 @@
-"""The alerting rules and the dashboard: `promtool check rules` and `promtool test rules`
-(deploy/prometheus/rules-test.yaml) with the real promtool, one test case per alert, and
+"""The alerting rules and the dashboard: one promtool test case per alert
+(deploy/prometheus/rules-test.yaml, run by tests/e2e/test_alert_rules_promtool.py), and
 every metric they read is one the service exports (webhook/engine/metrics.py)."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,17 +18,7 @@ PROMETHEUS = REPO / "deploy" / "prometheus"
 RULES = PROMETHEUS / "rules.yaml"
 RULES_TEST = PROMETHEUS / "rules-test.yaml"
 DASHBOARD = PROMETHEUS / "dashboard.json"
-INSTALL = REPO / "scripts" / "install-test-tools.sh"
 METRIC = re.compile(r"\bresize_preemption_[a-z_]+\b")
-
-
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    if shutil.which("promtool") is None:
-        subprocess.run(["bash", str(INSTALL)], check=True, timeout=900)
-    found = shutil.which("promtool")
-    assert found, f"{INSTALL.name} did not install promtool"
-    return found
 
 
 def alert_rules() -> list[dict[str, object]]:
@@ -51,25 +39,6 @@ def exported_series() -> set[str]:
 def dashboard_expressions() -> list[tuple[str, str]]:
     panels = json.loads(DASHBOARD.read_text())["panels"]
     return [(p["title"], t["expr"]) for p in panels for t in p["targets"]]
-
-
-def test_promtool_checks_the_rules(promtool: str) -> None:
-    result = subprocess.run(
-        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
-    )
-    assert 0 == result.returncode, result.stdout + result.stderr
-    assert f"SUCCESS: {len(alert_rules())} rules found" in result.stdout
-
-
-def test_promtool_unit_tests_pass(promtool: str) -> None:
-    result = subprocess.run(
-        [promtool, "test", "rules", str(RULES_TEST)],
-        capture_output=True,
-        text=True,
-        cwd=PROMETHEUS,
-        check=False,
-    )
-    assert 0 == result.returncode, result.stdout + result.stderr
 
 
 def test_every_alert_has_unit_tests_that_see_it_fire_and_stay_quiet() -> None:

@@ -4,13 +4,17 @@ docs/service.md tables them. And the kubectl plugin's command line."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
+from cryptography import x509
 
-from webhook.cli import KUBECTL_PLUGIN, kubectl_plugin, main
+from tests.unit.builders import HIGH, make_node, make_pod
+from webhook.cli import KUBECTL_PLUGIN, PLAN_SETTINGS, kubectl_plugin, main
 from webhook.engine.settings import SETTINGS, env_name
 
 SERVICE_DOC = Path(__file__).resolve().parents[2] / "docs" / "service.md"
@@ -119,3 +123,80 @@ def test_the_kubectl_plugin_plans_against_the_current_cluster_without_a_snapshot
     assert (3, 2) == (plugin, plain)
     assert str(missing) in plugin_error
     assert "plan needs one of --snapshot FILE and --kubeconfig FILE" in plain_error
+
+
+def _kube_system_snapshot(tmp_path: Path) -> Path:
+    objects = [
+        make_node("node-1").allocatable(cpu="8", memory="16Gi").obj(),
+        make_pod("web", "kube-system")
+        .priority(HIGH)
+        .requests(cpu="4")
+        .started(50)
+        .admitted()
+        .obj(),
+    ]
+    path = tmp_path / "snapshot.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": objects}))
+    return path
+
+
+@pytest.mark.parametrize(
+    "pod_arguments",
+    [
+        pytest.param(["-n", "kube-system", "--pod", "web"], id="short"),
+        pytest.param(["--namespace", "kube-system", "--pod", "web"], id="long"),
+        pytest.param(["--pod", "kube-system/web"], id="in-pod"),
+    ],
+)
+@pytest.mark.parametrize("run", [main, kubectl_plugin], ids=["python-m-webhook", "plugin"])
+def test_namespace_is_the_pods_as_in_kubectl(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    run: Callable[[list[str]], int],
+    pod_arguments: list[str],
+) -> None:
+    snapshot = _kube_system_snapshot(tmp_path)
+    patch = '{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"5"}}}]}}'
+
+    code = run(["plan", "--snapshot", str(snapshot), *pod_arguments, "--resize", patch,
+                "-o", "json"])  # fmt: skip
+    out, err = capsys.readouterr()
+
+    assert (0, "") == (code, err)
+    assert "kube-system/web" == json.loads(out)["pod"]
+
+
+@pytest.mark.parametrize("command", ["plan", "status"])
+def test_plan_and_status_spell_the_services_settings_as_serve_does(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")
+    options = _options(_help(capsys, command))
+    serve = _options(_help(capsys, "serve"))
+
+    for name in PLAN_SETTINGS:
+        assert serve[f"--{name}"] == options[f"--{name}"]
+    assert not {"--protected-namespace", "--no-lending"} & set(options)
+
+
+@pytest.mark.parametrize("command", ["plan", "status", "return-loans"])
+def test_output_has_help_text(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")
+    text = _help(capsys, command)
+
+    assert re.search(r"^  -o \{text,json\}, --output \{text,json\}\s+output format: ", text, re.M)
+
+
+@pytest.mark.parametrize("flag", ["--service-namespace", "--namespace"], ids=["new", "deprecated"])
+def test_certs_names_the_services_namespace_as_serve_does(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str
+) -> None:
+    code = main(["certs", "--out", str(tmp_path), "--service", "rpw", flag, "ops"])
+    capsys.readouterr()
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+
+    assert 0 == code
+    assert "rpw.ops.svc" in names.get_values_for_type(x509.DNSName)

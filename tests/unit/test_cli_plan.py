@@ -342,10 +342,10 @@ def _guarded(tmp_path: Path) -> Path:
             id="max-victims",
         ),
         pytest.param(
-            ["--pdb-mode", "best-effort", "--protected-namespace", "default"],
+            ["--pdb-mode", "best-effort", "--protected-namespaces", "kube-system,default"],
             "infeasible",
             "insufficient-after-preemption",
-            id="protected-namespace",
+            id="protected-namespaces",
         ),
     ],
 )
@@ -465,7 +465,7 @@ def _bad_snapshot(tmp_path: Path, kind: str) -> Path:
         pytest.param(
             "ok",
             ["--pod", "default/high-priority-pod", "--resize", "{not json"],
-            "error: --resize is not valid JSON",
+            "error: --resize is not JSON (line 1 column 2): give the patch of kubectl patch",
             id="patch-not-json",
         ),
         pytest.param(
@@ -483,7 +483,7 @@ def _bad_snapshot(tmp_path: Path, kind: str) -> Path:
         pytest.param(
             "ok",
             ["--pod", "a/b/c", "--resize", WALKTHROUGH_PATCH],
-            "error: --pod must be NAMESPACE/NAME, not 'a/b/c'",
+            "error: --pod must be NAME or NAMESPACE/NAME, not 'a/b/c'",
             id="bad-pod-argument",
         ),
         pytest.param(
@@ -574,12 +574,12 @@ def test_loans_in_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "borrowing cpu 1 from 1 lower-priority pod on node-1" == data["reason"]
 
 
-def test_no_lending_flag_evicts_instead(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_lending_false_evicts_instead(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     snapshot = write_yaml_list(tmp_path, lending_objects())
 
     data = _json(
         capsys, snapshot, "--pod", "high-priority-pod", "--resize", WALKTHROUGH_PATCH,
-        "--no-lending",
+        "--lending", "false",
     )  # fmt: skip
 
     assert ("preempt", ["default/low-priority-pod"], []) == (
@@ -672,11 +672,29 @@ def test_a_cluster_that_cannot_be_reached_is_one_line_and_its_exit_code(
     assert result.stderr.startswith(f"error: {message}"), result.stderr
 
 
-def test_a_missing_kubeconfig_is_one_line_and_exit_3(tmp_path: Path) -> None:
-    result = run_cli("status", "--kubeconfig", str(tmp_path / "missing"))
+def test_a_kubeconfig_named_but_missing_is_bad_input(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    result = run_cli("status", "--kubeconfig", str(missing))
+
+    assert (2, 1) == (result.returncode, len(result.stderr.splitlines()))
+    assert f"error: cannot read kubeconfig {missing}: No such file or directory\n" == (
+        result.stderr
+    )
+
+
+def test_no_kubeconfig_at_all_is_exit_3(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "webhook", "status"],
+        cwd=REPO, env={**env, "KUBECONFIG": str(missing)}, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
 
     assert (3, 1) == (result.returncode, len(result.stderr.splitlines()))
-    assert "cannot load Kubernetes client configuration" in result.stderr
+    assert "error: no Kubernetes client configuration: not in a pod, and no kubeconfig at" in (
+        result.stderr
+    )
 
 
 def movable_objects() -> list[dict[str, Any]]:
@@ -737,10 +755,13 @@ def test_an_unknown_victim_order_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     snapshot = write_yaml_list(tmp_path, movable_objects())
-    with pytest.raises(SystemExit):
-        main(["plan", "--snapshot", str(snapshot), "--pod", "bare", "--resize", "{}",
-              "--victim-order", "random"])  # fmt: skip
-    assert "upstream" in capsys.readouterr().err
+    code = main(["plan", "--snapshot", str(snapshot), "--pod", "bare", "--resize", "{}",
+                 "--victim-order", "random"])  # fmt: skip
+    assert 2 == code
+    assert (
+        "error: command line: --victim-order='random' must be one of upstream, movable-first\n"
+        == capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(

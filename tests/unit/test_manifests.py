@@ -96,7 +96,7 @@ def all_yaml_files() -> Iterator[Path]:
     for path in sorted(DEPLOY.rglob("*.yaml")):
         parts = path.relative_to(DEPLOY).parts
         # tls/ is written by the certs command; the chart (templates, values) and the
-        # Prometheus rules are not manifests: tests/unit/test_helm_chart.py checks them.
+        # Prometheus rules are not manifests: tests/e2e/test_helm_chart.py checks them.
         if not {"tls", "helm", "prometheus"} & set(parts):
             yield path
 
@@ -304,11 +304,15 @@ def test_environment_names_the_pod_and_its_namespace_and_is_valid(
     env = {e["name"]: e for e in container["env"]}
 
     assert env["RPW_IDENTITY"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    assert env["RPW_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert (
+        env["RPW_SERVICE_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    )
     known = {env_name(s) for s in SETTINGS}
     assert set(env) <= known, f"unknown settings: {set(env) - known}"
     literal = {k: e["value"] for k, e in env.items() if "value" in e}
-    config = load_config(env={**literal, "RPW_IDENTITY": "pod-0", "RPW_NAMESPACE": NAMESPACE})
+    config = load_config(
+        env={**literal, "RPW_IDENTITY": "pod-0", "RPW_SERVICE_NAMESPACE": NAMESPACE}
+    )
     assert (config.identity, config.namespace) == ("pod-0", NAMESPACE)
 
 

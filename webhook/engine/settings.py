@@ -2,24 +2,31 @@
 defaults < file < environment < flags.
 
 Every setting has one name, spelled ``kebab-case`` in the file and on the command line
-(``--reservation-ttl``) and ``RPW_UPPER_SNAKE`` in the environment
-(``RPW_RESERVATION_TTL``). Bad values raise :class:`InputError` naming the setting and
-where it came from.
+(``--reservation-ttl``, the same for ``serve``, ``plan`` and ``status``) and
+``RPW_UPPER_SNAKE`` in the environment (``RPW_RESERVATION_TTL``), and one :class:`Rule`:
+how a value is read and what it must be, wherever it comes from, and the chart's values
+schema (scripts/chart_schema.py). Bad values raise :class:`InputError`, one line naming
+the setting as it was given, where it came from and the rule.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal, get_args
+from typing import Any, ClassVar, Final, Literal, get_args
 
 import yaml
 
 from webhook.core.errors import InputError
 from webhook.core.model import PdbMode
 from webhook.core.policy import DefaultPolicy, VictimOrder
+
+log = logging.getLogger(__name__)
 
 Mode = Literal["enforce", "warn", "deny-infeasible"]
 EvictionMethod = Literal["evict", "delete"]
@@ -87,81 +94,222 @@ class Config:
         )
 
 
-def _choice(*allowed: str) -> Callable[[object], str]:
-    def parse(value: object) -> str:
-        if value not in allowed:
-            raise ValueError(f"must be one of {', '.join(allowed)}")
+#: Kubernetes names of namespaces (DNS-1123 labels).
+DNS_LABEL: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_DNS_LABEL = re.compile(DNS_LABEL)
+#: The smallest body limit allowed: an AdmissionReview of a resize carries the pod twice
+#: (object and oldObject), some kB for a small pod and tens of kB for one with many
+#: containers or variables; a limit below that would make every review fail open.
+MIN_BODY_BYTES: Final = 64 * 1024
+#: Leader election renews at 2/3 of the lease and retries every 1/7.5 of it, at least every
+#: 0.5 s (webhook.service._elector); client-go requires renew deadline > 1.2 x retry
+#: period, which holds from a lease of 0.9 s, and a Lease stores whole seconds.
+MIN_LEASE_DURATION: Final = 1.0
+
+
+class Rule:
+    """How a value of one setting is read and what it must be: ``__call__`` parses text
+    (or a YAML value) and raises ``ValueError`` saying the rule; :meth:`schema` is the
+    same rule in JSON Schema (the chart's values.schema.json is generated from it)."""
+
+    def __call__(self, value: object) -> Any:
+        raise NotImplementedError
+
+    def schema(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class Choice(Rule):
+    allowed: tuple[str, ...]
+
+    def __call__(self, value: object) -> str:
+        if value not in self.allowed:
+            raise ValueError(f"must be one of {', '.join(self.allowed)}")
         return str(value)
 
-    return parse
+    def schema(self) -> dict[str, Any]:
+        return {"enum": list(self.allowed)}
 
 
-def _number(value: object) -> float:
-    if isinstance(value, bool):
-        raise ValueError("must be a number")
-    number = float(value)  # type: ignore[arg-type]
-    if number < 0:
-        raise ValueError("must be >= 0")
-    return number
+@dataclass(frozen=True, slots=True)
+class Seconds(Rule):
+    """A duration in seconds: finite, and above zero (or at least ``minimum``)."""
+
+    minimum: float = 0.0
+
+    def __call__(self, value: object) -> float:
+        if isinstance(value, bool):
+            raise ValueError(self.rule)
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ValueError(self.rule) from None
+        if not math.isfinite(number) or number <= 0 or number < self.minimum:
+            raise ValueError(self.rule)
+        return number
+
+    @property
+    def rule(self) -> str:
+        if self.minimum > 0:
+            return f"must be a number of seconds of at least {self.minimum:g}"
+        return "must be a number of seconds above 0 (finite)"
+
+    def schema(self) -> dict[str, Any]:
+        if self.minimum > 0:
+            return {"type": "number", "minimum": self.minimum}
+        return {"type": "number", "exclusiveMinimum": 0}
 
 
-def _count(value: object) -> int:
-    if isinstance(value, bool):
-        raise ValueError("must be an integer")
-    number = int(str(value))
-    if number < 0:
-        raise ValueError("must be >= 0")
-    return number
+@dataclass(frozen=True, slots=True)
+class Count(Rule):
+    """A whole number of at least ``minimum``; with ``unlimited``, also none (``None``):
+    empty, ``none`` or ``unlimited`` in text, null in YAML."""
+
+    minimum: int = 0
+    unlimited: bool = False
+
+    def __call__(self, value: object) -> int | None:
+        if self.unlimited and (
+            value is None or (isinstance(value, str) and value.lower() in _NO_LIMIT)
+        ):
+            return None
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(self.rule)
+        try:
+            number = int(value) if isinstance(value, float) else int(str(value).strip())
+        except ValueError:
+            raise ValueError(self.rule) from None
+        if number < self.minimum:
+            raise ValueError(self.rule)
+        return number
+
+    @property
+    def rule(self) -> str:
+        text = f"must be a whole number of at least {self.minimum}"
+        return text + " (or unlimited)" if self.unlimited else text
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "integer", "minimum": self.minimum}
 
 
-def _optional_count(value: object) -> int | None:
-    if value is None or (isinstance(value, str) and value.lower() in ("", "none", "unlimited")):
-        return None
-    return _count(value)
+_NO_LIMIT = ("", "none", "unlimited")
 
 
-def _names(value: object) -> frozenset[str]:
-    if isinstance(value, str):
-        items = [v.strip() for v in value.split(",")]
-    elif isinstance(value, list | tuple | set | frozenset):
-        items = [str(v).strip() for v in value]
-    else:
-        raise ValueError("must be a list or a comma-separated string")
-    return frozenset(v for v in items if v)
+@dataclass(frozen=True, slots=True)
+class Port(Rule):
+    """A TCP port, 1-65535; with ``off``, also 0 for "not served"."""
+
+    off: bool = False
+
+    def __call__(self, value: object) -> int:
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            raise ValueError(self.rule) from None
+        if not (0 if self.off else 1) <= number <= 65535:
+            raise ValueError(self.rule)
+        return number
+
+    @property
+    def rule(self) -> str:
+        return "must be a port, 1-65535" + (" (0: off)" if self.off else "")
+
+    def schema(self) -> dict[str, Any]:
+        # The chart always serves metrics: 0 is the command line's alone.
+        return {"type": "integer", "minimum": 1, "maximum": 65535}
 
 
-def _switch(value: object) -> bool:
-    if isinstance(value, bool):
+@dataclass(frozen=True, slots=True)
+class Namespace(Rule):
+    """A namespace name: a DNS-1123 label."""
+
+    def __call__(self, value: object) -> str:
+        if not isinstance(value, str) or len(value) > 63 or not _DNS_LABEL.match(value):
+            raise ValueError(self.rule)
         return value
-    text = str(value).strip().lower()
-    if text in ("true", "on", "yes", "1"):
-        return True
-    if text in ("false", "off", "no", "0"):
-        return False
-    raise ValueError("must be true or false (on/off)")
+
+    rule: ClassVar[str] = (
+        "must be a namespace name (DNS-1123 label: lower-case letters, digits and '-', at most 63)"
+    )
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "string", "pattern": DNS_LABEL, "maxLength": 63}
 
 
-def _text(value: object) -> str:
-    if not isinstance(value, str):
-        raise ValueError("must be a string")
-    return value
+@dataclass(frozen=True, slots=True)
+class Namespaces(Rule):
+    """Namespace names: a list, or one comma-separated string."""
+
+    def __call__(self, value: object) -> frozenset[str]:
+        if isinstance(value, str):
+            items = [v.strip() for v in value.split(",")]
+        elif isinstance(value, list | tuple | set | frozenset):
+            items = [str(v).strip() for v in value]
+        else:
+            raise ValueError("must be a list or a comma-separated string of namespaces")
+        names = frozenset(v for v in items if v)
+        bad = sorted(n for n in names if len(n) > 63 or not _DNS_LABEL.match(n))
+        if bad:
+            raise ValueError(f"holds {bad[0]!r}, which {Namespace.rule}")
+        return names
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "array", "items": Namespace().schema(), "uniqueItems": True}
+
+
+@dataclass(frozen=True, slots=True)
+class Switch(Rule):
+    def __call__(self, value: object) -> bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("true", "on", "yes", "1"):
+            return True
+        if text in ("false", "off", "no", "0"):
+            return False
+        raise ValueError("must be true or false (on/off)")
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "boolean"}
+
+
+@dataclass(frozen=True, slots=True)
+class Text(Rule):
+    """A string; with ``required``, not empty."""
+
+    required: bool = False
+
+    def __call__(self, value: object) -> str:
+        if not isinstance(value, str):
+            raise ValueError("must be a string")
+        if self.required and not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "string", "minLength": 1} if self.required else {"type": "string"}
 
 
 @dataclass(frozen=True, slots=True)
 class Setting:
-    """One setting: the :class:`Config` field it sets, how a value given as text (or YAML)
-    is read, and what ``serve --help`` and the table in docs/service.md say of it."""
+    """One setting: the :class:`Config` field it sets, its :class:`Rule` (how a value given
+    as text or YAML is read, what it must be) and what ``serve --help`` and the table in
+    docs/service.md say of it."""
 
     field: str
-    parse: Callable[[Any], Any]
+    parse: Rule
     #: One line for ``--help``; the docs' table says more.
     help: str
     #: What a value looks like on the command line, when not one of ``choices``.
     metavar: str = "VALUE"
-    choices: tuple[str, ...] = ()
     #: The default as a person reads it, where the field's default is no value
     #: (``None``, ``""``, nothing): what that means.
     default_text: str = ""
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return self.parse.allowed if isinstance(self.parse, Choice) else ()
 
     @property
     def default(self) -> str:
@@ -175,12 +323,12 @@ class Setting:
 
 
 def _one_of(field: str, allowed: tuple[str, ...], help: str) -> Setting:
-    return Setting(field, _choice(*allowed), help, choices=allowed)
+    return Setting(field, Choice(allowed), help)
 
 
 #: Every setting by name: the one list the command line, the environment, the file, the
-#: docs' table (tests/unit/test_docs.py) and ``serve --help`` (tests/unit/test_cli_help.py)
-#: are checked against.
+#: docs' table (tests/unit/test_docs.py), ``serve --help`` (tests/unit/test_cli_help.py)
+#: and the chart's values.schema.json (scripts/chart_schema.py) are checked against.
 SETTINGS: Final[dict[str, Setting]] = {
     "mode": _one_of(
         "mode",
@@ -202,28 +350,28 @@ SETTINGS: Final[dict[str, Setting]] = {
     ),
     "protected-namespaces": Setting(
         "protected_namespaces",
-        _names,
+        Namespaces(),
         "namespaces whose pods are never victims",
         metavar="NS[,NS...]",
         default_text="none",
     ),
     "max-victims": Setting(
         "max_victims",
-        _optional_count,
+        Count(unlimited=True),
         "a plan needing more victims is infeasible",
         metavar="N",
         default_text="unlimited",
     ),
     "lending": Setting(
         "lending",
-        _switch,
+        Switch(),
         "pods annotated with a floor lend CPU and memory in place before anyone is "
         "evicted; false: evictions only",
         metavar="{true,false}",
     ),
     "lend-memory-limits": Setting(
         "lend_memory_limits",
-        _switch,
+        Switch(),
         "a Guaranteed lender's memory floor lends too, its limit lowered with its request "
         "(a process growing past it later is OOM-killed); false: such pods lend CPU only",
         metavar="{true,false}",
@@ -236,69 +384,116 @@ SETTINGS: Final[dict[str, Setting]] = {
     ),
     "reservation-ttl": Setting(
         "reservation_ttl",
-        _number,
+        Seconds(),
         "seconds an admitted resize holds its room unless released earlier",
         metavar="SECONDS",
     ),
     "grace-period-cap": Setting(
         "grace_period_cap",
-        _optional_count,
+        Count(unlimited=True),
         "upper bound, seconds, on a victim's termination grace period",
         metavar="SECONDS",
         default_text="the pod's own",
     ),
     "persist-timeout": Setting(
         "persist_timeout",
-        _number,
+        Seconds(),
         "seconds the worker waits for an admitted resize to appear in the pod's spec",
         metavar="SECONDS",
     ),
-    "namespace": Setting(
+    "service-namespace": Setting(
         "namespace",
-        _text,
+        Namespace(),
         "namespace of the ledger and leader Leases, the service's own",
         metavar="NAMESPACE",
     ),
     "identity": Setting(
         "identity",
-        _text,
+        Text(),
         "holder identity in leader election and ledger entries",
         metavar="NAME",
         default_text="process-unique",
     ),
     "lease-duration": Setting(
         "lease_duration",
-        _number,
+        Seconds(minimum=MIN_LEASE_DURATION),
         "leader Lease duration, seconds; a new leader takes over within it",
         metavar="SECONDS",
     ),
     "resync-period": Setting(
         "resync_period",
-        _number,
+        Seconds(),
         "seconds between full relists of the cache",
         metavar="SECONDS",
     ),
     "max-cache-staleness": Setting(
         "max_cache_staleness",
-        _number,
+        Seconds(),
         "seconds a lost watch of the cache is tolerated before reviews fail open",
         metavar="SECONDS",
     ),
     "max-body-bytes": Setting(
-        "max_body_bytes", _count, "largest AdmissionReview accepted", metavar="BYTES"
+        "max_body_bytes",
+        Count(minimum=MIN_BODY_BYTES),
+        "largest AdmissionReview accepted",
+        metavar="BYTES",
     ),
     "scheduler-name": Setting(
-        "scheduler_name", _text, "reporting controller of the events", metavar="NAME"
+        "scheduler_name",
+        Text(required=True),
+        "the name the service's events and a deleted victim's DisruptionTarget report; "
+        "it selects no pods",
+        metavar="NAME",
     ),
 }
+
+#: Names a setting had before. Manifests written for them (``RPW_NAMESPACE``, a file's
+#: ``namespace:``) keep working, with a warning naming the new one; the new name wins
+#: where both are given. On the command line, where ``-n/--namespace`` is a pod's
+#: namespace as in kubectl, the old name is refused with the new one.
+RENAMED: Final[dict[str, str]] = {"namespace": "service-namespace"}
+#: The command line's server options (not settings): ports.
+PORT: Final = Port()
+METRICS_PORT: Final = Port(off=True)
+
+
+def check_ports(port: int, metrics_port: int) -> None:
+    """The HTTPS port and the metrics port are two listening sockets: they must differ."""
+    if metrics_port and port == metrics_port:
+        raise InputError(
+            f"command line: --metrics-port={metrics_port} must differ from --port={port}"
+        )
 
 
 def env_name(setting: str) -> str:
     return "RPW_" + setting.upper().replace("-", "_")
 
 
-def _apply(values: dict[str, Any], source: Mapping[str, Any], origin: str) -> None:
-    for key, raw in source.items():
+#: How each source spells a setting's name in a message.
+_SPELLING: Final[dict[str, Callable[[str], str]]] = {
+    "environment": env_name,
+    "command line": lambda name: f"--{name}",
+}
+
+
+def _as_is(name: str) -> str:
+    return name
+
+
+def _apply(
+    values: dict[str, Any], source: Mapping[str, Any], origin: str, notes: list[str]
+) -> None:
+    """Parse each value of ``source`` into ``values`` (by field); a former name adds a
+    line to ``notes``, said only once everything loaded, so a mistake stays one line."""
+    spell: Callable[[str], str] = _SPELLING.get(origin, _as_is)
+    for given, raw in source.items():
+        key = RENAMED.get(given, given)
+        if key != given:
+            if origin == "command line":
+                raise InputError(f"{origin}: {spell(given)} is now {spell(key)}")
+            if key in source:
+                continue
+            notes.append(f"{origin}: {spell(given)} is deprecated, read as {spell(key)}")
         if key not in SETTINGS:
             known = ", ".join(sorted(SETTINGS))
             raise InputError(f"{origin}: unknown setting {key!r} (known: {known})")
@@ -306,7 +501,7 @@ def _apply(values: dict[str, Any], source: Mapping[str, Any], origin: str) -> No
         try:
             values[setting.field] = setting.parse(raw)
         except (ValueError, TypeError) as e:
-            raise InputError(f"{origin}: {key}={raw!r} {e}") from None
+            raise InputError(f"{origin}: {spell(given)}={raw!r} {e}") from None
 
 
 def read_file(path: str) -> dict[str, Any]:
@@ -314,8 +509,12 @@ def read_file(path: str) -> dict[str, Any]:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
         raise InputError(f"cannot read config file {path}: {e.strerror or e}") from None
-    except yaml.YAMLError:
-        raise InputError(f"config file {path} is not valid YAML") from None
+    except UnicodeDecodeError:
+        raise InputError(f"config file {path} is not UTF-8 text") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise InputError(f"config file {path} is not valid YAML{where}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -330,13 +529,20 @@ def load_config(
     flags: Mapping[str, Any] | None = None,
 ) -> Config:
     """Merge defaults, the YAML ``file``, ``RPW_*`` variables of ``env`` and ``flags``
-    (setting name -> value; ``None`` values are "not given")."""
+    (setting name -> value; ``None`` values are "not given"). Every value is checked by
+    its setting's :class:`Rule`; the first bad one raises :class:`InputError`, one line
+    naming the setting, where it came from and the rule."""
     values: dict[str, Any] = {}
+    notes: list[str] = []
     if file:
-        _apply(values, read_file(file), f"config file {file}")
+        _apply(values, read_file(file), f"config file {file}", notes)
     if env:
-        from_env = {s: env[env_name(s)] for s in SETTINGS if env_name(s) in env}
-        _apply(values, from_env, "environment")
+        names = [*SETTINGS, *RENAMED]
+        from_env = {s: env[env_name(s)] for s in names if env_name(s) in env}
+        _apply(values, from_env, "environment", notes)
     if flags:
-        _apply(values, {k: v for k, v in flags.items() if v is not None}, "command line")
+        given = {k: v for k, v in flags.items() if v is not None}
+        _apply(values, given, "command line", notes)
+    for note in notes:
+        log.warning("%s", note)
     return dataclasses.replace(Config(), **values)

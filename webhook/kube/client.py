@@ -22,20 +22,20 @@ The returned client also
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from pathlib import Path
 from typing import Any, Final
 
 import kubernetes.client
 import urllib3
+import yaml
 from kubernetes.client import rest
 from kubernetes.config import incluster_config, kube_config
 from kubernetes.config.config_exception import ConfigException
 
 from webhook import __version__
 from webhook.kube.errors import ClusterError
+from webhook.kube.kubeconfig import default_kubeconfig, in_cluster
 
 USER_AGENT: Final = f"resize-preemption-webhook/{__version__}"
 DEFAULT_CONNECT_TIMEOUT: Final = 5.0
@@ -125,17 +125,9 @@ class ApiClient(kubernetes.client.ApiClient):
         self.timeout = timeout
 
 
-def in_cluster() -> bool:
-    """True inside a pod with a mounted service-account token."""
-    return (
-        bool(os.environ.get(incluster_config.SERVICE_HOST_ENV_NAME))
-        and Path(incluster_config.SERVICE_TOKEN_FILENAME).is_file()
-    )
-
-
 def _default_kubeconfig() -> str:
     # KUBE_CONFIG_DEFAULT_LOCATION is read once at import; honour a later KUBECONFIG too.
-    return os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    return default_kubeconfig()
 
 
 def make_configuration(
@@ -163,9 +155,11 @@ def make_configuration(
                 client_configuration=cfg,
                 persist_config=False,
             )
-    except (ConfigException, OSError, ValueError) as e:
+    except (ConfigException, OSError, ValueError, yaml.YAMLError) as e:
         where = kubeconfig or ("in-cluster" if in_cluster() else _default_kubeconfig())
-        raise ClusterError(f"cannot load Kubernetes client configuration ({where}): {e}") from e
+        # The loaders' messages may quote the file over many lines: the first says why.
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ClusterError(f"cannot load Kubernetes client configuration ({where}): {why}") from e
     return cfg
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -298,6 +299,24 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
             self._master_metrics.stop()
         if self._metrics_dir is not None:
             shared_metrics.disable(self._metrics_dir)
+
+
+def check_address(host: str) -> None:
+    """Raises ``ValueError`` (one line) unless this machine can listen on ``host``: it
+    resolves, and a socket binds there (on a port the system picks, closed at once), so
+    that gunicorn's own bind of the serving port does not retry and fail later."""
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        raise ValueError(f"--host {host!r} does not resolve: {getattr(e, 'strerror', e)}") from None
+    family, _, _, _, address = found[0]
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((address[0], 0, *address[2:]))
+    except OSError as e:
+        raise ValueError(
+            f"--host {host!r} is not an address of this machine: {e.strerror}"
+        ) from None
 
 
 def serve(app_factory: AppFactory, options: ServerOptions) -> NoReturn:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,41 @@ _Signature = tuple[tuple[int, int, int, int], tuple[int, int, int, int]]
 
 
 class TLSConfigError(Exception):
-    """The certificate and key cannot be served (raised only for the first pair)."""
+    """The certificate and key cannot be served (raised only for the first pair); the
+    message is one line saying which file and why."""
+
+
+class _PairError(ValueError):
+    """A certificate or key file that does not parse, or a key not the certificate's."""
+
+
+def _check_pair(cert_file: str, cert_pem: bytes, key_file: str, key_pem: bytes) -> None:
+    """Raises :class:`_PairError` naming the file at fault, which OpenSSL's own errors
+    (``[SSL] PEM lib``) do not."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError:
+        raise _PairError(f"certificate {cert_file} is not a PEM certificate") from None
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        raise _PairError(f"key {key_file} is not an unencrypted PEM private key") from None
+    public = serialization.PublicFormat.SubjectPublicKeyInfo
+    encoding = serialization.Encoding.DER
+    if key.public_key().public_bytes(encoding, public) != cert.public_key().public_bytes(
+        encoding, public
+    ):
+        raise _PairError(f"key {key_file} is not the key of certificate {cert_file}")
+
+
+def _why(cert_file: str, key_file: str, error: Exception) -> str:
+    """One line for a pair that does not load."""
+    if isinstance(error, _PairError):
+        return f"cannot serve TLS: {error}"
+    if isinstance(error, OSError) and error.filename:
+        return f"cannot serve TLS: cannot read {error.filename}: {error.strerror or error}"
+    text = " ".join(str(error).split())
+    return f"cannot serve TLS with certificate {cert_file} and key {key_file}: {text}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +130,7 @@ class CertificateReloader:
         try:
             self._pair = self._load(self._signature())
         except (OSError, ValueError) as e:
-            raise TLSConfigError(
-                f"cannot serve TLS with certificate {cert_file} and key {key_file}: {e}"
-            ) from None
+            raise TLSConfigError(_why(cert_file, key_file, e)) from None
         self._next_check = clock() + check_interval
         log.info("TLS certificate loaded (serial %x)", self._pair.serial)
 
@@ -135,10 +168,7 @@ class CertificateReloader:
             try:
                 self._pair = self._load(self._signature())
             except (OSError, ValueError) as e:
-                raise TLSConfigError(
-                    f"cannot serve TLS with certificate {self.cert_file} and key "
-                    f"{self.key_file}: {e}"
-                ) from None
+                raise TLSConfigError(_why(self.cert_file, self.key_file, e)) from None
             self._failed = None
             self._next_check = self._clock() + self.check_interval
 
@@ -193,6 +223,9 @@ class CertificateReloader:
         does not match the certificate or either does not parse."""
         with open(self.cert_file, "rb") as f:
             cert_pem = f.read()
+        with open(self.key_file, "rb") as f:
+            key_pem = f.read()
+        _check_pair(self.cert_file, cert_pem, self.key_file, key_pem)
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.minimum_version = MINIMUM_VERSION
         context.verify_mode = ssl.CERT_NONE  # the API server presents no client cert

@@ -28,7 +28,7 @@ app.kubernetes.io/part-of: {{ include "rpw.name" . }}
 {{ include "rpw.helmLabels" . }}
 {{- end -}}
 
-{{/* Only on objects Helm renders: tests/unit/test_helm_chart.py strips exactly these. */}}
+{{/* Only on objects Helm renders: tests/e2e/test_helm_chart.py strips exactly these. */}}
 {{- define "rpw.helmLabels" -}}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}

@@ -2,7 +2,11 @@
 and bad values), and the one-source-of-truth check - the chart's default objects equal
 `kubectl kustomize deploy/overlays/cert-manager`, with the mutating component too, and the
 "provided" certificates mode equals the self-signed overlay minus its Secret. Helm's own
-labels (tests/unit/helm_tools.HELM_LABELS) are the only difference allowed."""
+labels (tests/e2e/helm_tools.HELM_LABELS) are the only difference allowed.
+
+Runs helm (built from the Go module proxy by scripts/build-tools.sh on first use, about 4
+minutes on 2 cores, then cached) and ``kubectl kustomize`` (the control-plane binaries of
+scripts/build-control-plane.sh); no cluster."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import yaml
 from cryptography import x509
 
 from harness.binaries import ensure_binaries
-from tests.unit.helm_tools import (
+from tests.e2e.helm_tools import (
     CHART,
     REPO,
     by_key,
@@ -28,8 +32,12 @@ from tests.unit.helm_tools import (
     template,
     without_helm_labels,
 )
+from tests.unit.test_chart_schema import chart_schema
 from webhook.cli import build_parser
-from webhook.engine.settings import SETTINGS, env_name, load_config
+from webhook.core.errors import InputError
+from webhook.engine.settings import env_name, load_config
+
+pytestmark = pytest.mark.e2e
 
 DEPLOY = REPO / "deploy"
 NAMESPACE = "resize-preemption-system"
@@ -37,26 +45,8 @@ NAME = "resize-preemption-webhook"
 RULES = CHART / "files" / "rules.yaml"
 DASHBOARD = CHART / "files" / "dashboard.json"
 
-#: settings key of the chart -> service setting (namespace and identity come from the pod).
-CHART_SETTINGS = {
-    "mode": "mode",
-    "evictionMethod": "eviction-method",
-    "pdbMode": "pdb-mode",
-    "protectedNamespaces": "protected-namespaces",
-    "maxVictims": "max-victims",
-    "lending": "lending",
-    "lendMemoryLimits": "lend-memory-limits",
-    "victimOrder": "victim-order",
-    "reservationTTL": "reservation-ttl",
-    "gracePeriodCap": "grace-period-cap",
-    "persistTimeout": "persist-timeout",
-    "leaseDuration": "lease-duration",
-    "resyncPeriod": "resync-period",
-    "maxCacheStaleness": "max-cache-staleness",
-    "maxBodyBytes": "max-body-bytes",
-    "schedulerName": "scheduler-name",
-}
-FROM_THE_POD = {"namespace", "identity"}
+#: settings key of the chart -> service setting (scripts/chart_schema.py).
+CHART_SETTINGS = chart_schema.CHART_KEYS
 
 
 def kustomize(directory: Path) -> list[dict[str, Any]]:
@@ -210,12 +200,6 @@ def test_release_name_and_namespace_name_every_object() -> None:
 # --- every service setting is a value ---------------------------------------------------
 
 
-def test_every_service_setting_is_a_chart_value() -> None:
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert set(CHART_SETTINGS) == set(values["settings"])
-    assert set(SETTINGS) - FROM_THE_POD == set(CHART_SETTINGS.values())
-
-
 SETTING_CASES = [
     # (chart key, value, environment the service reads)
     ("mode", "warn", "warn"),
@@ -308,7 +292,7 @@ BAD_VALUES = [
     ("unknown-setting", {"settings.maxVictim": 3},
      "at '/settings': additional properties 'maxVictim' not allowed"),
     ("zero-lease", {"settings.leaseDuration": 0},
-     "at '/settings/leaseDuration': exclusiveMinimum: got 0, want 0"),
+     "at '/settings/leaseDuration': minimum: got 0, want 1"),
     ("bad-namespace-name", {"settings.protectedNamespaces": ["Kube_System"]},
      "at '/settings/protectedNamespaces/0': 'Kube_System' does not match pattern"),
     ("zero-replicas", {"replicaCount": 0}, "at '/replicaCount': minimum: got 0, want 1"),
@@ -325,6 +309,9 @@ BAD_VALUES = [
     ("bad-duration", {"certificates.duration": "90 days"},
      "at '/certificates/duration': '90 days' does not match pattern"),
     ("bad-port", {"server.port": 70000}, "at '/server/port': maximum: got 70,000, want 65,535"),
+    ("zero-port", {"server.port": 0}, "at '/server/port': minimum: got 0, want 1"),
+    ("zero-metrics-port", {"server.metricsPort": 0},
+     "at '/server/metricsPort': minimum: got 0, want 1"),
     ("bad-log-level", {"server.logLevel": "verbose"},
      "at '/server/logLevel': value must be one of 'debug', 'info', 'warning', 'error'"),
 ]  # fmt: skip
@@ -340,6 +327,79 @@ def test_bad_values_are_refused_with_a_message_naming_the_value(
     assert 0 != result.returncode
     assert "values don't meet the specifications of the schema" in result.stderr
     assert message in result.stderr
+
+
+#: (chart key, value): a value the service refuses, which the schema refuses as well.
+REFUSED_BY_BOTH = [
+    ("maxBodyBytes", 0), ("maxBodyBytes", 65535), ("leaseDuration", 0), ("leaseDuration", 0.5),
+    ("reservationTTL", 0), ("persistTimeout", -1), ("resyncPeriod", 0), ("maxCacheStaleness", 0),
+    ("maxVictims", -1), ("gracePeriodCap", -1), ("gracePeriodCap", 1.5),
+    ("protectedNamespaces", ["Bad_NS"]), ("schedulerName", ""), ("mode", "audit"),
+    ("evictionMethod", "drain"), ("pdbMode", "ignore"), ("victimOrder", "random"),
+    ("lending", "maybe"),
+]  # fmt: skip
+#: Values at the edge of a rule, which both take.
+ACCEPTED_BY_BOTH = [
+    ("maxBodyBytes", 65536), ("leaseDuration", 1), ("reservationTTL", 0.5), ("maxVictims", 0),
+    ("gracePeriodCap", 0), ("persistTimeout", 0.1),
+]  # fmt: skip
+
+
+def as_the_chart_writes(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), REFUSED_BY_BOTH, ids=[f"{k}={v!r}" for k, v in REFUSED_BY_BOTH]
+)
+def test_the_schema_refuses_what_the_service_refuses(key: str, value: Any) -> None:
+    variable = env_name(CHART_SETTINGS[key])
+    with pytest.raises(InputError, match=variable):
+        load_config(env={variable: as_the_chart_writes(value)})
+
+    result = template({f"settings.{key}": value})
+
+    assert 0 != result.returncode
+    assert f"at '/settings/{key}" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), ACCEPTED_BY_BOTH, ids=[f"{k}={v!r}" for k, v in ACCEPTED_BY_BOTH]
+)
+def test_values_at_the_edge_of_a_rule_are_taken_by_both(key: str, value: Any) -> None:
+    rendered = env_of(render({f"settings.{key}": value}))
+
+    load_config(env=rendered)
+    assert as_the_chart_writes(value) == rendered[env_name(CHART_SETTINGS[key])]
+
+
+def test_a_metrics_port_equal_to_the_port_is_refused_by_the_template() -> None:
+    result = template({"server.port": 9090, "server.metricsPort": 9090})
+
+    assert 0 != result.returncode
+    assert "server.metricsPort (9090) must differ from server.port" in result.stderr
+
+
+# --- the PodDisruptionBudget ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("replicas", "budgets"), [(1, 0), (2, 1), (3, 1)], ids=["one", "two", "three"]
+)
+def test_one_replica_gets_no_budget_that_would_block_every_drain(
+    replicas: int, budgets: int
+) -> None:
+    objects = render({"replicaCount": replicas})
+    found = [o for o in objects if o["kind"] == "PodDisruptionBudget"]
+
+    assert budgets == len(found)
+    if found:
+        assert 1 == found[0]["spec"]["minAvailable"]
+        assert replicas == deployment_of(objects)["spec"]["replicas"]
 
 
 # --- monitoring objects -----------------------------------------------------------------

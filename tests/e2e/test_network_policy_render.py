@@ -1,6 +1,10 @@
 """The NetworkPolicy of deploy/: the kustomize component and the chart's value render the
 same object, it admits the webhook port only from the API server's addresses and the
-metrics port only from Prometheus, and it is off unless asked for."""
+metrics port only from Prometheus, and it is off unless asked for.
+
+Runs helm (built from the Go module proxy by scripts/build-tools.sh on first use, then
+cached) and ``kubectl kustomize`` (the control-plane binaries of
+scripts/build-control-plane.sh); no cluster."""
 
 from __future__ import annotations
 
@@ -11,8 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.unit.helm_tools import REPO, render, template
-from tests.unit.test_helm_chart import assert_same_objects, kustomize
+from tests.e2e.helm_tools import REPO, render, template
+from tests.e2e.test_helm_chart import assert_same_objects, kustomize
+
+pytestmark = pytest.mark.e2e
 
 DEPLOY = REPO / "deploy"
 COMPONENT = DEPLOY / "components" / "network-policy"

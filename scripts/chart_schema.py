@@ -1,0 +1,110 @@
+"""The chart's values schema, where it speaks of the service's settings, from the settings
+table (webhook/engine/settings.py): one rule per setting, the same for the service and
+for Helm.
+
+    python scripts/chart_schema.py           # rewrite those parts of values.schema.json
+    python scripts/chart_schema.py --check   # exit 1, naming the parts, if they drifted
+
+Generated: ``properties.settings`` (every setting but those the pod itself gives) and
+``properties.server.properties.port`` and ``.metricsPort``; everything else in the file is
+written by hand. tests/unit/test_chart_schema.py fails when the file and the table differ.
+Two rules JSON Schema (draft-07) cannot say are the chart template's ``fail``: the
+metrics port differs from the port (templates/deployment.yaml).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from webhook.engine.settings import METRICS_PORT, PORT, SETTINGS  # noqa: E402
+
+SCHEMA = ROOT / "deploy" / "helm" / "resize-preemption-webhook" / "values.schema.json"
+#: The chart's key under ``settings`` -> the service's setting.
+CHART_KEYS = {
+    "mode": "mode",
+    "evictionMethod": "eviction-method",
+    "pdbMode": "pdb-mode",
+    "protectedNamespaces": "protected-namespaces",
+    "maxVictims": "max-victims",
+    "lending": "lending",
+    "lendMemoryLimits": "lend-memory-limits",
+    "victimOrder": "victim-order",
+    "reservationTTL": "reservation-ttl",
+    "gracePeriodCap": "grace-period-cap",
+    "persistTimeout": "persist-timeout",
+    "leaseDuration": "lease-duration",
+    "resyncPeriod": "resync-period",
+    "maxCacheStaleness": "max-cache-staleness",
+    "maxBodyBytes": "max-body-bytes",
+    "schedulerName": "scheduler-name",
+}
+#: Settings the Deployment takes from the pod (downward API), not from values.
+FROM_THE_POD = frozenset({"service-namespace", "identity"})
+
+
+def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema``, or null: a value left null is the service's default."""
+    if "enum" in schema:
+        return {**schema, "enum": [*schema["enum"], None]}
+    return {**schema, "type": [schema["type"], "null"]}
+
+
+def setting_schema(name: str) -> dict[str, Any]:
+    setting = SETTINGS[name]
+    description = f"{setting.help}; null: the service's default ({setting.default})"
+    return {**_or_null(setting.parse.schema()), "description": description}
+
+
+def settings_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {key: setting_schema(name) for key, name in CHART_KEYS.items()},
+    }
+
+
+def port_schemas() -> dict[str, dict[str, Any]]:
+    return {
+        "port": {**PORT.schema(), "description": "the HTTPS port"},
+        "metricsPort": {
+            **METRICS_PORT.schema(),
+            "description": "the plain HTTP /metrics port; not the HTTPS port",
+        },
+    }
+
+
+def generated(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with its generated parts as the table makes them."""
+    properties = dict(schema["properties"])
+    properties["settings"] = settings_schema()
+    server = dict(properties["server"])
+    server["properties"] = {**server["properties"], **port_schemas()}
+    properties["server"] = server
+    return {**schema, "properties": properties}
+
+
+def render(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    current = SCHEMA.read_text(encoding="utf-8")
+    wanted = render(generated(json.loads(current)))
+    if "--check" in argv:
+        if wanted != current:
+            print(f"{SCHEMA.relative_to(ROOT)} differs from the settings table: run "
+                  "python scripts/chart_schema.py", file=sys.stderr)  # fmt: skip
+            return 1
+        return 0
+    SCHEMA.write_text(wanted, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
