@@ -1,8 +1,8 @@
 """deploy/helm/resize-preemption-webhook with the real helm: lint, the values schema (good
-and bad values), and the one-source-of-truth check - the chart's default objects equal
-`kubectl kustomize deploy/overlays/cert-manager`, with the mutating component too, and the
-"provided" certificates mode equals the self-signed overlay minus its Secret. Helm's own
-labels (tests/unit/helm_tools.HELM_LABELS) are the only difference allowed."""
+and bad values), and the one-source-of-truth check - the chart's objects in certificates
+mode cert-manager equal `kubectl kustomize deploy/overlays/cert-manager`, with the mutating
+component too, and the "provided" certificates mode equals the self-signed overlay minus its
+Secret. Helm's own labels (tests/unit/helm_tools.HELM_LABELS) are the only difference allowed."""
 
 from __future__ import annotations
 
@@ -129,8 +129,11 @@ def test_helm_lint_is_clean(values: dict[str, Any]) -> None:
 # --- one source of truth: the chart renders what kustomize builds -----------------------
 
 
-def test_default_values_render_the_cert_manager_overlay() -> None:
-    assert_same_objects(kustomize(DEPLOY / "overlays" / "cert-manager"), render())
+CERT_MANAGER = {"certificates.mode": "cert-manager"}
+
+
+def test_cert_manager_mode_renders_the_cert_manager_overlay() -> None:
+    assert_same_objects(kustomize(DEPLOY / "overlays" / "cert-manager"), render(CERT_MANAGER))
 
 
 def test_mutating_enabled_renders_the_overlay_with_the_mutating_component(
@@ -138,7 +141,7 @@ def test_mutating_enabled_renders_the_overlay_with_the_mutating_component(
 ) -> None:
     overlay = deploy_copy / "overlays" / "cert-manager"
     enable_mutating(overlay)
-    assert_same_objects(kustomize(overlay), render({"mutating.enabled": True}))
+    assert_same_objects(kustomize(overlay), render({**CERT_MANAGER, "mutating.enabled": True}))
 
 
 def test_provided_certificates_render_the_self_signed_overlay_without_its_secret(
@@ -316,7 +319,8 @@ BAD_VALUES = [
     ("timeout-too-long", {"webhook.timeoutSeconds": 31},
      "at '/webhook/timeoutSeconds': maximum: got 31, want 30"),
     ("unknown-certificates-mode", {"certificates.mode": "manual"},
-     "at '/certificates/mode': value must be one of 'cert-manager', 'self-signed', 'provided'"),
+     "at '/certificates/mode': value must be one of "
+     "'service', 'cert-manager', 'self-signed', 'provided'"),
     ("provided-without-ca", {"certificates.mode": "provided"},
      "at '/certificates/caBundle': minLength: got 0, want 1"),
     ("ca-not-base64", {"certificates.mode": "provided", "certificates.caBundle": "not base64!"},
