@@ -97,7 +97,8 @@ def readme_release(real_cluster: RealCluster) -> Iterator[None]:
     """No release installed at the start, and the session's release back at the end."""
     real_cluster.uninstall_chart()
     yield
-    run_helm(real_cluster.kubeconfig, "uninstall", RELEASE, "--ignore-not-found", "--wait")
+    run_helm(real_cluster.kubeconfig, "uninstall", RELEASE, "--ignore-not-found")
+    # No namespace controller here: the namespace the chart made is finished by hand.
     _remove_namespace(real_cluster, NAMESPACE)
     real_cluster.install_chart()
 
