@@ -420,9 +420,8 @@ def test_the_service_mode_grants_its_secret_and_webhooks_by_name_and_renders_no_
     assert None is config["webhooks"][0]["clientConfig"].get("caBundle")
     spec = deployment_of(objects)["spec"]["template"]["spec"]
     args = spec["containers"][0]["args"]
-    assert ["--tls-secret", "resize-preemption-webhook-tls"] == args[
-        args.index("--tls-secret") :
-    ][:2]
+    at = args.index("--tls-secret")
+    assert ["--tls-secret", "resize-preemption-webhook-tls"] == args[at : at + 2]
     assert {"medium": "Memory", "sizeLimit": "1Mi"} == next(
         v for v in spec["volumes"] if v["name"] == "tls"
     )["emptyDir"]
