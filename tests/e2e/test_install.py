@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import os
 import re
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,6 +188,37 @@ def preempting_resize(
     ], result.stderr
     wait_until(lambda: read(cluster, namespace, "low") is None, timeout=60, what="the victim gone")
     cluster.kubectl("delete", "-n", namespace, "pod", "high", "--wait=true", "--grace-period=1")
+
+
+def image_labels(archive: Path) -> dict[str, str]:
+    """The labels in the configuration of an OCI archive's one image."""
+    with tarfile.open(archive) as tar:
+
+        def blob(digest: str) -> Any:
+            member = tar.extractfile(f"blobs/sha256/{digest.removeprefix('sha256:')}")
+            assert member is not None
+            return json.load(member)
+
+        index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
+        manifest = blob(index["manifests"][0]["digest"])
+        labels: dict[str, str] = blob(manifest["config"]["digest"])["config"]["Labels"]
+    return labels
+
+
+def test_the_image_carries_its_oci_labels(real_cluster: RealCluster) -> None:
+    """The image the README installs, built by `make image`'s script: version, revision
+    and source as the OCI annotations spec names them."""
+    archive = next(path for _, path, role in real_cluster.images.entries() if role == "product")
+    labels = image_labels(archive)
+    version = re.search(r'^version = "(.*)"$', (REPO_ROOT / "pyproject.toml").read_text(), re.M)
+    assert version is not None
+    assert version[1] == labels["org.opencontainers.image.version"]
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", labels["org.opencontainers.image.revision"])
+    remote = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "config", "--get", "remote.origin.url"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip()  # fmt: skip
+    assert re.sub(r"//[^/@]*@", "//", remote) == labels["org.opencontainers.image.source"]
 
 
 def test_the_readme_install_section_runs_as_written(

@@ -136,6 +136,10 @@ def test_cert_manager_mode_renders_the_cert_manager_overlay() -> None:
     assert_same_objects(kustomize(DEPLOY / "overlays" / "cert-manager"), render(CERT_MANAGER))
 
 
+def test_default_values_render_the_service_overlay() -> None:
+    assert_same_objects(kustomize(DEPLOY / "overlays" / "service"), render())
+
+
 def test_mutating_enabled_renders_the_overlay_with_the_mutating_component(
     deploy_copy: Path,
 ) -> None:
