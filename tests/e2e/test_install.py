@@ -239,11 +239,13 @@ def test_the_readme_install_section_runs_as_written(
         "PATH": os.pathsep.join([*map(str, tools), str(Path(sys.executable).parent),
                                  os.environ["PATH"]]),
     }  # fmt: skip
+    began = time.monotonic()
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", run_here(block, repository)],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert 0 == done.returncode, f"{done.stdout}\n{done.stderr}"
+    print(f"the README block, helm install to both replicas ready: {time.monotonic() - began:.1f} s")
     assert "successfully rolled out" in done.stdout, done.stdout
     assert re.search(rf"^leader: {FULLNAME}-\S+ \(renewed", done.stdout, re.M), done.stdout
 
