@@ -245,7 +245,8 @@ def test_the_readme_install_section_runs_as_written(
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert 0 == done.returncode, f"{done.stdout}\n{done.stderr}"
-    print(f"the README block, helm install to both replicas ready: {time.monotonic() - began:.1f} s")
+    took = time.monotonic() - began
+    print(f"the README block, helm install to both replicas ready: {took:.1f} s")
     assert "successfully rolled out" in done.stdout, done.stdout
     assert re.search(rf"^leader: {FULLNAME}-\S+ \(renewed", done.stdout, re.M), done.stdout
 
