@@ -232,3 +232,33 @@ def test_a_ca_made_by_pki_is_a_valid_ca_for_renewal() -> None:
         TLS_KEY: pair.key_pem,
     }
     assert None is renewal(data, POLICY, NOW)
+
+
+SERVE = ["serve", "--tls-cert", "/nonexistent/tls.crt", "--tls-key", "/nonexistent/tls.key"]
+BAD_FLAGS = [
+    ("no-names", ["--tls-secret", "s"],
+     "error: --tls-secret: a serving certificate needs at least one DNS name "
+     "(--tls-dns, --tls-validity, ...)"),
+    ("margin-too-long", ["--tls-secret", "s", "--tls-dns", "x", "--tls-validity", "1h",
+                         "--tls-renew-before", "2h"],
+     "error: --tls-secret: the renewal margin must be shorter than the certificate's "
+     "validity (--tls-dns, --tls-validity, ...)"),
+    ("not-a-duration", ["--tls-validity", "5x"],
+     "python -m webhook serve: error: argument --tls-validity: "
+     "'5x' is not a duration such as 2160h, 45m or 90s"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"), [b[1:] for b in BAD_FLAGS], ids=[b[0] for b in BAD_FLAGS]
+)
+def test_serve_refuses_certificate_flags_that_cannot_work_before_anything_starts(
+    flags: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from webhook.cli import main
+
+    try:
+        code = main([*SERVE, *flags])
+    except SystemExit as e:  # argparse's own refusal
+        code = int(str(e.code))
+    assert (2, line) == (code, capsys.readouterr().err.strip().splitlines()[-1])
