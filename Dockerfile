@@ -1,6 +1,7 @@
 # Container image of resize-preemption-webhook.
 #
-#   docker build -t resize-preemption-webhook:0.1.0 .
+#   make image            (scripts/build-image.sh: the labels below filled in)
+#   docker build -t localhost/resize-preemption-webhook:0.1.0 .
 #
 # Two stages: the first installs the pinned runtime dependencies (requirements.lock) and the
 # package into a virtualenv, the second copies only that virtualenv onto a clean base.
@@ -55,6 +56,14 @@ WORKDIR /tmp
 
 # 8443: HTTPS admission reviews, /livez, /readyz. 9090: plain-HTTP /metrics.
 EXPOSE 8443 9090
+
+# Last, so that a new commit changes only the image's configuration, no layer.
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG SOURCE=
+LABEL org.opencontainers.image.version="$VERSION" \
+      org.opencontainers.image.revision="$REVISION" \
+      org.opencontainers.image.source="$SOURCE"
 
 # `serve` runs the gunicorn server, two worker processes for the two cores the Deployment
 # gives it (docs/service.md "Processes"); deploy/base/deployment.yaml spells out the same command.

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha1s
 # the webhook installed by its chart from the locally built image; docs/real-node.md).
 NODE ?= hollow
 
-.PHONY: help venv binaries node vpa tools lint unit e2e test cluster cluster-down demo bench compare matrix certs clean
+.PHONY: help venv binaries node vpa tools lint unit e2e test cluster cluster-down demo bench compare matrix certs clean image
 
 help:
 	@echo "make demo          local control plane + webhook, replays the resize walkthrough"
@@ -23,6 +23,9 @@ help:
 	@echo "make cluster NODE=real  node-1 the kubelet on containerd (node-2..N hollow), the"
 	@echo "                   webhook installed by its Helm chart from the locally built image"
 	@echo "make cluster-down  stop it"
+	@echo "make image         the webhook's image from the Dockerfile, with its OCI labels"
+	@echo "                   (IMAGE=REPOSITORY:TAG, default localhost/resize-preemption-webhook:VERSION;"
+	@echo "                   CONTAINER_TOOL=docker|podman|buildah; README \"Install on your cluster\")"
 	@echo "make certs         a CA, the serving certificate and its Secret manifest in certs/"
 	@echo "make node          a real node's stack (kubelet, containerd, runc, CNI plugins; built from"
 	@echo "                   the Go module proxy) and its images (pause, busybox, the webhook's own"
@@ -43,6 +46,10 @@ venv: $(STAMP)
 
 binaries:
 	@scripts/build-control-plane.sh >/dev/null
+
+# The webhook's image from the Dockerfile (docker, podman or buildah; IMAGE=... names it).
+image:
+	@scripts/build-image.sh
 
 # A real node: kubelet, containerd, runc and the CNI plugins (Go module proxy), and the
 # images it runs as OCI archives (Debian's buildah and mmdebstrap), both cached like the

@@ -45,7 +45,8 @@ KEEP_SETS: Final = 4
 
 SANDBOX_REFERENCE: Final = "registry.k8s.io/pause:3.10"
 WORKLOAD_REPOSITORY: Final = "localhost/debian-busybox-static"
-PRODUCT_REFERENCE: Final = "docker.io/library/resize-preemption-webhook:0.1.0"
+#: The name `make image` gives the local build, which the chart and deploy/base run.
+PRODUCT_REFERENCE: Final = "localhost/resize-preemption-webhook:0.1.0"
 BASE_REFERENCE: Final = "docker.io/library/python:3.11-slim-bookworm"
 
 # What the Dockerfile needs of its base: python 3.11 as `python`, venv with ensurepip,
@@ -57,8 +58,15 @@ BASE_PACKAGES: Final = (
     "passwd",
     "ca-certificates",
 )
-# The files that make the product image: what the Dockerfile copies, and itself.
-PRODUCT_FILES: Final = ("Dockerfile", "pyproject.toml", "requirements.lock", "README.md")
+# The files that make the product image: what the Dockerfile copies, itself and the
+# script that builds it.
+PRODUCT_FILES: Final = (
+    "Dockerfile",
+    "pyproject.toml",
+    "requirements.lock",
+    "README.md",
+    "scripts/build-image.sh",
+)
 PRODUCT_TREES: Final = ("webhook",)
 
 
@@ -373,20 +381,19 @@ def build_base(inputs: Inputs, work: Path) -> None:
 
 
 def build_product(inputs: Inputs, work: Path) -> None:
-    """The repository's Dockerfile as it is, never pulling: its FROM finds the stand-in."""
-    inputs.buildah.run(
-        "build",
-        "--pull=never",
-        "--isolation",
-        "chroot",
-        "--network",
-        "host",
-        "--file",
-        str(inputs.source_root / "Dockerfile"),
-        "--tag",
-        PRODUCT_REFERENCE,
-        str(inputs.source_root),
-    )
+    """The repository's Dockerfile as it is, by ``make image``'s own script, never
+    pulling: its FROM finds the stand-in."""
+    buildah = inputs.buildah
+    tool = ["buildah", "--root", str(buildah.root / "storage"), "--runroot"]
+    tool += [str(buildah.root / "run"), "--storage-driver", "overlay"]
+    env = {
+        **os.environ,
+        "IMAGE": PRODUCT_REFERENCE,
+        "CONTAINER_TOOL": " ".join(tool),
+        "BUILD_FLAGS": "--pull=never --isolation chroot --network host",
+    }
+    script = inputs.source_root / "scripts" / "build-image.sh"
+    subprocess.run([str(script)], check=True, stdout=sys.stderr, env=env)
 
 
 def _run_to_stderr(command: Sequence[str]) -> None:

@@ -357,8 +357,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # Kubernetes client keeps the ssl classes it finds at import (webhook.web.worker).
         from webhook.service import build
 
-        return build(config, args.kubeconfig, workers=args.workers, hooks=args.hooks)(tls)
+        return build(
+            config, args.kubeconfig, workers=args.workers, hooks=args.hooks, managed_tls=managed
+        )(tls)
 
+    managed = _managed_tls(args, config.namespace)
+    if managed is not None:
+        _bootstrap_certificates(managed, args.kubeconfig)
     options = ServerOptions(
         cert_file=args.tls_cert,
         key_file=args.tls_key,
@@ -373,6 +378,54 @@ def cmd_serve(args: argparse.Namespace) -> int:
         serve(factory, options)
     except TLSConfigError as e:
         raise UsageError(str(e)) from None
+
+
+def _duration(text: str) -> Any:
+    from webhook.rotation import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _managed_tls(args: argparse.Namespace, namespace: str) -> Any:
+    """``--tls-secret``'s options (a :class:`webhook.rotation.ManagedTLS`), or None."""
+    from webhook import rotation
+
+    if not args.tls_secret:
+        return None
+    policy = rotation.RotationPolicy(
+        dns_names=tuple(args.tls_dns or ()),
+        validity=args.tls_validity or rotation.DEFAULT_VALIDITY,
+        renew_before=args.tls_renew_before or rotation.DEFAULT_RENEW_BEFORE,
+        ca_validity=args.tls_ca_validity or rotation.DEFAULT_CA_VALIDITY,
+    )
+    problem = policy.problem()
+    if problem:
+        raise UsageError(f"--tls-secret: {problem} (--tls-dns, --tls-validity, ...)")
+    return rotation.ManagedTLS(
+        secret=args.tls_secret,
+        namespace=namespace,
+        webhook_configs=tuple(args.tls_webhook_config or ("resize-preemption-webhook",)),
+        policy=policy,
+        cert_file=args.tls_cert,
+        key_file=args.tls_key,
+    )
+
+
+def _bootstrap_certificates(managed: Any, kubeconfig: str | None) -> None:
+    """The Secret made current and its pair written, in a process of its own: this one
+    must not import the Kubernetes client before its workers are forked and patched."""
+    import json
+    import subprocess
+
+    payload = json.dumps({"tls": managed.to_json(), "kubeconfig": kubeconfig})
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook.kube.certs"], input=payload, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise WebhookError(f"no serving certificate from Secret {managed.secret}: see above")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -591,6 +644,7 @@ def _serve_parser(sub: Any) -> None:
         "--kubeconfig", metavar="FILE", help="default: in-cluster, else $KUBECONFIG"
     )
     server.add_argument("--config", metavar="FILE", help="YAML file of settings")
+    _managed_tls_arguments(srv)
     server.add_argument(
         "--log-level",
         default="info",
@@ -600,6 +654,44 @@ def _serve_parser(sub: Any) -> None:
     settings = srv.add_argument_group("settings (also RPW_* variables and --config keys)")
     _setting_arguments(settings, list(SETTINGS))
     srv.set_defaults(func=cmd_serve)
+
+
+def _managed_tls_arguments(srv: Any) -> None:
+    group = srv.add_argument_group(
+        "the service's own certificates (chart certificates.mode service; docs/deploy.md)"
+    )
+    group.add_argument(
+        "--tls-secret",
+        metavar="NAME",
+        help="keep a CA and the serving certificate in this Secret of the service's "
+        "namespace, renew them before they expire, set the webhook configurations' "
+        "caBundle, and write the current pair to --tls-cert and --tls-key",
+    )
+    group.add_argument(
+        "--tls-dns",
+        action="append",
+        metavar="NAME",
+        help="a DNS name of the serving certificate (repeat; the Service's names)",
+    )
+    group.add_argument(
+        "--tls-webhook-config",
+        action="append",
+        metavar="NAME",
+        help="a webhook configuration whose caBundle to set (repeat; "
+        "default: resize-preemption-webhook)",
+    )
+    for flag, default, what in (
+        ("--tls-validity", "2160h", "lifetime of a serving certificate"),
+        ("--tls-renew-before", "720h", "renew a serving certificate this long before it expires"),
+        ("--tls-ca-validity", "87600h", "lifetime of the CA"),
+    ):
+        group.add_argument(
+            flag,
+            type=_duration,
+            default=None,
+            metavar="DURATION",
+            help=f"{what}, such as 2160h or 45m (default: {default})",
+        )
 
 
 def _certs_parser(sub: Any) -> None:

@@ -21,12 +21,14 @@ from webhook.engine.reconciler import Reconciler
 from webhook.engine.settings import Config
 from webhook.engine.worker import PreemptionWorker
 from webhook.kube.cache import BUDGETS, PODS, ClusterCache
+from webhook.kube.certs import CertificateFollower, CertificateRotator
 from webhook.kube.client import make_api_client
 from webhook.kube.events import EventRecorder
 from webhook.kube.evictor import Evictor
 from webhook.kube.leader import LEADER_LEASE, LeaderElector
 from webhook.kube.ledger import LeaseLedger
 from webhook.kube.resizer import Resizer
+from webhook.rotation import ManagedTLS
 from webhook.web.app import create_app
 from webhook.web.server import WorkerApp
 
@@ -143,9 +145,11 @@ def build(
     *,
     workers: int = 1,
     hooks: Hooks | None = None,
+    managed_tls: ManagedTLS | None = None,
 ) -> Callable[[Any], WorkerApp]:
     """The app factory gunicorn calls in each of its ``workers`` worker processes.
-    ``hooks`` wrap parts of what it builds (see :class:`Hooks`)."""
+    ``hooks`` wrap parts of what it builds (see :class:`Hooks`); ``managed_tls``: the
+    service keeps its own certificates (``serve --tls-secret``)."""
     hooks = hooks or Hooks()
 
     def factory(tls: Any) -> WorkerApp:
@@ -199,10 +203,10 @@ def build(
             metrics=metrics,
             readiness=_readiness(tls, cache, lease_ledger, config),
         )
-        runnables.add(after_review, stop_timeout=5)
-        runnables.add(cache, stop_timeout=5)
-        runnables.add(lease_ledger, stop_timeout=5)
+        for runnable in (after_review, cache, lease_ledger):
+            runnables.add(runnable, stop_timeout=5)
         runnables.add(elector, stop_timeout=10)
+        _keep_certificates(runnables, act_api, managed_tls)
         if config.mode != "warn":
             # warn mode plans and tells, and never acts.
             _wake_on_changes(cache, lease_ledger, worker, reconciler)
@@ -214,6 +218,15 @@ def build(
         return _worker_app(app, runnables, metrics, cache)
 
     return factory
+
+
+def _keep_certificates(runnables: Runnables, api: Any, managed_tls: ManagedTLS | None) -> None:
+    """With ``managed_tls``, every replica serves the Secret's current pair and the leader
+    renews it (in every mode: a warn-mode webhook needs a certificate too)."""
+    if managed_tls is None:
+        return
+    runnables.add(CertificateFollower(api, managed_tls), stop_timeout=5)
+    runnables.add(CertificateRotator(api, managed_tls), leader_election=True, stop_timeout=5)
 
 
 def _worker_app(app: Any, runnables: Runnables, metrics: Metrics, cache: ClusterCache) -> WorkerApp:

@@ -247,6 +247,33 @@ def test_self_signed_overlay_passes_server_dry_run(
 
 
 @pytest.mark.parametrize("mutating", [False, True], ids=["validating", "with-mutating"])
+def test_service_overlay_passes_server_dry_run(
+    admin: Kubectl, rbac: None, deploy_copy: Path, tmp_path: Path, mutating: bool
+) -> None:
+    """The overlay of the service's own certificates: an empty Secret, no caBundle, the
+    container told where its Secret is (tests/e2e/test_helm_chart.py: the chart's default)."""
+    overlay = tmp_path / "deploy"
+    shutil.copytree(deploy_copy, overlay)
+    directory = overlay / "overlays" / "service"
+    if mutating:
+        with_mutating_component(directory)
+    objects = build(admin, directory)
+    configs = [o for o in objects if o["kind"].endswith("WebhookConfiguration")]
+    assert len(configs) == (2 if mutating else 1)
+    assert [None] * len(configs) == [
+        c["webhooks"][0]["clientConfig"].get("caBundle") for c in configs
+    ]
+    (secret,) = [o for o in objects if o["kind"] == "Secret"]
+    assert ("resize-preemption-webhook-tls", "Opaque", None) == (
+        secret["metadata"]["name"], secret["type"], secret.get("data"),
+    )  # fmt: skip
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert ["--tls-secret", "resize-preemption-webhook-tls"] == args[9:11]
+    server_dry_run(admin, objects)
+
+
+@pytest.mark.parametrize("mutating", [False, True], ids=["validating", "with-mutating"])
 def test_cert_manager_overlay_builds_and_the_rest_passes_server_dry_run(
     admin: Kubectl, rbac: None, tmp_path: Path, mutating: bool
 ) -> None:

@@ -1,8 +1,8 @@
 """deploy/helm/resize-preemption-webhook with the real helm: lint, the values schema (good
-and bad values), and the one-source-of-truth check - the chart's default objects equal
-`kubectl kustomize deploy/overlays/cert-manager`, with the mutating component too, and the
-"provided" certificates mode equals the self-signed overlay minus its Secret. Helm's own
-labels (tests/e2e/helm_tools.HELM_LABELS) are the only difference allowed.
+and bad values), and the one-source-of-truth check - the chart's objects in certificates
+mode cert-manager equal `kubectl kustomize deploy/overlays/cert-manager`, with the mutating
+component too, and the "provided" certificates mode equals the self-signed overlay minus its
+Secret. Helm's own labels (tests/e2e/helm_tools.HELM_LABELS) are the only difference allowed.
 
 Runs helm (built from the Go module proxy by scripts/build-tools.sh on first use, about 4
 minutes on 2 cores, then cached) and ``kubectl kustomize`` (the control-plane binaries of
@@ -120,8 +120,15 @@ def test_helm_lint_is_clean(values: dict[str, Any]) -> None:
 # --- one source of truth: the chart renders what kustomize builds -----------------------
 
 
-def test_default_values_render_the_cert_manager_overlay() -> None:
-    assert_same_objects(kustomize(DEPLOY / "overlays" / "cert-manager"), render())
+CERT_MANAGER = {"certificates.mode": "cert-manager"}
+
+
+def test_cert_manager_mode_renders_the_cert_manager_overlay() -> None:
+    assert_same_objects(kustomize(DEPLOY / "overlays" / "cert-manager"), render(CERT_MANAGER))
+
+
+def test_default_values_render_the_service_overlay() -> None:
+    assert_same_objects(kustomize(DEPLOY / "overlays" / "service"), render())
 
 
 def test_mutating_enabled_renders_the_overlay_with_the_mutating_component(
@@ -129,7 +136,7 @@ def test_mutating_enabled_renders_the_overlay_with_the_mutating_component(
 ) -> None:
     overlay = deploy_copy / "overlays" / "cert-manager"
     enable_mutating(overlay)
-    assert_same_objects(kustomize(overlay), render({"mutating.enabled": True}))
+    assert_same_objects(kustomize(overlay), render({**CERT_MANAGER, "mutating.enabled": True}))
 
 
 def test_provided_certificates_render_the_self_signed_overlay_without_its_secret(
@@ -272,6 +279,7 @@ GOOD_VALUES = [
     ("provided-with-ca", {"certificates.mode": "provided", "certificates.caBundle": "QUJD"}),
     ("one-replica", {"replicaCount": 1}),
     ("strict-spread", {"topologySpread.hostname": "DoNotSchedule"}),
+    ("pinned-digest", {"image.digest": "sha256:" + "0" * 64}),
 ]
 
 
@@ -301,7 +309,10 @@ BAD_VALUES = [
     ("timeout-too-long", {"webhook.timeoutSeconds": 31},
      "at '/webhook/timeoutSeconds': maximum: got 31, want 30"),
     ("unknown-certificates-mode", {"certificates.mode": "manual"},
-     "at '/certificates/mode': value must be one of 'cert-manager', 'self-signed', 'provided'"),
+     "at '/certificates/mode': value must be one of "
+     "'service', 'cert-manager', 'self-signed', 'provided'"),
+    ("digest-not-sha256", {"image.digest": "latest"},
+     "at '/image/digest': 'latest' does not match pattern '^(sha256:[0-9a-f]{64})?$'"),
     ("provided-without-ca", {"certificates.mode": "provided"},
      "at '/certificates/caBundle': minLength: got 0, want 1"),
     ("ca-not-base64", {"certificates.mode": "provided", "certificates.caBundle": "not base64!"},
@@ -433,3 +444,60 @@ def test_prometheus_rule_holds_the_rules_file_and_the_dashboard_the_json_file() 
 def test_plain_files_under_deploy_prometheus_are_the_charts() -> None:
     for name, source in (("rules.yaml", RULES), ("dashboard.json", DASHBOARD)):
         assert source.read_bytes() == (DEPLOY / "prometheus" / name).read_bytes()
+
+
+# --- the image and the service's own certificates (the default mode) ----------------------
+
+DIGEST = "sha256:" + "ab" * 32
+IMAGES = [
+    ("default", {}, "localhost/resize-preemption-webhook:0.1.0"),
+    ("repository-and-tag", {"image.repository": "registry.example.com/you/rpw",
+                            "image.tag": "1.2.3"}, "registry.example.com/you/rpw:1.2.3"),
+    ("digest", {"image.digest": DIGEST}, f"localhost/resize-preemption-webhook:0.1.0@{DIGEST}"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("values", "image"), [i[1:] for i in IMAGES], ids=[i[0] for i in IMAGES])
+def test_the_image_is_fully_qualified_and_may_be_pinned(values: dict[str, Any], image: str) -> None:
+    container = deployment_of(render(values))["spec"]["template"]["spec"]["containers"][0]
+    assert image == container["image"]
+
+
+def _rules(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    role = next(
+        o for o in objects if o["kind"] == kind and not o["metadata"]["name"].endswith("-viewer")
+    )
+    return [r for r in role["rules"] if "resourceNames" in r]
+
+
+def test_the_service_mode_grants_its_secret_and_webhooks_by_name_and_renders_no_cert() -> None:
+    objects = render()
+    assert [{"apiGroups": ["admissionregistration.k8s.io"],
+             "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
+             "resourceNames": ["resize-preemption-webhook"],
+             "verbs": ["get", "patch"]}] == _rules(objects, "ClusterRole")  # fmt: skip
+    assert [{"apiGroups": [""], "resources": ["secrets"],
+             "resourceNames": ["resize-preemption-webhook-tls"],
+             "verbs": ["get", "update"]}] == _rules(objects, "Role")  # fmt: skip
+    secret = next(o for o in objects if o["kind"] == "Secret")
+    assert ("Opaque", None) == (secret["type"], secret.get("data"))
+    config = next(o for o in objects if o["kind"] == "ValidatingWebhookConfiguration")
+    assert None is config["webhooks"][0]["clientConfig"].get("caBundle")
+    spec = deployment_of(objects)["spec"]["template"]["spec"]
+    args = spec["containers"][0]["args"]
+    at = args.index("--tls-secret")
+    assert ["--tls-secret", "resize-preemption-webhook-tls"] == args[at : at + 2]
+    assert {"medium": "Memory", "sizeLimit": "1Mi"} == next(
+        v for v in spec["volumes"] if v["name"] == "tls"
+    )["emptyDir"]
+
+
+@pytest.mark.parametrize("mode", ["cert-manager", "self-signed", "provided"])
+def test_other_certificate_modes_grant_nothing_on_secrets_or_webhooks(mode: str) -> None:
+    values = {"certificates.mode": mode, "certificates.caBundle": "QUJD"}
+    objects = render(values)
+    assert ([], []) == (_rules(objects, "ClusterRole"), _rules(objects, "Role"))
+    assert (
+        "--tls-secret"
+        not in deployment_of(objects)["spec"]["template"]["spec"]["containers"][0]["args"]
+    )

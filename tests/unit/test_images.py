@@ -29,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 ARCHIVES = [
     ImageArchive("registry.k8s.io/pause:3.10", "sandbox.tar", "sandbox"),
     ImageArchive("localhost/debian-busybox-static:1.35.0", "workload.tar", "workload"),
-    ImageArchive("docker.io/library/resize-preemption-webhook:0.1.0", "product.tar", "product"),
+    ImageArchive("localhost/resize-preemption-webhook:0.1.0", "product.tar", "product"),
 ]
 
 
@@ -39,7 +39,7 @@ def test_images_tsv_is_one_tab_separated_line_per_image_and_reads_back_by_role()
     assert (
         "registry.k8s.io/pause:3.10\tsandbox.tar\tsandbox\n"
         "localhost/debian-busybox-static:1.35.0\tworkload.tar\tworkload\n"
-        "docker.io/library/resize-preemption-webhook:0.1.0\tproduct.tar\tproduct\n"
+        "localhost/resize-preemption-webhook:0.1.0\tproduct.tar\tproduct\n"
     ) == text
     assert {a.role: a for a in ARCHIVES} == parse_images_tsv(text)
 
@@ -127,6 +127,7 @@ def _inputs(root: Path, local_cas: Path) -> Inputs:
 
 def _source_tree(root: Path) -> None:
     for name in (*PRODUCT_FILES, ".dockerignore"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(name)
     (root / "webhook" / "core").mkdir(parents=True)
     (root / "webhook" / "core" / "plan.py").write_text("PLAN = 1\n")
@@ -140,6 +141,7 @@ def _source_tree(root: Path) -> None:
         pytest.param("requirements.lock", "flask==9\n", True, id="lock"),
         pytest.param("Dockerfile", "FROM scratch\n", True, id="dockerfile"),
         pytest.param(".dockerignore", "*\n", True, id="dockerignore"),
+        pytest.param("scripts/build-image.sh", "exit 1\n", True, id="build-script"),
         pytest.param("tests/test_plan.py", "", False, id="tests"),
         pytest.param("webhook/core/__pycache__/plan.cpython-311.pyc", "\0", False, id="bytecode"),
     ],

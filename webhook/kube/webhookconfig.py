@@ -44,8 +44,11 @@ class PatchOutcome:
         return f"{self.kind} {self.name}: caBundle set on {', '.join(self.webhooks) or 'nothing'}"
 
 
-def ca_bundle_patch_ops(configuration: dict[str, Any], ca_bundle: str) -> list[dict[str, Any]]:
-    """The JSON patch setting ``caBundle`` on every webhook of ``configuration``.
+def ca_bundle_patch_ops(
+    configuration: dict[str, Any], ca_bundle: str, *, changed_only: bool = False
+) -> list[dict[str, Any]]:
+    """The JSON patch setting ``caBundle`` on every webhook of ``configuration`` (with
+    ``changed_only``, on those whose ``caBundle`` differs).
 
     A ``test`` of each webhook's name guards its index against a concurrent edit.
     """
@@ -54,6 +57,8 @@ def ca_bundle_patch_ops(configuration: dict[str, Any], ca_bundle: str) -> list[d
     for i, webhook in enumerate(webhooks):
         name = webhook.get("name") if isinstance(webhook, dict) else None
         if not isinstance(name, str):
+            continue
+        if changed_only and (webhook.get("clientConfig") or {}).get("caBundle") == ca_bundle:
             continue
         ops.append({"op": "test", "path": f"/webhooks/{i}/name", "value": name})
         ops.append(
@@ -68,8 +73,10 @@ def set_ca_bundle(
     *,
     names: Sequence[str] = (DEFAULT_NAME,),
     kinds: Sequence[WebhookKind] = KINDS,
+    changed_only: bool = False,
 ) -> list[PatchOutcome]:
-    """Set ``caBundle`` on every webhook of each named configuration of each kind.
+    """Set ``caBundle`` on every webhook of each named configuration of each kind (with
+    ``changed_only``, only where it differs: nothing is written when all are equal).
 
     A configuration that does not exist is reported (``found=False``), not an error: the
     mutating one is optional. Raises :class:`ClusterError` when the API refuses a request.
@@ -79,7 +86,7 @@ def set_ca_bundle(
     for kind in kinds:
         read, patch = _operations(api, kind)
         for name in names:
-            outcomes.append(_patch_one(kind, name, ca_bundle, read, patch))
+            outcomes.append(_patch_one(kind, name, ca_bundle, read, patch, changed_only))
     return outcomes
 
 
@@ -138,7 +145,12 @@ def _operations(api: AdmissionregistrationV1Api, kind: WebhookKind) -> tuple[Rea
 
 
 def _patch_one(
-    kind: WebhookKind, name: str, ca_bundle: str, read: Reader, patch: Patcher
+    kind: WebhookKind,
+    name: str,
+    ca_bundle: str,
+    read: Reader,
+    patch: Patcher,
+    changed_only: bool = False,
 ) -> PatchOutcome:
     last: ClusterError | None = None
     for _ in range(_ATTEMPTS):
@@ -149,7 +161,7 @@ def _patch_one(
             if isinstance(error, NotFound):
                 return PatchOutcome(kind, name, found=False)
             raise error from e
-        ops = ca_bundle_patch_ops(configuration, ca_bundle)
+        ops = ca_bundle_patch_ops(configuration, ca_bundle, changed_only=changed_only)
         webhooks = tuple(op["value"] for op in ops if op["op"] == "test")
         if not ops:
             return PatchOutcome(kind, name, found=True)

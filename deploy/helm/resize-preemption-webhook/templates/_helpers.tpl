@@ -17,6 +17,13 @@
 {{- default .Release.Namespace .Values.namespace.name -}}
 {{- end -}}
 
+{{/* repository:tag, and @digest when pinned; the tag defaults to the chart's appVersion. */}}
+{{- define "rpw.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- with .Values.image.digest }}@{{ . }}{{ end -}}
+{{- end -}}
+
 {{- define "rpw.tlsSecret" -}}
 {{- default (printf "%s-tls" (include "rpw.fullname" .)) .Values.certificates.secretName -}}
 {{- end -}}
