@@ -31,11 +31,17 @@ REFUSALS = [
     # (rule, preemptor priority, namespace labels, refused?, words the reason holds)
     (Preemptors(), 0, None, False, ""),
     (Preemptors(TEAM_A), HIGH, {"team": "a"}, False, ""),
-    (Preemptors(TEAM_A), HIGH, {"team": "b"}, True, "namespace default is not selected"),
-    (Preemptors(TEAM_A), HIGH, None, True, "namespace default is not known yet"),
+    (Preemptors(TEAM_A), HIGH, {"team": "b"}, True, "namespace not selected"),
+    (Preemptors(TEAM_A), HIGH, None, True, "not known yet"),
     (Preemptors(LabelSelector()), HIGH, {}, False, ""),
     (Preemptors(min_priority=HIGH), HIGH, {}, False, ""),
-    (Preemptors(min_priority=HIGH), HIGH - 1, {}, True, f"below the minimum {HIGH}"),
+    (
+        Preemptors(min_priority=HIGH),
+        HIGH - 1,
+        {},
+        True,
+        f"under the preemptor policy's minimum {HIGH}",
+    ),
     (Preemptors(min_priority=-5), -5, {}, False, ""),
     (
         Preemptors(
@@ -241,13 +247,13 @@ def test_a_kube_system_pod_is_no_victim_by_default(config: Config, victims: set[
             Config(preemptor_namespace_selector=TEAM_A),
             {"team": "b"},
             "not-eligible",
-            "preemptor policy: namespace default is not selected",
+            "namespace not selected by the preemptor policy; nobody preempted",
         ),
         (
             Config(min_preemptor_priority=1_000_001),
             {"team": "a"},
             "not-eligible",
-            "priority 1000000 is below the minimum 1000001",
+            "priority 1000000 under the preemptor policy's minimum 1000001",
         ),
     ],
     ids=["no-rule", "selected", "other-namespace", "below-the-minimum"],

@@ -177,22 +177,18 @@ class Preemptors:
         """Why ``preemptor`` may not take room from other pods, ``""`` when it may.
         ``namespace_labels``: the labels of its namespace, ``None`` when the namespace is
         not known (refused while a selector is set: its labels cannot be judged)."""
+        # Short: the kubectl warning carrying it is cut at 120 characters, and the
+        # person reading it knows the pod's namespace.
         if self.min_priority is not None and preemptor.priority < self.min_priority:
             return (
-                f"preemptor policy: priority {preemptor.priority} is below the minimum "
-                f"{self.min_priority}, so no pod is preempted"
+                f"priority {preemptor.priority} under the preemptor policy's minimum "
+                f"{self.min_priority}; nobody preempted"
             )
         if self.namespaces is not None:
             if namespace_labels is None:
-                return (
-                    f"preemptor policy: namespace {preemptor.namespace} is not known yet, "
-                    "so no pod is preempted"
-                )
+                return "namespace not known yet to the preemptor policy; nobody preempted"
             if not self.namespaces.matches(namespace_labels):
-                return (
-                    f"preemptor policy: namespace {preemptor.namespace} is not selected, "
-                    "so no pod is preempted"
-                )
+                return "namespace not selected by the preemptor policy; nobody preempted"
         return ""
 
 
