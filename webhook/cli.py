@@ -109,10 +109,19 @@ def _pod_key(text: str) -> str:
 
 
 def _policy(args: argparse.Namespace) -> DefaultPolicy:
+    """The service's victim policy as the flags give it: kube-system and the webhook's
+    namespace protected as the service protects them, unless opted in."""
+    from webhook.engine.settings import Config
+
+    config = Config(
+        namespace=getattr(args, "namespace", None) or Config().namespace,
+        protected_namespaces=frozenset(args.protected_namespace or ()),
+        unprotected_namespaces=frozenset(args.unprotected_namespace or ()),
+    )
     return DefaultPolicy(
         pdb_mode=args.pdb_mode,
         max_victims=args.max_victims,
-        protected_namespaces=frozenset(args.protected_namespace or ()),
+        protected_namespaces=config.protected(),
         lending=args.lending,
     )
 
@@ -320,7 +329,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         pdb_mode=policy.pdb_mode,
         max_victims=policy.max_victims,
-        protected_namespaces=policy.protected_namespaces,
+        protected_namespaces=frozenset(args.protected_namespace or ()),
+        unprotected_namespaces=frozenset(args.unprotected_namespace or ()),
         lending=policy.lending,
         victim_order=args.victim_order,
     )
@@ -408,7 +418,15 @@ def _policy_arguments(parser: argparse.ArgumentParser) -> None:
         "--protected-namespace",
         action="append",
         metavar="NAMESPACE",
-        help="a namespace whose pods are never victims (repeatable)",
+        help="a namespace whose pods are never victims, besides kube-system and the "
+        "webhook's own (repeatable)",
+    )
+    parser.add_argument(
+        "--unprotected-namespace",
+        action="append",
+        metavar="NAMESPACE",
+        help="kube-system or the webhook's namespace: its pods may be victims after all, "
+        "as the service's unprotected-namespaces setting (repeatable)",
     )
     parser.add_argument(
         "--no-lending",
