@@ -319,13 +319,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from webhook.engine.settings import Config
+    from webhook.engine.settings import Config, load_config
     from webhook.engine.status import service_status, status_text, status_to_dict
     from webhook.kube.status import read_live
 
+    # Read before the cluster is asked: a bad value is a usage error.
+    preemptors = load_config(
+        flags={
+            "preemptor-namespace-selector": args.preemptor_namespace_selector,
+            "min-preemptor-priority": args.min_preemptor_priority,
+        }
+    )
     live = _ask_cluster(args, lambda api: read_live(api, namespace=args.namespace, node=args.node))
     policy = _policy(args)
     config = Config(
+        preemptor_namespace_selector=preemptors.preemptor_namespace_selector,
+        min_preemptor_priority=preemptors.min_preemptor_priority,
         namespace=args.namespace,
         pdb_mode=policy.pdb_mode,
         max_victims=policy.max_victims,
@@ -496,6 +505,16 @@ def _status_parser(sub: Any) -> None:
     status.add_argument("--node", metavar="NAME", help="one node only")
     _output_argument(status)
     _policy_arguments(status)
+    status.add_argument(
+        "--preemptor-namespace-selector",
+        metavar="SELECTOR",
+        help="the service's preemptor-namespace-selector setting (JSON; default: every namespace)",
+    )
+    status.add_argument(
+        "--min-preemptor-priority",
+        metavar="PRIORITY",
+        help="the service's min-preemptor-priority setting (default: any)",
+    )
     status.set_defaults(func=cmd_status)
 
 

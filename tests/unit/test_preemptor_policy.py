@@ -13,6 +13,7 @@ from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.builders import HIGH, LOW, NODE, NOW, make_node, make_pod
 from tests.unit.test_reconciler import BASE, high, low, peer
 from tests.unit.web_fixtures import walkthrough_objects, walkthrough_review
+from webhook.cli import main
 from webhook.core.errors import InputError
 from webhook.core.model import LabelSelector, Namespace, Requirement
 from webhook.core.policy import Preemptors
@@ -273,3 +274,20 @@ def test_a_review_outside_the_rule_evicts_nobody_and_says_why(
     assert any(warning in w for w in decision.warnings), decision.warnings
     victims = [v for e in ledger.all_entries() for v in e.victims]
     assert (verdict == "preempt") == bool(victims)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("status", "--kubeconfig", "/nonexistent", "--min-preemptor-priority", "high"),
+        ("status", "--kubeconfig", "/nonexistent", "--preemptor-namespace-selector", "[1]"),
+        ("serve", "--tls-cert", "x", "--tls-key", "y", "--preemptor-namespace-selector", "{"),
+    ],
+    ids=["status-priority", "status-selector", "serve-selector"],
+)
+def test_a_bad_policy_flag_is_one_line_and_exit_2(
+    args: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert 2 == main(list(args))
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: command line: ")
