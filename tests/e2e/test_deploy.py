@@ -543,9 +543,11 @@ def admission_policy(
     admin("apply", "-n", "default", "-f", "-", input=dump([probe]))
     name = probe["metadata"]["name"]
     deadline = time.monotonic() + 30
-    while True:
+    for attempt in range(1_000_000):
+        # A new size each time: a resize to the size it has is no change to refuse.
+        cpu = f"{2000 - attempt % 2 * 100}m"
         result = admin("-n", "default", "patch", "pod", name, "--subresource", "resize",
-                       "-p", resize(cpu="2"), *AS_SERVICE, check=False)  # fmt: skip
+                       "-p", resize(cpu=cpu), *AS_SERVICE, check=False)  # fmt: skip
         if "ValidatingAdmissionPolicy" in result.stderr:
             break
         assert time.monotonic() < deadline, result.stdout + result.stderr
