@@ -479,3 +479,45 @@ def test_certs_command_defaults_match_the_manifests(base: list[dict[str, Any]]) 
         service["metadata"]["namespace"],
         TLS_SECRET,
     ) == (certs.DEFAULT_SERVICE, certs.DEFAULT_NAMESPACE, certs.DEFAULT_SECRET)
+
+
+# --- docs/deploy.md "RBAC rationale" says what the manifests grant ------------------------
+
+DEPLOY_DOC = REPO / "docs" / "deploy.md"
+
+
+def documented_rights() -> dict[tuple[str, str], set[tuple[str, str, str]]]:
+    """(kind, name) -> (group, resource, verb) of the table under each bold role heading."""
+    text = DEPLOY_DOC.read_text(encoding="utf-8")
+    section = text.split("\n## RBAC rationale\n", 1)[1].split("\n## ", 1)[0]
+    rights: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
+    role: tuple[str, str] | None = None
+    for line in section.splitlines():
+        heading = re.match(r"\*\*(ClusterRole|Role) `([^`]+)`\*\*", line)
+        if line.startswith("#"):
+            role = None  # a subsection's tables are not a role's
+        if heading:
+            role = (heading.group(1), heading.group(2))
+            continue
+        if not line.startswith("| `") or role is None:
+            continue
+        group, resource, verbs = (c.strip().strip("`") for c in line.strip("|").split("|")[:3])
+        for verb in verbs.split(","):
+            rights.setdefault(role, set()).add((group.strip('"'), resource, verb.strip()))
+    return rights
+
+
+def test_the_rbac_rationale_lists_exactly_what_each_role_grants(
+    base: list[dict[str, Any]],
+) -> None:
+    delete = resources_of(DEPLOY / "components" / "eviction-delete")
+    assert {
+        ("ClusterRole", NAME): permissions(one(base, "ClusterRole")),
+        ("ClusterRole", f"{NAME}-lending"): permissions(
+            one(base, "ClusterRole", f"{NAME}-lending")
+        ),
+        ("ClusterRole", f"{NAME}-delete"): permissions(
+            one(delete, "ClusterRole", f"{NAME}-delete")
+        ),
+        ("Role", NAME): permissions(one(base, "Role")),
+    } == documented_rights()
