@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from webhook.core.model import DisruptionBudget, Node, Pod, PriorityClass
+from webhook.core.model import DisruptionBudget, Namespace, Node, Pod, PriorityClass
 from webhook.core.snapshot import Snapshot, load_snapshot
 from webhook.engine.ledger import LedgerChange, LedgerEntry, R
 from webhook.engine.memory import FixedClusterView, MemoryLedger
@@ -28,11 +28,12 @@ class StaticClusterView(FixedClusterView):
         budgets: Iterable[DisruptionBudget] = (),
         priority_classes: Iterable[PriorityClass] = (),
         *,
+        namespaces: Iterable[Namespace] | None = None,
         synced: bool = True,
         age: float = 0.0,
         staleness: float = 0.0,
     ) -> None:
-        super().__init__(nodes, pods, budgets, priority_classes)
+        super().__init__(nodes, pods, budgets, priority_classes, namespaces)
         self._synced = synced
         self._age = age
         self.stale_for = staleness
@@ -44,6 +45,7 @@ class StaticClusterView(FixedClusterView):
             snapshot.pods,
             snapshot.budgets,
             snapshot.priority_classes,
+            namespaces=snapshot.namespaces,
             synced=synced,
         )
 

@@ -30,10 +30,10 @@ import yaml
 from cryptography import x509
 
 from tests.e2e.conftest import Cluster
+from tests.e2e.helm_tools import CHART, set_args
 from tests.e2e.test_helm import FULLNAME, MUTATING, RELEASE, VALIDATING, Helm, deployment
 from tests.e2e.test_helm import helm as helm  # a fixture
 from tests.e2e.test_helm import release_namespace as release_namespace  # a fixture
-from tests.e2e.helm_tools import CHART, set_args
 from webhook.cli import _managed_tls, build_parser
 from webhook.kube.certs import ensure
 from webhook.kube.client import make_api_client

@@ -15,6 +15,7 @@ webhook may be registered under the same name.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import secrets
@@ -33,6 +34,8 @@ from harness.kubeapi import ApiError
 from tests.e2e.conftest import Cluster, Kubectl
 from tests.unit.test_manifests import (
     EXPECTED_CLUSTER_PERMISSIONS,
+    EXPECTED_DELETE_PERMISSIONS,
+    EXPECTED_LENDING_PERMISSIONS,
     EXPECTED_NAMESPACE_PERMISSIONS,
     NAME,
     NAMESPACE,
@@ -50,6 +53,9 @@ RBAC_KINDS = (
     "ClusterRoleBinding",
     "Role",
     "RoleBinding",
+    # Lending's (rbac-lending.yaml).
+    "ClusterRole",
+    "ClusterRoleBinding",
     # The viewer's (python -m webhook status), bound to nobody.
     "ClusterRole",
     "Role",
@@ -195,6 +201,8 @@ def test_base_passes_server_dry_run(
             "Deployment",
             "PodDisruptionBudget",
             "ValidatingWebhookConfiguration",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ]
     )
     server_dry_run(admin, base_objects)
@@ -389,15 +397,19 @@ def test_parse_can_i_list() -> None:
     }  # fmt: skip
 
 
+#: The base's cluster-wide rights: lending is on by default, eviction method delete is not.
+BASE_CLUSTER_PERMISSIONS = EXPECTED_CLUSTER_PERMISSIONS | EXPECTED_LENDING_PERMISSIONS
+
+
 def test_service_account_has_exactly_the_cluster_wide_rights(admin: Kubectl, rbac: None) -> None:
-    expected = as_can_i(EXPECTED_CLUSTER_PERMISSIONS)
+    expected = as_can_i(BASE_CLUSTER_PERMISSIONS)
     assert granted_rights(admin, "default", expected) == expected
 
 
 def test_service_account_has_exactly_the_lease_rights_in_its_namespace(
     admin: Kubectl, rbac: None
 ) -> None:
-    expected = as_can_i(EXPECTED_CLUSTER_PERMISSIONS | EXPECTED_NAMESPACE_PERMISSIONS)
+    expected = as_can_i(BASE_CLUSTER_PERMISSIONS | EXPECTED_NAMESPACE_PERMISSIONS)
     assert granted_rights(admin, NAMESPACE, expected) == expected
 
 
@@ -405,7 +417,9 @@ def test_baseline_holds_none_of_the_expected_rights(admin: Kubectl, rbac: None) 
     """Every account has some rights (discovery, self reviews, ...); none of them may be one
     of the webhook's, or subtracting the baseline would hide it."""
     baseline = can_i_list(admin, BASELINE_ACCOUNT, NAMESPACE)
-    expected = as_can_i(EXPECTED_CLUSTER_PERMISSIONS | EXPECTED_NAMESPACE_PERMISSIONS)
+    expected = as_can_i(
+        BASE_CLUSTER_PERMISSIONS | EXPECTED_DELETE_PERMISSIONS | EXPECTED_NAMESPACE_PERMISSIONS
+    )
     assert not baseline & expected
     assert not any(resource.startswith(("pods", "leases")) for resource, _, _ in baseline)
 
@@ -414,9 +428,12 @@ def test_baseline_holds_none_of_the_expected_rights(admin: Kubectl, rbac: None) 
     ("args", "allowed"),
     [
         (("create", "pods", "--subresource=eviction", "-A"), True),
-        (("patch", "pods", "--subresource=status", "-A"), True),
-        (("delete", "pods", "-A"), True),
+        # Eviction method delete's rights: only with components/eviction-delete.
+        (("patch", "pods", "--subresource=status", "-A"), False),
+        (("delete", "pods", "-A"), False),
         (("watch", "poddisruptionbudgets.policy", "-A"), True),
+        (("watch", "namespaces"), True),
+        (("patch", "namespaces"), False),
         (("list", "priorityclasses.scheduling.k8s.io"), True),
         (("create", "events.events.k8s.io", "-n", "default"), True),
         (("update", "leases.coordination.k8s.io", "-n", NAMESPACE), True),
@@ -425,26 +442,239 @@ def test_baseline_holds_none_of_the_expected_rights(admin: Kubectl, rbac: None) 
         (("patch", "leases.coordination.k8s.io", "-n", NAMESPACE), False),
         (("get", "secrets", "-n", NAMESPACE), False),
         (("update", "pods", "-A"), False),
-        # A lender's loan record (its annotation); update stays refused.
+        # Lending's: the loan record and the lender's resize (the admission policy narrows
+        # both further: test_admission_policy_*).
         (("patch", "pods", "-A"), True),
         (("patch", "pods", "--subresource=resize", "-A"), True),
         (("create", "pods", "-A"), False),
         (("patch", "nodes"), False),
         (("create", "events", "-n", "default"), False),
         (("patch", "validatingwebhookconfigurations.admissionregistration.k8s.io"), False),
+        (("patch", "validatingadmissionpolicies.admissionregistration.k8s.io"), False),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, tuple) else str(v),
 )
 def test_can_i(admin: Kubectl, rbac: None, args: tuple[str, ...], allowed: bool) -> None:
+    assert can_i(admin, args, allowed) == allowed
+
+
+def can_i(admin: Kubectl, args: tuple[str, ...], expected: bool) -> bool:
+    """``kubectl auth can-i args --as`` the service account, polled for up to 15 s until
+    it says ``expected`` (RBAC caches take a moment to see a change)."""
     deadline = time.monotonic() + 15
     while True:
         result = admin("auth", "can-i", *args, "--as", SERVICE_ACCOUNT, check=False)
         answer = result.stdout.strip()
         assert answer in ("yes", "no"), result.stderr
-        if (answer == "yes") == allowed or time.monotonic() > deadline:
-            break
+        if (answer == "yes") == expected or time.monotonic() > deadline:
+            return answer == "yes"
         time.sleep(0.2)
-    assert answer == ("yes" if allowed else "no")
+
+
+DELETE_METHOD_RIGHTS = [("delete", "pods", "-A"), ("patch", "pods", "--subresource=status", "-A")]
+LENDING_RIGHTS = [("patch", "pods", "--subresource=resize", "-A"), ("patch", "pods", "-A")]
+
+
+def test_eviction_method_delete_rights_come_with_its_component_only(
+    admin: Kubectl, rbac: None, cluster: Cluster
+) -> None:
+    objects = build(admin, DEPLOY / "components" / "eviction-delete")
+    assert ["ClusterRole", "ClusterRoleBinding"] == [o["kind"] for o in objects]
+    assert [False, False] == [can_i(admin, args, False) for args in DELETE_METHOD_RIGHTS]
+    admin("apply", "-f", "-", input=dump(objects))
+    try:
+        assert [True, True] == [can_i(admin, args, True) for args in DELETE_METHOD_RIGHTS]
+        # The rest is unchanged: only these two rights came with it.
+        expected = as_can_i(BASE_CLUSTER_PERMISSIONS | EXPECTED_DELETE_PERMISSIONS)
+        assert expected == granted_rights(admin, "default", expected)
+    finally:
+        admin("delete", "--ignore-not-found", "-f", "-", input=dump(objects))
+    assert [False, False] == [can_i(admin, args, False) for args in DELETE_METHOD_RIGHTS]
+
+
+def test_lending_rights_go_with_the_no_lending_component(
+    admin: Kubectl, rbac: None, base_objects: list[dict[str, Any]], deploy_copy: Path
+) -> None:
+    overlay = deploy_copy / "overlays" / "no-lending"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": ["../../base"],
+                "components": ["../../components/no-lending"],
+            }
+        )
+    )
+    without = build(admin, overlay)
+    gone = {kubectl_name(o) for o in base_objects} - {kubectl_name(o) for o in without}
+    assert {
+        f"clusterrole.rbac.authorization.k8s.io/{NAME}-lending",
+        f"clusterrolebinding.rbac.authorization.k8s.io/{NAME}-lending",
+        f"validatingadmissionpolicy.admissionregistration.k8s.io/{NAME}-lending",
+        f"validatingadmissionpolicybinding.admissionregistration.k8s.io/{NAME}-lending",
+    } == gone
+    (deployment,) = [o for o in without if o["kind"] == "Deployment"]
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "RPW_LENDING", "value": "false"} in env
+    # Applied as built: the lending binding is deleted, and the rights went with it.
+    binding = [
+        o
+        for o in base_objects
+        if kubectl_name(o).endswith(f"clusterrolebinding.rbac.authorization.k8s.io/{NAME}-lending")
+    ]
+    assert 1 == len(binding)
+    assert [True, True] == [can_i(admin, args, True) for args in LENDING_RIGHTS]
+    admin("delete", "-f", "-", input=dump(binding))
+    try:
+        assert [False, False] == [can_i(admin, args, False) for args in LENDING_RIGHTS]
+    finally:
+        admin("apply", "-f", "-", input=dump(binding))
+    assert [True, True] == [can_i(admin, args, True) for args in LENDING_RIGHTS]
+
+
+# --- the admission policy narrowing lending's rights --------------------------------------
+
+#: A group of the service account's impersonation that may read pods/resize: kubectl
+#: patch reads the object before it patches (the service itself only patches).
+RESIZE_READERS = "rpw-deploy-test-resize-readers"
+AS_SERVICE = ("--as", SERVICE_ACCOUNT, "--as-group", RESIZE_READERS,
+              "--as-group", "system:authenticated")  # fmt: skip
+FLOOR = '{"app": {"cpu": "1", "memory": "256Mi"}}'
+
+
+@pytest.fixture(scope="module")
+def admission_policy(
+    admin: Kubectl, rbac: None, base_objects: list[dict[str, Any]]
+) -> Iterator[None]:
+    """The base's ValidatingAdmissionPolicy and its binding, applied for real, and the
+    resize readers' right to read pods/resize; all removed afterwards."""
+    policy = [o for o in base_objects if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert 2 == len(policy)
+    readers = [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": RESIZE_READERS},
+         "rules": [{"apiGroups": [""], "resources": ["pods/resize"], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": RESIZE_READERS},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": RESIZE_READERS},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                       "name": RESIZE_READERS}]},
+    ]  # fmt: skip
+    admin("apply", "-f", "-", input=dump(policy + readers))
+    # Served a moment after it is created: wait until it refuses what it must, so that
+    # no test passes for a policy not yet in force.
+    probe = lender_pod(f"rpw-deploy-test-probe-{secrets.token_hex(3)}", {})
+    admin("apply", "-n", "default", "-f", "-", input=dump([probe]))
+    name = probe["metadata"]["name"]
+    deadline = time.monotonic() + 30
+    for attempt in range(1_000_000):
+        # A new size each time: a resize to the size it has is no change to refuse.
+        cpu = f"{2000 - attempt % 2 * 100}m"
+        result = admin("-n", "default", "patch", "pod", name, "--subresource", "resize",
+                       "-p", resize(cpu=cpu), *AS_SERVICE, check=False)  # fmt: skip
+        if "ValidatingAdmissionPolicy" in result.stderr:
+            break
+        assert time.monotonic() < deadline, result.stdout + result.stderr
+        time.sleep(0.3)
+    admin("-n", "default", "delete", "pod", name, "--wait=false")
+    yield
+    admin("delete", "--ignore-not-found", "-f", "-", input=dump(policy + readers))
+
+
+def lender_pod(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+    """Guaranteed, 3 CPU and 1Gi in its container ``app``, on node-1."""
+    amounts = {"cpu": "3", "memory": "1Gi"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "nodeName": "node-1",
+            "containers": [{"name": "app", "image": "busybox",
+                            "resources": {"requests": amounts, "limits": amounts}}],
+        },
+    }  # fmt: skip
+
+
+def resize(**amounts: str) -> str:
+    return json.dumps({"spec": {"containers": [
+        {"name": "app", "resources": {"requests": amounts, "limits": amounts}}]}})  # fmt: skip
+
+
+LOANS = {"resize-preemption.io/loans": "[]"}
+OPTED_IN = {"resize-preemption.io/floor": FLOOR}
+POLICY_CASES = [
+    # (the pod's annotations, kubectl arguments after "-n NS", as the service?, refused with)
+    ({}, ("patch", "pod", "p", "--subresource", "resize", "-p", resize(cpu="2")), True,
+     "only pods that opted in to lending"),
+    (OPTED_IN, ("patch", "pod", "p", "--subresource", "resize", "-p", resize(cpu="2")), True, ""),
+    (OPTED_IN, ("patch", "pod", "p", "--subresource", "resize", "-p", resize(cpu="1")), True, ""),
+    (OPTED_IN, ("patch", "pod", "p", "--subresource", "resize", "-p", resize(cpu="500m")), True,
+     "only down to the pod's floor"),
+    (OPTED_IN, ("patch", "pod", "p", "--subresource", "resize", "-p", resize(memory="256Mi")),
+     True, ""),
+    (OPTED_IN, ("patch", "pod", "p", "--subresource", "resize", "-p", resize(memory="128Mi")),
+     True, "only down to the pod's floor"),
+    (OPTED_IN, ("patch", "pod", "p", "--subresource", "resize", "-p", resize(cpu="4")), True,
+     "raise one only on a pod that carries a loan record"),
+    (OPTED_IN | LOANS, ("patch", "pod", "p", "--subresource", "resize", "-p", resize(cpu="4")),
+     True, ""),
+    (OPTED_IN, ("patch", "pod", "p", "--subresource", "resize", "-p", resize(cpu="500m")), False,
+     ""),
+    (OPTED_IN, ("annotate", "pod", "p", "resize-preemption.io/loans=[]"), True, ""),
+    (OPTED_IN | LOANS, ("annotate", "pod", "p", "resize-preemption.io/loans-"), True, ""),
+    (OPTED_IN, ("annotate", "pod", "p", "other=x"), True, "only in its loan record"),
+    (OPTED_IN, ("annotate", "pod", "p", "--overwrite", "resize-preemption.io/floor={}"), True,
+     "only in its loan record"),
+    (OPTED_IN, ("label", "pod", "p", "x=y"), True, "only in its loan record"),
+    (OPTED_IN, ("patch", "pod", "p", "-p", '{"spec": {"activeDeadlineSeconds": 60}}'), True,
+     "only in its loan record"),
+    (OPTED_IN, ("annotate", "pod", "p", "other=x"), False, ""),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("annotations", "args", "as_service", "refused_with"),
+    POLICY_CASES,
+    ids=[
+        "resize-of-a-pod-not-opted-in",
+        "lower-cpu-above-the-floor",
+        "lower-cpu-to-the-floor",
+        "lower-cpu-below-the-floor",
+        "lower-memory-to-the-floor",
+        "lower-memory-below-the-floor",
+        "raise-without-a-loan-record",
+        "raise-with-a-loan-record",
+        "another-account-below-the-floor",
+        "write-the-loan-record",
+        "remove-the-loan-record",
+        "another-annotation",
+        "change-the-floor",
+        "a-label",
+        "the-spec",
+        "another-account-annotates",
+    ],
+)
+def test_admission_policy_lets_the_service_make_loans_and_nothing_else(
+    admin: Kubectl,
+    admission_policy: None,
+    namespace: str,
+    annotations: dict[str, str],
+    args: tuple[str, ...],
+    as_service: bool,
+    refused_with: str,
+) -> None:
+    admin("apply", "-n", namespace, "-f", "-", input=dump([lender_pod("p", annotations)]))
+    who = AS_SERVICE if as_service else ()
+    result = admin("-n", namespace, *args, *who, check=False)
+    if refused_with:
+        assert 0 != result.returncode
+        assert "denied request" in result.stderr and refused_with in result.stderr, result.stderr
+    else:
+        assert 0 == result.returncode, result.stderr
 
 
 # --- certs --patch-webhooks -------------------------------------------------------------

@@ -129,6 +129,7 @@ def helm_objects(cluster: Cluster, manifest: str) -> list[str]:
         group_version = obj["apiVersion"]
         prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
         plural = kind.lower() + ("es" if kind.endswith("s") else "s")
+        plural = plural.removesuffix("ys") + "ies" if plural.endswith("ys") else plural
         namespace = f"/namespaces/{meta['namespace']}" if "namespace" in meta else ""
         if get(cluster, f"{prefix}{namespace}/{plural}/{meta['name']}") is not None:
             present.append(f"{kind}/{meta.get('namespace', '')}/{meta['name']}")
@@ -163,9 +164,10 @@ def test_install_walkthrough_upgrade_and_uninstall(
     manifest = helm("get", "manifest", RELEASE).stdout
     kinds = sorted(o.split("/")[0] for o in helm_objects(cluster, manifest))
     assert [
-        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Deployment",
-        "MutatingWebhookConfiguration", "PodDisruptionBudget", "Role", "Role", "RoleBinding",
-        "Secret", "Service", "ServiceAccount", "ValidatingWebhookConfiguration",
+        "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
+        "Deployment", "MutatingWebhookConfiguration", "PodDisruptionBudget", "Role", "Role",
+        "RoleBinding", "Secret", "Service", "ServiceAccount", "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding", "ValidatingWebhookConfiguration",
     ] == kinds  # fmt: skip
     config = get(cluster, f"{VALIDATING}/{FULLNAME}")
     assert config is not None

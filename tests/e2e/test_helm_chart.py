@@ -139,6 +139,33 @@ def test_mutating_enabled_renders_the_overlay_with_the_mutating_component(
     assert_same_objects(kustomize(overlay), render({**CERT_MANAGER, "mutating.enabled": True}))
 
 
+@pytest.mark.parametrize(
+    ("components", "values"),
+    [
+        (["eviction-delete"], {"settings.evictionMethod": "delete"}),
+        (["no-lending"], {"settings.lending": False}),
+        (["eviction-delete", "no-lending"],
+         {"settings.evictionMethod": "delete", "settings.lending": False}),
+    ],
+    ids=["eviction-delete", "no-lending", "both"],
+)  # fmt: skip
+def test_rights_follow_the_settings_as_the_components_grant_them(
+    deploy_copy: Path, components: list[str], values: dict[str, Any]
+) -> None:
+    overlay = deploy_copy / "overlays" / "cert-manager"
+    path = overlay / "kustomization.yaml"
+    kustomization = yaml.safe_load(path.read_text())
+    kustomization["components"] = [f"../../components/{c}" for c in components]
+    path.write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    built, rendered = kustomize(overlay), render(values)
+    assert_same_objects(built, rendered)
+    names = {(o["kind"], o["metadata"]["name"]) for o in rendered}
+    lending = "no-lending" not in components
+    assert lending == (("ClusterRole", f"{NAME}-lending") in names)
+    assert lending == (("ValidatingAdmissionPolicy", f"{NAME}-lending") in names)
+    assert ("eviction-delete" in components) == (("ClusterRole", f"{NAME}-delete") in names)
+
+
 def test_provided_certificates_render_the_self_signed_overlay_without_its_secret(
     deploy_copy: Path,
 ) -> None:
@@ -186,22 +213,35 @@ def test_self_signed_mode_makes_a_secret_whose_ca_is_the_ca_bundle() -> None:
     assert not [o for o in objects if o["apiVersion"].startswith("cert-manager.io/")]
 
 
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+
+
 def test_release_name_and_namespace_name_every_object() -> None:
     objects = render({"namespace.name": "", "namespace.create": False},
                      release="edge", extra=["--namespace", "tools"])  # fmt: skip
     assert not [o for o in objects if o["kind"] == "Namespace"]
     for obj in objects:
         assert obj["metadata"]["name"].startswith("edge-resize-preemption-webhook")
-        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding") and not obj["kind"].endswith(
-            "WebhookConfiguration"
-        ):
+        if obj["kind"] not in CLUSTER_SCOPED:
             assert "tools" == obj["metadata"]["namespace"], obj["kind"]
     (config,) = [o for o in objects if o["kind"] == "ValidatingWebhookConfiguration"]
     webhook = config["webhooks"][0]
     service = {"name": "edge-resize-preemption-webhook", "namespace": "tools",
                "path": "/validate-resize", "port": 443}  # fmt: skip
     assert service == webhook["clientConfig"]["service"]
-    assert ["tools"] == webhook["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert ["tools", "kube-system"] == webhook["namespaceSelector"]["matchExpressions"][0]["values"]
+    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    (condition,) = policy["spec"]["matchConditions"]
+    assert "'system:serviceaccount:tools:edge-resize-preemption-webhook'" in condition["expression"]
+    (binding,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert policy["metadata"]["name"] == binding["spec"]["policyName"]
 
 
 # --- every service setting is a value ---------------------------------------------------
@@ -213,6 +253,10 @@ SETTING_CASES = [
     ("evictionMethod", "delete", "delete"),
     ("pdbMode", "best-effort", "best-effort"),
     ("protectedNamespaces", ["kube-system", "monitoring"], "kube-system,monitoring"),
+    ("unprotectedNamespaces", ["kube-system"], "kube-system"),
+    ("preemptorNamespaceSelector", {"matchLabels": {"team": "a"}}, '{"matchLabels":{"team":"a"}}'),
+    ("minPreemptorPriority", 1000, "1000"),
+    ("minPreemptorPriority", -10, "-10"),
     ("maxVictims", 5, "5"),
     ("lending", False, "false"),
     ("lending", True, "true"),
@@ -247,6 +291,10 @@ def test_unset_settings_are_left_to_the_service_defaults() -> None:
         "RPW_EVICTION_METHOD": "evict",
         "RPW_PDB_MODE": "respect",
         "RPW_VICTIM_ORDER": "upstream",
+        # The webhook configurations' selection, for the reconciler too.
+        "RPW_PREEMPTOR_NAMESPACE_SELECTOR": '{"matchExpressions":[{"key":'
+        '"kubernetes.io/metadata.name","operator":"NotIn",'
+        '"values":["resize-preemption-system","kube-system"]}]}',
     } == env_of(render())
 
 

@@ -85,8 +85,16 @@ def test_every_setting_but_the_pods_own_is_a_chart_value() -> None:
 def test_the_deployment_passes_each_value_as_the_settings_variable() -> None:
     template = (CHART / "templates" / "deployment.yaml").read_text()
     passed = dict(re.findall(r'\(list "([A-Za-z]+)" "(RPW_[A-Z_]+)"\)', template))
+    # The selector defaults to the webhook configuration's own (rpw.preemptorSelector).
+    derived = {"preemptorNamespaceSelector"}
 
-    assert {key: env_name(name) for key, name in chart_schema.CHART_KEYS.items()} == passed
+    assert {
+        key: env_name(name) for key, name in chart_schema.CHART_KEYS.items() if key not in derived
+    } == passed
+    assert re.search(
+        r'- name: RPW_PREEMPTOR_NAMESPACE_SELECTOR\n\s+value: \{\{ include "rpw.preemptorSelector"',
+        template,
+    )
 
 
 @pytest.mark.parametrize("name", sorted(chart_schema.FROM_THE_POD))

@@ -369,6 +369,43 @@ def test_policy_options(
     assert (verdict, code) == (data["verdict"], data["code"])
 
 
+@pytest.mark.parametrize(
+    ("namespace", "options", "verdict"),
+    [
+        ("kube-system", [], "infeasible"),
+        ("resize-preemption-system", [], "infeasible"),
+        ("tools", ["--service-namespace", "tools"], "infeasible"),
+        ("kube-system", ["--unprotected-namespaces", "kube-system"], "preempt"),
+        ("resize-preemption-system", ["--unprotected-namespaces", "resize-preemption-system"],
+         "preempt"),
+        ("kube-system", ["--unprotected-namespaces", "kube-system",
+                         "--protected-namespaces", "kube-system"], "infeasible"),
+    ],
+    ids=["kube-system", "the-webhooks-namespace", "another-webhook-namespace",
+         "kube-system-opted-in", "the-webhooks-namespace-opted-in", "protected-wins"],
+)  # fmt: skip
+def test_system_namespaces_give_no_victim_unless_opted_in_as_in_the_service(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    namespace: str,
+    options: list[str],
+    verdict: str,
+) -> None:
+    objects = walkthrough_objects()
+    objects[1]["metadata"]["namespace"] = namespace
+    data = _json(
+        capsys,
+        write_yaml_list(tmp_path, objects),
+        "--pod",
+        "default/high-priority-pod",
+        "--resize",
+        WALKTHROUGH_PATCH,
+        *options,
+    )
+
+    assert verdict == data["verdict"]
+
+
 def test_now_decides_who_counts_as_newer(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -32,13 +32,18 @@ TLS_DIR = "/etc/rpw/tls"
 
 #: (apiGroup, resource, verb) the ServiceAccount may use in every namespace.
 EXPECTED_CLUSTER_PERMISSIONS = frozenset(
-    {("", "pods", v) for v in ("get", "list", "watch", "delete", "patch")}
-    | {("", "pods/eviction", "create"), ("", "pods/status", "patch"), ("", "pods/resize", "patch")}
+    {("", "pods", v) for v in ("get", "list", "watch")}
+    | {("", "pods/eviction", "create")}
     | {("", "nodes", v) for v in ("get", "list", "watch")}
+    | {("", "namespaces", v) for v in ("get", "list", "watch")}
     | {("policy", "poddisruptionbudgets", v) for v in ("get", "list", "watch")}
     | {("scheduling.k8s.io", "priorityclasses", v) for v in ("get", "list", "watch")}
     | {("events.k8s.io", "events", v) for v in ("create", "patch")}
 )
+#: What lending adds (deploy/base/rbac-lending.yaml; left out by components/no-lending).
+EXPECTED_LENDING_PERMISSIONS = frozenset({("", "pods/resize", "patch"), ("", "pods", "patch")})
+#: What eviction method delete adds (components/eviction-delete).
+EXPECTED_DELETE_PERMISSIONS = frozenset({("", "pods", "delete"), ("", "pods/status", "patch")})
 #: ... and in its own namespace only.
 EXPECTED_NAMESPACE_PERMISSIONS = frozenset(
     ("coordination.k8s.io", "leases", v) for v in ("get", "list", "watch", "create", "update")
@@ -138,6 +143,8 @@ def test_namespaced_objects_live_in_the_webhooks_namespace(base: list[dict[str, 
         "ClusterRole",
         "ClusterRoleBinding",
         "ValidatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
     for obj in base:
         if obj["kind"] in cluster_scoped:
@@ -181,7 +188,11 @@ def test_webhook_safety_settings(
     ]
     assert webhook["namespaceSelector"] == {
         "matchExpressions": [
-            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [NAMESPACE]}
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": [NAMESPACE, "kube-system"],
+            }
         ]
     }
     # Fully qualified: three or more DNS labels.
@@ -352,6 +363,37 @@ def test_cluster_role_grants_exactly_what_the_service_needs(base: list[dict[str,
     assert permissions(one(base, "ClusterRole")) == EXPECTED_CLUSTER_PERMISSIONS
 
 
+def test_lending_role_grants_exactly_the_lenders_resize_and_loan_record(
+    base: list[dict[str, Any]],
+) -> None:
+    role = one(base, "ClusterRole", f"{NAME}-lending")
+    assert EXPECTED_LENDING_PERMISSIONS == permissions(role)
+    binding = one(base, "ClusterRoleBinding", f"{NAME}-lending")
+    assert {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+            "name": f"{NAME}-lending"} == binding["roleRef"]  # fmt: skip
+    assert [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}] == binding["subjects"]
+
+
+def test_delete_component_grants_exactly_what_eviction_method_delete_needs() -> None:
+    objects = resources_of(DEPLOY / "components" / "eviction-delete")
+    assert EXPECTED_DELETE_PERMISSIONS == permissions(one(objects, "ClusterRole", f"{NAME}-delete"))
+    assert not EXPECTED_DELETE_PERMISSIONS & (
+        EXPECTED_CLUSTER_PERMISSIONS | EXPECTED_LENDING_PERMISSIONS
+    )
+
+
+def test_admission_policy_matches_only_the_service_account(base: list[dict[str, Any]]) -> None:
+    policy = one(base, "ValidatingAdmissionPolicy", f"{NAME}-lending")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert f"'system:serviceaccount:{NAMESPACE}:{NAME}'" in condition["expression"]
+    assert "Fail" == policy["spec"]["failurePolicy"]
+    binding = one(base, "ValidatingAdmissionPolicyBinding", f"{NAME}-lending")
+    assert (f"{NAME}-lending", ["Deny"]) == (
+        binding["spec"]["policyName"],
+        binding["spec"]["validationActions"],
+    )
+
+
 def test_role_grants_exactly_the_lease_verbs_in_its_namespace(base: list[dict[str, Any]]) -> None:
     role = one(base, "Role")
     assert role["metadata"]["namespace"] == NAMESPACE
@@ -359,7 +401,8 @@ def test_role_grants_exactly_the_lease_verbs_in_its_namespace(base: list[dict[st
 
 
 def test_no_wildcards_and_no_secrets(base: list[dict[str, Any]]) -> None:
-    for role in (one(base, "ClusterRole"), one(base, "Role")):
+    for role in (one(base, "ClusterRole"), one(base, "ClusterRole", f"{NAME}-lending"),
+                 one(base, "Role")):  # fmt: skip
         for group, resource, verb in permissions(role):
             assert "*" not in (group, resource, verb)
             assert resource not in ("secrets", "configmaps")
@@ -440,3 +483,45 @@ def test_certs_command_defaults_match_the_manifests(base: list[dict[str, Any]]) 
         service["metadata"]["namespace"],
         TLS_SECRET,
     ) == (certs.DEFAULT_SERVICE, certs.DEFAULT_NAMESPACE, certs.DEFAULT_SECRET)
+
+
+# --- docs/deploy.md "RBAC rationale" says what the manifests grant ------------------------
+
+DEPLOY_DOC = REPO / "docs" / "deploy.md"
+
+
+def documented_rights() -> dict[tuple[str, str], set[tuple[str, str, str]]]:
+    """(kind, name) -> (group, resource, verb) of the table under each bold role heading."""
+    text = DEPLOY_DOC.read_text(encoding="utf-8")
+    section = text.split("\n## RBAC rationale\n", 1)[1].split("\n## ", 1)[0]
+    rights: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
+    role: tuple[str, str] | None = None
+    for line in section.splitlines():
+        heading = re.match(r"\*\*(ClusterRole|Role) `([^`]+)`\*\*", line)
+        if line.startswith("#"):
+            role = None  # a subsection's tables are not a role's
+        if heading:
+            role = (heading.group(1), heading.group(2))
+            continue
+        if not line.startswith("| `") or role is None:
+            continue
+        group, resource, verbs = (c.strip().strip("`") for c in line.strip("|").split("|")[:3])
+        for verb in verbs.split(","):
+            rights.setdefault(role, set()).add((group.strip('"'), resource, verb.strip()))
+    return rights
+
+
+def test_the_rbac_rationale_lists_exactly_what_each_role_grants(
+    base: list[dict[str, Any]],
+) -> None:
+    delete = resources_of(DEPLOY / "components" / "eviction-delete")
+    assert {
+        ("ClusterRole", NAME): permissions(one(base, "ClusterRole")),
+        ("ClusterRole", f"{NAME}-lending"): permissions(
+            one(base, "ClusterRole", f"{NAME}-lending")
+        ),
+        ("ClusterRole", f"{NAME}-delete"): permissions(
+            one(delete, "ClusterRole", f"{NAME}-delete")
+        ),
+        ("Role", NAME): permissions(one(base, "Role")),
+    } == documented_rights()

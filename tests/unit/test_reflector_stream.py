@@ -16,7 +16,15 @@ import pytest
 
 from webhook.core.model import Pod
 from webhook.core.objects import parse_pod
-from webhook.kube.cache import BUDGETS, NODES, PODS, PRIORITY_CLASSES, ClusterCache, IndexedStore
+from webhook.kube.cache import (
+    BUDGETS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    PRIORITY_CLASSES,
+    ClusterCache,
+    IndexedStore,
+)
 from webhook.kube.errors import ClusterError, Expired
 from webhook.kube.reflector import (
     Delta,
@@ -409,6 +417,25 @@ def test_cluster_cache_indexes_and_subscribers() -> None:
     cache.reflector(BUDGETS).load_pages(
         pages(list_page([pdb_obj("web", "default", "3"), pdb_obj("x", "other", "3")], "3"))
     )
+    cache.reflector(NAMESPACES).load_pages(
+        pages(
+            orjson.dumps(
+                {
+                    "metadata": {"resourceVersion": "5"},
+                    "items": [
+                        {
+                            "metadata": {
+                                "name": "other",
+                                "resourceVersion": "5",
+                                "labels": {"team": "b"},
+                            }
+                        }
+                    ],
+                }
+            )
+        )
+    )
+    assert not cache.synced()  # pods not listed yet
     cache.reflector(PODS).load_pages(
         pages(
             list_page(
@@ -422,6 +449,8 @@ def test_cluster_cache_indexes_and_subscribers() -> None:
         )
     )
     assert cache.synced() and cache.age() < 60
+    assert {"team": "b"} == cache.namespace_labels("other")
+    assert None is cache.namespace_labels("default")
     resolver = cache.priority_resolver()
     assert resolver.resolve({"priorityClassName": "high"}, "spec")[0] == 1000
 

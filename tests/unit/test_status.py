@@ -11,6 +11,7 @@ import pytest
 from tests.unit.builders import NODE, NOW, OTHER_NODE, T0, PodBuilder, make_node, make_pdb
 from tests.unit.test_reconciler import BASE, entry_for, high
 from tests.unit.test_worker_logic import LOAN
+from webhook.core.model import LabelSelector
 from webhook.core.snapshot import load_snapshot
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.settings import Config
@@ -211,3 +212,25 @@ def test_json_carries_the_same_in_kubernetes_notation() -> None:
         waiting["victims"],
     )
     assert NOW - T0 - 500 == waiting["waitingSeconds"]
+
+
+@pytest.mark.parametrize(
+    ("labels", "expected"),
+    [
+        ({"team": "a"}, ("preempt", ("default/low-a",))),
+        ({"team": "b"}, ("not-eligible", ())),
+    ],
+    ids=["selected", "not-selected"],
+)
+def test_status_holds_a_deferred_resize_to_the_preemptor_policy(
+    labels: dict[str, str], expected: tuple[str, tuple[str, ...]]
+) -> None:
+    namespace = {"kind": "Namespace", "metadata": {"name": "default", "labels": labels}}
+    snapshot = load_snapshot([*objects(high(), *BASE), namespace])
+    config = Config(preemptor_namespace_selector=LabelSelector(match_labels=(("team", "a"),)))
+
+    status = service_status(snapshot, [], LIVE_LEADER, config, now=NOW)
+
+    assert [("default/high", *expected)] == [
+        (w.pod.key, w.reason, w.victims) for w in status.deferred
+    ]

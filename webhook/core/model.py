@@ -349,6 +349,15 @@ class DisruptionBudget:
 
 
 @dataclass(frozen=True, slots=True)
+class Namespace:
+    """What the preemptor policy reads of a namespace: its labels (the API server sets
+    ``kubernetes.io/metadata.name`` on every one)."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class PriorityClass:
     name: str
     value: int

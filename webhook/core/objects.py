@@ -24,6 +24,7 @@ from webhook.core.model import (
     DisruptionBudget,
     Floor,
     LabelSelector,
+    Namespace,
     Node,
     NodeRequirement,
     Placement,
@@ -611,6 +612,15 @@ def parse_pdb(obj: Obj) -> DisruptionBudget:
     )
 
 
+def parse_namespace(obj: Obj) -> Namespace:
+    """A Namespace (v1) -> :class:`Namespace`: its name and labels."""
+    meta = _map(obj.get("metadata"), "namespace.metadata")
+    name = _str(meta.get("name"), "namespace.metadata.name")
+    labels = meta.get("labels")
+    where = f"Namespace {name}"
+    return Namespace(name, {} if labels is None else _labels(labels, where, ".labels"))
+
+
 def parse_priority_class(obj: Obj) -> PriorityClass:
     """A PriorityClass (scheduling.k8s.io/v1) -> :class:`PriorityClass`."""
     meta = _map(obj.get("metadata"), "priorityclass.metadata")
@@ -631,6 +641,7 @@ __all__ = [
     "ZERO",
     "PriorityResolver",
     "parse_floors",
+    "parse_namespace",
     "parse_node",
     "parse_pdb",
     "parse_pod",

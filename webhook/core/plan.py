@@ -58,6 +58,7 @@ ReasonCode = Literal[
     "pdb-violation",
     "too-many-victims",
     "preemption-policy-never",
+    "preemptor-not-allowed",
     "node-opted-out",
     "no-growth",
     "not-bound",
@@ -573,9 +574,12 @@ def _plan(new: Pod, node: Node, need: _Need, outcome: _Outcome) -> Plan:
     )
 
 
-def _without_preemption(old: Pod, new: Pod, node: Node, need: _Need) -> _Outcome | None:
+def _without_preemption(
+    old: Pod, new: Pod, node: Node, need: _Need, refused: str = ""
+) -> _Outcome | None:
     """Steps 1-4: the verdict when no victim selection is needed or allowed; ``None``
-    when the resize is short of room and may preempt."""
+    when the resize is short of room and may preempt. ``refused``: why the service's
+    preemptor policy lets this pod take room from nobody (``""``: it may)."""
     name, demand, short = node.name, need.demand, need.short
     # Step 1: not on a node, or needs no room.
     if not new.node:
@@ -616,6 +620,12 @@ def _without_preemption(old: Pod, new: Pod, node: Node, need: _Need) -> _Outcome
         )
     if node.resize_preemption_disabled or new.resize_preemption_disabled:
         return _Outcome("not-eligible", "node-opted-out", f"{name} opted out of resize preemption")
+    if refused:
+        return _Outcome(
+            "not-eligible",
+            "preemptor-not-allowed",
+            f"{refused}; {amounts_text(short, ' short by ')} on {name}",
+        )
     return None
 
 
@@ -689,6 +699,7 @@ def plan_resize(
     reservations: Iterable[Reservation] = (),
     policy: PreemptionPolicy | None = None,
     elsewhere: Sequence[Room] | None = None,
+    refused: str = "",
 ) -> Plan:
     """Decide what the resize of ``old`` into ``new`` needs on ``view``'s node.
 
@@ -709,13 +720,17 @@ def plan_resize(
     ``elsewhere``, when given, is victim order ``movable-first``: the room other nodes
     have now (:func:`~webhook.core.movable.rooms_elsewhere`, the resizing node left out),
     and :func:`movable_selection` chooses; ``None`` is upstream's order.
+
+    ``refused``, when not empty, is why the preemptor policy
+    (:meth:`~webhook.core.policy.Preemptors.refusal`) lets this pod take room from nobody:
+    a resize short of room is then ``not-eligible``, with no victims and no loans.
     """
     policy = policy or DefaultPolicy()
     node, kept = view.node, view.holdings()
     # Step 0: the pod's demand, what the rest of the node holds, what is missing.
     need = _need(old, new, view, reservations, now, kept)
     # Steps 1-4: nothing to select victims for.
-    early = _without_preemption(old, new, node, need)
+    early = _without_preemption(old, new, node, need, refused)
     if early is not None:
         return _plan(new, node, need, early)
     # Step 5: victim selection, with lending.

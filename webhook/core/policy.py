@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
-from webhook.core.model import DisruptionBudget, PdbMode, Pod
+from webhook.core.model import DisruptionBudget, LabelSelector, PdbMode, Pod
 
 
 def budget_matches(budget: DisruptionBudget, pod: Pod, mode: PdbMode) -> bool:
@@ -162,6 +162,42 @@ class DefaultPolicy:
 
     def importance(self, pod: Pod, now: float) -> ImportanceKey:
         return importance_key(pod, now)
+
+
+#: Namespaces whose pods are never victims unless an operator opts them in: the cluster's
+#: own components, and (added by the service's settings) the service's own namespace.
+SYSTEM_NAMESPACES: frozenset[str] = frozenset({"kube-system"})
+
+
+@dataclass(frozen=True, slots=True)
+class Preemptors:
+    """Who may preempt: pods of namespaces whose labels ``namespaces`` selects (``None``:
+    every namespace), at priority ``min_priority`` or above (``None``: any priority).
+
+    One judgement for the admission path and the reconciler, so a resize the webhook
+    configuration never shows the service is held to the same rule when the kubelet
+    defers it."""
+
+    namespaces: LabelSelector | None = None
+    min_priority: int | None = None
+
+    def refusal(self, preemptor: Pod, namespace_labels: Mapping[str, str] | None) -> str:
+        """Why ``preemptor`` may not take room from other pods, ``""`` when it may.
+        ``namespace_labels``: the labels of its namespace, ``None`` when the namespace is
+        not known (refused while a selector is set: its labels cannot be judged)."""
+        # Short: the kubectl warning carrying it is cut at 120 characters, and the
+        # person reading it knows the pod's namespace.
+        if self.min_priority is not None and preemptor.priority < self.min_priority:
+            return (
+                f"priority {preemptor.priority} under the preemptor policy's minimum "
+                f"{self.min_priority}; nobody preempted"
+            )
+        if self.namespaces is not None:
+            if namespace_labels is None:
+                return "namespace not known yet to the preemptor policy; nobody preempted"
+            if not self.namespaces.matches(namespace_labels):
+                return "namespace not selected by the preemptor policy; nobody preempted"
+        return ""
 
 
 @dataclass(frozen=True, slots=True)

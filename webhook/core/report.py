@@ -165,6 +165,7 @@ def warnings_for(plan: Plan, *, enforcing: bool = True) -> list[str]:
         return [clip(plan.reason)]
     if plan.verdict == "not-eligible" and plan.code in (
         "preemption-policy-never",
+        "preemptor-not-allowed",
         "node-opted-out",
     ):
         return [clip(f"resize will wait on {plan.node}: {plan.reason}")]

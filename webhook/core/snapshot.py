@@ -2,7 +2,7 @@
 
 Accepts what ``kubectl get -o yaml|json`` prints: single objects, ``List`` objects and
 typed lists (``PodList``...), already decoded. Kinds other than Node, Pod,
-PodDisruptionBudget and PriorityClass are ignored.
+PodDisruptionBudget, PriorityClass and Namespace are ignored.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from typing import Any
 
 from webhook.core.accounting import Reservation
 from webhook.core.errors import LookupFailed, ObjectError
-from webhook.core.model import DisruptionBudget, Node, Pod, PriorityClass
+from webhook.core.model import DisruptionBudget, Namespace, Node, Pod, PriorityClass
 from webhook.core.movable import rooms_elsewhere
 from webhook.core.objects import (
     PriorityResolver,
+    parse_namespace,
     parse_node,
     parse_pdb,
     parse_pod,
@@ -26,7 +27,7 @@ from webhook.core.plan import NodePods, Plan, plan_resize
 from webhook.core.policy import PreemptionPolicy, VictimOrder
 from webhook.core.resize import apply_resize
 
-_KINDS = ("Node", "Pod", "PodDisruptionBudget", "PriorityClass")
+_KINDS = ("Node", "Pod", "PodDisruptionBudget", "PriorityClass", "Namespace")
 
 
 def _flatten(documents: Iterable[object]) -> Iterable[Mapping[str, Any]]:
@@ -56,6 +57,8 @@ class Snapshot:
     pod_objects: Mapping[str, Mapping[str, Any]]  # raw Pod objects by "namespace/name"
     budgets: tuple[DisruptionBudget, ...]
     priority_classes: tuple[PriorityClass, ...]
+    #: ``None`` when the documents hold no Namespace (a snapshot of pods alone).
+    namespaces: tuple[Namespace, ...] | None = None
 
     def pods_on(self, node: str) -> tuple[Pod, ...]:
         return tuple(p for p in self.pods if p.node == node)
@@ -74,7 +77,8 @@ def load_snapshot(documents: Iterable[object]) -> Snapshot:
     raw = {p.key: o for p, o in zip(pods, by_kind["Pod"], strict=True)}
     nodes = {n.name: n for n in (parse_node(o) for o in by_kind["Node"])}
     budgets = tuple(parse_pdb(o) for o in by_kind["PodDisruptionBudget"])
-    return Snapshot(nodes, pods, raw, budgets, classes)
+    namespaces = tuple(parse_namespace(o) for o in by_kind["Namespace"]) or None
+    return Snapshot(nodes, pods, raw, budgets, classes, namespaces)
 
 
 def plan_snapshot_resize(

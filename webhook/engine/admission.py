@@ -427,7 +427,8 @@ class ResizePlanner:
     the reconciler (a resize the kubelet deferred): ``pod``'s resize from ``old`` planned
     on ``node`` as the memo's ``view`` has it, at ``now``; in victim order
     ``movable-first``, with the room elsewhere (read only by a plan with victims, and
-    only as far as it looks)."""
+    only as far as it looks). ``refused``: why the preemptor policy lets the pod take
+    room from nobody (:meth:`~webhook.core.policy.Preemptors.refusal`; ``""``: it may)."""
 
     old: Pod
     pod: Pod
@@ -440,6 +441,7 @@ class ResizePlanner:
     config: Config
     policy: PreemptionPolicy
     elsewhere: Elsewhere
+    refused: str = ""
 
     def plan(self, holders: Sequence[LedgerEntry]) -> Plan:
         rooms = None
@@ -454,6 +456,7 @@ class ResizePlanner:
             reservations=[e.reservation() for e in holders],
             policy=self.policy,
             elsewhere=rooms,
+            refused=self.refused,
         )
 
     def reserves(self, plan: Plan) -> bool:
@@ -515,6 +518,7 @@ class AdmissionEngine:
         #: after the answer, in batches; for a warning event on each (webhook.service).
         self.on_floor_errors = on_floor_errors
         self.policy = config.policy()
+        self.preemptors = config.preemptors()
         self._memo = NodeMemo(self.policy)
         self._elsewhere = Elsewhere(cluster, ledger)
         self._counted: dict[tuple[str, str], Any] = {}
@@ -699,6 +703,7 @@ class AdmissionEngine:
 
     def _planner(self, s: _Scene, uid: str, now: float) -> ResizePlanner:
         config = self.config
+        labels = self.cluster.namespace_labels(s.new.namespace)
         return ResizePlanner(
             s.old,
             s.new,
@@ -711,6 +716,7 @@ class AdmissionEngine:
             config,
             self.policy,
             self._elsewhere,
+            self.preemptors.refusal(s.new, labels),
         )
 
     # -- validating -------------------------------------------------------------------

@@ -358,6 +358,11 @@ class ClusterView(Protocol):
 
     def priority_resolver(self) -> PriorityResolver: ...
 
+    def namespace_labels(self, name: str) -> Mapping[str, str] | None:
+        """The labels of namespace ``name`` (the preemptor policy's selector reads them);
+        ``None`` when the view does not know it."""
+        ...
+
     def synced(self) -> bool:
         """True once every watched kind has been listed."""
         ...

@@ -13,19 +13,31 @@ reads are as cheap as the live cache's and it is safe to share between threads.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-from webhook.core.model import LOANS_ANNOTATION, DisruptionBudget, Node, Pod, PriorityClass
+from webhook.core.model import (
+    LOANS_ANNOTATION,
+    DisruptionBudget,
+    Namespace,
+    Node,
+    Pod,
+    PriorityClass,
+)
 from webhook.core.objects import PriorityResolver
 from webhook.core.snapshot import Snapshot
 from webhook.engine.ledger import LedgerChange, LedgerEntry, R, check_size, encode_entries
 from webhook.engine.rooms import NodeRooms
 
+#: The label the API server sets on every namespace, its name.
+NAME_LABEL = "kubernetes.io/metadata.name"
+
 
 class FixedClusterView:
     """A :class:`~webhook.engine.ledger.ClusterView` (with the reconciler's
-    ``pending_resizes``) over nodes, pods, PodDisruptionBudgets and PriorityClasses that
-    never change: always synced, never stale."""
+    ``pending_resizes``) over nodes, pods, PodDisruptionBudgets, PriorityClasses and
+    Namespaces that never change: always synced, never stale. ``namespaces=None`` is a
+    view that was given none: every namespace reads as having only the label the API
+    server sets on each (``kubernetes.io/metadata.name``)."""
 
     def __init__(
         self,
@@ -33,8 +45,10 @@ class FixedClusterView:
         pods: Iterable[Pod] = (),
         budgets: Iterable[DisruptionBudget] = (),
         priority_classes: Iterable[PriorityClass] = (),
+        namespaces: Iterable[Namespace] | None = None,
     ) -> None:
         self._nodes = {n.name: n for n in nodes}
+        self._namespaces = None if namespaces is None else {n.name: n for n in namespaces}
         self._pods = {p.key: p for p in pods}
         by_node: dict[str, list[Pod]] = {}
         for p in self._pods.values():
@@ -57,7 +71,11 @@ class FixedClusterView:
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> FixedClusterView:
         return cls(
-            snapshot.nodes.values(), snapshot.pods, snapshot.budgets, snapshot.priority_classes
+            snapshot.nodes.values(),
+            snapshot.pods,
+            snapshot.budgets,
+            snapshot.priority_classes,
+            snapshot.namespaces,
         )
 
     def node(self, name: str) -> Node | None:
@@ -92,6 +110,12 @@ class FixedClusterView:
 
     def priority_resolver(self) -> PriorityResolver:
         return self._resolver
+
+    def namespace_labels(self, name: str) -> Mapping[str, str] | None:
+        if self._namespaces is None:
+            return {NAME_LABEL: name}
+        found = self._namespaces.get(name)
+        return None if found is None else found.labels
 
     def synced(self) -> bool:
         return True

@@ -138,6 +138,7 @@ class Reconciler:
         self.clock = clock
         self.on_decision = on_decision
         self.policy = config.policy()
+        self.preemptors = config.preemptors()
         # Deferred pods share nodes, and a pass plans them all.
         self._memo = NodeMemo(self.policy)
         self._elsewhere = Elsewhere(cluster, ledger)
@@ -294,6 +295,9 @@ class Reconciler:
             self.config,
             self.policy,
             self._elsewhere,
+            # The admission path's judgement: a resize the webhook configuration never
+            # showed the service is held to the same rule.
+            self.preemptors.refusal(pod, self.cluster.namespace_labels(pod.namespace)),
         )
         return admit(planner, pods, now)
 

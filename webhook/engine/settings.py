@@ -23,8 +23,9 @@ from typing import Any, ClassVar, Final, Literal, get_args
 import yaml
 
 from webhook.core.errors import InputError
-from webhook.core.model import PdbMode
-from webhook.core.policy import DefaultPolicy, VictimOrder
+from webhook.core.model import LabelSelector, PdbMode
+from webhook.core.objects import parse_selector
+from webhook.core.policy import SYSTEM_NAMESPACES, DefaultPolicy, Preemptors, VictimOrder
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,17 @@ class Config:
     mode: Mode = "enforce"
     eviction_method: EvictionMethod = "evict"
     pdb_mode: PdbMode = "respect"
+    #: Namespaces whose pods are never victims, besides kube-system and the service's
+    #: own (:attr:`unprotected_namespaces`).
     protected_namespaces: frozenset[str] = frozenset()
+    #: Of kube-system and the service's own namespace, never victims by default, those
+    #: whose pods may be victims after all.
+    unprotected_namespaces: frozenset[str] = frozenset()
+    #: Only pods of namespaces whose labels this selects take room from others (the
+    #: admission path and the reconciler alike); ``None``: every namespace.
+    preemptor_namespace_selector: LabelSelector | None = None
+    #: Only pods at this priority or above take room from others; ``None``: any.
+    min_preemptor_priority: int | None = None
     max_victims: int | None = None
     #: Pods annotated with a floor lend CPU and memory in place before anyone is evicted
     #: (docs/lending.md).
@@ -88,10 +99,21 @@ class Config:
         return DefaultPolicy(
             pdb_mode=self.pdb_mode,
             max_victims=self.max_victims,
-            protected_namespaces=self.protected_namespaces,
+            protected_namespaces=self.protected(),
             lending=self.lending,
             lend_memory_limits=self.lend_memory_limits,
         )
+
+    def protected(self) -> frozenset[str]:
+        """Namespaces whose pods are never victims: kube-system and the service's own
+        unless opted in (:attr:`unprotected_namespaces`), and every one of
+        :attr:`protected_namespaces` (which wins over an opt-in)."""
+        system = SYSTEM_NAMESPACES | {self.namespace}
+        return self.protected_namespaces | (system - self.unprotected_namespaces)
+
+    def preemptors(self) -> Preemptors:
+        """Who may take room from other pods."""
+        return Preemptors(self.preemptor_namespace_selector, self.min_preemptor_priority)
 
 
 #: Kubernetes names of namespaces (DNS-1123 labels).
@@ -218,6 +240,61 @@ class Port(Rule):
     def schema(self) -> dict[str, Any]:
         # The chart always serves metrics: 0 is the command line's alone.
         return {"type": "integer", "minimum": 1, "maximum": 65535}
+
+
+@dataclass(frozen=True, slots=True)
+class Priority(Rule):
+    """A pod priority (any whole number), or none: empty, ``none`` or ``any`` in text,
+    null in YAML."""
+
+    def __call__(self, value: object) -> int | None:
+        if value is None or (isinstance(value, str) and value.lower() in ("", "none", "any")):
+            return None
+        if isinstance(value, bool | float):
+            raise ValueError("must be an integer")
+        try:
+            return int(str(value).strip())
+        except ValueError:
+            raise ValueError("must be an integer") from None
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "integer"}
+
+
+@dataclass(frozen=True, slots=True)
+class Selector(Rule):
+    """A label selector as webhook configurations write ``namespaceSelector``: a mapping
+    (in the file) or its JSON or YAML text (flag, environment)."""
+
+    def __call__(self, value: object) -> LabelSelector | None:
+        if isinstance(value, str):
+            if value.strip().lower() in ("", "none"):
+                return None
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise ValueError("must be a label selector in JSON or YAML") from None
+        if not isinstance(value, dict):
+            raise ValueError('must be a label selector, e.g. {"matchLabels": {"team": "a"}}')
+        unknown = set(value) - {"matchLabels", "matchExpressions"}
+        if unknown:
+            raise ValueError(
+                f"unknown field {sorted(unknown)[0]!r} (matchLabels, matchExpressions)"
+            )
+        try:
+            return parse_selector(value, "selector")
+        except InputError as e:
+            raise ValueError(str(e)) from None
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {
+                "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+                "matchExpressions": {"type": "array", "items": {"type": "object"}},
+            },
+            "additionalProperties": False,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,9 +428,31 @@ SETTINGS: Final[dict[str, Setting]] = {
     "protected-namespaces": Setting(
         "protected_namespaces",
         Namespaces(),
-        "namespaces whose pods are never victims",
+        "namespaces whose pods are never victims, besides kube-system and the service's own",
         metavar="NS[,NS...]",
         default_text="none",
+    ),
+    "unprotected-namespaces": Setting(
+        "unprotected_namespaces",
+        Namespaces(),
+        "of kube-system and the service's own namespace (never victims by default), "
+        "those whose pods may be victims",
+        metavar="NS[,NS...]",
+        default_text="none",
+    ),
+    "preemptor-namespace-selector": Setting(
+        "preemptor_namespace_selector",
+        Selector(),
+        "label selector (JSON) of the namespaces whose pods may preempt or borrow",
+        metavar="SELECTOR",
+        default_text="every namespace",
+    ),
+    "min-preemptor-priority": Setting(
+        "min_preemptor_priority",
+        Priority(),
+        "priority a pod needs to preempt or borrow",
+        metavar="PRIORITY",
+        default_text="any",
     ),
     "max-victims": Setting(
         "max_victims",

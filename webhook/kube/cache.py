@@ -1,4 +1,5 @@
-"""The cluster cache: pods, nodes, PodDisruptionBudgets and PriorityClasses, list+watched.
+"""The cluster cache: pods, nodes, PodDisruptionBudgets, PriorityClasses and Namespaces,
+list+watched.
 
 :class:`ClusterCache` implements :class:`webhook.engine.ledger.ClusterView`. The admission
 path reads it on every review, so reads take no lock and copy nothing: each index maps a
@@ -31,6 +32,7 @@ from webhook.core.model import (
     Container,
     ContainerStatus,
     DisruptionBudget,
+    Namespace,
     Node,
     Placement,
     Pod,
@@ -39,6 +41,7 @@ from webhook.core.model import (
 )
 from webhook.core.objects import (
     PriorityResolver,
+    parse_namespace,
     parse_node,
     parse_pdb,
     parse_pod,
@@ -67,7 +70,9 @@ PODS: Final = "pods"
 NODES: Final = "nodes"
 BUDGETS: Final = "poddisruptionbudgets"
 PRIORITY_CLASSES: Final = "priorityclasses"
-KINDS: Final = (PODS, NODES, BUDGETS, PRIORITY_CLASSES)
+#: Their labels are what the preemptor policy's namespace selector reads.
+NAMESPACES: Final = "namespaces"
+KINDS: Final = (PODS, NODES, BUDGETS, PRIORITY_CLASSES, NAMESPACES)
 
 #: Pods per LIST page. A decoded page of pods is ~20x its JSON size in Python objects and
 #: the allocator keeps the high-water mark: pages of 100 instead of client-go's 500 cut the
@@ -423,6 +428,7 @@ class ClusterCache:
             groups={"namespace": lambda b: b.namespace}
         )
         self.classes: IndexedStore[PriorityClass] = IndexedStore()
+        self.namespaces: IndexedStore[Namespace] = IndexedStore()
         self._rooms = NodeRooms()
         #: (budgets store generation, budgets by set of namespaces), as read at it.
         self._budgets_memo: tuple[int, dict[frozenset[str], tuple[DisruptionBudget, ...]]] = (
@@ -456,6 +462,7 @@ class ClusterCache:
                 NODES: core.list_node,
                 BUDGETS: PolicyV1Api(api).list_pod_disruption_budget_for_all_namespaces,
                 PODS: core.list_pod_for_all_namespaces,
+                NAMESPACES: core.list_namespace,
             }
         return [
             (
@@ -465,6 +472,7 @@ class ClusterCache:
             (Resource(NODES, lists[NODES], parse_node), self.nodes),
             (Resource(BUDGETS, lists[BUDGETS], parse_pdb), self.budgets_store),
             (Resource(PODS, lists[PODS], self._convert_pod), self.pods),
+            (Resource(NAMESPACES, lists[NAMESPACES], parse_namespace), self.namespaces),
         ]
 
     # -- conversion ----------------------------------------------------------------------
@@ -534,6 +542,10 @@ class ClusterCache:
 
     def priority_resolver(self) -> PriorityResolver:
         return self._resolver
+
+    def namespace_labels(self, name: str) -> Mapping[str, str] | None:
+        found = self.namespaces.get(name)
+        return None if found is None else found.labels
 
     def synced(self) -> bool:
         return all(r.synced() for r in self._reflectors.values())
@@ -607,6 +619,7 @@ class ClusterCache:
 __all__ = [
     "BUDGETS",
     "KINDS",
+    "NAMESPACES",
     "NODES",
     "PODS",
     "POD_PAGE_SIZE",

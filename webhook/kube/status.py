@@ -1,11 +1,12 @@
 """What the service is doing now, read from the API server with a viewer's rights.
 
 ``python -m webhook status`` and ``plan --kubeconfig`` read here: the objects a plan
-needs (Nodes, Pods, PodDisruptionBudgets, PriorityClasses), the ledger's Leases and the
-leader-election Lease. Every request is a GET; nothing is cached or written, and no watch
-is opened. The verbs and resources are those of the ``resize-preemption-webhook-viewer``
-ClusterRole (deploy/base/rbac.yaml): ``get``/``list`` on nodes, pods,
-poddisruptionbudgets, priorityclasses, and on leases in the webhook's namespace.
+needs (Nodes, Pods, PodDisruptionBudgets, PriorityClasses, and the Namespaces whose labels
+the preemptor policy reads), the ledger's Leases and the leader-election Lease. Every
+request is a GET; nothing is cached or written, and no watch is opened. The verbs and
+resources are those of the ``resize-preemption-webhook-viewer`` ClusterRole
+(deploy/base/rbac.yaml): ``get``/``list`` on nodes, pods, namespaces, poddisruptionbudgets,
+priorityclasses, and on leases in the webhook's namespace.
 
 Errors are :mod:`webhook.kube.errors` classes: :class:`~webhook.kube.errors.Unavailable`
 when the API server cannot be reached, :class:`~webhook.kube.errors.Forbidden` when the
@@ -40,13 +41,14 @@ _LISTS: Final = (
     ("Pod", "/api/v1/pods"),
     ("PodDisruptionBudget", "/apis/policy/v1/poddisruptionbudgets"),
     ("PriorityClass", "/apis/scheduling.k8s.io/v1/priorityclasses"),
+    ("Namespace", "/api/v1/namespaces"),
 )
 
 
 @dataclass(frozen=True, slots=True)
 class LiveState:
-    """One read of the cluster. ``objects``: Nodes, Pods, PodDisruptionBudgets and
-    PriorityClasses, each with its ``kind`` (what ``kubectl get -o json`` prints);
+    """One read of the cluster. ``objects``: Nodes, Pods, PodDisruptionBudgets,
+    PriorityClasses and Namespaces, each with its ``kind`` (what ``kubectl get -o json`` prints);
     ``entries``: the ledger's entries of the nodes read; ``leader``: the election
     record, ``None`` when there is no leader Lease."""
 

@@ -58,14 +58,30 @@ rules:
     scope: Namespaced
 matchPolicy: Equivalent
 namespaceSelector:
-{{- if .Values.webhook.namespaceSelector }}
-{{ toYaml .Values.webhook.namespaceSelector | indent 2 }}
-{{- else }}
-  matchExpressions:
-    - key: kubernetes.io/metadata.name
-      operator: NotIn
-      values: [{{ include "rpw.namespace" . | quote }}]
-{{- end }}
+{{ include "rpw.namespaceSelector" . | indent 2 }}
+{{- end -}}
+
+{{/* The webhook configurations' namespaceSelector: webhook.namespaceSelector, else every
+namespace but the webhook's own and kube-system. */}}
+{{- define "rpw.namespaceSelector" -}}
+{{- if .Values.webhook.namespaceSelector -}}
+{{ toYaml .Values.webhook.namespaceSelector }}
+{{- else -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: NotIn
+    values: [{{ include "rpw.namespace" . | quote }}, "kube-system"]
+{{- end -}}
+{{- end -}}
+
+{{/* The service's preemptor-namespace-selector, as JSON: settings.preemptorNamespaceSelector,
+else the webhook configurations' selection. */}}
+{{- define "rpw.preemptorSelector" -}}
+{{- if .Values.settings.preemptorNamespaceSelector -}}
+{{ toJson .Values.settings.preemptorNamespaceSelector }}
+{{- else -}}
+{{ include "rpw.namespaceSelector" . | fromYaml | toJson }}
+{{- end -}}
 {{- end -}}
 
 {{/* clientConfig of a webhook; $path is the endpoint. */}}
