@@ -84,6 +84,17 @@ def lend(
     assert (3000, 2000, "high") == (record["before"], record["after"], record["borrower"]["name"])
 
 
+def shrink_and_see_it_given_back(
+    cluster: Cluster, namespace: str, kubectl: Kubectl, wait_until: Waiter
+) -> None:
+    """high back to 3: the lender gets its CPU back, and its record goes."""
+    assert 0 == resize(kubectl, "high", "3").returncode
+    wait_until(at(cluster, namespace, "lender", "3"), timeout=30, what="the loan given back")
+    wait_until(
+        lambda: not record_of(cluster, namespace, "lender"), timeout=15, what="its record gone"
+    )
+
+
 def test_an_entry_owing_a_loan_survives_another_admissions_write_past_its_expiry(
     cluster: Cluster,
     namespace: str,
@@ -119,11 +130,7 @@ def test_an_entry_owing_a_loan_survives_another_admissions_write_past_its_expiry
     wait_until(lambda: entry_of(cluster, namespace, "other"), timeout=10, what="other's entry")
 
     assert borrowed["review"] == (entry_of(cluster, namespace, "high") or {}).get("review")
-    assert 0 == resize(kubectl, "high", "3").returncode
-    wait_until(at(cluster, namespace, "lender", "3"), timeout=30, what="the loan given back")
-    wait_until(
-        lambda: not record_of(cluster, namespace, "lender"), timeout=15, what="its record gone"
-    )
+    shrink_and_see_it_given_back(cluster, namespace, kubectl, wait_until)
 
 
 def test_a_loan_whose_lease_was_deleted_is_listed_and_given_back(
@@ -159,11 +166,7 @@ def test_a_loan_whose_lease_was_deleted_is_listed_and_given_back(
     time.sleep(2)  # the worker's passes: the node is full, nothing is given back yet
     assert "2" == spec_cpu(read_pod(cluster, namespace, "lender") or {})
 
-    assert 0 == resize(kubectl, "high", "3").returncode
-    wait_until(at(cluster, namespace, "lender", "3"), timeout=30, what="the loan given back")
-    wait_until(
-        lambda: not record_of(cluster, namespace, "lender"), timeout=15, what="its record gone"
-    )
+    shrink_and_see_it_given_back(cluster, namespace, kubectl, wait_until)
 
 
 def test_return_loans_gives_every_loan_back_once_the_service_is_gone(
