@@ -16,10 +16,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+#: Beside the CA file: kube-apiserver's client certificate and key, for a server started
+#: with ``--client-ca`` (a benchmark's clients present it, as the API server does).
+CLIENT_CERT = "client.crt"
+CLIENT_KEY = "client.key"
 
-def client_context(ca_file: Path) -> ssl.SSLContext:
-    """What the API server does: verify against the caBundle, connect by IP (no SNI)."""
-    return ssl.create_default_context(cafile=str(ca_file))
+
+def client_context(ca_file: Path | str) -> ssl.SSLContext:
+    """What the API server does: verify against the caBundle, connect by IP (no SNI),
+    and present its client certificate when one lies beside ``ca_file``."""
+    context = ssl.create_default_context(cafile=str(ca_file))
+    cert, key = Path(ca_file).with_name(CLIENT_CERT), Path(ca_file).with_name(CLIENT_KEY)
+    if cert.is_file() and key.is_file():
+        context.load_cert_chain(str(cert), str(key))
+    return context
 
 
 @dataclass(slots=True)

@@ -65,7 +65,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.hostile_clients import held_open
+from bench.hostile_clients import CLIENT_CERT, CLIENT_KEY, client_context, held_open
 
 RESULTS = Path(__file__).resolve().parent / "results" / "review.json"
 REPO = Path(__file__).resolve().parents[1]
@@ -397,6 +397,7 @@ def serve_main(argv: Sequence[str]) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--metrics-port", type=int, default=None)
+    parser.add_argument("--client-ca", default=None)
     args = parser.parse_args(argv)
 
     from bench.noop_endpoint import add_noop_endpoint
@@ -443,6 +444,7 @@ def serve_main(argv: Sequence[str]) -> int:
         metrics_port=args.metrics_port,
         metrics_host="127.0.0.1",
         log_level="warning",
+        client_ca=args.client_ca,
     )
     serve(factory, options)
 
@@ -467,7 +469,7 @@ def drive_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
 
     body = Path(args.body).read_bytes()
-    context = ssl.create_default_context(cafile=args.ca)
+    context = client_context(args.ca)
     paths: list[str] = args.path
     slice_s: float = args.slice
     barrier = threading.Barrier(args.threads + 1)
@@ -604,7 +606,7 @@ def _free_port() -> int:
 
 
 def _wait_ready(port: int, ca: str, server: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    context = ssl.create_default_context(cafile=ca)
+    context = client_context(ca)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -662,6 +664,8 @@ def _server(files: dict[str, Path], workers: int) -> Iterator[tuple[int, list[in
             str(workers),
             "--metrics-port",
             str(_free_port()),
+            "--client-ca",
+            str(files["client-ca.crt"]),
         ],
         cwd=REPO,
         start_new_session=True,
@@ -781,6 +785,7 @@ def _compare(
 
 
 def run(pairs: int, slice_seconds: float, threads: int, two_workers: bool = True) -> dict[str, Any]:
+    from harness.pki import make_client_cert
     from webhook import pki
 
     load_before = os.getloadavg()
@@ -791,6 +796,14 @@ def run(pairs: int, slice_seconds: float, threads: int, two_workers: bool = True
         files["ca.crt"].write_bytes(ca.cert_pem)
         files["tls.crt"].write_bytes(pair.cert_pem)
         files["tls.key"].write_bytes(pair.key_pem)
+        # Only callers with a certificate this CA signed, as kube-apiserver with its
+        # AdmissionConfiguration (the clients find it beside ca.crt).
+        client_ca = pki.make_ca("review bench client CA")
+        client = make_client_cert(client_ca, "kube-apiserver-webhook-client")
+        files["client-ca.crt"] = Path(tmp, "client-ca.crt")
+        files["client-ca.crt"].write_bytes(client_ca.cert_pem)
+        Path(tmp, CLIENT_CERT).write_bytes(client.cert_pem)
+        Path(tmp, CLIENT_KEY).write_bytes(client.key_pem)
         _, resizing = cluster_objects()
         body = review_body(resizing)
         files["review"].write_bytes(body)
@@ -892,9 +905,7 @@ def _met(
 
 def _check_answer(port: int, ca: str, body: bytes) -> dict[str, Any]:
     """The benchmarked review must take the full path: a preempting, admitted plan."""
-    conn = http.client.HTTPSConnection(
-        "127.0.0.1", port, context=ssl.create_default_context(cafile=ca)
-    )
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=client_context(ca))
     conn.request("POST", "/validate-resize", body, {"Content-Type": "application/json"})
     answer = json.loads(conn.getresponse().read())["response"]
     conn.close()

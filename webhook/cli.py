@@ -305,6 +305,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port or None,
         log_level=args.log_level,
         max_body_bytes=config.max_body_bytes,
+        client_ca=config.client_ca or None,
+        probe_port=args.probe_port or None,
     )
     serve(factory, options)
 
@@ -518,6 +520,14 @@ def _serve_parser(sub: Any) -> None:
         metavar="PORT",
         default=9090,
         help="plain HTTP /metrics; 0 disables it (default: %(default)s)",
+    )
+    server.add_argument(
+        "--probe-port",
+        type=_non_negative_int,
+        metavar="PORT",
+        default=0,
+        help="HTTPS /livez and /readyz only, no client certificate asked (the kubelet's "
+        "probes, with client-ca); 0: none (default: %(default)s)",
     )
     server.add_argument(
         "--workers",

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from harness.binaries import ensure_binaries
 from tests.unit.helm_tools import (
@@ -56,6 +57,8 @@ CHART_SETTINGS = {
     "schedulerName": "scheduler-name",
 }
 FROM_THE_POD = {"namespace", "identity"}
+#: Set by clientAuth, with the files the chart mounts.
+FROM_CLIENT_AUTH = {"client-ca"}
 
 
 def kustomize(directory: Path) -> list[dict[str, Any]]:
@@ -212,7 +215,7 @@ def test_release_name_and_namespace_name_every_object() -> None:
 def test_every_service_setting_is_a_chart_value() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(CHART_SETTINGS) == set(values["settings"])
-    assert set(SETTINGS) - FROM_THE_POD == set(CHART_SETTINGS.values())
+    assert set(SETTINGS) - FROM_THE_POD - FROM_CLIENT_AUTH == set(CHART_SETTINGS.values())
 
 
 SETTING_CASES = [
@@ -372,3 +375,78 @@ def test_prometheus_rule_holds_the_rules_file_and_the_dashboard_the_json_file() 
 def test_plain_files_under_deploy_prometheus_are_the_charts() -> None:
     for name, source in (("rules.yaml", RULES), ("dashboard.json", DASHBOARD)):
         assert source.read_bytes() == (DEPLOY / "prometheus" / name).read_bytes()
+
+
+# --- clientAuth: kube-apiserver's client certificate -------------------------------------
+
+
+def _client_auth(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "client-ca"]
+    return container, volume
+
+
+@pytest.mark.parametrize(
+    ("values", "issued_kind"),
+    [
+        ({"certificates.mode": "cert-manager"}, "Certificate"),
+        ({"certificates.mode": "self-signed"}, "Secret"),
+        (
+            {
+                "certificates.mode": "provided",
+                "certificates.caBundle": "eA==",
+                "clientAuth.caBundle": "-----BEGIN CERTIFICATE-----",
+            },
+            "ConfigMap",
+        ),
+    ],
+    ids=["cert-manager", "self-signed", "provided-with-a-ca"],
+)
+def test_client_auth_requires_the_api_servers_certificate_and_probes_apart(
+    values: dict[str, Any], issued_kind: str
+) -> None:
+    objects = render({**values, "clientAuth.enabled": True})
+    container, volume = _client_auth(objects)
+    args = container["args"]
+    assert "/etc/rpw/client-ca/ca.crt" == args[args.index("--client-ca") + 1]
+    assert "8444" == args[args.index("--probe-port") + 1]
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert "probes" == container[probe]["httpGet"]["port"]
+    issued = [
+        o
+        for o in objects
+        if o["kind"] == issued_kind
+        and o["metadata"]["name"].endswith(("-apiserver-client", "-client-ca"))
+    ]
+    assert 1 == len(issued)
+    if issued_kind == "ConfigMap":
+        assert issued[0]["metadata"]["name"] == volume["configMap"]["name"]
+    else:
+        # Only the CA reaches the service; the client's key stays in the Secret.
+        assert [{"key": "ca.crt", "path": "ca.crt"}] == volume["secret"]["items"]
+        assert issued[0]["metadata"]["name"] == volume["secret"]["secretName"]
+
+
+def test_a_self_signed_client_certificate_is_for_client_auth_signed_by_the_ca_it_names() -> None:
+    objects = render({"certificates.mode": "self-signed", "clientAuth.enabled": True})
+    (secret,) = [o for o in objects if o["metadata"]["name"].endswith("-apiserver-client")]
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    assert ca.subject == cert.issuer
+    cert.verify_directly_issued_by(ca)
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in usages
+
+
+def test_client_auth_with_provided_certificates_needs_the_clients_ca() -> None:
+    result = template(
+        {
+            "certificates.mode": "provided",
+            "certificates.caBundle": "eA==",
+            "clientAuth.enabled": True,
+        }
+    )
+    assert 0 != result.returncode
+    assert "needs clientAuth.caBundle" in result.stderr

@@ -100,6 +100,21 @@ METRICS: tuple[MetricDef, ...] = (
         "overloaded; the API server fails those reviews open",
     ),
     MetricDef(
+        "unauthenticated",
+        "resize_preemption_webhook_unauthenticated",
+        "gauge",
+        "1 while the review port accepts callers without a client certificate (no "
+        "client-ca): anyone who reaches it can post a review",
+    ),
+    MetricDef(
+        "unverified_reviews",
+        "resize_preemption_unverified_reviews_total",
+        "counter",
+        "Reviews allowed without a plan because the cache holds no pod with their uid, "
+        "namespace, name and node, or holds it with other resources or priority: forged, "
+        "or ahead of the cache",
+    ),
+    MetricDef(
         "preemptions",
         "resize_preemption_victims_total",
         "counter",
@@ -222,6 +237,8 @@ class Metrics:
     review_latency: Histogram
     errors: Counter
     connections_refused: Counter
+    unauthenticated: Gauge
+    unverified_reviews: Counter
     preemptions: Counter
     victim_outcomes: Counter
     loans: Counter

@@ -67,6 +67,10 @@ class Config:
     #: Largest AdmissionReview body accepted, bytes.
     max_body_bytes: int = 3 * 1024 * 1024
     scheduler_name: str = "resize-preemption-webhook"
+    #: A file of CA certificates; review connections must present a client certificate one
+    #: of them signed (kube-apiserver's). Empty: any caller is accepted, and the service
+    #: says so at start and in ``resize_preemption_webhook_unauthenticated``.
+    client_ca: str = ""
 
     def cache_current(self, staleness: float) -> bool:
         """Whether a view that may have missed changes for ``staleness`` seconds (see
@@ -278,6 +282,14 @@ SETTINGS: Final[dict[str, Setting]] = {
     ),
     "scheduler-name": Setting(
         "scheduler_name", _text, "reporting controller of the events", metavar="NAME"
+    ),
+    "client-ca": Setting(
+        "client_ca",
+        _text,
+        "CA certificates file: reviews only from callers with a client certificate it "
+        "signed (kube-apiserver's)",
+        metavar="FILE",
+        default_text="none: any caller",
     ),
 }
 

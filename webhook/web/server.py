@@ -73,6 +73,13 @@ DEFAULT_GRACEFUL_TIMEOUT: Final = 15
 SETTLE_TIMEOUT: Final = 300.0
 SETTLE_POLL: Final = 0.1
 
+#: Logged at start while anyone who reaches the review port may post a review.
+UNAUTHENTICATED_WARNING: Final = (
+    "reviews are accepted from unauthenticated callers (no --client-ca): anyone who "
+    "reaches the review port can post one; give the CA of kube-apiserver's client "
+    "certificate, or turn on the NetworkPolicy (docs/deploy.md)"
+)
+
 #: Stops what a :data:`StartServices` started; called once, in the worker, at exit.
 StopServices = Callable[[], None]
 #: Starts background services (cache watches, preemption worker, leader election) in
@@ -130,6 +137,12 @@ class ServerOptions:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: A file of CA certificates: review connections must present a client certificate
+    #: one of them signed (kube-apiserver's, docs/deploy.md). None: anyone may connect.
+    client_ca: str | None = None
+    #: A second port, on ``host``, serving only ``/livez`` and ``/readyz`` without a client
+    #: certificate (the kubelet's probes present none); None: no such port.
+    probe_port: int | None = None
 
     def validate(self) -> None:
         """Raises ``ValueError`` on a combination that cannot work."""
@@ -139,6 +152,8 @@ class ServerOptions:
             raise ValueError("handshake, header and body timeouts must be positive")
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be at least 1")
+        if self.probe_port is not None and self.probe_port == self.port:
+            raise ValueError("the probe port must differ from the review port")
 
     @property
     def shared_metrics(self) -> bool:
@@ -175,8 +190,9 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
         """The gunicorn settings, by name (also what tests inspect)."""
         o = self.options
         tls = self.tls
+        ports = [o.port] if o.probe_port is None else [o.port, o.probe_port]
         return {
-            "bind": [f"[{o.host}]:{o.port}" if ":" in o.host else f"{o.host}:{o.port}"],
+            "bind": [f"[{o.host}]:{p}" if ":" in o.host else f"{o.host}:{p}" for p in ports],
             # Greenlets with deadlines: see webhook.web.worker.
             "worker_class": WORKER_CLASS,
             "workers": o.workers,
@@ -191,7 +207,9 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
             # reloader's newest context, a deadline on the handshake.
             "certfile": o.cert_file,
             "keyfile": o.key_file,
-            "ssl_context": lambda _conf, _default: HandshakeDeadline(tls, o.handshake_timeout),
+            "ssl_context": lambda _conf, _default: HandshakeDeadline(
+                tls, o.handshake_timeout, o.probe_port
+            ),
             # The API server sends a short request line and a handful of headers; the
             # body limit is the app's (Config.max_body_bytes).
             "limit_request_line": 2048,
@@ -309,7 +327,12 @@ def serve(app_factory: AppFactory, options: ServerOptions) -> NoReturn:
     """
     options.validate()
     tls = CertificateReloader(
-        options.cert_file, options.key_file, check_interval=options.tls_check_interval
+        options.cert_file,
+        options.key_file,
+        check_interval=options.tls_check_interval,
+        client_ca=options.client_ca,
     )
+    if not tls.authenticates:
+        log.warning(UNAUTHENTICATED_WARNING)
     WebhookServer(app_factory, options, tls).run()
     raise SystemExit(0)  # run() exits itself; this keeps the NoReturn contract explicit
