@@ -177,6 +177,13 @@ METRICS: tuple[MetricDef, ...] = (
     # Gauges with several worker processes: the largest value among the live ones - the
     # worst cache age, the leading process's ledger.
     MetricDef(
+        "ledger_full",
+        "resize_preemption_ledger_full_total",
+        "counter",
+        "Ledger writes refused because a node's Lease would hold more entries or bytes "
+        "than it may; reviews are allowed unplanned, saying why",
+    ),
+    MetricDef(
         "ledger_entries",
         "resize_preemption_ledger_entries",
         "gauge",
@@ -247,6 +254,7 @@ class Metrics:
     victims_planned: Counter
     victims_per_plan: Histogram
     ledger_conflicts: Counter
+    ledger_full: Counter
     ledger_entries: Gauge
     cache_age: Gauge
     reconciler_actions: Counter
