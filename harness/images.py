@@ -58,7 +58,7 @@ BASE_PACKAGES: Final = (
     "ca-certificates",
 )
 # The files that make the product image: what the Dockerfile copies, and itself.
-PRODUCT_FILES: Final = ("Dockerfile", "pyproject.toml", "requirements.lock", "README.md")
+PRODUCT_FILES: Final = ("Dockerfile", "pyproject.toml", "requirements-runtime.lock", "README.md")
 PRODUCT_TREES: Final = ("webhook",)
 
 
