@@ -398,6 +398,8 @@ def serve_main(argv: Sequence[str]) -> int:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--metrics-port", type=int, default=None)
     parser.add_argument("--client-ca", default=None)
+    parser.add_argument("--worker-connections", type=int, default=None)
+    parser.add_argument("--memory-limit", type=int, default=None)
     args = parser.parse_args(argv)
 
     from bench.noop_endpoint import add_noop_endpoint
@@ -445,6 +447,8 @@ def serve_main(argv: Sequence[str]) -> int:
         metrics_host="127.0.0.1",
         log_level="warning",
         client_ca=args.client_ca,
+        memory_limit=args.memory_limit,
+        **({"worker_connections": args.worker_connections} if args.worker_connections else {}),
     )
     serve(factory, options)
 

@@ -283,7 +283,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
     from webhook.engine.settings import SETTINGS, load_config
-    from webhook.web.server import ServerOptions, serve
+    from webhook.web.server import (
+        DEFAULT_WORKER_CONNECTIONS,
+        ServerOptions,
+        connections_within,
+        serve,
+    )
 
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
     flags = {name: getattr(args, name.replace("-", "_"), None) for name in SETTINGS}
@@ -296,18 +301,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         return build(config, args.kubeconfig, workers=args.workers, hooks=args.hooks)(tls)
 
+    connections = args.worker_connections
+    if connections is None:
+        # As many as fit the memory limit, up to the default.
+        connections = DEFAULT_WORKER_CONNECTIONS
+        if config.memory_limit is not None:
+            fit = connections_within(config.memory_limit, args.workers, config.max_body_bytes)
+            connections = max(1, min(connections, fit))
     options = ServerOptions(
         cert_file=args.tls_cert,
         key_file=args.tls_key,
         host=args.host,
         port=args.port,
         workers=args.workers,
+        worker_connections=connections,
+        memory_limit=config.memory_limit,
         metrics_port=args.metrics_port or None,
+        metrics_host=args.metrics_host,
+        metrics_tls=args.metrics_tls,
         log_level=args.log_level,
         max_body_bytes=config.max_body_bytes,
         client_ca=config.client_ca or None,
         probe_port=args.probe_port or None,
     )
+    try:
+        options.validate()
+    except ValueError as e:
+        raise InputError(f"cannot serve: {e}") from None
     serve(factory, options)
 
 
@@ -522,6 +542,17 @@ def _serve_parser(sub: Any) -> None:
         help="plain HTTP /metrics; 0 disables it (default: %(default)s)",
     )
     server.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        metavar="ADDRESS",
+        help="address of the metrics port, e.g. the pod's IP (default: %(default)s)",
+    )
+    server.add_argument(
+        "--metrics-tls",
+        action="store_true",
+        help="serve /metrics over HTTPS with the serving certificate",
+    )
+    server.add_argument(
         "--probe-port",
         type=_non_negative_int,
         metavar="PORT",
@@ -536,6 +567,14 @@ def _serve_parser(sub: Any) -> None:
         default=1,
         help="worker processes, each with its own cluster cache; 2 for a 2-core replica "
         "(default: %(default)s)",
+    )
+    server.add_argument(
+        "--worker-connections",
+        type=_positive_int,
+        metavar="N",
+        default=None,
+        help="connections each worker holds at once (default: 1000, or as many as fit "
+        "memory-limit)",
     )
     server.add_argument(
         "--kubeconfig", metavar="FILE", help="default: in-cluster, else $KUBECONFIG"

@@ -56,7 +56,7 @@ CHART_SETTINGS = {
     "maxBodyBytes": "max-body-bytes",
     "schedulerName": "scheduler-name",
 }
-FROM_THE_POD = {"namespace", "identity"}
+FROM_THE_POD = {"namespace", "identity", "memory-limit"}
 #: Set by clientAuth, with the files the chart mounts.
 FROM_CLIENT_AUTH = {"client-ca"}
 
@@ -450,3 +450,17 @@ def test_client_auth_with_provided_certificates_needs_the_clients_ca() -> None:
     )
     assert 0 != result.returncode
     assert "needs clientAuth.caBundle" in result.stderr
+
+
+def test_the_metrics_port_can_bind_the_pod_ip_and_serve_tls() -> None:
+    (deployment,) = [
+        o
+        for o in render({"server.metricsOnPodIP": True, "server.metricsTLS": True})
+        if o["kind"] == "Deployment"
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert "$(POD_IP)" == args[args.index("--metrics-host") + 1]
+    assert "--metrics-tls" in args
+    (pod_ip,) = [e for e in container["env"] if e["name"] == "POD_IP"]
+    assert {"fieldRef": {"fieldPath": "status.podIP"}} == pod_ip["valueFrom"]

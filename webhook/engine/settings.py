@@ -71,6 +71,10 @@ class Config:
     #: of them signed (kube-apiserver's). Empty: any caller is accepted, and the service
     #: says so at start and in ``resize_preemption_webhook_unauthenticated``.
     client_ca: str = ""
+    #: Bytes the replica may use (its container's memory limit; the chart passes it). The
+    #: review port then holds no more connections than their bodies fit in it
+    #: (:func:`webhook.web.server.connections_within`); None: not checked.
+    memory_limit: int | None = None
 
     def cache_current(self, staleness: float) -> bool:
         """Whether a view that may have missed changes for ``staleness`` seconds (see
@@ -282,6 +286,13 @@ SETTINGS: Final[dict[str, Setting]] = {
     ),
     "scheduler-name": Setting(
         "scheduler_name", _text, "reporting controller of the events", metavar="NAME"
+    ),
+    "memory-limit": Setting(
+        "memory_limit",
+        _optional_count,
+        "bytes the replica may use: review connections are limited so that their bodies fit",
+        metavar="BYTES",
+        default_text="not checked",
     ),
     "client-ca": Setting(
         "client_ca",

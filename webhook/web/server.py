@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +52,28 @@ DEFAULT_WORKERS: Final = 1
 #: wait in the listen backlog: the one limit of the serving model that is a count, not
 #: a deadline. Each costs a greenlet and a TLS buffer, some tens of kB.
 DEFAULT_WORKER_CONNECTIONS: Final = 1000
+#: Memory of one worker process besides what its connections' bodies take: the
+#: interpreter and libraries, the cluster cache of a cluster of a few thousand pods, and
+#: the one review it decides at a time (its parsed JSON, several times the body).
+#: docs/reliability.md, "Memory under a flood of bodies", has the measurement.
+WORKER_BASELINE_BYTES: Final = 192 * 1024 * 1024
+#: Bytes a connection holds per byte of its body while reading it: gunicorn's read
+#: buffer, and the copy handed to the app.
+BODY_COPIES: Final = 2
+
+
+def memory_needed(workers: int, worker_connections: int, max_body_bytes: int) -> int:
+    """The most the review port's connections can make the replica hold: every worker
+    at its baseline, every connection with a whole body of the largest size."""
+    return workers * (WORKER_BASELINE_BYTES + worker_connections * BODY_COPIES * max_body_bytes)
+
+
+def connections_within(memory_limit: int, workers: int, max_body_bytes: int) -> int:
+    """The most connections per worker whose bodies fit ``memory_limit`` (0: none)."""
+    per_worker = memory_limit // workers - WORKER_BASELINE_BYTES
+    return max(0, per_worker // (BODY_COPIES * max_body_bytes))
+
+
 #: The API server completes a handshake on loopback or a cluster network in
 #: milliseconds and sends its request at once; 10 s leave room for a loaded node.
 DEFAULT_HANDSHAKE_TIMEOUT: Final = 10.0
@@ -129,6 +152,8 @@ class ServerOptions:
     #: None: no metrics server. Port 0 picks a free one (tests).
     metrics_port: int | None = 9090
     metrics_host: str = "0.0.0.0"
+    #: Serve the metrics over HTTPS, with the serving certificate (no client certificate).
+    metrics_tls: bool = False
     tls_check_interval: float = DEFAULT_CHECK_INTERVAL
     log_level: str = "info"
     #: Deadlines of a connection before the app sees its request (seconds; see
@@ -143,6 +168,8 @@ class ServerOptions:
     #: A second port, on ``host``, serving only ``/livez`` and ``/readyz`` without a client
     #: certificate (the kubelet's probes present none); None: no such port.
     probe_port: int | None = None
+    #: Bytes the replica may use; None: not checked (see :func:`memory_needed`).
+    memory_limit: int | None = None
 
     def validate(self) -> None:
         """Raises ``ValueError`` on a combination that cannot work."""
@@ -154,6 +181,16 @@ class ServerOptions:
             raise ValueError("max_body_bytes must be at least 1")
         if self.probe_port is not None and self.probe_port == self.port:
             raise ValueError("the probe port must differ from the review port")
+        if self.memory_limit is not None:
+            needed = memory_needed(self.workers, self.worker_connections, self.max_body_bytes)
+            if needed > self.memory_limit:
+                fits = connections_within(self.memory_limit, self.workers, self.max_body_bytes)
+                raise ValueError(
+                    f"{self.workers} workers x {self.worker_connections} connections x "
+                    f"{self.max_body_bytes}-byte bodies need {needed} bytes, more than the "
+                    f"memory limit of {self.memory_limit}: at most {fits} connections per "
+                    "worker fit (lower --worker-connections, max-body-bytes or --workers)"
+                )
 
     @property
     def shared_metrics(self) -> bool:
@@ -271,7 +308,10 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
             and not self.options.shared_metrics
         ):
             metrics: MetricsServer = start_metrics_server(
-                served.registry, host=self.options.metrics_host, port=self.options.metrics_port
+                served.registry,
+                host=self.options.metrics_host,
+                port=self.options.metrics_port,
+                tls=self._metrics_tls(),
             )
             self._stops.append(metrics.stop)
 
@@ -305,7 +345,13 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
             shared_metrics.registry(self._metrics_dir),
             host=self.options.metrics_host,
             port=self.options.metrics_port,
+            tls=self._metrics_tls(),
         )
+
+    def _metrics_tls(self) -> Callable[[], ssl.SSLContext] | None:
+        # The serving pair as it rotates; a scraper presents no client certificate.
+        tls = self.tls
+        return (lambda: tls.context(probes=True)) if self.options.metrics_tls else None
 
     def _child_exit(self, server: Any, worker: Any) -> None:
         if self._metrics_dir is not None:
