@@ -69,9 +69,12 @@ def _hold(
     ).encode()
     chunk = b" " * (256 * 1024)
     try:
-        with socket.create_connection(
-            ("127.0.0.1", port), timeout=max(0.5, until - time.time())
-        ) as raw, context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        with (
+            socket.create_connection(
+                ("127.0.0.1", port), timeout=max(0.5, until - time.time())
+            ) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
             tls.sendall(head)
             left = body_bytes - 1
             while left > 0 and time.time() < until:

@@ -38,9 +38,7 @@ def _scrape(url: str, context: ssl.SSLContext | None = None) -> str:
         return str(response.read().decode())
 
 
-def test_the_metrics_port_closes_connections_past_its_cap_and_idle_ones_after_the_timeout() -> (
-    None
-):
+def test_the_metrics_port_closes_connections_past_its_cap_and_idle_ones_in_time() -> None:
     server = start_metrics_server(
         _registry(), host="127.0.0.1", port=0, max_connections=2, timeout=0.5
     )
