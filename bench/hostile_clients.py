@@ -72,9 +72,13 @@ def _connect(port: int, ca_file: Path, *, tls: bool) -> tuple[socket.socket, boo
     raw = socket.create_connection(("127.0.0.1", port), timeout=2)
     if not tls:
         return raw, True
-    wrapped = client_context(ca_file).wrap_socket(
-        raw, server_hostname="127.0.0.1", do_handshake_on_connect=False
-    )
+    try:
+        # A server resetting new connections (overloaded) does so before the wrap sees them.
+        wrapped = client_context(ca_file).wrap_socket(
+            raw, server_hostname="127.0.0.1", do_handshake_on_connect=False
+        )
+    except OSError:
+        return raw, False
     try:
         wrapped.do_handshake()
         return wrapped, True

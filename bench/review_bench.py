@@ -668,8 +668,7 @@ def _server(files: dict[str, Path], workers: int) -> Iterator[tuple[int, list[in
             str(workers),
             "--metrics-port",
             str(_free_port()),
-            "--client-ca",
-            str(files["client-ca.crt"]),
+            *(["--client-ca", str(files["client-ca.crt"])] if "client-ca.crt" in files else []),
         ],
         cwd=REPO,
         start_new_session=True,
@@ -788,7 +787,13 @@ def _compare(
     return {"validate": validate, "noop": noop, "ratio_validate_over_noop": ratio}
 
 
-def run(pairs: int, slice_seconds: float, threads: int, two_workers: bool = True) -> dict[str, Any]:
+def run(
+    pairs: int,
+    slice_seconds: float,
+    threads: int,
+    two_workers: bool = True,
+    client_auth: bool = True,
+) -> dict[str, Any]:
     from harness.pki import make_client_cert
     from webhook import pki
 
@@ -804,10 +809,11 @@ def run(pairs: int, slice_seconds: float, threads: int, two_workers: bool = True
         # AdmissionConfiguration (the clients find it beside ca.crt).
         client_ca = pki.make_ca("review bench client CA")
         client = make_client_cert(client_ca, "kube-apiserver-webhook-client")
-        files["client-ca.crt"] = Path(tmp, "client-ca.crt")
-        files["client-ca.crt"].write_bytes(client_ca.cert_pem)
-        Path(tmp, CLIENT_CERT).write_bytes(client.cert_pem)
-        Path(tmp, CLIENT_KEY).write_bytes(client.key_pem)
+        if client_auth:
+            files["client-ca.crt"] = Path(tmp, "client-ca.crt")
+            files["client-ca.crt"].write_bytes(client_ca.cert_pem)
+            Path(tmp, CLIENT_CERT).write_bytes(client.cert_pem)
+            Path(tmp, CLIENT_KEY).write_bytes(client.key_pem)
         _, resizing = cluster_objects()
         body = review_body(resizing)
         files["review"].write_bytes(body)
@@ -855,6 +861,7 @@ def run(pairs: int, slice_seconds: float, threads: int, two_workers: bool = True
         # Other work on the machine skews every figure: note how busy it was.
         "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0]},
         "server": "gunicorn, the webhook's gevent worker, 1 worker (serve's default), TLS",
+        "client_certificates": client_auth,
         "client": f"{threads} threads, one persistent HTTPS connection each (ssl sockets, "
         "requests built once around a fresh uid, answers checked for status and uid)",
         "pods_on_node": PODS_ON_NODE,
@@ -1026,11 +1033,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=1.0, help="seconds per slice")
     parser.add_argument("--threads", type=int, default=4, help="client threads")
     parser.add_argument(
+        "--no-client-auth",
+        action="store_true",
+        help="the server accepts any caller (the figures are with client certificates)",
+    )
+    parser.add_argument(
         "--no-two-workers", action="store_true", help="skip the 2-worker-process data point"
     )
     args = parser.parse_args(argv)
     slices, seconds = (3, 0.5) if args.quick else (args.slices, args.seconds)
-    result = run(slices, seconds, args.threads, not args.no_two_workers)
+    result = run(slices, seconds, args.threads, not args.no_two_workers, not args.no_client_auth)
     print(table(result))
     if not args.quick:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
