@@ -17,15 +17,15 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 
-# Dependencies first (a layer that changes only with pyproject.toml or the lock): the
-# runtime requirements of pyproject.toml, each at the version requirements.lock pins.
-# Development tools (the "dev" extra) are never installed.
-COPY pyproject.toml requirements.lock ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/runtime-requirements.txt \
- && pip install --no-cache-dir --require-virtualenv -c requirements.lock -r /tmp/runtime-requirements.txt
+# Dependencies first (a layer that changes only with the lock): the runtime requirements
+# of pyproject.toml and theirs, each at the version and with a hash requirements-runtime.lock
+# pins (`make lock`); pip refuses a file whose hash differs. Development tools (the "dev"
+# extra) are never installed.
+COPY requirements-runtime.lock ./
+RUN pip install --no-cache-dir --require-virtualenv --require-hashes -r requirements-runtime.lock
 
 # Then the package itself, without touching the dependencies installed above.
-COPY README.md ./
+COPY pyproject.toml README.md ./
 COPY webhook ./webhook
 RUN pip install --no-cache-dir --require-virtualenv --no-deps . \
  && pip check

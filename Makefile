@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha1s
 # the webhook installed by its chart from the locally built image; docs/real-node.md).
 NODE ?= hollow
 
-.PHONY: help venv binaries node vpa tools lint unit e2e test cluster cluster-down demo bench compare matrix certs clean image
+.PHONY: help venv lock audit binaries node vpa tools lint unit e2e test cluster cluster-down demo bench compare matrix certs clean image
 
 help:
 	@echo "make demo          local control plane + webhook, replays the resize walkthrough"
@@ -33,16 +33,32 @@ help:
 	@echo "make vpa           the VPA updater and its CRDs (built from the Go module proxy)"
 	@echo "make tools         helm (built from the Go module proxy), promtool and prometheus"
 	@echo "make bench         benchmarks under bench/"
+	@echo "make audit         the pinned dependencies against known advisories (pip-audit)"
+	@echo "make lock          requirements.lock and requirements-runtime.lock, with hashes"
 	@echo "make compare       this webhook vs kube-scheduler v1.37.2 resize preemption (docs/comparison.md)"
 	@echo "make matrix        the main e2e tests on Kubernetes v1.33-v1.36 (builds each; docs/control-plane.md)"
 
+# Every dependency, pip and setuptools included, at the version and with a hash of
+# requirements.lock; the package itself then, built with those (no other download).
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c requirements.lock -e '.[dev]'
+	$(PY) -m pip install --quiet --require-hashes -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-* && touch $@
 
 venv: $(STAMP)
+
+# requirements.lock (everything, the dev tools included) and requirements-runtime.lock (what
+# the image installs), pinned with hashes, from pyproject.toml; versions already pinned stay.
+LOCK := $(VENV)/bin/pip-compile --quiet --generate-hashes --strip-extras --no-emit-index-url --no-emit-find-links
+lock: venv
+	$(LOCK) --extra dev --allow-unsafe -o requirements.lock pyproject.toml
+	$(LOCK) -o requirements-runtime.lock pyproject.toml
+
+# Known advisories (the PyPI advisory database, through pip-audit) against every pin of the
+# lock; fails on any.
+audit: venv
+	$(VENV)/bin/pip-audit --strict --disable-pip --require-hashes -r requirements.lock
 
 binaries:
 	@scripts/build-control-plane.sh >/dev/null

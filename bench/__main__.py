@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "faults-control-plane": "bench.faults_control_plane",
     "flood": "bench.flood",
     "flood-cluster": "bench.flood_cluster",
+    "body-flood": "bench.body_flood",
     "vpa": "bench.vpa",
     "realnode": "bench.realnode",
     "realcompare": "bench.realcompare",

@@ -45,7 +45,6 @@ import os
 import random
 import secrets
 import signal
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -429,7 +428,7 @@ class FaultRig:
 
     def ready(self, replica: Replica) -> bool:
         """The replica's ``/readyz`` answers 200 (its cache synced and its watches open)."""
-        context = ssl.create_default_context(cadata=replica.ca_pem.decode())
+        context = replica.context()
         url = f"https://127.0.0.1:{replica.port}/readyz"
         try:
             with urllib.request.urlopen(url, context=context, timeout=2) as response:
@@ -439,7 +438,7 @@ class FaultRig:
 
     def readiness(self, replica: Replica) -> dict[str, Any]:
         """The replica's ``/readyz`` body (its checks), whatever the status."""
-        context = ssl.create_default_context(cadata=replica.ca_pem.decode())
+        context = replica.context()
         url = f"https://127.0.0.1:{replica.port}/readyz"
         try:
             with urllib.request.urlopen(url, context=context, timeout=2) as response:

@@ -185,12 +185,12 @@ def drive_main(argv: Sequence[str]) -> int:
 
     monkey.patch_all()
     import socket
-    import ssl
     import uuid
 
     import gevent
     from gevent.pool import Pool
 
+    from bench.hostile_clients import client_context
     from bench.review_bench import REVIEW_UID, _read_response
 
     parser = argparse.ArgumentParser(prog="flood drive")
@@ -214,7 +214,7 @@ def drive_main(argv: Sequence[str]) -> int:
     )
     args = parser.parse_args(argv)
 
-    context = ssl.create_default_context(cafile=args.ca)
+    context = client_context(args.ca)
     # (head, tail) of each body around its uid, which every review replaces.
     bodies: list[tuple[bytes, bytes]] = []
     for path in args.body:

@@ -46,6 +46,7 @@ from typing import Any
 
 from bench.faults import NODE, pod_manifest
 from bench.flood import API_SERVER_TIMEOUT, REPO, _rss_kb, centiles, drive, drive_command
+from bench.hostile_clients import CLIENT_CERT, CLIENT_KEY
 from bench.review_bench import _worker_pids, resize_review
 from harness.audit import eviction_codes
 from harness.kubeapi import KubeClient
@@ -241,6 +242,11 @@ class ClusterFlood:
         self.create_pods()
         ca = self.workdir / "ca.crt"
         ca.write_bytes(self.service.ca_pem)
+        client = self.service.client_files
+        if client is not None:
+            # The flood's clients present kube-apiserver's certificate, found beside ca.crt.
+            (self.workdir / CLIENT_CERT).write_bytes(client.cert.read_bytes())
+            (self.workdir / CLIENT_KEY).write_bytes(client.key.read_bytes())
         bodies = self.review_bodies()
         (worker,) = _worker_pids(self.service.process.pid)
         port = self.service.port
@@ -385,10 +391,9 @@ class ClusterFlood:
         return planned_by, victims
 
     def _ready(self) -> bool:
-        import ssl
         import urllib.request
 
-        context = ssl.create_default_context(cadata=self.service.ca_pem.decode())
+        context = self.service.context()
         try:
             with urllib.request.urlopen(
                 f"{self.service.url}/readyz", context=context, timeout=5

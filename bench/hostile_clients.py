@@ -16,10 +16,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+#: Beside the CA file: kube-apiserver's client certificate and key, for a server started
+#: with ``--client-ca`` (a benchmark's clients present it, as the API server does).
+CLIENT_CERT = "client.crt"
+CLIENT_KEY = "client.key"
 
-def client_context(ca_file: Path) -> ssl.SSLContext:
-    """What the API server does: verify against the caBundle, connect by IP (no SNI)."""
-    return ssl.create_default_context(cafile=str(ca_file))
+
+def client_context(ca_file: Path | str) -> ssl.SSLContext:
+    """What the API server does: verify against the caBundle, connect by IP (no SNI),
+    and present its client certificate when one lies beside ``ca_file``."""
+    context = ssl.create_default_context(cafile=str(ca_file))
+    cert, key = Path(ca_file).with_name(CLIENT_CERT), Path(ca_file).with_name(CLIENT_KEY)
+    if cert.is_file() and key.is_file():
+        context.load_cert_chain(str(cert), str(key))
+    return context
 
 
 @dataclass(slots=True)
@@ -62,9 +72,13 @@ def _connect(port: int, ca_file: Path, *, tls: bool) -> tuple[socket.socket, boo
     raw = socket.create_connection(("127.0.0.1", port), timeout=2)
     if not tls:
         return raw, True
-    wrapped = client_context(ca_file).wrap_socket(
-        raw, server_hostname="127.0.0.1", do_handshake_on_connect=False
-    )
+    try:
+        # A server resetting new connections (overloaded) does so before the wrap sees them.
+        wrapped = client_context(ca_file).wrap_socket(
+            raw, server_hostname="127.0.0.1", do_handshake_on_connect=False
+        )
+    except OSError:
+        return raw, False
     try:
         wrapped.do_handshake()
         return wrapped, True

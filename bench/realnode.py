@@ -136,11 +136,9 @@ def _cold_start(cluster: RealCluster, index: int) -> dict[str, float]:
     name = f"cold-start-{index}"
     path = f"/api/v1/namespaces/{NAMESPACE}/pods"
     manifest = _cold_pod(cluster, name)
-    port = next(
-        p["containerPort"]
-        for p in manifest["spec"]["containers"][0].get("ports", [])
-        if p.get("name") == "https"
-    )
+    # With clientAuth, /readyz answers without a client certificate on the probe port only.
+    ports = {p.get("name"): p["containerPort"] for p in manifest["spec"]["containers"][0]["ports"]}
+    port = ports.get("probes", ports["https"])
     began = time.monotonic()
     cluster.client.create(path, manifest)
     seen: dict[str, float] = {}

@@ -65,7 +65,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.hostile_clients import held_open
+from bench.hostile_clients import CLIENT_CERT, CLIENT_KEY, client_context, held_open
 
 RESULTS = Path(__file__).resolve().parent / "results" / "review.json"
 REPO = Path(__file__).resolve().parents[1]
@@ -397,6 +397,9 @@ def serve_main(argv: Sequence[str]) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--metrics-port", type=int, default=None)
+    parser.add_argument("--client-ca", default=None)
+    parser.add_argument("--worker-connections", type=int, default=None)
+    parser.add_argument("--memory-limit", type=int, default=None)
     args = parser.parse_args(argv)
 
     from bench.noop_endpoint import add_noop_endpoint
@@ -443,6 +446,9 @@ def serve_main(argv: Sequence[str]) -> int:
         metrics_port=args.metrics_port,
         metrics_host="127.0.0.1",
         log_level="warning",
+        client_ca=args.client_ca,
+        memory_limit=args.memory_limit,
+        **({"worker_connections": args.worker_connections} if args.worker_connections else {}),
     )
     serve(factory, options)
 
@@ -467,7 +473,7 @@ def drive_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
 
     body = Path(args.body).read_bytes()
-    context = ssl.create_default_context(cafile=args.ca)
+    context = client_context(args.ca)
     paths: list[str] = args.path
     slice_s: float = args.slice
     barrier = threading.Barrier(args.threads + 1)
@@ -604,7 +610,7 @@ def _free_port() -> int:
 
 
 def _wait_ready(port: int, ca: str, server: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    context = ssl.create_default_context(cafile=ca)
+    context = client_context(ca)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -662,6 +668,7 @@ def _server(files: dict[str, Path], workers: int) -> Iterator[tuple[int, list[in
             str(workers),
             "--metrics-port",
             str(_free_port()),
+            *(["--client-ca", str(files["client-ca.crt"])] if "client-ca.crt" in files else []),
         ],
         cwd=REPO,
         start_new_session=True,
@@ -780,7 +787,14 @@ def _compare(
     return {"validate": validate, "noop": noop, "ratio_validate_over_noop": ratio}
 
 
-def run(pairs: int, slice_seconds: float, threads: int, two_workers: bool = True) -> dict[str, Any]:
+def run(
+    pairs: int,
+    slice_seconds: float,
+    threads: int,
+    two_workers: bool = True,
+    client_auth: bool = True,
+) -> dict[str, Any]:
+    from harness.pki import make_client_cert
     from webhook import pki
 
     load_before = os.getloadavg()
@@ -791,6 +805,15 @@ def run(pairs: int, slice_seconds: float, threads: int, two_workers: bool = True
         files["ca.crt"].write_bytes(ca.cert_pem)
         files["tls.crt"].write_bytes(pair.cert_pem)
         files["tls.key"].write_bytes(pair.key_pem)
+        # Only callers with a certificate this CA signed, as kube-apiserver with its
+        # AdmissionConfiguration (the clients find it beside ca.crt).
+        client_ca = pki.make_ca("review bench client CA")
+        client = make_client_cert(client_ca, "kube-apiserver-webhook-client")
+        if client_auth:
+            files["client-ca.crt"] = Path(tmp, "client-ca.crt")
+            files["client-ca.crt"].write_bytes(client_ca.cert_pem)
+            Path(tmp, CLIENT_CERT).write_bytes(client.cert_pem)
+            Path(tmp, CLIENT_KEY).write_bytes(client.key_pem)
         _, resizing = cluster_objects()
         body = review_body(resizing)
         files["review"].write_bytes(body)
@@ -838,6 +861,7 @@ def run(pairs: int, slice_seconds: float, threads: int, two_workers: bool = True
         # Other work on the machine skews every figure: note how busy it was.
         "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0]},
         "server": "gunicorn, the webhook's gevent worker, 1 worker (serve's default), TLS",
+        "client_certificates": client_auth,
         "client": f"{threads} threads, one persistent HTTPS connection each (ssl sockets, "
         "requests built once around a fresh uid, answers checked for status and uid)",
         "pods_on_node": PODS_ON_NODE,
@@ -892,9 +916,7 @@ def _met(
 
 def _check_answer(port: int, ca: str, body: bytes) -> dict[str, Any]:
     """The benchmarked review must take the full path: a preempting, admitted plan."""
-    conn = http.client.HTTPSConnection(
-        "127.0.0.1", port, context=ssl.create_default_context(cafile=ca)
-    )
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=client_context(ca))
     conn.request("POST", "/validate-resize", body, {"Content-Type": "application/json"})
     answer = json.loads(conn.getresponse().read())["response"]
     conn.close()
@@ -1011,11 +1033,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=1.0, help="seconds per slice")
     parser.add_argument("--threads", type=int, default=4, help="client threads")
     parser.add_argument(
+        "--no-client-auth",
+        action="store_true",
+        help="the server accepts any caller (the figures are with client certificates)",
+    )
+    parser.add_argument(
         "--no-two-workers", action="store_true", help="skip the 2-worker-process data point"
     )
     args = parser.parse_args(argv)
     slices, seconds = (3, 0.5) if args.quick else (args.slices, args.seconds)
-    result = run(slices, seconds, args.threads, not args.no_two_workers)
+    result = run(slices, seconds, args.threads, not args.no_two_workers, not args.no_client_auth)
     print(table(result))
     if not args.quick:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from typing import Any
 
 from harness.binaries import REPO_ROOT
 from harness.kubeapi import ApiError, KubeClient
+from harness.launcher import webhook_client_files
 
 CHART = REPO_ROOT / "deploy" / "helm" / "resize-preemption-webhook"
 BUILD_TOOLS = REPO_ROOT / "scripts" / "build-tools.sh"
@@ -53,15 +54,19 @@ def set_args(values: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def operator_values(pin_node: str | None) -> dict[str, Any]:
+def operator_values(pin_node: str | None, client_ca: bytes | None = None) -> dict[str, Any]:
     """What an operator sets on this cluster, and nothing more: the chart's own certificates
-    (no cert-manager here), its namespace made by helm, and - when some nodes run no
-    containers - the pods pinned to the node that does."""
+    (no cert-manager here), its namespace made by helm, reviews only from kube-apiserver
+    (``client_ca``: the CA of the client certificate it presents to webhooks) and - when
+    some nodes run no containers - the pods pinned to the node that does."""
     values: dict[str, Any] = {
         "certificates.mode": "self-signed",
         "namespace.create": False,
         "namespace.name": "",
     }
+    if client_ca is not None:
+        values["clientAuth.enabled"] = True
+        values["clientAuth.caBundle"] = client_ca.decode()
     if pin_node is not None:
         values["nodeSelector"] = {"kubernetes.io/hostname": pin_node}
     return values
@@ -92,7 +97,9 @@ def install(
     """``helm upgrade --install`` the chart and wait until every replica is ready and listed
     in the Service's EndpointSlices (what kube-apiserver calls); raises ChartError."""
     began = time.monotonic()
-    values = {**operator_values(pin_node), **(extra_values or {})}
+    files = webhook_client_files(kubeconfig.parent)
+    client_ca = files.ca.read_bytes() if files.ca.is_file() else None
+    values = {**operator_values(pin_node, client_ca), **(extra_values or {})}
     run_helm(
         kubeconfig,
         "upgrade", "--install", RELEASE, str(CHART), "--namespace", namespace,

@@ -63,7 +63,7 @@ BASE_PACKAGES: Final = (
 PRODUCT_FILES: Final = (
     "Dockerfile",
     "pyproject.toml",
-    "requirements.lock",
+    "requirements-runtime.lock",
     "README.md",
     "scripts/build-image.sh",
 )

@@ -79,6 +79,32 @@ AUDIT_POLICY = {
 }
 
 
+@dataclass(frozen=True)
+class WebhookClientFiles:
+    """Where a control plane keeps what authenticates kube-apiserver to webhooks: the CA a
+    webhook is given (``--client-ca``), the client certificate and key it signed (also
+    what the harness's own checks of a webhook present), kube-apiserver's kubeconfig
+    holding them and its AdmissionConfiguration."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    kubeconfig: Path
+    admission_config: Path
+
+
+def webhook_client_files(state_dir: Path) -> WebhookClientFiles:
+    """The files of :class:`WebhookClientFiles` for the control plane in ``state_dir``."""
+    pki_dir = state_dir / "pki"
+    return WebhookClientFiles(
+        ca=pki_dir / "webhook-client-ca.crt",
+        cert=pki_dir / "webhook-client.crt",
+        key=pki_dir / "webhook-client.key",
+        kubeconfig=pki_dir / "webhook-client.kubeconfig",
+        admission_config=state_dir / "admission-config.yaml",
+    )
+
+
 class ControlPlaneError(RuntimeError):
     """A component did not start; the message carries the tail of its log."""
 
@@ -294,6 +320,7 @@ class ControlPlane:
             path.write_bytes(data)
             path.chmod(0o600)
         self._write_kubeconfig(ca.cert_pem, admin)
+        self._write_webhook_client_auth()
         if self.config.audit:
             policy = self.config.audit_policy or AUDIT_POLICY
             (self.state_dir / "audit-policy.yaml").write_text(yaml.safe_dump(dict(policy)))
@@ -330,6 +357,56 @@ class ControlPlane:
         }
         self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
         self.kubeconfig.chmod(0o600)
+
+    def _write_webhook_client_auth(self) -> None:
+        """A CA of its own for the webhooks' callers, the client certificate kube-apiserver
+        presents to every webhook it calls, and the AdmissionConfiguration that makes it
+        do so (upstream's "Authenticate apiservers"): a service started with
+        ``--client-ca`` that CA answers only kube-apiserver."""
+        paths = webhook_client_files(self.state_dir)
+        ca = pki.make_ca("rpw-webhook-client-ca")
+        client = harness_pki.make_client_cert(ca, "kube-apiserver-webhook-client")
+        for path, data in (
+            (paths.ca, ca.cert_pem),
+            (paths.cert, client.cert_pem),
+            (paths.key, client.key_pem),
+        ):
+            path.write_bytes(data)
+            path.chmod(0o600)
+
+        def b64(data: bytes) -> str:
+            return base64.b64encode(data).decode()
+
+        # "*": the one user for every webhook, whatever its host and port.
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "users": [
+                {
+                    "name": "*",
+                    "user": {
+                        "client-certificate-data": b64(client.cert_pem),
+                        "client-key-data": b64(client.key_pem),
+                    },
+                }
+            ],
+        }
+        paths.kubeconfig.write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
+        paths.kubeconfig.chmod(0o600)
+        plugin = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "WebhookAdmissionConfiguration",
+            "kubeConfigFile": str(paths.kubeconfig.resolve()),
+        }
+        admission = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "AdmissionConfiguration",
+            "plugins": [
+                {"name": name, "configuration": plugin}
+                for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")
+            ],
+        }
+        paths.admission_config.write_text(yaml.safe_dump(admission, sort_keys=False))
 
     def _spawn(self, name: str, argv: Sequence[str]) -> None:
         self.processes[name] = spawn(name, argv, self.log_dir / f"{name}.log")
@@ -391,6 +468,7 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",
             "--profiling=false",
             *(["--enable-admission-plugins=" + ",".join(enable)] if enable else []),
+            f"--admission-control-config-file={webhook_client_files(self.state_dir).admission_config}",
             *self._feature_gates_arg(),
         ]
         if self.config.audit:

@@ -20,6 +20,7 @@ import os
 import selectors
 import signal
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -32,6 +33,8 @@ from harness.processes import ManagedProcess
 from harness.webhook_process import (
     NAMESPACE,
     SERVE_COMMAND,
+    client_auth_files,
+    client_context,
     ensure_namespace,
     launch,
     register,
@@ -135,6 +138,10 @@ class Replica:
     @property
     def identity(self) -> str:
         return f"replica-{self.index}"
+
+    def context(self) -> ssl.SSLContext:
+        """A client context presenting kube-apiserver's certificate, as it calls the replica."""
+        return client_context(self.ca_pem, client_auth_files(self.kubeconfig))
 
     def running(self) -> bool:
         return self.process is not None and self.process.running()

@@ -9,6 +9,11 @@ serving HTTPS ``/validate-resize`` and ``/readyz``. :func:`start_webhook` makes 
 serving certificate for 127.0.0.1, starts that process, waits for ``/readyz`` (verifying the
 certificate against the CA, as kube-apiserver will) and registers a
 ValidatingWebhookConfiguration for ``pods/resize`` whose caBundle is that CA.
+
+The service is given ``--client-ca``: the CA of the client certificate the control plane's
+kube-apiserver presents to webhooks (:func:`harness.launcher.webhook_client_files`, found
+next to the kubeconfig), so it answers kube-apiserver only. The harness's own requests to
+it (readiness, benchmarks) present that certificate too: :func:`client_context`.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any
 
 from harness.binaries import REPO_ROOT
 from harness.kubeapi import ApiError, KubeClient
-from harness.launcher import free_port
+from harness.launcher import WebhookClientFiles, free_port, webhook_client_files
 from harness.processes import ManagedProcess, spawn
 from webhook import pki
 
@@ -55,10 +60,17 @@ class WebhookProcess:
     metrics_port: int
     ca_pem: bytes
     client: KubeClient
+    #: What authenticates the control plane's kube-apiserver to it; None: nothing does.
+    client_files: WebhookClientFiles | None = None
 
     @property
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}"
+
+    def context(self) -> ssl.SSLContext:
+        """A client context that trusts the service and presents kube-apiserver's
+        client certificate (:func:`client_context`)."""
+        return client_context(self.ca_pem, self.client_files)
 
     def stop(self) -> None:
         """Unregister (so the API server stops calling it), then stop the process."""
@@ -152,6 +164,23 @@ def write_serving_files(cert_dir: Path) -> bytes:
     return ca.cert_pem
 
 
+def client_auth_files(kubeconfig: Path) -> WebhookClientFiles | None:
+    """The control plane's webhook client files, for the control plane whose state
+    directory holds ``kubeconfig``; None when it has none (a cluster not started by
+    :mod:`harness.launcher`)."""
+    files = webhook_client_files(kubeconfig.parent)
+    return files if files.ca.is_file() and files.cert.is_file() else None
+
+
+def client_context(ca_pem: bytes, files: WebhookClientFiles | None) -> ssl.SSLContext:
+    """Trusts the service's CA and, given ``files``, presents kube-apiserver's client
+    certificate, as kube-apiserver does when it calls the service."""
+    context = ssl.create_default_context(cadata=ca_pem.decode())
+    if files is not None:
+        context.load_cert_chain(str(files.cert), str(files.key))
+    return context
+
+
 def launch(
     kubeconfig: Path,
     cert_dir: Path,
@@ -165,9 +194,11 @@ def launch(
     extra_args: Sequence[str] = (),
     ready_timeout: float = 30.0,
     name: str = "webhook",
+    client_auth: bool = True,
 ) -> ManagedProcess:
     """Start one service process with the certificates of ``cert_dir`` and wait for
-    ``/readyz``; raises WebhookUnavailable. Registers nothing."""
+    ``/readyz``; raises WebhookUnavailable. Registers nothing. ``client_auth``: given
+    ``--client-ca`` when the control plane has one (False: any caller is accepted)."""
     flags = {
         "--kubeconfig": str(kubeconfig),
         "--tls-cert": str(cert_dir / "tls.crt"),
@@ -176,12 +207,15 @@ def launch(
         "--metrics-port": str(metrics_port),
         "--service-namespace": namespace,
     }
+    client_files = client_auth_files(kubeconfig) if client_auth else None
+    if client_files is not None:
+        flags["--client-ca"] = str(client_files.ca)
     argv = [*command, *(part for item in flags.items() for part in item), *extra_args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = spawn(name, argv, log_path, env=env, cwd=REPO_ROOT)
     try:
         shown = shlex.join([Path(command[0]).name, *command[1:]])
-        _wait_ready(process, shown, port, ca_pem, ready_timeout)
+        _wait_ready(process, shown, port, client_context(ca_pem, client_files), ready_timeout)
     except BaseException:
         process.stop()
         raise
@@ -200,12 +234,14 @@ def start_webhook(
     extra_args: Sequence[str] = (),
     ready_timeout: float = 30.0,
     settle: float = 0.5,
+    client_auth: bool = True,
 ) -> WebhookProcess:
     """Start the service, wait for ``/readyz``, register it; raises WebhookUnavailable.
 
     ``command`` is what runs before the contract's flags (tests pass a stand-in server).
     ``settle``: seconds to let kube-apiserver's webhook informer load the new configuration
-    before returning, so the very next resize goes through the webhook.
+    before returning, so the very next resize goes through the webhook. ``client_auth``:
+    see :func:`launch`.
     """
     port = port or free_port()
     metrics_port = metrics_port or free_port()
@@ -223,6 +259,7 @@ def start_webhook(
         command=command,
         extra_args=extra_args,
         ready_timeout=ready_timeout,
+        client_auth=client_auth,
     )
     try:
         register(client, webhook_configuration(port, ca_pem, namespace))
@@ -230,7 +267,8 @@ def start_webhook(
         process.stop()
         raise
     time.sleep(settle)
-    return WebhookProcess(process, port, metrics_port, ca_pem, client)
+    files = client_auth_files(kubeconfig) if client_auth else None
+    return WebhookProcess(process, port, metrics_port, ca_pem, client, files)
 
 
 def ensure_namespace(client: KubeClient, name: str) -> None:
@@ -242,9 +280,8 @@ def ensure_namespace(client: KubeClient, name: str) -> None:
 
 
 def _wait_ready(
-    process: ManagedProcess, shown: str, port: int, ca_pem: bytes, timeout: float
+    process: ManagedProcess, shown: str, port: int, context: ssl.SSLContext, timeout: float
 ) -> None:
-    context = ssl.create_default_context(cadata=ca_pem.decode())
     url = f"https://127.0.0.1:{port}/readyz"
     deadline = time.monotonic() + timeout
     last_error = ""

@@ -340,7 +340,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from webhook.engine.settings import SETTINGS, check_ports, load_config
     from webhook.kube.kubeconfig import client_source
-    from webhook.web.server import ServerOptions, check_address, serve
+    from webhook.web.server import (
+        DEFAULT_WORKER_CONNECTIONS,
+        ServerOptions,
+        check_address,
+        connections_within,
+        serve,
+    )
     from webhook.web.tls import TLSConfigError
 
     # Everything is checked before a port is bound or a process forked: each mistake is
@@ -348,7 +354,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
     flags = {name: getattr(args, _dest(name), None) for name in SETTINGS}
     config = load_config(file=args.config, env=os.environ, flags=flags)
-    check_ports(args.port, args.metrics_port)
+    check_ports(args.port, args.metrics_port, args.probe_port)
     client_source(args.kubeconfig)
     try:
         check_address(args.host)
@@ -364,19 +370,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
             config, args.kubeconfig, workers=args.workers, hooks=args.hooks, managed_tls=managed
         )(tls)
 
-    managed = _managed_tls(args, config.namespace)
-    if managed is not None:
-        _bootstrap_certificates(managed, args.kubeconfig)
+    connections = args.worker_connections
+    if connections is None:
+        # As many as fit the memory limit, up to the default.
+        connections = DEFAULT_WORKER_CONNECTIONS
+        if config.memory_limit is not None:
+            fit = connections_within(config.memory_limit, args.workers, config.max_body_bytes)
+            connections = max(1, min(connections, fit))
     options = ServerOptions(
         cert_file=args.tls_cert,
         key_file=args.tls_key,
         host=args.host,
         port=args.port,
         workers=args.workers,
+        worker_connections=connections,
+        memory_limit=config.memory_limit,
         metrics_port=args.metrics_port or None,
+        metrics_host=args.metrics_host,
+        metrics_tls=args.metrics_tls,
         log_level=args.log_level,
         max_body_bytes=config.max_body_bytes,
+        client_ca=config.client_ca or None,
+        probe_port=args.probe_port or None,
     )
+    try:
+        options.validate()
+    except ValueError as e:
+        raise UsageError(f"cannot serve: {e}") from None
+    managed = _managed_tls(args, config.namespace)
+    if managed is not None:
+        _bootstrap_certificates(managed, args.kubeconfig)
     try:
         serve(factory, options)
     except TLSConfigError as e:
@@ -636,12 +659,39 @@ def _serve_parser(sub: Any) -> None:
         help="plain HTTP /metrics, 1-65535 and not --port; 0 disables it (default: %(default)s)",
     )
     server.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        metavar="ADDRESS",
+        help="address of the metrics port, e.g. the pod's IP (default: %(default)s)",
+    )
+    server.add_argument(
+        "--metrics-tls",
+        action="store_true",
+        help="serve /metrics over HTTPS with the serving certificate",
+    )
+    server.add_argument(
+        "--probe-port",
+        type=_rule_type(METRICS_PORT),
+        metavar="PORT",
+        default=0,
+        help="HTTPS /livez and /readyz only, no client certificate asked (the kubelet's "
+        "probes, with client-ca); 0: none (default: %(default)s)",
+    )
+    server.add_argument(
         "--workers",
         type=_positive_int,
         metavar="N",
         default=1,
         help="worker processes, each with its own cluster cache; 2 for a 2-core replica "
         "(default: %(default)s)",
+    )
+    server.add_argument(
+        "--worker-connections",
+        type=_positive_int,
+        metavar="N",
+        default=None,
+        help="connections each worker holds at once (default: 1000, or as many as fit "
+        "memory-limit)",
     )
     server.add_argument(
         "--kubeconfig", metavar="FILE", help="default: in-cluster, else $KUBECONFIG"

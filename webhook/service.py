@@ -154,6 +154,7 @@ def build(
 
     def factory(tls: Any) -> WorkerApp:
         metrics = Metrics()
+        metrics.unauthenticated.set(0 if tls.authenticates else 1)
         identity = process_identity(config.identity, workers, os.getpid())
         cache = ClusterCache(make_api_client(kubeconfig), config, metrics=metrics)
         lease_ledger = LeaseLedger(

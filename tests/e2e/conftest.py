@@ -185,12 +185,13 @@ def start_service(cluster: Cluster) -> Iterator[StartService]:
     started: list[WebhookProcess] = []
     clear_ledger(cluster)
 
-    def start(*flags: str) -> WebhookProcess:
+    def start(*flags: str, client_auth: bool = True) -> WebhookProcess:
         process = start_webhook(
             cluster.client,
             cluster.kubeconfig,
             cluster.control_plane.state_dir,
             extra_args=flags,
+            client_auth=client_auth,
         )
         started.append(process)
         return process

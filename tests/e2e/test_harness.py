@@ -21,13 +21,14 @@ from tests.e2e.conftest import GRACE_CAP, NODE, Cluster, Kubectl, Waiter
 pytestmark = pytest.mark.e2e
 
 # Speaks the service's command-line contract and allows every resize with a warning, so the
-# harness's webhook plumbing (TLS, caBundle, rules, registration) is tested on its own.
+# harness's webhook plumbing (TLS, client certificates, caBundle, rules, registration) is
+# tested on its own.
 STUB_WEBHOOK = """
 import argparse, http.server, json, ssl
 
 parser = argparse.ArgumentParser()
 for flag in ("--kubeconfig", "--tls-cert", "--tls-key", "--port", "--metrics-port",
-             "--service-namespace"):
+             "--service-namespace", "--client-ca"):
     parser.add_argument(flag)
 args = parser.parse_args()
 
@@ -53,6 +54,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
 server = http.server.ThreadingHTTPServer(("127.0.0.1", int(args.port)), Handler)
 context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 context.load_cert_chain(args.tls_cert, args.tls_key)
+if args.client_ca:
+    # Only kube-apiserver, with the control plane's webhook client certificate, gets in.
+    context.load_verify_locations(args.client_ca)
+    context.verify_mode = ssl.CERT_REQUIRED
 server.socket = context.wrap_socket(server.socket, server_side=True)
 server.serve_forever()
 """

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from harness.binaries import ensure_binaries
 from tests.e2e.helm_tools import (
@@ -549,3 +550,92 @@ def test_other_certificate_modes_grant_nothing_on_secrets_or_webhooks(mode: str)
         "--tls-secret"
         not in deployment_of(objects)["spec"]["template"]["spec"]["containers"][0]["args"]
     )
+
+
+# --- clientAuth: kube-apiserver's client certificate -------------------------------------
+
+
+def _client_auth(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "client-ca"]
+    return container, volume
+
+
+@pytest.mark.parametrize(
+    ("values", "issued_kind"),
+    [
+        ({"certificates.mode": "cert-manager"}, "Certificate"),
+        ({"certificates.mode": "self-signed"}, "Secret"),
+        (
+            {
+                "certificates.mode": "provided",
+                "certificates.caBundle": "eA==",
+                "clientAuth.caBundle": "-----BEGIN CERTIFICATE-----",
+            },
+            "ConfigMap",
+        ),
+    ],
+    ids=["cert-manager", "self-signed", "provided-with-a-ca"],
+)
+def test_client_auth_requires_the_api_servers_certificate_and_probes_apart(
+    values: dict[str, Any], issued_kind: str
+) -> None:
+    objects = render({**values, "clientAuth.enabled": True})
+    container, volume = _client_auth(objects)
+    args = container["args"]
+    assert "/etc/rpw/client-ca/ca.crt" == args[args.index("--client-ca") + 1]
+    assert "8444" == args[args.index("--probe-port") + 1]
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert "probes" == container[probe]["httpGet"]["port"]
+    issued = [
+        o
+        for o in objects
+        if o["kind"] == issued_kind
+        and o["metadata"]["name"].endswith(("-apiserver-client", "-client-ca"))
+    ]
+    assert 1 == len(issued)
+    if issued_kind == "ConfigMap":
+        assert issued[0]["metadata"]["name"] == volume["configMap"]["name"]
+    else:
+        # Only the CA reaches the service; the client's key stays in the Secret.
+        assert [{"key": "ca.crt", "path": "ca.crt"}] == volume["secret"]["items"]
+        assert issued[0]["metadata"]["name"] == volume["secret"]["secretName"]
+
+
+def test_a_self_signed_client_certificate_is_for_client_auth_signed_by_the_ca_it_names() -> None:
+    objects = render({"certificates.mode": "self-signed", "clientAuth.enabled": True})
+    (secret,) = [o for o in objects if o["metadata"]["name"].endswith("-apiserver-client")]
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    assert ca.subject == cert.issuer
+    cert.verify_directly_issued_by(ca)
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in usages
+
+
+def test_client_auth_with_provided_certificates_needs_the_clients_ca() -> None:
+    result = template(
+        {
+            "certificates.mode": "provided",
+            "certificates.caBundle": "eA==",
+            "clientAuth.enabled": True,
+        }
+    )
+    assert 0 != result.returncode
+    assert "needs clientAuth.caBundle" in result.stderr
+
+
+def test_the_metrics_port_can_bind_the_pod_ip_and_serve_tls() -> None:
+    (deployment,) = [
+        o
+        for o in render({"server.metricsOnPodIP": True, "server.metricsTLS": True})
+        if o["kind"] == "Deployment"
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert "$(POD_IP)" == args[args.index("--metrics-host") + 1]
+    assert "--metrics-tls" in args
+    (pod_ip,) = [e for e in container["env"] if e["name"] == "POD_IP"]
+    assert {"fieldRef": {"fieldPath": "status.podIP"}} == pod_ip["valueFrom"]

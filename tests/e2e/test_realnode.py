@@ -3,7 +3,9 @@ chart deploys it (two replicas, the chart's defaults).
 
 * a resize rewrites the container's CPU quota;
 * the image runs as 65532 on a read-only root, follows a certificate rotated in its
-  Secret without a restart, answers ``/readyz`` and ``/metrics`` through its Service;
+  Secret without a restart, answers ``/metrics`` through its Service and ``/readyz`` on
+  its probe port, and refuses a client without kube-apiserver's certificate (the Service
+  proxy) on its review port;
 * the walkthrough: the resize waits while the victim's process takes its grace period
   after SIGTERM, then the cgroup follows;
 * lending with real memory use: a Guaranteed lender whose process uses more than the loan
@@ -36,6 +38,7 @@ from cryptography import x509
 
 from harness.audit import deletion_time, eviction_codes, evictions_made
 from harness.chart import FULLNAME, NAMESPACE, ready_endpoints, wait_ready
+from harness.kubeapi import ApiError
 from harness.manifests import workload_pod
 from harness.realcluster import RealCluster, millicores
 from harness.realdemo import resize_patch, scaled_walkthrough
@@ -141,6 +144,7 @@ _WHO_AND_ROOT = (
 
 SERVICE_PROXY = f"/api/v1/namespaces/{NAMESPACE}/services"
 WEBHOOK_PORT = 8443
+PROBE_PORT = 8444
 
 
 def release_pods(cluster: RealCluster) -> list[dict[str, Any]]:
@@ -219,10 +223,16 @@ def test_the_image_reloads_a_rotated_certificate_and_serves_through_its_service(
         p["metadata"]["name"]: restarts(p) for p in release_pods(real_cluster)
     }
 
-    ready = real_cluster.client.request(
-        "GET", f"{SERVICE_PROXY}/https:{FULLNAME}:https/proxy/readyz"
-    )
-    assert (True, True) == (ready["ready"], all(ready["checks"].values())), ready
+    # The review port answers kube-apiserver's webhook client certificate only (the chart's
+    # clientAuth, as harness.chart installs it): its Service proxy presents none.
+    with pytest.raises(ApiError, match="certificate required"):
+        real_cluster.client.request("GET", f"{SERVICE_PROXY}/https:{FULLNAME}:https/proxy/readyz")
+    # The probe port asks for none, and serves the probes.
+    for name in addresses:
+        ready = real_cluster.client.request(
+            "GET", f"/api/v1/namespaces/{NAMESPACE}/pods/https:{name}:{PROBE_PORT}/proxy/readyz"
+        )
+        assert (True, True) == (ready["ready"], all(ready["checks"].values())), ready
     metrics = str(
         real_cluster.client.request("GET", f"{SERVICE_PROXY}/http:{FULLNAME}:metrics/proxy/metrics")
     )

@@ -10,7 +10,6 @@ arrive), and kube-apiserver is killed and started again.
 from __future__ import annotations
 
 import json
-import ssl
 import time
 import urllib.error
 import urllib.request
@@ -33,7 +32,7 @@ BOUND = 3.0
 
 
 def readiness(process: WebhookProcess) -> tuple[int, dict[str, Any]]:
-    context = ssl.create_default_context(cadata=process.ca_pem.decode())
+    context = process.context()
     try:
         with urllib.request.urlopen(f"{process.url}/readyz", context=context, timeout=2) as r:
             return r.status, json.loads(r.read())

@@ -12,9 +12,10 @@ import pytest
 from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.web_fixtures import pod, resized, review, walkthrough_objects, walkthrough_view
 from webhook.core.lending import Loan
+from webhook.core.model import PodRef
 from webhook.core.resources import Resources
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.ledger import LedgerEntry
+from webhook.engine.ledger import MAX_NODE_ENTRIES, LedgerEntry
 from webhook.engine.settings import Config
 
 GI = 1024**3
@@ -223,3 +224,33 @@ def test_a_newer_admission_of_a_pod_drops_its_earlier_entry(
     engine.validate(review(high, resized(high, "6"), uid="review-2")["request"])
 
     assert expected == sorted(e.review_uid for e in ledger.entries("node-1"))
+
+
+def test_a_full_ledger_allows_the_resize_and_says_why() -> None:
+    ledger = InMemoryLedger()
+    filler = tuple(
+        LedgerEntry(
+            pod=PodRef("other", f"p-{i}", f"uid-p-{i}"),
+            node="node-1",
+            review_uid=f"r-{i}",
+            resources=Resources(0, 0),
+            desired=(),
+            victims=(),
+            admitted_at=NOW,
+            expires_at=NOW + 100,
+        )
+        for i in range(MAX_NODE_ENTRIES)
+    )
+    ledger.update("node-1", lambda _: (filler, None))
+    engine = AdmissionEngine(Config(), walkthrough_view(), ledger, clock=lambda: NOW)
+    high = walkthrough_objects()[2]
+
+    decision = engine.validate(review(high, resized(high, "6"))["request"])
+
+    assert decision.allowed
+    assert "error" == decision.verdict
+    assert any(
+        f"ledger of node node-1 full: {MAX_NODE_ENTRIES + 1} entries" in w
+        for w in decision.warnings
+    )
+    assert filler == ledger.entries("node-1")

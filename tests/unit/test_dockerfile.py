@@ -163,7 +163,9 @@ def test_pip_installs_pinned_runtime_dependencies_without_a_cache(
     for command in installs:
         assert "--no-cache-dir" in command.split(), command
         assert "[dev]" not in command and "requirements-dev" not in command
-    assert any("-c requirements.lock" in c or "-r requirements.lock" in c for c in installs)
+    assert any(
+        "--require-hashes" in c.split() and "-r requirements-runtime.lock" in c for c in installs
+    )
 
 
 def test_copied_sources_exist(instructions: list[Instruction]) -> None:
@@ -182,46 +184,49 @@ def test_copied_sources_exist(instructions: list[Instruction]) -> None:
 # --- what the build runs ----------------------------------------------------------------
 
 
-def runtime_requirements_command(instructions: list[Instruction]) -> str:
-    for ins in instructions:
-        if ins.keyword == "RUN" and "tomllib" in ins.arguments:
-            command, _, _ = ins.arguments.partition(">")
-            return command.strip()
-    raise AssertionError("no RUN extracts the runtime requirements from pyproject.toml")
+#: ``name==version \`` at the start of a line of a lock; its ``--hash=`` lines follow.
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 
 
-def test_runtime_requirements_extraction_runs_and_lists_pyproject_dependencies(
-    instructions: list[Instruction],
-) -> None:
-    command = runtime_requirements_command(instructions)
-    python = shlex.quote(sys.executable)
-    result = subprocess.run(
-        ["sh", "-c", re.sub(r"^python\b", python, command)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-
-    assert result.stdout.split("\n")[:-1] == pyproject["project"]["dependencies"]
-
-
-def locked_versions() -> dict[str, str]:
-    pins = {}
-    for line in (REPO / "requirements.lock").read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, sep, version = line.partition("==")
-            assert sep, f"requirements.lock: {line!r} is not pinned with =="
-            pins[canonicalize_name(name)] = version
+def locked(lock: str) -> dict[str, tuple[str, list[str]]]:
+    """The pins of a lock: name -> (version, its hashes)."""
+    pins: dict[str, tuple[str, list[str]]] = {}
+    current = ""
+    for line in (REPO / lock).read_text().splitlines():
+        if match := _PIN.match(line):
+            current = canonicalize_name(match.group(1))
+            pins[current] = (match.group(2), [])
+        elif line.strip().startswith("--hash="):
+            pins[current][1].append(line.strip().removesuffix("\\").strip())
+        else:
+            text = line.split("#", 1)[0].strip()
+            assert not text or text.startswith("--"), f"{lock}: {line!r} is not a pin"
     return pins
 
 
-def test_lock_pins_every_runtime_dependency_and_their_dependencies() -> None:
-    """``pip install -c requirements.lock`` pins only what the lock lists: every package of
-    the runtime closure must be in it, or the image would float."""
-    pins = locked_versions()
+def locked_versions(lock: str = "requirements.lock") -> dict[str, str]:
+    return {name: version for name, (version, _) in locked(lock).items()}
+
+
+@pytest.mark.parametrize("lock", ["requirements.lock", "requirements-runtime.lock"])
+def test_every_pin_of_a_lock_carries_hashes(lock: str) -> None:
+    pins = locked(lock)
+    assert pins
+    for name, (_, hashes) in pins.items():
+        assert hashes and all(h.startswith("--hash=sha256:") for h in hashes), name
+
+
+def test_the_runtime_lock_is_the_full_locks_runtime_closure() -> None:
+    """The image installs exactly the runtime closure, at the versions the tests ran with."""
+    full, runtime = locked_versions(), locked_versions("requirements-runtime.lock")
+    assert {name: full[name] for name in runtime} == runtime
+    assert runtime_closure() == set(runtime)
+
+
+def runtime_closure() -> set[str]:
+    """The runtime requirements of pyproject.toml and theirs, as installed here (each
+    within what its requirer asks, at the version requirements-runtime.lock pins)."""
+    pins = locked_versions("requirements-runtime.lock")
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     todo = [Requirement(r) for r in pyproject["project"]["dependencies"]]
     seen: set[str] = set()
@@ -231,9 +236,9 @@ def test_lock_pins_every_runtime_dependency_and_their_dependencies() -> None:
         if name in seen:
             continue
         seen.add(name)
-        assert name in pins, f"{name} (runtime dependency) is not pinned in requirements.lock"
+        assert name in pins, f"{name} (runtime dependency) is not pinned"
         assert requirement.specifier.contains(pins[name], prereleases=True), (
-            f"requirements.lock pins {name}=={pins[name]}, outside {requirement}"
+            f"requirements-runtime.lock pins {name}=={pins[name]}, outside {requirement}"
         )
         # What the requirement's extras add is part of the closure too (gunicorn[gevent]).
         extras = {"", *requirement.extras}
@@ -241,6 +246,7 @@ def test_lock_pins_every_runtime_dependency_and_their_dependencies() -> None:
             sub = Requirement(text)
             if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in extras):
                 todo.append(sub)
+    return seen
 
 
 # --- the entrypoint ---------------------------------------------------------------------

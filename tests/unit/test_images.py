@@ -138,7 +138,7 @@ def _source_tree(root: Path) -> None:
     [
         pytest.param("webhook/core/plan.py", "PLAN = 2\n", True, id="package-source"),
         pytest.param("webhook/core/new.py", "", True, id="new-module"),
-        pytest.param("requirements.lock", "flask==9\n", True, id="lock"),
+        pytest.param("requirements-runtime.lock", "flask==9\n", True, id="lock"),
         pytest.param("Dockerfile", "FROM scratch\n", True, id="dockerfile"),
         pytest.param(".dockerignore", "*\n", True, id="dockerignore"),
         pytest.param("scripts/build-image.sh", "exit 1\n", True, id="build-script"),

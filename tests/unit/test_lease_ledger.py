@@ -104,9 +104,9 @@ def test_store_keeps_the_newest_version() -> None:
     assert store.upsert("rpw/rpw-ledger-n", new) is not None
     # A watch event older than our own write's response must not win.
     assert store.upsert("rpw/rpw-ledger-n", old) is None
-    assert store.node("n") is new
+    assert new == store.node("n")
     assert store.replace({"rpw/rpw-ledger-n": old}) == []
-    assert store.node("n") is new
+    assert new == store.node("n")
     newer = LeaseState("rpw-ledger-n", "n", "21", ())
     changes = store.replace({"rpw/rpw-ledger-n": newer})
     assert [c.type for c in changes] == ["MODIFIED"] and store.node("n") is newer

@@ -18,7 +18,15 @@ from webhook.core.errors import ObjectError
 from webhook.core.lending import Loan
 from webhook.core.model import PodRef
 from webhook.core.resources import Resources
-from webhook.engine.ledger import ENTRY_VERSION, LedgerEntry, decode_entries, encode_entries
+from webhook.engine.ledger import (
+    ENTRY_VERSION,
+    MAX_NODE_ENTRIES,
+    LedgerEntry,
+    LedgerFull,
+    decode_entries,
+    encode_entries,
+    on_local_clock,
+)
 
 LOAN = Loan(PodRef("batch", "job-3", "uid-job-3"), 1000, "worker", "cpu", 3000, 1000, 2000)
 MEMORY_LOAN = Loan(
@@ -319,3 +327,68 @@ def test_concurrent_updates_are_atomic() -> None:
 
     assert 200 == len(ledger.entries("node-1"))
     assert 200 == ledger.writes
+
+
+# -- read on the reader's clock: TTL cap, entries from the future, clock offsets -----------
+
+TTL = 120.0
+
+
+@pytest.mark.parametrize(
+    ("admitted", "expires", "seen", "live", "deadline", "why"),
+    [
+        # A reader whose clock agrees: the entry as written.
+        (NOW, NOW + TTL, NOW, True, NOW + TTL, ""),
+        # Held longer than the TTL by its writer: capped.
+        (NOW, NOW + 3600, NOW, True, NOW + TTL, "capped at the TTL"),
+        # The reader's clock 30 s ahead sees a fresh entry written: as long on its clock.
+        (NOW, NOW + TTL, NOW + 30, True, NOW + 30 + TTL, ""),
+        # 30 s behind: no longer on its clock than the TTL either.
+        (NOW, NOW + TTL, NOW - 30, True, NOW - 30 + TTL, ""),
+        # Admitted further ahead than clocks may differ: refused, holds nothing.
+        (NOW + 3600, NOW + 3600 + TTL, NOW, True, NOW, "in the future: refused"),
+        (NOW + 3600, NOW + 3600 + TTL, NOW, False, NOW, "in the future: refused"),
+        # First seen in a list, written a minute ago: as written.
+        (NOW - 60, NOW - 60 + TTL, NOW, False, NOW - 60 + TTL, ""),
+        # First seen in a list, from a writer 30 s ahead: no more than the TTL from now.
+        (NOW + 30, NOW + 30 + TTL, NOW, False, NOW + TTL, ""),
+    ],
+    ids=[
+        "same-clock",
+        "capped",
+        "reader-ahead",
+        "reader-behind",
+        "from-the-future",
+        "from-the-future-listed",
+        "listed",
+        "listed-writer-ahead",
+    ],
+)
+def test_an_entry_is_read_on_the_readers_clock(
+    admitted: float, expires: float, seen: float, live: bool, deadline: float, why: str
+) -> None:
+    read, said = on_local_clock(
+        entry(admitted_at=admitted, expires_at=expires), seen=seen, live=live, ttl=TTL
+    )
+    assert deadline == pytest.approx(read.deadline)
+    assert why in said and bool(why) == bool(said)
+    # The reservation every plan counts ends at the same time.
+    assert read.deadline == read.reservation().expires_at
+
+
+def test_the_persist_deadline_moves_with_the_entry() -> None:
+    written = entry(admitted_at=NOW, expires_at=NOW + TTL, persist_by=NOW + 10)
+    read, _ = on_local_clock(written, seen=NOW + 30, live=True, ttl=TTL)
+    assert NOW + 40 == pytest.approx(read.persist_deadline)
+    # What the reader writes back is what it read: its clock stays out of the Lease.
+    assert written.to_json() == read.to_json()
+
+
+def test_a_node_holds_a_bounded_count_of_entries() -> None:
+    ledger = InMemoryLedger()
+    many = tuple(entry(f"web-{i}", f"review-{i}") for i in range(MAX_NODE_ENTRIES + 1))
+    with pytest.raises(LedgerFull, match=f"more than the {MAX_NODE_ENTRIES}"):
+        ledger.update("node-1", lambda _: (many, None))
+    assert () == ledger.entries("node-1")
+    # A read of a Lease someone filled past the bound keeps the bound.
+    assert MAX_NODE_ENTRIES == len(decode_entries(encode_entries(many)))

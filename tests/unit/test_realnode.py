@@ -349,6 +349,13 @@ def test_operator_values_pin_to_the_real_node_only_beside_hollow_ones() -> None:
     assert "self-signed" == operator_values(None)["certificates.mode"]
 
 
+def test_operator_values_require_the_api_servers_client_certificate_given_its_ca() -> None:
+    assert "clientAuth.enabled" not in operator_values(None)
+    values = operator_values(None, b"-----BEGIN CERTIFICATE-----\n")
+    assert values["clientAuth.enabled"] is True
+    assert "-----BEGIN CERTIFICATE-----\n" == values["clientAuth.caBundle"]
+
+
 def test_leftovers_of_nobody_are_left_alone(tmp_path: Path) -> None:
     (tmp_path / "keep").write_text("")
     assert [] == clean_leftovers(tmp_path)

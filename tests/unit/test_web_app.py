@@ -17,6 +17,7 @@ from bench.noop_endpoint import add_noop_endpoint
 from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.web_fixtures import (
     fit_to_node_objects,
+    node,
     pod,
     resized,
     review,
@@ -307,11 +308,25 @@ def test_audit_annotations_follow_the_api_server_rules(
 
 
 def test_unknown_node_fails_open_with_a_warning() -> None:
+    # The pod's watch has delivered it, its node's not yet.
     high = pod("high-priority-pod", "4", 1_000_000, node_name="node-9")
-    svc = service()
+    svc = service(view=StaticClusterView.from_objects([node(), high]))
     answer = assert_json(svc.post("/validate-resize", review(high, resized(high, "6"))))["response"]
     assert answer["allowed"] is True
     assert "node node-9 is not known yet" in answer["warnings"][0]
+
+
+def test_a_pod_the_cache_does_not_hold_is_allowed_plainly_and_reserves_nothing() -> None:
+    ghost = pod("ghost", "1", 2_000_000_000)
+    svc = service()
+    answer = assert_json(svc.post("/validate-resize", review(ghost, resized(ghost, "8"))))
+    response = answer["response"]
+    assert response["allowed"] is True
+    assert [
+        "resize-preemption: the pod is not as the service's cache holds it; resize not planned"
+    ] == response["warnings"]
+    assert 0 == svc.ledger.writes
+    assert 1 == counter(svc.metrics, "resize_preemption_unverified_reviews_total")
 
 
 def test_mutate_never_patches_a_pod_without_the_annotation() -> None:

@@ -249,6 +249,8 @@ def _serve_main() -> None:
     parser.add_argument("--metrics-port", type=int, default=None)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--check-interval", type=float, default=0.0)
+    parser.add_argument("--client-ca", default=None)
+    parser.add_argument("--probe-port", type=int, default=None)
     for deadline in ("handshake", "header", "body"):
         parser.add_argument(f"--{deadline}-timeout", type=float, default=10.0)
     parser.add_argument(
@@ -302,6 +304,8 @@ def _serve_main() -> None:
         handshake_timeout=args.handshake_timeout,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
+        client_ca=args.client_ca,
+        probe_port=args.probe_port,
     )
     serve(factory, options)
 

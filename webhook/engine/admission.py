@@ -659,8 +659,11 @@ class AdmissionEngine:
             )
             return Decision(uid, verdict="error", warnings=(PREFIX + message,), error=message)
         resolver = self.cluster.priority_resolver()
-        old = self._stored_pod(old_obj) or parse_pod(old_obj, resolver)
+        stored = self._stored_pod(old_obj)
+        old = stored or parse_pod(old_obj, resolver)
         new = parse_pod(new_obj, resolver)
+        if stored is None and (mismatch := self._unverified(request, old, new)) is not None:
+            return mismatch
         node_name = new.node or old.node
         node = self.cluster.node(node_name) if node_name else None
         if node is None:
@@ -676,6 +679,35 @@ class AdmissionEngine:
         pods = tuple(self.cluster.pods_on(node.name))
         budgets = tuple(self.cluster.budgets(frozenset({p.namespace for p in pods})))
         return _Scene(old, new, node, pods, budgets, self._memo.of(node, pods, budgets, now))
+
+    def _unverified(self, request: AdmissionRequest, old: Pod, new: Pod) -> Decision | None:
+        """A plain allow, naming no other pod and writing nothing, unless the cache holds
+        the request's pod: same uid, namespace, name and node, and ``oldObject`` declares
+        what the cached pod does (resources, priority). None when it does.
+
+        The review port may be open to callers other than the API server (no
+        ``client-ca``): a review for a pod that does not exist, or not as it says, would
+        otherwise reserve room on a node - which the next real resize there would preempt
+        for - and its answer would name the node's pods. A real review the cache has not
+        caught up with yet is allowed the same way; if the kubelet defers it, the
+        reconciler plans it from the cache (docs/reconciler.md)."""
+        cached = self.cluster.pod(old.namespace, old.name)
+        if (
+            cached is not None
+            and request.get("namespace") == old.namespace == new.namespace
+            and request.get("name") == old.name == new.name
+            and cached.uid == old.uid == new.uid
+            and cached.node == old.node
+            and new.node in ("", cached.node)
+            and cached.priority == old.priority
+            and _declared(cached) == _declared(old)
+        ):
+            return None
+        self.metrics.unverified_reviews.inc()
+        message = "the pod is not as the service's cache holds it; resize not planned"
+        return Decision(
+            request["uid"], verdict="unverified", warnings=(PREFIX + message,), error=message
+        )
 
     def _stored_pod(self, obj: Mapping[str, Any]) -> Pod | None:
         """The view's pod when it is this very version of the stored object ``obj`` (same
@@ -795,6 +827,11 @@ class AdmissionEngine:
         return Decision(
             uid, verdict="reduced", plan=plan, warnings=(PREFIX + message,), patch=patch
         )
+
+
+def _declared(pod: Pod) -> tuple[object, ...]:
+    """What a pod declares that a plan counts: its containers' and the pod's resources."""
+    return (pod.containers, pod.init_containers, pod.overhead, pod.pod_requests, pod.pod_limits)
 
 
 def _reserves(plan: Plan) -> bool:

@@ -18,7 +18,7 @@ list+watch, ``Evictor`` a :class:`VictimEvictor`, ``EventRecorder`` the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
@@ -41,6 +41,18 @@ ENTRY_VERSION = 1
 #: hold 256 KiB in all (the API server's ``TotalAnnotationSizeLimitB``); this leaves room
 #: for the other annotations and keys. Both stores apply it, so both refuse alike.
 MAX_NODE_BYTES = 240 * 1024
+#: Entries one node's ledger holds at most: one per resize in flight on the node, which
+#: runs at most a few hundred pods (the kubelet's default is 110). Past it a write is
+#: refused like one past :data:`MAX_NODE_BYTES`, and a read keeps the first this many.
+MAX_NODE_ENTRIES = 256
+#: Seconds an entry's ``admitted_at`` may lie ahead of a reader's clock: replicas' clocks
+#: differ by this much at most (NTP keeps them within a second; a clock 30 s off is a
+#: broken node). An entry admitted further in the future is refused: it holds no room.
+MAX_CLOCK_SKEW = 60.0
+#: Seconds between an entry's ``admitted_at`` and when a reader first sees it that are
+#: taken as no clock offset: watch delay and the drift NTP leaves. Above it, the reader
+#: moves the entry onto its own clock (:func:`on_local_clock`).
+CLOCK_TOLERANCE = 5.0
 
 
 class LedgerFull(WebhookError):
@@ -49,9 +61,14 @@ class LedgerFull(WebhookError):
     with this message; the worker and the reconciler try again on a later pass."""
 
 
-def check_size(node: str, encoded: str) -> str:
-    """``encoded`` (one node's entries, :func:`encode_entries`) if a store may write it;
-    raises :class:`LedgerFull` otherwise."""
+def check_size(node: str, encoded: str, count: int = 0) -> str:
+    """``encoded`` (one node's ``count`` entries, :func:`encode_entries`) if a store may
+    write it; raises :class:`LedgerFull` otherwise."""
+    if count > MAX_NODE_ENTRIES:
+        raise LedgerFull(
+            f"ledger of node {node} full: {count} entries, more than the "
+            f"{MAX_NODE_ENTRIES} one node's ledger holds"
+        )
     size = len(encoded.encode())
     if size > MAX_NODE_BYTES:
         raise LedgerFull(
@@ -89,6 +106,10 @@ class LedgerEntry:
     refused, taken out of ``loans`` (never made again for this entry, never given back):
     each is put back and the plan made again without its lender
     (:mod:`webhook.engine.lifecycle`).
+
+    ``shift`` (never written): seconds to add to the entry's times, which its writer's
+    clock set, to read them on this process's clock (:func:`on_local_clock`). Every
+    deadline is read through :attr:`deadline` and :attr:`persist_deadline`.
     """
 
     pod: PodRef
@@ -109,6 +130,17 @@ class LedgerEntry:
     #: Room on other nodes the plan's movable victims' replacements count on (victim
     #: order movable-first): promised to them until the entry expires.
     moves: tuple[tuple[str, Resources], ...] = ()
+    shift: float = field(default=0.0, compare=False)
+
+    @property
+    def deadline(self) -> float:
+        """When the entry stops holding room, on this process's clock."""
+        return self.expires_at + self.shift
+
+    @property
+    def persist_deadline(self) -> float:
+        """``persist_by`` on this process's clock (0: no deadline)."""
+        return self.persist_by + self.shift if self.persist_by else 0.0
 
     @classmethod
     def for_plan(
@@ -162,7 +194,7 @@ class LedgerEntry:
             node=self.node,
             resources=self.resources,
             victims=frozenset(v.uid for v in self.pending_victims),
-            expires_at=self.expires_at,
+            expires_at=self.deadline,
             moves=self.moves,
         )
 
@@ -266,6 +298,39 @@ def _loan_from_json(data: Mapping[str, Any]) -> Loan:
     )
 
 
+def on_local_clock(
+    entry: LedgerEntry, *, seen: float, live: bool, ttl: float
+) -> tuple[LedgerEntry, str]:
+    """``entry`` as a reader first seeing it at ``seen`` (its own clock) takes it, and why
+    it changed anything ("" when it did not): every replica's entries are read on one
+    clock, whatever their writers' clocks say.
+
+    * it holds room at most ``ttl`` seconds from its admission, whatever ``expires_at``
+      says;
+    * ``admitted_at`` more than :data:`MAX_CLOCK_SKEW` ahead of ``seen``: refused, it
+      holds no room (expired at its admission);
+    * ``live`` (this process saw it written: its own write or a watch event): its times
+      are moved by ``seen - admitted_at``, so it holds room as long on this clock as on
+      its writer's - a reader whose clock runs ahead neither releases (nor drops) a fresh
+      entry early, one whose clock runs behind holds it no longer than the TTL;
+    * first seen in a list (written some time before): moved back only, by how far
+      ``admitted_at`` lies ahead of ``seen``, so it holds room at most ``ttl`` from now.
+
+    A difference within :data:`CLOCK_TOLERANCE` moves nothing.
+    """
+    why = ""
+    if entry.admitted_at > seen + MAX_CLOCK_SKEW:
+        why = f"admitted {entry.admitted_at - seen:.0f}s in the future: refused"
+        entry = replace(entry, expires_at=entry.admitted_at, persist_by=0.0)
+    elif entry.expires_at - entry.admitted_at > ttl:
+        why = f"held {entry.expires_at - entry.admitted_at:.0f}s: capped at the TTL"
+        entry = replace(entry, expires_at=entry.admitted_at + ttl)
+    behind = seen - entry.admitted_at
+    if abs(behind) <= CLOCK_TOLERANCE or (behind > 0 and not live):
+        return entry, why
+    return replace(entry, shift=behind), why
+
+
 def encode_entries(entries: Iterable[LedgerEntry]) -> str:
     """Canonical JSON of one node's entries (sorted, so equal sets encode equally)."""
     items = sorted((e.to_json() for e in entries), key=lambda d: (d["pod"]["uid"], d["review"]))
@@ -281,8 +346,9 @@ def decode_entries(text: str | None) -> tuple[LedgerEntry, ...]:
         raw = orjson.loads(text)
     except orjson.JSONDecodeError:
         return ()
-    entries = []
-    for item in raw if isinstance(raw, list) else ():
+    entries: list[LedgerEntry] = []
+    # Bounded work per read, whoever wrote the Lease.
+    for item in raw[:MAX_NODE_ENTRIES] if isinstance(raw, list) else ():
         try:
             entries.append(LedgerEntry.from_json(item))
         except ObjectError:

@@ -116,7 +116,7 @@ def phase(entry: LedgerEntry, pod: Pod | None, now: float) -> Phase:
     each transition happens). Stable: once released, a later resize of the pod raises its
     generation past the entry's (or comes after ``persist_by``), so it never holds room
     again."""
-    if entry.expires_at <= now:
+    if entry.deadline <= now:
         return Phase("released", "expired")
     if pod is None or pod.uid != entry.pod.uid:
         return Phase("admitted", "unseen")
@@ -127,7 +127,7 @@ def phase(entry: LedgerEntry, pod: Pod | None, now: float) -> Phase:
         # before persisting it differs too).
         if entry.generation and pod.generation > entry.generation:
             return Phase("released", "superseded")
-        if entry.persist_by and now >= entry.persist_by:
+        if entry.persist_by and now >= entry.persist_deadline:
             return Phase("released", "not-persisted")
         return Phase("admitted", "not-persisted-yet")
     if _allocated(entry.desired, pod):
@@ -241,7 +241,7 @@ def owes(entry: LedgerEntry, pods: Mapping[str, Pod], now: float) -> bool:
     until the entry expires, one refused whose lender waits for its room back."""
     if not entry.lends:
         return False
-    owed = OWED | OWED_REFUSED if entry.expires_at > now else OWED
+    owed = OWED | OWED_REFUSED if entry.deadline > now else OWED
     return any(p in owed for _, p in loan_phases(entry, pods, True))
 
 
@@ -648,7 +648,7 @@ def _gone(s: Scene, now_in: Phase) -> Release | None:
     reservation of a pod not seen is kept by every reader (the cache may lag)."""
     entry = s.entry
     if now_in.why == "expired":
-        return Release("expired", f"reservation expired {s.now - entry.expires_at:.1f}s ago")
+        return Release("expired", f"reservation expired {s.now - entry.deadline:.1f}s ago")
     if s.pod is None:
         return Release("pod-gone", f"pod {entry.pod.key} no longer exists", write=True)
     if s.pod.uid != entry.pod.uid:

@@ -156,7 +156,7 @@ class MemoryLedger:
         with self._lock:
             new, result = change(self._nodes.get(node, ()))
             if new is not None:
-                check_size(node, encode_entries(new))
+                check_size(node, encode_entries(new), len(new))
                 self._nodes[node] = new
             return result
 

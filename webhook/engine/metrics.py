@@ -100,6 +100,21 @@ METRICS: tuple[MetricDef, ...] = (
         "overloaded; the API server fails those reviews open",
     ),
     MetricDef(
+        "unauthenticated",
+        "resize_preemption_webhook_unauthenticated",
+        "gauge",
+        "1 while the review port accepts callers without a client certificate (no "
+        "client-ca): anyone who reaches it can post a review",
+    ),
+    MetricDef(
+        "unverified_reviews",
+        "resize_preemption_unverified_reviews_total",
+        "counter",
+        "Reviews allowed without a plan because the cache holds no pod with their uid, "
+        "namespace, name and node, or holds it with other resources or priority: forged, "
+        "or ahead of the cache",
+    ),
+    MetricDef(
         "preemptions",
         "resize_preemption_victims_total",
         "counter",
@@ -162,6 +177,13 @@ METRICS: tuple[MetricDef, ...] = (
     # Gauges with several worker processes: the largest value among the live ones - the
     # worst cache age, the leading process's ledger.
     MetricDef(
+        "ledger_full",
+        "resize_preemption_ledger_full_total",
+        "counter",
+        "Ledger writes refused because a node's Lease would hold more entries or bytes "
+        "than it may; reviews are allowed unplanned, saying why",
+    ),
+    MetricDef(
         "ledger_entries",
         "resize_preemption_ledger_entries",
         "gauge",
@@ -222,6 +244,8 @@ class Metrics:
     review_latency: Histogram
     errors: Counter
     connections_refused: Counter
+    unauthenticated: Gauge
+    unverified_reviews: Counter
     preemptions: Counter
     victim_outcomes: Counter
     loans: Counter
@@ -230,6 +254,7 @@ class Metrics:
     victims_planned: Counter
     victims_per_plan: Histogram
     ledger_conflicts: Counter
+    ledger_full: Counter
     ledger_entries: Gauge
     cache_age: Gauge
     reconciler_actions: Counter

@@ -88,6 +88,14 @@ class Config:
     #: Largest AdmissionReview body accepted, bytes.
     max_body_bytes: int = 3 * 1024 * 1024
     scheduler_name: str = "resize-preemption-webhook"
+    #: A file of CA certificates; review connections must present a client certificate one
+    #: of them signed (kube-apiserver's). Empty: any caller is accepted, and the service
+    #: says so at start and in ``resize_preemption_webhook_unauthenticated``.
+    client_ca: str = ""
+    #: Bytes the replica may use (its container's memory limit; the chart passes it). The
+    #: review port then holds no more connections than their bodies fit in it
+    #: (:func:`webhook.web.server.connections_within`); None: not checked.
+    memory_limit: int | None = None
 
     def cache_current(self, staleness: float) -> bool:
         """Whether a view that may have missed changes for ``staleness`` seconds (see
@@ -544,6 +552,21 @@ SETTINGS: Final[dict[str, Setting]] = {
         "it selects no pods",
         metavar="NAME",
     ),
+    "memory-limit": Setting(
+        "memory_limit",
+        Count(minimum=1, unlimited=True),
+        "bytes the replica may use: review connections are limited so that their bodies fit",
+        metavar="BYTES",
+        default_text="not checked",
+    ),
+    "client-ca": Setting(
+        "client_ca",
+        Text(),
+        "CA certificates file: reviews only from callers with a client certificate it "
+        "signed (kube-apiserver's)",
+        metavar="FILE",
+        default_text="none: any caller",
+    ),
 }
 
 #: Names a setting had before. Manifests written for them (``RPW_NAMESPACE``, a file's
@@ -556,11 +579,17 @@ PORT: Final = Port()
 METRICS_PORT: Final = Port(off=True)
 
 
-def check_ports(port: int, metrics_port: int) -> None:
-    """The HTTPS port and the metrics port are two listening sockets: they must differ."""
+def check_ports(port: int, metrics_port: int, probe_port: int = 0) -> None:
+    """The HTTPS port, the metrics port and the probe port are listening sockets: those
+    served must differ."""
     if metrics_port and port == metrics_port:
         raise InputError(
             f"command line: --metrics-port={metrics_port} must differ from --port={port}"
+        )
+    if probe_port and probe_port in (port, metrics_port):
+        raise InputError(
+            f"command line: --probe-port={probe_port} must differ from --port={port} and "
+            f"--metrics-port={metrics_port}"
         )
 
 

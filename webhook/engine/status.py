@@ -220,7 +220,7 @@ def status_to_dict(status: ServiceStatus) -> dict[str, Any]:
                         "victimsPending": [v.key for v in e.pending_victims],
                         "victims": [v.key for v in e.victims],
                         "admittedSecondsAgo": round(status.now - e.admitted_at, 3),
-                        "expiresInSeconds": round(e.expires_at - status.now, 3),
+                        "expiresInSeconds": round(e.deadline - status.now, 3),
                         "review": e.review_uid,
                     }
                     for e in n.reservations
@@ -272,7 +272,7 @@ def status_text(status: ServiceStatus) -> str:
             e.resources.describe(),
             ", ".join(v.key for v in e.pending_victims) or "-",
             _ago(status.now - e.admitted_at),
-            _ago(e.expires_at - status.now),
+            _ago(e.deadline - status.now),
         )
         for n in status.nodes
         for e in n.reservations

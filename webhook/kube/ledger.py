@@ -51,10 +51,11 @@ import contextlib
 import functools
 import hashlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -65,10 +66,12 @@ from webhook.core.model import Pod
 from webhook.engine.ledger import (
     LedgerChange,
     LedgerEntry,
+    LedgerFull,
     R,
     check_size,
     decode_entries,
     encode_entries,
+    on_local_clock,
 )
 from webhook.engine.lifecycle import room_holders
 from webhook.engine.loop import Backoff
@@ -230,12 +233,44 @@ class _WriteTurns:
 
 class _LeaseStore:
     """Leases by object key and by node; thread-safe (the watch thread and writers both
-    update it); an update older than what is stored is ignored."""
+    update it); an update older than what is stored is ignored.
 
-    def __init__(self) -> None:
+    Entries are kept on this process's clock (:func:`~webhook.engine.ledger.on_local_clock`):
+    each is read as of when this process first saw it - written, in an update (its own
+    write or a watch event), or already there, in a list."""
+
+    def __init__(self, clock: Callable[[], float] = time.time, ttl: float = math.inf) -> None:
         self._lock = threading.Lock()
         self._by_key: dict[str, LeaseState] = {}
         self._by_node: dict[str, LeaseState] = {}
+        self._clock = clock
+        self._ttl = ttl
+        #: (pod uid, review uid) -> (local time first seen, seen written)
+        self._seen: dict[tuple[str, str], tuple[float, bool]] = {}
+
+    def _local(self, state: LeaseState, live: bool) -> LeaseState:
+        """``state`` with its entries on this process's clock (called under the lock)."""
+        if not state.entries:
+            return state
+        now = self._clock()
+        entries = []
+        for entry in state.entries:
+            key = (entry.pod.uid, entry.review_uid)
+            first = key not in self._seen
+            seen, written = self._seen.setdefault(key, (now, live))
+            local, why = on_local_clock(entry, seen=seen, live=written, ttl=self._ttl)
+            if why and first:
+                log.warning(
+                    "ledger %s: entry of review %s (pod %s) %s", state.node,
+                    entry.review_uid, entry.pod.key, why,
+                )  # fmt: skip
+            entries.append(local)
+        return replace(state, entries=tuple(entries))
+
+    def _forget_unseen(self) -> None:
+        present = {(e.pod.uid, e.review_uid) for s in self._by_key.values() for e in s.entries}
+        if len(present) < len(self._seen):
+            self._seen = {k: v for k, v in self._seen.items() if k in present}
 
     def get(self, key: str) -> LeaseState | None:
         return self._by_key.get(key)
@@ -254,10 +289,11 @@ class _LeaseStore:
                 keep_old = old is not None and not _rv_newer(
                     state.resource_version, old.resource_version
                 )
-                merged[key] = old if keep_old and old is not None else state
+                merged[key] = old if keep_old and old is not None else self._local(state, False)
             changes = rf.diff(self._by_key, merged)
             self._by_key = merged
             self._by_node = {s.node: s for s in merged.values()}
+            self._forget_unseen()
         return changes
 
     def upsert(self, key: str, view: LeaseState) -> rf.Delta[LeaseState] | None:
@@ -265,8 +301,10 @@ class _LeaseStore:
             old = self._by_key.get(key)
             if old is not None and not _rv_newer(view.resource_version, old.resource_version):
                 return None
+            view = self._local(view, True)
             self._by_key[key] = view
             self._by_node[view.node] = view
+            self._forget_unseen()
         return rf.Delta("ADDED" if old is None else "MODIFIED", key, old, view)
 
     def remove(self, key: str) -> rf.Delta[LeaseState] | None:
@@ -318,7 +356,7 @@ class LeaseLedger:
             initial=0.005, factor=2.0, cap=0.2, jitter=(0.0, 1.0), attempts=max_attempts
         )
         self._timeout = timeout
-        self._store = _LeaseStore()
+        self._store = _LeaseStore(clock, self.config.reservation_ttl)
         self._last_ok: bool | None = None
         self._subscribers: list[LedgerSubscriber] = []
         self._sub_lock = threading.Lock()
@@ -364,7 +402,7 @@ class LeaseLedger:
         (with ``pods_on``) not spent."""
         now = self._clock()
         if self._pods_on is None:
-            return sum(1 for e in self.all_entries() if e.expires_at > now)
+            return sum(1 for e in self.all_entries() if e.deadline > now)
         return sum(
             len(room_holders(self._valid(s.entries), self._pods_on(s.node), now))
             for s in self._store.states()
@@ -415,6 +453,12 @@ class LeaseLedger:
                 return result
             try:
                 written = self._write(node, state, new, self._clock())
+            except LedgerFull as e:
+                # Room this node's resizes need goes unreserved until entries leave.
+                log.warning("%s; the change is not written", e)
+                if self._metrics is not None:
+                    self._metrics.ledger_full.inc()
+                raise
             except NotFound:
                 if state is None:
                     raise  # the create itself failed: the namespace is missing
@@ -465,7 +509,8 @@ class LeaseLedger:
             return None
         state = parse_lease(obj)
         self._apply_own(state)
-        return state
+        # The store's copy: its entries on this process's clock, as every change reads them.
+        return self._store.node(node) or state
 
     def _write(
         self,
@@ -481,7 +526,7 @@ class LeaseLedger:
             "labels": dict(LABELS),
             "annotations": {
                 NODE_ANNOTATION: node,
-                LEDGER_ANNOTATION: check_size(node, encode_entries(entries)),
+                LEDGER_ANNOTATION: check_size(node, encode_entries(entries), len(entries)),
             },
         }
         spec: dict[str, Any] = {"renewTime": _micro_time(now)}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +53,28 @@ DEFAULT_WORKERS: Final = 1
 #: wait in the listen backlog: the one limit of the serving model that is a count, not
 #: a deadline. Each costs a greenlet and a TLS buffer, some tens of kB.
 DEFAULT_WORKER_CONNECTIONS: Final = 1000
+#: Memory of one worker process besides what its connections' bodies take: the
+#: interpreter and libraries, the cluster cache of a cluster of a few thousand pods, and
+#: the one review it decides at a time (its parsed JSON, several times the body).
+#: docs/reliability.md, "Memory under a flood of bodies", has the measurement.
+WORKER_BASELINE_BYTES: Final = 192 * 1024 * 1024
+#: Bytes a connection holds per byte of its body while reading it: gunicorn's read
+#: buffer, and the copy handed to the app.
+BODY_COPIES: Final = 2
+
+
+def memory_needed(workers: int, worker_connections: int, max_body_bytes: int) -> int:
+    """The most the review port's connections can make the replica hold: every worker
+    at its baseline, every connection with a whole body of the largest size."""
+    return workers * (WORKER_BASELINE_BYTES + worker_connections * BODY_COPIES * max_body_bytes)
+
+
+def connections_within(memory_limit: int, workers: int, max_body_bytes: int) -> int:
+    """The most connections per worker whose bodies fit ``memory_limit`` (0: none)."""
+    per_worker = memory_limit // workers - WORKER_BASELINE_BYTES
+    return max(0, per_worker // (BODY_COPIES * max_body_bytes))
+
+
 #: The API server completes a handshake on loopback or a cluster network in
 #: milliseconds and sends its request at once; 10 s leave room for a loaded node.
 DEFAULT_HANDSHAKE_TIMEOUT: Final = 10.0
@@ -73,6 +96,13 @@ DEFAULT_GRACEFUL_TIMEOUT: Final = 15
 #: (a first sync of a large cluster takes under a minute), and how often it looks.
 SETTLE_TIMEOUT: Final = 300.0
 SETTLE_POLL: Final = 0.1
+
+#: Logged at start while anyone who reaches the review port may post a review.
+UNAUTHENTICATED_WARNING: Final = (
+    "reviews are accepted from unauthenticated callers (no --client-ca): anyone who "
+    "reaches the review port can post one; give the CA of kube-apiserver's client "
+    "certificate, or turn on the NetworkPolicy (docs/deploy.md)"
+)
 
 #: Stops what a :data:`StartServices` started; called once, in the worker, at exit.
 StopServices = Callable[[], None]
@@ -123,6 +153,8 @@ class ServerOptions:
     #: None: no metrics server. Port 0 picks a free one (tests).
     metrics_port: int | None = 9090
     metrics_host: str = "0.0.0.0"
+    #: Serve the metrics over HTTPS, with the serving certificate (no client certificate).
+    metrics_tls: bool = False
     tls_check_interval: float = DEFAULT_CHECK_INTERVAL
     log_level: str = "info"
     #: Deadlines of a connection before the app sees its request (seconds; see
@@ -131,6 +163,14 @@ class ServerOptions:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: A file of CA certificates: review connections must present a client certificate
+    #: one of them signed (kube-apiserver's, docs/deploy.md). None: anyone may connect.
+    client_ca: str | None = None
+    #: A second port, on ``host``, serving only ``/livez`` and ``/readyz`` without a client
+    #: certificate (the kubelet's probes present none); None: no such port.
+    probe_port: int | None = None
+    #: Bytes the replica may use; None: not checked (see :func:`memory_needed`).
+    memory_limit: int | None = None
 
     def validate(self) -> None:
         """Raises ``ValueError`` on a combination that cannot work."""
@@ -140,6 +180,18 @@ class ServerOptions:
             raise ValueError("handshake, header and body timeouts must be positive")
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be at least 1")
+        if self.probe_port is not None and self.probe_port == self.port:
+            raise ValueError("the probe port must differ from the review port")
+        if self.memory_limit is not None:
+            needed = memory_needed(self.workers, self.worker_connections, self.max_body_bytes)
+            if needed > self.memory_limit:
+                fits = connections_within(self.memory_limit, self.workers, self.max_body_bytes)
+                raise ValueError(
+                    f"{self.workers} workers x {self.worker_connections} connections x "
+                    f"{self.max_body_bytes}-byte bodies need {needed} bytes, more than the "
+                    f"memory limit of {self.memory_limit}: at most {fits} connections per "
+                    "worker fit (lower --worker-connections, max-body-bytes or --workers)"
+                )
 
     @property
     def shared_metrics(self) -> bool:
@@ -176,8 +228,9 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
         """The gunicorn settings, by name (also what tests inspect)."""
         o = self.options
         tls = self.tls
+        ports = [o.port] if o.probe_port is None else [o.port, o.probe_port]
         return {
-            "bind": [f"[{o.host}]:{o.port}" if ":" in o.host else f"{o.host}:{o.port}"],
+            "bind": [f"[{o.host}]:{p}" if ":" in o.host else f"{o.host}:{p}" for p in ports],
             # Greenlets with deadlines: see webhook.web.worker.
             "worker_class": WORKER_CLASS,
             "workers": o.workers,
@@ -192,7 +245,9 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
             # reloader's newest context, a deadline on the handshake.
             "certfile": o.cert_file,
             "keyfile": o.key_file,
-            "ssl_context": lambda _conf, _default: HandshakeDeadline(tls, o.handshake_timeout),
+            "ssl_context": lambda _conf, _default: HandshakeDeadline(
+                tls, o.handshake_timeout, o.probe_port
+            ),
             # The API server sends a short request line and a handful of headers; the
             # body limit is the app's (Config.max_body_bytes).
             "limit_request_line": 2048,
@@ -254,7 +309,10 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
             and not self.options.shared_metrics
         ):
             metrics: MetricsServer = start_metrics_server(
-                served.registry, host=self.options.metrics_host, port=self.options.metrics_port
+                served.registry,
+                host=self.options.metrics_host,
+                port=self.options.metrics_port,
+                tls=self._metrics_tls(),
             )
             self._stops.append(metrics.stop)
 
@@ -288,7 +346,13 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]  # gunicorn is untyp
             shared_metrics.registry(self._metrics_dir),
             host=self.options.metrics_host,
             port=self.options.metrics_port,
+            tls=self._metrics_tls(),
         )
+
+    def _metrics_tls(self) -> Callable[[], ssl.SSLContext] | None:
+        # The serving pair as it rotates; a scraper presents no client certificate.
+        tls = self.tls
+        return (lambda: tls.context(probes=True)) if self.options.metrics_tls else None
 
     def _child_exit(self, server: Any, worker: Any) -> None:
         if self._metrics_dir is not None:
@@ -328,7 +392,12 @@ def serve(app_factory: AppFactory, options: ServerOptions) -> NoReturn:
     """
     options.validate()
     tls = CertificateReloader(
-        options.cert_file, options.key_file, check_interval=options.tls_check_interval
+        options.cert_file,
+        options.key_file,
+        check_interval=options.tls_check_interval,
+        client_ca=options.client_ca,
     )
+    if not tls.authenticates:
+        log.warning(UNAUTHENTICATED_WARNING)
     WebhookServer(app_factory, options, tls).run()
     raise SystemExit(0)  # run() exits itself; this keeps the NoReturn contract explicit

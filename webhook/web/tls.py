@@ -17,6 +17,14 @@ How a new handshake gets it, whatever the server does with contexts:
   ``server_name=None`` when the client sends no SNI - which is what the API server does
   when it calls a webhook by IP address.
 
+**Client certificates.** Given a ``client_ca`` file, every connection must present a
+certificate that CA signed, or the handshake fails: this is how kube-apiserver
+authenticates to webhooks (its AdmissionConfiguration's ``kubeConfigFile``,
+docs/deploy.md). The CA file rotates with the pair. :meth:`CertificateReloader.context`
+with ``probes=True`` is the context of the probe port, which asks for no certificate: the
+kubelet's HTTPS probes present none, and that port serves the probes only
+(:mod:`webhook.web.worker`).
+
 File checks are rate-limited (``check_interval``) so a handshake costs at most two
 ``stat`` calls a second. A pair that does not load (half-written, key and certificate not
 matching, unreadable) keeps the previous pair in service and is logged once per change.
@@ -43,8 +51,10 @@ log = logging.getLogger(__name__)
 MINIMUM_VERSION: Final = ssl.TLSVersion.TLSv1_2
 DEFAULT_CHECK_INTERVAL: Final = 1.0
 
-#: (st_dev, st_ino, st_size, st_mtime_ns) of the certificate and the key file.
-_Signature = tuple[tuple[int, int, int, int], tuple[int, int, int, int]]
+_Stat = tuple[int, int, int, int]
+#: (st_dev, st_ino, st_size, st_mtime_ns) of the certificate, the key and the client CA file
+#: (None without one).
+_Signature = tuple[_Stat, _Stat, _Stat | None]
 
 
 class TLSConfigError(Exception):
@@ -90,12 +100,14 @@ class LoadedPair:
     """One certificate/key pair in service."""
 
     context: ssl.SSLContext
+    #: The probe port's: no client certificate asked for.
+    probe_context: ssl.SSLContext
     serial: int
     not_after: dt.datetime
     signature: _Signature
 
 
-def _stat(path: str) -> tuple[int, int, int, int]:
+def _stat(path: str) -> _Stat:
     # os.stat follows symlinks: a Secret volume's ..data swap changes the target's inode.
     st = os.stat(path)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -104,7 +116,8 @@ def _stat(path: str) -> tuple[int, int, int, int]:
 class CertificateReloader:
     """A server-side TLS context for ``cert_file``/``key_file`` that follows rotation.
 
-    TLS 1.2 minimum, no client certificate asked for, ALPN ``http/1.1``. Thread-safe:
+    TLS 1.2 minimum, a client certificate signed by ``client_ca`` required when given,
+    ALPN ``http/1.1``. Thread-safe:
     handshakes on many threads may call :meth:`context` at once; one of them reloads.
 
     Raises :class:`TLSConfigError` when the first pair cannot be loaded: a server must
@@ -118,9 +131,11 @@ class CertificateReloader:
         *,
         check_interval: float = DEFAULT_CHECK_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
+        client_ca: str | None = None,
     ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
+        self.client_ca = client_ca or None
         self.check_interval = check_interval
         self._clock = clock
         self._lock = threading.Lock()
@@ -130,18 +145,23 @@ class CertificateReloader:
         try:
             self._pair = self._load(self._signature())
         except (OSError, ValueError) as e:
-            raise TLSConfigError(_why(cert_file, key_file, e)) from None
+            raise TLSConfigError(self._cannot(e)) from None
         self._next_check = clock() + check_interval
         log.info("TLS certificate loaded (serial %x)", self._pair.serial)
 
     # -- public -------------------------------------------------------------------------
 
-    def context(self) -> ssl.SSLContext:
+    def context(self, *, probes: bool = False) -> ssl.SSLContext:
         """The context for a new connection, reloading first if the files changed
-        (checked at most every ``check_interval`` seconds)."""
+        (checked at most every ``check_interval`` seconds); ``probes``: the probe port's."""
         if self._clock() >= self._next_check:
             self._check()
-        return self._pair.context
+        return self._pair.probe_context if probes else self._pair.context
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether review connections must present a client certificate."""
+        return self.client_ca is not None
 
     def loaded(self) -> bool:
         """For readiness: a pair is in service and its certificate has not expired."""
@@ -168,7 +188,7 @@ class CertificateReloader:
             try:
                 self._pair = self._load(self._signature())
             except (OSError, ValueError) as e:
-                raise TLSConfigError(_why(self.cert_file, self.key_file, e)) from None
+                raise TLSConfigError(self._cannot(e)) from None
             self._failed = None
             self._next_check = self._clock() + self.check_interval
 
@@ -215,8 +235,35 @@ class CertificateReloader:
         log.info("TLS certificate reloaded (serial %x)", pair.serial)
         return True
 
+    def _cannot(self, e: Exception) -> str:
+        """One line naming the file at fault (:func:`_why`), and the client CA if any."""
+        text = _why(self.cert_file, self.key_file, e)
+        named = isinstance(e, _PairError) or (isinstance(e, OSError) and e.filename)
+        if self.client_ca and not named:
+            text += f" (client CA {self.client_ca})"
+        return text
+
     def _signature(self) -> _Signature:
-        return (_stat(self.cert_file), _stat(self.key_file))
+        ca = _stat(self.client_ca) if self.client_ca else None
+        return (_stat(self.cert_file), _stat(self.key_file), ca)
+
+    def _new_context(self, client_ca: str | None) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = MINIMUM_VERSION
+        if client_ca is None:
+            context.verify_mode = ssl.CERT_NONE
+        else:
+            # An empty or unreadable CA file raises here: a server told to authenticate
+            # its callers never serves without being able to.
+            context.load_verify_locations(cafile=client_ca)
+            if not context.get_ca_certs():
+                raise ValueError(f"no CA certificate in {client_ca}")
+            context.verify_mode = ssl.CERT_REQUIRED
+        context.set_alpn_protocols(["http/1.1"])
+        # load_cert_chain checks that the key matches the certificate.
+        context.load_cert_chain(self.cert_file, self.key_file)
+        context.sni_callback = self._on_client_hello
+        return context
 
     def _load(self, signature: _Signature) -> LoadedPair:
         """A new context for the files; ``ssl.SSLError`` (an ``OSError``) when the key
@@ -226,22 +273,20 @@ class CertificateReloader:
         with open(self.key_file, "rb") as f:
             key_pem = f.read()
         _check_pair(self.cert_file, cert_pem, self.key_file, key_pem)
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.minimum_version = MINIMUM_VERSION
-        context.verify_mode = ssl.CERT_NONE  # the API server presents no client cert
-        context.set_alpn_protocols(["http/1.1"])
-        # load_cert_chain checks that the key matches the certificate.
-        context.load_cert_chain(self.cert_file, self.key_file)
-        context.sni_callback = self._on_client_hello
+        context = self._new_context(self.client_ca)
+        probe_context = context if self.client_ca is None else self._new_context(None)
         # The leaf is the first certificate of the chain file.
         cert = x509.load_pem_x509_certificate(cert_pem)
         # If a file changed between the stat and the reads, the next check loads again.
-        return LoadedPair(context, cert.serial_number, cert.not_valid_after_utc, signature)
+        return LoadedPair(
+            context, probe_context, cert.serial_number, cert.not_valid_after_utc, signature
+        )
 
     def _on_client_hello(
         self, sock: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, _: ssl.SSLContext
     ) -> None:
-        # Called by OpenSSL for every handshake, SNI or not; None means "continue".
-        current = self.context()
+        # Called by OpenSSL for every handshake, SNI or not; None means "continue". The
+        # probe port's handshakes keep a context that asks for no client certificate.
+        current = self.context(probes=sock.context.verify_mode == ssl.CERT_NONE)
         if sock.context is not current:
             sock.context = current

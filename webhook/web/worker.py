@@ -19,6 +19,12 @@ app is called only once a request is complete - headers and body in memory:
   byte past the limit; either way the connection closes after the answer instead of
   draining the rest.
 
+**The probe port.** With client certificates required (``--client-ca``), the kubelet's
+HTTPS probes, which present none, go to a port of their own (``--probe-port``): its
+handshakes ask for no certificate, and a request there for anything but
+:data:`PROBE_PATHS` closes the connection unanswered, so no review is ever decided for a
+caller that was not authenticated.
+
 A connection that misses a deadline is closed without an answer; it is not the API
 server. What remains bounded by count rather than time is gunicorn's
 ``worker_connections`` per worker (see :mod:`webhook.web.server`).
@@ -98,6 +104,9 @@ LOOP_PROBE_INTERVAL: Final = 0.05
 #: figures for it.
 SHED_DELAY: Final = 0.1
 
+#: What the probe port serves; any other request there closes the connection.
+PROBE_PATHS: Final = frozenset({"/livez", "/readyz"})
+
 #: Modules that keep the ssl/socket classes they imported, and the names they keep.
 _BOUND_AT_IMPORT: Final = {
     "urllib3.util.ssl_": ("SSLContext",),
@@ -128,15 +137,20 @@ class HandshakeDeadline:
     reloader's newest context, and a deadline for the handshake. A handshake that fails
     or takes too long ends the connection's greenlet quietly (``GreenletExit``)."""
 
-    def __init__(self, tls: CertificateReloader, timeout: float) -> None:
+    def __init__(
+        self, tls: CertificateReloader, timeout: float, probe_port: int | None = None
+    ) -> None:
         self.tls = tls
         self.timeout = timeout
+        self.probe_port = probe_port
 
     def wrap_socket(self, sock: socket.socket, **_: Any) -> ssl.SSLSocket:
         if _serving is not None and _serving.overloaded():
             _serving.refuse(sock)
             raise gevent.GreenletExit
-        conn = self.tls.context().wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        probes = self.probe_port is not None and local_port(sock) == self.probe_port
+        context = self.tls.context(probes=probes)
+        conn = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         try:
             with gevent.Timeout(self.timeout):
                 conn.do_handshake()
@@ -154,6 +168,14 @@ def reset(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
+
+
+def local_port(sock: socket.socket) -> int | None:
+    """The port ``sock`` was accepted on (None once closed)."""
+    try:
+        return int(sock.getsockname()[1])
+    except (OSError, IndexError, TypeError):
+        return None
 
 
 def _peer(sock: socket.socket) -> str:
@@ -238,6 +260,7 @@ class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
         self.header_timeout: float = options.header_timeout
         self.body_timeout: float = options.body_timeout
         self.max_body: int = options.max_body_bytes
+        self.probe_port: int | None = options.probe_port
         #: Connections past their handshake, open now.
         self._open = 0
         self.loop_delay = LoopDelay()
@@ -280,6 +303,9 @@ class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
 
     def handle(self, listener: Any, client: Any, addr: Any) -> None:
         self._connection.requests = 0
+        self._connection.probes_only = (
+            self.probe_port is not None and local_port(client) == self.probe_port
+        )
         self._open += 1
         try:
             super().handle(listener, client, addr)
@@ -323,6 +349,10 @@ class ReviewWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
         gevent.killall(list(self._idle), block=False)
 
     def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
+        if self._connection.probes_only and (req.method != "GET" or req.path not in PROBE_PATHS):
+            # An unauthenticated caller on the probe port: nothing but the probes.
+            log.debug("closing a connection from %s: %s on the probe port", addr, req.path)
+            raise StopIteration
         if not self._read_body(req):
             log.debug("closing a connection from %s: body not sent in time", addr)
             raise StopIteration  # the base worker closes the connection
