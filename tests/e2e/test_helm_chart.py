@@ -158,7 +158,7 @@ def test_rights_follow_the_settings_as_the_components_grant_them(
     kustomization = yaml.safe_load(path.read_text())
     kustomization["components"] = [f"../../components/{c}" for c in components]
     path.write_text(yaml.safe_dump(kustomization, sort_keys=False))
-    built, rendered = kustomize(overlay), render(values)
+    built, rendered = kustomize(overlay), render({**CERT_MANAGER, **values})
     assert_same_objects(built, rendered)
     names = {(o["kind"], o["metadata"]["name"]) for o in rendered}
     lending = "no-lending" not in components
