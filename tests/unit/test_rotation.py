@@ -32,13 +32,20 @@ POLICY = RotationPolicy(
     renew_before=dt.timedelta(days=30),
     ca_validity=dt.timedelta(days=3650),
 )
-NOW = dt.datetime.now(dt.UTC)
+
+
+def now() -> dt.datetime:
+    """The time as the certificates made in a test see it: read at each use, since the
+    pki stamps a certificate with the real clock (a time read at import would fall before
+    the certificates of a test run many minutes later)."""
+    return dt.datetime.now(dt.UTC)
+
 
 Data = dict[str, bytes]
 
 
 def made() -> Data:
-    data = renewal({}, POLICY, NOW)
+    data = renewal({}, POLICY, now())
     assert data is not None
     return data
 
@@ -75,8 +82,8 @@ def test_nothing_makes_a_ca_and_a_certificate_it_signed_for_every_name() -> None
 
 def test_what_is_current_is_left_alone() -> None:
     data = made()
-    assert None is renewal(data, POLICY, NOW)
-    assert None is renewal(data, POLICY, NOW + dt.timedelta(days=59))
+    assert None is renewal(data, POLICY, now())
+    assert None is renewal(data, POLICY, now() + dt.timedelta(days=59))
 
 
 def _other_key(data: Data) -> Data:
@@ -122,7 +129,7 @@ def test_what_is_renewed(
     new_cert: bool,
 ) -> None:
     before = change(made())
-    after = renewal(before, policy, NOW + later)
+    after = renewal(before, policy, now() + later)
     assert after is not None
     assert (new_ca, new_cert) == (
         after[CA_KEY] != before.get(CA_KEY),
@@ -232,7 +239,7 @@ def test_a_ca_made_by_pki_is_a_valid_ca_for_renewal() -> None:
         TLS_CERT: pair.cert_pem,
         TLS_KEY: pair.key_pem,
     }
-    assert None is renewal(data, POLICY, NOW)
+    assert None is renewal(data, POLICY, now())
 
 
 KUBECONFIG = """apiVersion: v1
