@@ -13,7 +13,7 @@ it, and nothing of them is made at render time.
   the same CA (the caBundle unchanged); the CA near its end: a new CA, the caBundle
   trusting both the new and the old one, set before the Secret changed.
 
-The real node runs the same with the image and its pods (tests/e2e/test_install.py)."""
+The real node runs the same with the image and its pods (tests/e2e/test_realnode_install.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """webhook.rotation: what the service's Secret should hold, decided from what it holds and
 the time (the chart's certificates mode ``service``). The cluster side - the Secret, the
 caBundle, the ServiceAccount's rights - is tests/e2e/test_certificates.py and, on the real
-node, tests/e2e/test_install.py."""
+node, tests/e2e/test_realnode_install.py."""
 
 from __future__ import annotations
 
