@@ -45,7 +45,9 @@ def overlay_with_policy(tmp_path: Path) -> Path:
 
 
 def test_chart_value_renders_the_overlay_with_the_component(overlay_with_policy: Path) -> None:
-    assert_same_objects(kustomize(overlay_with_policy), render({**ENABLED, "certificates.mode": "cert-manager"}))
+    assert_same_objects(
+        kustomize(overlay_with_policy), render({**ENABLED, "certificates.mode": "cert-manager"})
+    )
 
 
 def test_off_by_default_in_the_chart_and_the_overlays() -> None:
