@@ -50,8 +50,9 @@ CHART_KEYS = {
 #: Settings the Deployment takes from the pod (downward API), not from values.
 FROM_THE_POD = frozenset({"service-namespace", "identity"})
 #: Settings the Deployment sets from its own objects, not from values: the container's
-#: memory limit (downward API), the client CA its clientAuth mounts.
-FROM_THE_DEPLOYMENT = frozenset({"memory-limit", "client-ca"})
+#: memory limit (downward API), the client CA its clientAuth mounts, checkpoints from
+#: ``checkpoint.enabled`` (with the node agent) and the kubelets' CA it mounts.
+FROM_THE_DEPLOYMENT = frozenset({"memory-limit", "client-ca", "checkpoints", "kubelet-ca"})
 
 
 def _or_null(schema: dict[str, Any]) -> dict[str, Any]:

@@ -15,13 +15,16 @@ from webhook.core.report import deferred_note
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.follow import Follow
 from webhook.engine.hooks import Hooks
+from webhook.engine.ledger import VictimEvictor
 from webhook.engine.loop import Backlog, Runnables
 from webhook.engine.metrics import Metrics
+from webhook.engine.pauses import Pauses, PausingEvictor, Restorer
 from webhook.engine.reconciler import Reconciler
 from webhook.engine.settings import Config
 from webhook.engine.worker import PreemptionWorker
 from webhook.kube.cache import BUDGETS, PODS, ClusterCache
 from webhook.kube.certs import CertificateFollower, CertificateRotator
+from webhook.kube.checkpoints import ConfigMapCheckpoints, KubeletCheckpointer, PodCreator
 from webhook.kube.client import make_api_client
 from webhook.kube.events import EventRecorder
 from webhook.kube.evictor import Evictor
@@ -95,7 +98,7 @@ def follow_victims(cache: ClusterCache, metrics: Metrics, recorder: EventRecorde
     return follow
 
 
-def _evictor(api: Any, recorder: EventRecorder, metrics: Metrics, config: Config) -> Evictor:
+def _evictor(api: Any, recorder: EventRecorder, metrics: Metrics, config: Config) -> VictimEvictor:
     return Evictor(
         api,
         recorder,
@@ -105,6 +108,39 @@ def _evictor(api: Any, recorder: EventRecorder, metrics: Metrics, config: Config
         scheduler_name=config.scheduler_name,
         pdb_retries=0,
     )
+
+
+def _pausing(
+    api: Any,
+    cache: ClusterCache,
+    ledger: Any,
+    recorder: EventRecorder,
+    metrics: Metrics,
+    config: Config,
+) -> tuple[Pauses, Restorer | None]:
+    """Who is checkpointed, and the restores; without the setting ``checkpoints`` the
+    opt-in is only judged (plans say such victims are evicted) and nothing is read."""
+    if not config.checkpoints:
+        return Pauses(None, False), None
+    store = ConfigMapCheckpoints(api, config.namespace)
+    restorer = Restorer(cache, ledger, store, PodCreator(api), recorder, metrics)
+    return Pauses(store, True), restorer
+
+
+def _checkpointing(
+    evictor: VictimEvictor,
+    api: Any,
+    cache: ClusterCache,
+    pauses: Pauses,
+    recorder: EventRecorder,
+    metrics: Metrics,
+    config: Config,
+) -> VictimEvictor:
+    """``evictor`` checkpointing first the victims ``pauses`` says to."""
+    kubelet = KubeletCheckpointer(
+        api, kubelet_ca=config.kubelet_ca, grace_period_cap=config.grace_period_cap
+    )
+    return PausingEvictor(evictor, cache, pauses, kubelet, recorder, metrics)
 
 
 def _elector(
@@ -163,20 +199,21 @@ def build(
         ledger = hooks.ledger(lease_ledger, identity)
         act_api = make_api_client(kubeconfig)
         recorder = EventRecorder(act_api, controller=config.scheduler_name, instance=identity)
-        evictor = hooks.evictor(_evictor(act_api, recorder, metrics, config), identity)
+        pauses, restorer = _pausing(act_api, cache, ledger, recorder, metrics, config)
+        evictor = _evictor(act_api, recorder, metrics, config)
+        if restorer is not None:
+            evictor = _checkpointing(evictor, act_api, cache, pauses, recorder, metrics, config)
+        evictor = hooks.evictor(evictor, identity)
         runnables = Runnables()
         elector = _elector(act_api, config, identity, runnables, metrics)
         follow = follow_victims(cache, metrics, recorder)
         worker = PreemptionWorker(
-            cache,
-            ledger,
-            evictor,
-            config,
-            metrics,
+            *(cache, ledger, evictor, config, metrics),
             recorder=recorder,
             may_act=elector.is_leader,
             resizer=Resizer(act_api, recorder, metrics, lenders=cache.pod),
             follow=follow,
+            restore=restorer.run if restorer is not None else None,
         )
 
         # An admission wakes the worker once, through the ledger's change notification
@@ -187,6 +224,7 @@ def build(
             ledger,
             metrics=metrics,
             on_decision=_decision_event(recorder),
+            pause=pauses,
         )
         # Counting each review and writing its decision-log line: after the answer.
         after_review = Backlog(name="after-review")
@@ -197,6 +235,7 @@ def build(
             metrics=metrics,
             after=after_review.submit,
             on_floor_errors=recorder.floor_errors,
+            pause=pauses,
         )
         app = create_app(
             config,
@@ -211,14 +250,18 @@ def build(
         if config.mode != "warn":
             # warn mode plans and tells, and never acts.
             _wake_on_changes(cache, lease_ledger, worker, reconciler)
-            # The follow stops after the worker (newest first): an eviction the worker
-            # makes while stopping is still followed, then counted.
-            runnables.add(follow, leader_election=True, stop_timeout=5)
-            runnables.add(worker, leader_election=True, stop_timeout=30)
-            runnables.add(reconciler, leader_election=True, stop_timeout=10)
+            _lead(runnables, follow, worker, reconciler)
         return _worker_app(app, runnables, metrics, cache)
 
     return factory
+
+
+def _lead(runnables: Runnables, follow: Follow, worker: Any, reconciler: Any) -> None:
+    """What only the leader runs. The follow stops after the worker (newest first): an
+    eviction the worker makes while stopping is still followed, then counted."""
+    runnables.add(follow, leader_election=True, stop_timeout=5)
+    runnables.add(worker, leader_election=True, stop_timeout=30)
+    runnables.add(reconciler, leader_election=True, stop_timeout=10)
 
 
 def _keep_certificates(runnables: Runnables, api: Any, managed_tls: ManagedTLS | None) -> None:

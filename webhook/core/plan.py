@@ -26,6 +26,7 @@ from webhook.core.accounting import (
     node_usage,
     pod_requests,
 )
+from webhook.core.checkpoint import Pause
 from webhook.core.lending import Loan, borrow, room
 from webhook.core.model import DisruptionBudget, Node, Pod, PodRef
 from webhook.core.movable import Move, Room, claim, movable_among
@@ -86,6 +87,9 @@ class Victim:
     #: Whether its work moves to another node (victim order ``movable-first``); ``None``
     #: when not judged (victim order ``upstream``).
     move: Move | None = None
+    #: Whether it is checkpointed before it goes (:func:`~webhook.core.checkpoint.pause_of`);
+    #: ``None`` when it did not opt in.
+    pause: Pause | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,6 +437,7 @@ def movable_selection(
     ranking: Ranking,
     cleared: Cleared,
     asks: Callable[[Pod], Resources],
+    paused: frozenset[str] = frozenset(),
 ) -> Selection:
     """Victim order ``movable-first`` (docs/decision-core.md): the selection made with
     movable ``candidates`` less important than the others of their priority, when it is
@@ -445,9 +450,12 @@ def movable_selection(
     the second selection refuses to evict a more important one (``keep_above``): a
     selection no worse than upstream's never does, so those keep upstream's order and
     come back whole. ``asks(pod)`` is what a candidate's replacement asks for
-    (:meth:`~webhook.core.accounting.Holdings.asks`)."""
+    (:meth:`~webhook.core.accounting.Holdings.asks`). ``paused`` (uids) are candidates
+    that will be checkpointed and restored: they keep their work as movable ones do, and
+    are preferred alike."""
     top = max(v.priority for v in upstream.victims)
     movable = movable_among([p for p in candidates if p.priority <= top], elsewhere, asks)
+    movable |= paused
     chosen = upstream
     by_uid = {p.uid: p for p in candidates}
     if _reordered(candidates, movable):
@@ -458,6 +466,16 @@ def movable_selection(
     claimed = claim([by_uid[v.pod.uid] for v in chosen.victims], elsewhere, asks)
     victims = tuple(replace(v, move=m) for v, m in zip(chosen.victims, claimed, strict=True))
     return replace(chosen, victims=victims)
+
+
+def _pauses(
+    candidates: Sequence[Pod], pause: Callable[[Pod], Pause | None] | None
+) -> dict[str, Pause]:
+    """Each opted-in candidate's :class:`~webhook.core.checkpoint.Pause`, by uid."""
+    if pause is None:
+        return {}
+    judged = ((p.uid, pause(p)) for p in candidates)
+    return {uid: p for uid, p in judged if p is not None}
 
 
 class NodeView(Protocol):
@@ -700,6 +718,7 @@ def plan_resize(
     policy: PreemptionPolicy | None = None,
     elsewhere: Sequence[Room] | None = None,
     refused: str = "",
+    pause: Callable[[Pod], Pause | None] | None = None,
 ) -> Plan:
     """Decide what the resize of ``old`` into ``new`` needs on ``view``'s node.
 
@@ -724,6 +743,10 @@ def plan_resize(
     ``refused``, when not empty, is why the preemptor policy
     (:meth:`~webhook.core.policy.Preemptors.refusal`) lets this pod take room from nobody:
     a resize short of room is then ``not-eligible``, with no victims and no loans.
+
+    ``pause``, when given, judges whether a victim is checkpointed
+    (:func:`~webhook.core.checkpoint.pause_of` with its node's abilities): each victim
+    carries its answer, and victim order ``movable-first`` prefers those checkpointed.
     """
     policy = policy or DefaultPolicy()
     node, kept = view.node, view.holdings()
@@ -742,7 +765,14 @@ def plan_resize(
         candidates, need.demand, node, need.usage, policy, frozenset(need.reserved)
     )
     selection = select_victims(candidates, ranking, cleared)
+    pauses = _pauses(candidates, pause)
     if elsewhere is not None and selection.victims:
-        selection = movable_selection(selection, candidates, elsewhere, ranking, cleared, kept.asks)
+        paused = frozenset(uid for uid, p in pauses.items() if p.checkpoint)
+        selection = movable_selection(
+            selection, candidates, elsewhere, ranking, cleared, kept.asks, paused
+        )
+    if pauses:
+        victims = tuple(replace(v, pause=pauses.get(v.pod.uid)) for v in selection.victims)
+        selection = replace(selection, victims=victims)
     # Steps 6-7: the policy's limits, then the plan.
     return _plan(new, node, need, _within_policy(selection, node.name, need.short, policy))

@@ -45,6 +45,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         ],
         "floorErrors": [{"pod": ref.key, "error": error} for ref, error in plan.floor_errors],
     }
+    pauses = victim_pauses(plan)
+    if pauses:
+        # Only when a victim asked to be checkpointed: other plans keep the form they had.
+        data["checkpoints"] = pauses
     moves = victim_moves(plan)
     if moves:
         # Only with victim order movable-first: upstream's plans keep the form they had.
@@ -61,6 +65,22 @@ def victim_moves(plan: Plan) -> list[dict[str, Any]]:
         for v in plan.victims
         if v.move is not None
     ]
+
+
+def victim_pauses(plan: Plan) -> list[dict[str, Any]]:
+    """Whether each victim that asked to be checkpointed will be, and why."""
+    return [
+        {"pod": v.pod.key, "checkpoint": v.pause.checkpoint, "why": v.pause.why}
+        for v in plan.victims
+        if v.pause is not None
+    ]
+
+
+def _pausing(plan: Plan, enforcing: bool) -> str:
+    """``checkpointing 1 of them, restored when room returns: team-b/low``"""
+    paused = [v.pod.key for v in plan.victims if v.pause is not None and v.pause.checkpoint]
+    verb = "checkpointing" if enforcing else "would checkpoint"
+    return f"{verb} {len(paused)} of them, restored when room returns: {', '.join(paused)}"
 
 
 def _change(loan: Loan) -> str:
@@ -95,6 +115,10 @@ def human_report(plan: Plan) -> str:
             line = f"  {v.pod.key}  priority {v.priority}  frees {v.frees.describe()}"
             if v.move is not None:
                 line += f"  {'moves' if v.move.movable else 'lost'}: {v.move.why}"
+            if v.pause is not None:
+                line += (
+                    f"  {'checkpoint' if v.pause.checkpoint else 'no checkpoint'}: {v.pause.why}"
+                )
             lines.append(line)
     if plan.loans:
         lines += ["", "loans, in the order taken:"]
@@ -158,6 +182,8 @@ def warnings_for(plan: Plan, *, enforcing: bool = True) -> list[str]:
                     f"{plan.node} for {wanted}: {names}"
                 )
             )
+            if any(v.pause is not None and v.pause.checkpoint for v in plan.victims):
+                out.append(clip(_pausing(plan, enforcing)))
         if plan.loans:
             out.append(clip(_borrowing(plan, enforcing)))
         return out

@@ -35,6 +35,7 @@ import jsonpatch
 import orjson
 
 from webhook.core.accounting import Holdings, holdings, pod_requests
+from webhook.core.checkpoint import Pause
 from webhook.core.errors import InputError, WebhookError
 from webhook.core.fit import largest_fit
 from webhook.core.model import FIT_TO_NODE_ANNOTATION, DisruptionBudget, Node, Pod, PodRef
@@ -442,6 +443,8 @@ class ResizePlanner:
     policy: PreemptionPolicy
     elsewhere: Elsewhere
     refused: str = ""
+    #: Whether a victim is checkpointed (:class:`~webhook.engine.pauses.Pauses`).
+    pause: Callable[[Pod], Pause | None] | None = None
 
     def plan(self, holders: Sequence[LedgerEntry]) -> Plan:
         rooms = None
@@ -457,6 +460,7 @@ class ResizePlanner:
             policy=self.policy,
             elsewhere=rooms,
             refused=self.refused,
+            pause=self.pause,
         )
 
     def reserves(self, plan: Plan) -> bool:
@@ -504,8 +508,11 @@ class AdmissionEngine:
         timer: Callable[[], float] = time.perf_counter,
         after: After | None = None,
         on_floor_errors: Callable[[Sequence[tuple[PodRef, str]]], object] | None = None,
+        pause: Callable[[Pod], Pause | None] | None = None,
     ) -> None:
         self.config = config
+        #: Judges which victims are checkpointed, for the plans' messages.
+        self.pause = pause
         self.cluster = cluster
         self.ledger = ledger
         self.metrics = metrics or Metrics()
@@ -749,6 +756,7 @@ class AdmissionEngine:
             self.policy,
             self._elsewhere,
             self.preemptors.refusal(s.new, labels),
+            self.pause,
         )
 
     # -- validating -------------------------------------------------------------------

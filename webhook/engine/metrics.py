@@ -229,6 +229,35 @@ METRICS: tuple[MetricDef, ...] = (
         ("reason",),
     ),
     MetricDef(
+        "checkpoints",
+        "resize_preemption_checkpoints_total",
+        "counter",
+        "Victims that asked to be checkpointed, by outcome (checkpointed, failed, "
+        "refused) and restores (restored, abandoned); set by the leader",
+        ("result",),
+    ),
+    MetricDef(
+        "checkpoint_seconds",
+        "resize_preemption_checkpoint_seconds",
+        "histogram",
+        "Time the kubelet took to checkpoint a victim's containers",
+        buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+    ),
+    MetricDef(
+        "checkpoint_bytes",
+        "resize_preemption_checkpoint_bytes",
+        "histogram",
+        "Size of a victim's checkpoint archives, as its node agent measured them",
+        buckets=(2**20, 2**23, 2**25, 2**27, 2**29, 2**31, 2**33),
+    ),
+    MetricDef(
+        "restore_seconds",
+        "resize_preemption_restore_seconds",
+        "histogram",
+        "Time from creating a pod again from its checkpoint until it runs",
+        buckets=(0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+    ),
+    MetricDef(
         "leader",
         "resize_preemption_leader_election_master_status",
         "gauge",
@@ -260,6 +289,10 @@ class Metrics:
     reconciler_actions: Counter
     time_to_actuation: Histogram
     deferred_resizes: Gauge
+    checkpoints: Counter
+    checkpoint_seconds: Histogram
+    checkpoint_bytes: Histogram
+    restore_seconds: Histogram
     deferred_longest_wait: Gauge
     leader: Gauge
 

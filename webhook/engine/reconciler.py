@@ -30,6 +30,7 @@ from typing import Protocol
 
 import orjson
 
+from webhook.core.checkpoint import Pause
 from webhook.core.errors import WebhookError
 from webhook.core.model import Node, Pod
 from webhook.core.plan import Plan
@@ -130,9 +131,12 @@ class Reconciler:
         on_decision: DecisionHook | None = None,
         period: float = PERIOD,
         debounce: float = DEBOUNCE,
+        pause: Callable[[Pod], Pause | None] | None = None,
     ) -> None:
         self.config = config
         self.cluster = cluster
+        #: Judges which victims are checkpointed (:class:`~webhook.engine.pauses.Pauses`).
+        self.pause = pause
         self.ledger = ledger
         self.metrics = metrics or Metrics()
         self.clock = clock
@@ -298,6 +302,7 @@ class Reconciler:
             # The admission path's judgement: a resize the webhook configuration never
             # showed the service is held to the same rule.
             self.preemptors.refusal(pod, self.cluster.namespace_labels(pod.namespace)),
+            self.pause,
         )
         return admit(planner, pods, now)
 

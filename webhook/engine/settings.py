@@ -96,6 +96,13 @@ class Config:
     #: review port then holds no more connections than their bodies fit in it
     #: (:func:`webhook.web.server.connections_within`); None: not checked.
     memory_limit: int | None = None
+    #: Victims annotated ``resize-preemption.io/on-preempt: checkpoint`` are checkpointed
+    #: before they are evicted and restored when room returns, on nodes whose agent says
+    #: they can (docs/checkpoint.md). Off: such victims are evicted, and plans say why.
+    checkpoints: bool = False
+    #: CA certificates file that verifies the kubelets' serving certificates for the
+    #: checkpoint API. Empty: not verified, as kube-apiserver does by default.
+    kubelet_ca: str = ""
 
     def cache_current(self, staleness: float) -> bool:
         """Whether a view that may have missed changes for ``staleness`` seconds (see
@@ -566,6 +573,21 @@ SETTINGS: Final[dict[str, Setting]] = {
         "signed (kube-apiserver's)",
         metavar="FILE",
         default_text="none: any caller",
+    ),
+    "checkpoints": Setting(
+        "checkpoints",
+        Switch(),
+        "victims annotated resize-preemption.io/on-preempt=checkpoint are checkpointed "
+        "before eviction and restored when room returns, where the node agent says the "
+        "node can; false: they are evicted",
+        metavar="{true,false}",
+    ),
+    "kubelet-ca": Setting(
+        "kubelet_ca",
+        Text(),
+        "CA certificates file verifying the kubelets' serving certificates (checkpoint API)",
+        metavar="FILE",
+        default_text="none: not verified",
     ),
 }
 

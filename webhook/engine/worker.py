@@ -129,7 +129,8 @@ TAKE_UP = 0.05
 
 class PreemptionWorker:
     """Runs admitted plans; the service starts it when this replica gains leadership and
-    stops it when it loses it."""
+    stops it when it loses it. ``restore`` runs at the end of each pass: checkpointed
+    victims come back once room returns (:class:`~webhook.engine.pauses.Restorer`)."""
 
     def __init__(
         self,
@@ -150,8 +151,9 @@ class PreemptionWorker:
         victim_parallelism: int = VICTIM_PARALLELISM,
         resizer: LenderResizer | None = None,
         follow: Follow | None = None,
+        restore: Callable[[], None] | None = None,
     ) -> None:
-        self.cluster = cluster
+        self.cluster, self.restore = cluster, restore
         #: Told of each eviction, to follow where the victim's work goes.
         self.follow = follow
         #: Nodes worked on at once in a pass (each node's entries one after another).
@@ -196,8 +198,7 @@ class PreemptionWorker:
         #: Review uids seen not actuated yet: their actuation is timed (a new leader
         #: cannot tell when an entry it finds spent was actuated).
         self._unactuated: set[str] = set()
-        self._started_at = float("inf")
-        self._budgets_changed = False
+        self._started_at, self._budgets_changed = float("inf"), False
         #: Set by :meth:`wake`: a pass under way looks for nodes with new work.
         self._woken = threading.Event()
         #: Makes, puts back and gives back the ledger's loans.
@@ -279,6 +280,8 @@ class PreemptionWorker:
         if stop.is_set():
             return
         self._forget_gone()
+        if self.restore is not None and self._may_act():
+            self.restore()
 
     def _groups(self) -> dict[str, list[LedgerEntry]]:
         """The ledger's entries by node, and the nodes with work but no entry: a lender

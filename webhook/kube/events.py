@@ -57,6 +57,10 @@ ABANDONED_REASON: Final = "ResizePreemptionAbandoned"
 MOVED_REASON: Final = "Moved"
 NOT_MOVED_REASON: Final = "NotMoved"
 FLOOR_REASON: Final = "InvalidLendingFloor"
+CHECKPOINTED_REASON: Final = "Checkpointed"
+CHECKPOINT_FAILED_REASON: Final = "CheckpointFailed"
+RESTORED_REASON: Final = "Restored"
+CHECKPOINT_ACTION: Final = "Checkpointing"
 
 _TRUNCATED: Final = " ..."
 
@@ -198,6 +202,34 @@ class EventRecorder:
             )
         return recorded
 
+    def checkpointed(self, victim: PodRef, preemptor: PodRef, note: str) -> bool:
+        """On a victim checkpointed before its eviction: where its checkpoint waits."""
+        return self.record(
+            victim,
+            related=preemptor,
+            type_="Normal",
+            reason=CHECKPOINTED_REASON,
+            action=CHECKPOINT_ACTION,
+            note=note,
+        )
+
+    def checkpoint_failed(self, victim: PodRef, preemptor: PodRef, why: str) -> bool:
+        """On a victim that asked to be checkpointed and is evicted without one, and why."""
+        return self.record(
+            victim,
+            related=preemptor,
+            type_="Warning",
+            reason=CHECKPOINT_FAILED_REASON,
+            action=CHECKPOINT_ACTION,
+            note=f"Not checkpointed, evicted: {why}",
+        )
+
+    def restored(self, pod: PodRef, note: str) -> bool:
+        """On a pod created again from its checkpoint."""
+        return self.record(
+            pod, type_="Normal", reason=RESTORED_REASON, action=CHECKPOINT_ACTION, note=note
+        )
+
     # -- the generic call ---------------------------------------------------------------------
 
     def event_body(
@@ -277,12 +309,15 @@ class EventRecorder:
 
 __all__ = [
     "ABANDONED_REASON",
+    "CHECKPOINTED_REASON",
+    "CHECKPOINT_FAILED_REASON",
     "FLOOR_REASON",
     "MOVED_REASON",
     "NOTE_LIMIT",
     "NOT_MOVED_REASON",
     "PREEMPTED_REASON",
     "PREEMPTING_ACTION",
+    "RESTORED_REASON",
     "EventRecorder",
     "abandoned_note",
     "micro_time",

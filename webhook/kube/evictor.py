@@ -63,6 +63,12 @@ DISRUPTION_TARGET: Final = "DisruptionTarget"
 DEFAULT_GRACE_SECONDS: Final = 30
 
 
+def grace_of(pod: Mapping[str, Any]) -> int:
+    """The pod's own termination grace period, seconds."""
+    own = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+    return own if isinstance(own, int) else DEFAULT_GRACE_SECONDS
+
+
 def preemption_message(scheduler_name: str) -> str:
     """The ``DisruptionTarget`` message kube-scheduler writes."""
     return f"{scheduler_name}: preempting to accommodate a higher priority pod"
@@ -130,12 +136,20 @@ class Evictor:
     # -- the one public call ----------------------------------------------------------------
 
     def evict(
-        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
+        self,
+        victim: PodRef,
+        preemptor: PodRef,
+        node: str,
+        *,
+        seen_live: bool = False,
+        grace_seconds: int | None = None,
     ) -> EvictionResult:
         """Remove ``victim`` to make room for ``preemptor`` on ``node``; see the module
-        docstring for the contract (and for ``seen_live``). Never raises."""
+        docstring for the contract (and for ``seen_live``). ``grace_seconds``, when
+        given, caps the victim's grace period further (what a checkpoint left of it).
+        Never raises."""
         try:
-            result = self._evict(victim, preemptor, seen_live=seen_live)
+            result = self._evict(victim, preemptor, seen_live=seen_live, grace=grace_seconds)
         except ClusterError as e:
             log.warning("could not preempt %s for %s: %s", victim.key, preemptor.key, e)
             result = EvictionResult.FAILED
@@ -153,8 +167,12 @@ class Evictor:
 
     # -- steps ------------------------------------------------------------------------------
 
-    def _evict(self, victim: PodRef, preemptor: PodRef, *, seen_live: bool) -> EvictionResult:
-        if seen_live and victim.uid and self.method == "evict" and self.grace_period_cap is None:
+    def _evict(
+        self, victim: PodRef, preemptor: PodRef, *, seen_live: bool, grace: int | None = None
+    ) -> EvictionResult:
+        caps = [c for c in (self.grace_period_cap, grace) if c is not None]
+        cap = min(caps) if caps else None
+        if seen_live and victim.uid and self.method == "evict" and cap is None:
             # 1'. The caller's cache vouches for the victim; the API server checks the uid.
             return self._evict_api(victim, {"preconditions": {"uid": victim.uid}})
         # 1. Read the victim: gone, replaced or already leaving means nothing to do.
@@ -169,19 +187,16 @@ class Evictor:
         if meta.get("deletionTimestamp"):
             return EvictionResult.SKIPPED_TERMINATING
         target = PodRef(victim.namespace, victim.name, uid)
-        options = self._delete_options(pod, uid)
+        options = self._delete_options(pod, uid, cap)
         # 2. Remove it by the configured method.
         if self.method == "evict":
             return self._evict_api(target, options)
         return self._delete(target, pod, options)
 
-    def _delete_options(self, pod: Mapping[str, Any], uid: str) -> dict[str, Any]:
+    def _delete_options(self, pod: Mapping[str, Any], uid: str, cap: int | None) -> dict[str, Any]:
         options: dict[str, Any] = {"preconditions": {"uid": uid}}
-        if self.grace_period_cap is not None:
-            spec = pod.get("spec") or {}
-            own = spec.get("terminationGracePeriodSeconds")
-            grace = own if isinstance(own, int) else DEFAULT_GRACE_SECONDS
-            options["gracePeriodSeconds"] = max(0, min(grace, self.grace_period_cap))
+        if cap is not None:
+            options["gracePeriodSeconds"] = max(0, min(grace_of(pod), cap))
         return options
 
     def _evict_api(self, victim: PodRef, options: dict[str, Any]) -> EvictionResult:

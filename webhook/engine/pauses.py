@@ -1,0 +1,352 @@
+"""Pause, don't kill: checkpoint opted-in victims before their eviction, restore them
+when room returns (docs/checkpoint.md). Leader only, beside the preemption worker.
+
+Three pieces, each over ports the service wires to the cluster (:mod:`webhook.kube`):
+
+* :class:`Pauses` judges, for plans and for the executor alike, whether a victim is
+  checkpointed (:func:`~webhook.core.checkpoint.pause_of` with its node's abilities);
+* :class:`PausingEvictor` is the worker's :class:`~webhook.engine.ledger.VictimEvictor`:
+  for a victim to checkpoint it asks the kubelet for a checkpoint of every container,
+  records it (phase ``archived``), tells the victim, and then evicts it with what the
+  checkpoint left of its grace period. Any failure evicts it as any victim, with a
+  Warning event saying why: the opt-in never makes a resize fail or wait longer;
+* :class:`Restorer` walks the records on each worker pass and moves each one through its
+  phases with :func:`step` - the one transition function - creating the pod again once
+  its node agent made images of the archives and its requests fit on the node.
+
+The node agent (``python -m webhook node-agent``) writes the phases ``imaged`` and
+``failed``, and deletes archives, images and records of ended checkpoints.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any, Protocol
+
+from webhook.core.accounting import pod_requests
+from webhook.core.checkpoint import (
+    RESTORE_PATIENCE,
+    RESTORED_FROM_ANNOTATION,
+    CheckpointRecord,
+    NodeCheckpointing,
+    Pause,
+    Phase,
+    pause_of,
+    remaining_grace,
+    restored_pod,
+)
+from webhook.core.model import Pod, PodRef
+from webhook.core.movable import room_on
+from webhook.core.objects import parse_pod
+from webhook.core.resources import Resources
+from webhook.engine.ledger import ClusterView, EvictionResult, Ledger, VictimEvictor
+from webhook.engine.lifecycle import room_holders
+from webhook.engine.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+#: How long an ``archived`` record waits for its node agent before it is given up on.
+IMAGING_PATIENCE = 600.0
+
+
+# -- ports --------------------------------------------------------------------------------------
+
+
+class CheckpointStore(Protocol):
+    """The records and the nodes' abilities; reads may lag writes by a second."""
+
+    def capability(self, node: str) -> NodeCheckpointing | None: ...
+
+    def records(self) -> Sequence[CheckpointRecord]: ...
+
+    def record(self, uid: str) -> CheckpointRecord | None: ...
+
+    def write(self, record: CheckpointRecord) -> bool:
+        """Create or replace ``record``; ``False`` (logged) when the API refused it."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpointed:
+    """What the kubelet did for one victim: its pod as read, and each container's
+    archive (empty, with ``message``, when any container failed)."""
+
+    pod: Mapping[str, Any]
+    archives: Mapping[str, str]
+    grace: int
+    seconds: float
+    message: str = ""
+
+
+class Checkpointer(Protocol):
+    def checkpoint(self, victim: PodRef, node: str) -> Checkpointed:
+        """Checkpoint every container of ``victim`` through its node's kubelet, within
+        the victim's grace period; never raises."""
+        ...
+
+
+class PodCreator(Protocol):
+    def create(self, manifest: Mapping[str, Any]) -> str:
+        """Create the pod; ``""`` when created, else why not (``AlreadyExists``...)."""
+        ...
+
+
+class PauseEvents(Protocol):
+    def checkpointed(self, victim: PodRef, preemptor: PodRef, note: str) -> bool: ...
+
+    def checkpoint_failed(self, victim: PodRef, preemptor: PodRef, why: str) -> bool: ...
+
+    def restored(self, pod: PodRef, note: str) -> bool: ...
+
+
+# -- judging ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Pauses:
+    """Whether a victim is checkpointed, from the service's setting and its node's agent."""
+
+    store: CheckpointStore | None
+    enabled: bool
+
+    def __call__(self, pod: Pod) -> Pause | None:
+        node = self.store.capability(pod.node) if self.store is not None else None
+        return pause_of(pod, node, enabled=self.enabled and self.store is not None)
+
+
+# -- checkpoint before eviction -----------------------------------------------------------------
+
+
+class PausingEvictor:
+    """A :class:`~webhook.engine.ledger.VictimEvictor` that checkpoints first the victims
+    :class:`Pauses` says to; idempotent as the evictor it wraps (a victim with a record
+    is not checkpointed again)."""
+
+    def __init__(
+        self,
+        inner: VictimEvictor,
+        cluster: ClusterView,
+        pauses: Pauses,
+        checkpointer: Checkpointer,
+        events: PauseEvents | None,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.inner, self.cluster, self.pauses = inner, cluster, pauses
+        self.checkpointer, self.events, self.metrics = checkpointer, events, metrics
+        self.clock = clock
+
+    def evict(
+        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
+    ) -> EvictionResult:
+        pod = self.cluster.pod(victim.namespace, victim.name)
+        pause = self.pauses(pod) if pod is not None and pod.uid == victim.uid else None
+        if pause is None or self._recorded(victim):
+            return self.inner.evict(victim, preemptor, node, seen_live=seen_live)
+        if not pause.checkpoint:
+            self._refused(victim, preemptor, "refused", pause.why)
+            return self.inner.evict(victim, preemptor, node, seen_live=seen_live)
+        grace = self._checkpoint(victim, preemptor, node)
+        if grace is None:
+            return self.inner.evict(victim, preemptor, node, seen_live=seen_live)
+        evict: Any = self.inner.evict  # the cluster's evictor takes a grace period
+        return evict(victim, preemptor, node, seen_live=seen_live, grace_seconds=grace)  # type: ignore[no-any-return]
+
+    def _recorded(self, victim: PodRef) -> bool:
+        store = self.pauses.store
+        return store is not None and store.record(victim.uid) is not None
+
+    def _checkpoint(self, victim: PodRef, preemptor: PodRef, node: str) -> int | None:
+        """Checkpoint and record ``victim``; the grace period left for its eviction, or
+        ``None`` when it goes without a checkpoint (told)."""
+        done = self.checkpointer.checkpoint(victim, node)
+        if not done.archives:
+            self._refused(victim, preemptor, "failed", done.message)
+            return None
+        self.metrics.checkpoint_seconds.observe(done.seconds)
+        record = CheckpointRecord(
+            victim.uid,
+            node,
+            Phase.ARCHIVED,
+            done.pod,
+            done.archives,
+            checkpointed_at=stamp(self.clock()),
+        )
+        store = self.pauses.store
+        if store is None or not store.write(record):
+            self._refused(victim, preemptor, "failed", "its checkpoint record was not written")
+            return None
+        self.metrics.checkpoints.labels("checkpointed").inc()
+        log.info(
+            "checkpointed %s on %s in %.2fs for %s", victim.key, node, done.seconds, preemptor.key
+        )
+        if self.events is not None:
+            self.events.checkpointed(
+                victim,
+                preemptor,
+                f"Checkpointed on node {node} in {done.seconds:.2f}s before its preemption; "
+                f"{record.name} restores it there when room returns",
+            )
+        return remaining_grace(done.grace, done.seconds)
+
+    def _refused(self, victim: PodRef, preemptor: PodRef, result: str, why: str) -> None:
+        self.metrics.checkpoints.labels(result).inc()
+        log.warning("not checkpointing %s, evicting it: %s", victim.key, why)
+        if self.events is not None:
+            self.events.checkpoint_failed(victim, preemptor, why)
+
+
+# -- restore when room returns ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Nothing to do yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """Create the pod again from its images."""
+
+    manifest: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Advance:
+    """Write the record in ``phase``, saying ``message``."""
+
+    phase: Phase
+    message: str = ""
+
+
+Step = Wait | Create | Advance
+
+
+def step(
+    record: CheckpointRecord,
+    now_pod: Pod | None,
+    fits: Callable[[], bool],
+    age: float,
+) -> Step:
+    """The one transition of a checkpoint record, from what the cluster shows now:
+    ``now_pod`` is the pod of the record's namespace and name (any incarnation), ``fits``
+    whether the checkpointed pod's requests fit on its node now (read only when needed),
+    ``age`` seconds since the record's phase began.
+
+    archived -> abandoned (agent too slow); imaged -> restoring (created) or abandoned
+    (the name is taken); restoring -> restored (it runs, or gave up waiting) or abandoned
+    (the restored pod was deleted). The other phases are the agent's to end."""
+    if record.phase is Phase.ARCHIVED:
+        if age > IMAGING_PATIENCE:
+            return Advance(Phase.ABANDONED, "no image of the checkpoint was made in time")
+        return Wait()
+    ours = now_pod is not None and now_pod.annotations.get(RESTORED_FROM_ANNOTATION) == record.name
+    if record.phase is Phase.IMAGED:
+        if ours:
+            return Advance(Phase.RESTORING)  # created before a restart of the leader
+        if now_pod is not None:
+            if now_pod.uid == record.uid:
+                return Wait()  # the victim is still on its way out
+            return Advance(Phase.ABANDONED, f"another pod {record.key} exists")
+        return Create(restored_pod(record)) if fits() else Wait()
+    if record.phase is Phase.RESTORING:
+        if not ours:
+            return Advance(Phase.ABANDONED, "the restored pod was deleted")
+        assert now_pod is not None
+        if now_pod.phase == "Running" or now_pod.terminal:
+            return Advance(Phase.RESTORED, f"the restored pod is {now_pod.phase}")
+        if age > RESTORE_PATIENCE:
+            return Advance(Phase.RESTORED, "the restored pod has not started in time")
+    return Wait()
+
+
+class Restorer:
+    """Moves every checkpoint record one :func:`step` on; the worker calls :meth:`run`
+    on each of its passes (leader only)."""
+
+    def __init__(
+        self,
+        cluster: ClusterView,
+        ledger: Ledger,
+        store: CheckpointStore,
+        creator: PodCreator,
+        events: PauseEvents | None,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cluster, self.ledger, self.store = cluster, ledger, store
+        self.creator, self.events, self.metrics, self.clock = creator, events, metrics, clock
+        #: When each record entered its phase, as this replica first saw it.
+        self._since: dict[tuple[str, Phase], float] = {}
+
+    def run(self) -> None:
+        now = self.clock()
+        seen = set()
+        for record in self.store.records():
+            key = (record.uid, record.phase)
+            seen.add(key)
+            since = self._since.setdefault(key, now)
+            pod = self.cluster.pod(record.namespace, record.pod_name)
+            action = step(record, pod, partial(self._fits, record, now), now - since)
+            self._carry_out(record, action, now - since)
+        self._since = {k: v for k, v in self._since.items() if k in seen}
+
+    def _fits(self, record: CheckpointRecord, now: float) -> bool:
+        """Whether the checkpointed pod's requests fit on its node now, counted as a new
+        pod there is (every pod, active reservations included)."""
+        node = self.cluster.node(record.node)
+        asks = _asks(record)
+        if node is None or asks is None:
+            return False
+        pods = self.cluster.pods_on(record.node)
+        holders = room_holders(self.ledger.entries(record.node), pods, now)
+        room = room_on(node, pods, [e.reservation() for e in holders], now)
+        return room is not None and asks.fits_in(room.free)
+
+    def _carry_out(self, record: CheckpointRecord, action: Step, age: float) -> None:
+        if isinstance(action, Create):
+            why = self.creator.create(action.manifest)
+            if why:
+                log.warning("could not restore %s: %s", record.key, why)
+                return
+            log.info("restoring %s on %s from %s", record.key, record.node, record.name)
+            self._write(replace(record, phase=Phase.RESTORING, message=""))
+        elif isinstance(action, Advance):
+            self._write(replace(record, phase=action.phase, message=action.message))
+            self._tell(record, action, age)
+
+    def _write(self, record: CheckpointRecord) -> None:
+        if not self.store.write(record):
+            log.warning("could not write %s in phase %s", record.name, record.phase)
+
+    def _tell(self, record: CheckpointRecord, action: Advance, age: float) -> None:
+        if action.phase is Phase.RESTORED:
+            self.metrics.checkpoints.labels("restored").inc()
+            self.metrics.restore_seconds.observe(age)
+            if record.size:
+                self.metrics.checkpoint_bytes.observe(record.size)
+            ref = PodRef(record.namespace, record.pod_name)
+            if self.events is not None:
+                self.events.restored(
+                    ref, f"Restored on node {record.node} from {record.name}: {action.message}"
+                )
+        elif action.phase is Phase.ABANDONED:
+            self.metrics.checkpoints.labels("abandoned").inc()
+            log.warning("not restoring %s: %s", record.key, action.message)
+
+
+def _asks(record: CheckpointRecord) -> Resources | None:
+    """What the checkpointed pod asks of its node, from its stored spec."""
+    try:
+        return pod_requests(parse_pod(dict(record.pod)))
+    except ValueError:
+        return None
+
+
+def stamp(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

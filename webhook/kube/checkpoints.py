@@ -1,0 +1,301 @@
+"""The cluster's side of checkpoints: the kubelet's checkpoint API, the records and node
+abilities (ConfigMaps in the service's namespace), and creating a pod again.
+
+* :class:`KubeletCheckpointer` asks the victim's kubelet, directly on its own port
+  (``POST /checkpoint/{namespace}/{pod}/{container}``, authorized as ``create`` on
+  ``nodes/checkpoint``: the API server's node proxy would need ``nodes/proxy``, which
+  also grants exec), for a checkpoint of each container, within the victim's grace
+  period. The kubelet writes each archive under its root and answers its path.
+* :class:`ConfigMapCheckpoints` reads and writes the records
+  (:class:`~webhook.core.checkpoint.CheckpointRecord`) and the abilities the node
+  agents publish (:class:`~webhook.core.checkpoint.NodeCheckpointing`), one list of the
+  namespace's labelled ConfigMaps per second at most.
+* :class:`PodCreator` creates the restored pod.
+
+None of them raises: failures are answers (a message), logged by the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+from urllib.parse import quote
+
+import orjson
+import urllib3
+
+from webhook.core.checkpoint import (
+    CAPABILITY_PREFIX,
+    CheckpointRecord,
+    NodeCheckpointing,
+    record_name,
+)
+from webhook.core.model import PodRef
+from webhook.engine.pauses import Checkpointed
+from webhook.kube.errors import ClusterError, Conflict, NotFound
+from webhook.kube.evictor import grace_of
+from webhook.kube.jsonapi import pod_path, request_json
+
+log = logging.getLogger(__name__)
+
+MANAGED_BY: Final = "app.kubernetes.io/managed-by=resize-preemption-webhook"
+CHECKPOINT_LABEL: Final = "resize-preemption.io/checkpoint"
+NODE_LABEL: Final = "resize-preemption.io/node"
+PHASE_LABEL: Final = "resize-preemption.io/phase"
+DEFAULT_KUBELET_PORT: Final = 10250
+
+
+class KubeletCheckpointer:
+    """Checkpoints a victim's containers through its node's kubelet."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        kubelet_ca: str = "",
+        grace_period_cap: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api = api_client
+        self._cap = grace_period_cap
+        self._clock = clock
+        cfg = api_client.configuration
+        self._http = urllib3.PoolManager(
+            cert_reqs="CERT_REQUIRED" if kubelet_ca else "CERT_NONE",
+            ca_certs=kubelet_ca or None,
+            cert_file=cfg.cert_file or None,
+            key_file=cfg.key_file or None,
+            retries=False,
+        )
+        if not kubelet_ca:
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        self._config = cfg
+
+    def checkpoint(self, victim: PodRef, node: str) -> Checkpointed:
+        start = self._clock()
+        pod: dict[str, Any] = {}
+        grace = 0
+        try:
+            pod = request_json(self._api, "GET", pod_path(victim))
+            if victim.uid and (pod.get("metadata") or {}).get("uid") != victim.uid:
+                return Checkpointed({}, {}, 0, 0.0, "the victim was replaced meanwhile")
+            grace = grace_of(pod) if self._cap is None else min(grace_of(pod), self._cap)
+            kubelet = self._kubelet(node)
+            archives = self._each_container(victim, pod, kubelet, grace, start)
+            return Checkpointed(_as_stored(pod), archives, grace, self._clock() - start)
+        except (ClusterError, CheckpointError) as e:
+            return Checkpointed(_as_stored(pod), {}, grace, self._clock() - start, str(e))
+        except Exception as e:  # never raise into the worker: evict instead
+            log.exception("checkpoint of %s failed", victim.key)
+            why = f"{type(e).__name__}: {e}"
+            return Checkpointed(_as_stored(pod), {}, grace, self._clock() - start, why)
+
+    def _kubelet(self, node: str) -> str:
+        """``https://address:port`` of ``node``'s kubelet, from the Node's status."""
+        status = request_json(self._api, "GET", f"/api/v1/nodes/{quote(node)}").get("status") or {}
+        addresses = {a.get("type"): a.get("address") for a in status.get("addresses") or ()}
+        address = addresses.get("InternalIP") or addresses.get("ExternalIP")
+        if not address:
+            raise CheckpointError(f"node {node} reports no address for its kubelet")
+        endpoint = (status.get("daemonEndpoints") or {}).get("kubeletEndpoint") or {}
+        port = endpoint.get("Port") or DEFAULT_KUBELET_PORT
+        host = f"[{address}]" if ":" in address else address
+        return f"https://{host}:{port}"
+
+    def _each_container(
+        self, victim: PodRef, pod: Mapping[str, Any], kubelet: str, grace: int, start: float
+    ) -> dict[str, str]:
+        names = [c["name"] for c in (pod.get("spec") or {}).get("containers") or ()]
+        archives = {}
+        for name in names:
+            left = grace - (self._clock() - start)
+            if left < 1:
+                raise CheckpointError(
+                    f"its grace period ({grace}s) leaves no time to checkpoint container {name}"
+                )
+            archives[name] = self._post(kubelet, victim, name, int(left))
+        return archives
+
+    def _post(self, kubelet: str, victim: PodRef, container: str, timeout: int) -> str:
+        path = "/".join(quote(p, safe="") for p in (victim.namespace, victim.name, container))
+        url = f"{kubelet}/checkpoint/{path}?timeout={timeout}"
+        headers = {}
+        token = self._config.get_api_key_with_prefix("authorization")
+        if token:
+            headers["Authorization"] = token
+        try:
+            response = self._http.request(
+                "POST", url, headers=headers, timeout=urllib3.Timeout(connect=5, read=timeout + 2)
+            )
+        except urllib3.exceptions.HTTPError as e:
+            raise CheckpointError(f"the kubelet at {kubelet} did not answer: {e}") from None
+        body = response.data.decode("utf-8", "replace")
+        if response.status != 200:
+            first = (body.strip().splitlines() or [""])[0][:300]
+            raise CheckpointError(
+                f"the kubelet refused to checkpoint container {container} "
+                f"(HTTP {response.status}): {first}"
+            )
+        try:
+            items = orjson.loads(body)["items"]
+            return str(items[0])
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+            raise CheckpointError(f"the kubelet's answer names no archive: {body[:200]}") from None
+
+
+class CheckpointError(Exception):
+    """One line saying why a victim was not checkpointed."""
+
+
+def _as_stored(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod as a record keeps it: no status, no managed fields."""
+    if not pod:
+        return {}
+    meta = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "managedFields"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod.get("spec") or {}}
+
+
+class ConfigMapCheckpoints:
+    """The :class:`~webhook.engine.pauses.CheckpointStore` of ConfigMaps in ``namespace``."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        namespace: str,
+        *,
+        max_age: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api, self.namespace = api_client, namespace
+        self._max_age, self._clock = max_age, clock
+        self._lock = threading.Lock()
+        self._read_at = float("-inf")
+        self._items: list[dict[str, Any]] = []
+
+    def _list(self) -> list[dict[str, Any]]:
+        with self._lock:
+            if self._clock() - self._read_at <= self._max_age:
+                return self._items
+            try:
+                listed = request_json(
+                    self._api,
+                    "GET",
+                    f"/api/v1/namespaces/{self.namespace}/configmaps",
+                    query={"labelSelector": MANAGED_BY},
+                    timeout=5,
+                )
+            except ClusterError as e:
+                log.warning("could not read checkpoint records: %s", e)
+                return self._items
+            self._items, self._read_at = listed.get("items") or [], self._clock()
+            return self._items
+
+    def capability(self, node: str) -> NodeCheckpointing | None:
+        for item in self._list():
+            if _name(item) == CAPABILITY_PREFIX + node:
+                return NodeCheckpointing.from_data(node, item.get("data") or {})
+        return None
+
+    def capabilities(self) -> list[NodeCheckpointing]:
+        found = []
+        for item in self._list():
+            if _name(item).startswith(CAPABILITY_PREFIX):
+                node = _labels(item).get(NODE_LABEL) or _name(item)[len(CAPABILITY_PREFIX) :]
+                found.append(NodeCheckpointing.from_data(node, item.get("data") or {}))
+        return found
+
+    def records(self) -> Sequence[CheckpointRecord]:
+        found = []
+        for item in self._list():
+            if _labels(item).get(CHECKPOINT_LABEL) != "true":
+                continue
+            uid = _name(item).removeprefix(record_name(""))
+            try:
+                found.append(
+                    CheckpointRecord.from_data(
+                        uid, _labels(item).get(NODE_LABEL, ""), item.get("data") or {}
+                    )
+                )
+            except ValueError as e:
+                log.warning("%s", e)
+        return found
+
+    def record(self, uid: str) -> CheckpointRecord | None:
+        return next((r for r in self.records() if r.uid == uid), None)
+
+    def write(self, record: CheckpointRecord) -> bool:
+        labels, data = record_labels(record), record.data()
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": record.name, "namespace": self.namespace, "labels": labels},
+            "data": data,
+        }
+        path = f"/api/v1/namespaces/{self.namespace}/configmaps"
+        try:
+            try:
+                request_json(self._api, "POST", path, body=body, timeout=10)
+            except Conflict:
+                request_json(
+                    self._api,
+                    "PATCH",
+                    f"{path}/{record.name}",
+                    body={"metadata": {"labels": labels}, "data": data},
+                    content_type="application/merge-patch+json",
+                    timeout=10,
+                )
+        except ClusterError as e:
+            log.warning("could not write %s: %s", record.name, e)
+            return False
+        finally:
+            with self._lock:
+                self._read_at = float("-inf")
+        return True
+
+
+def record_labels(record: CheckpointRecord) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/managed-by": "resize-preemption-webhook",
+        CHECKPOINT_LABEL: "true",
+        NODE_LABEL: record.node,
+        PHASE_LABEL: record.phase.value,
+    }
+
+
+def _name(item: Mapping[str, Any]) -> str:
+    return str((item.get("metadata") or {}).get("name") or "")
+
+
+def _labels(item: Mapping[str, Any]) -> Mapping[str, str]:
+    return (item.get("metadata") or {}).get("labels") or {}
+
+
+class PodCreator:
+    """Creates a restored pod (:class:`~webhook.engine.pauses.PodCreator`)."""
+
+    def __init__(self, api_client: Any) -> None:
+        self._api = api_client
+
+    def create(self, manifest: Mapping[str, Any]) -> str:
+        namespace = str((manifest.get("metadata") or {}).get("namespace") or "default")
+        try:
+            request_json(
+                self._api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=manifest, timeout=10
+            )
+        except Conflict:
+            return "a pod of that name exists"
+        except NotFound:
+            return f"namespace {namespace} is gone"
+        except ClusterError as e:
+            return str(e)
+        return ""
+
+
+__all__ = [
+    "ConfigMapCheckpoints",
+    "KubeletCheckpointer",
+    "PodCreator",
+]
