@@ -15,7 +15,7 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -154,6 +154,7 @@ PLAN_SETTINGS = (
     "lending",
     "lend-memory-limits",
     "victim-order",
+    "checkpoints",
     "service-namespace",
 )
 
@@ -252,7 +253,18 @@ def _live_plan(args: argparse.Namespace, config: Config, key: str, patch: dict[s
         policy=config.policy(),
         reservations=reservations,
         victim_order=config.victim_order,
+        pause=_pause(config, live.abilities),
     )
+
+
+def _pause(config: Config, abilities: Mapping[str, Any]) -> Any:
+    """Which victims the service would checkpoint, from what the node agents published."""
+    from webhook.core.checkpoint import pause_of
+
+    def judge(pod: Any) -> Any:
+        return pause_of(pod, abilities.get(pod.node), enabled=config.checkpoints)
+
+    return judge
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -272,6 +284,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             now=_now(args),
             policy=config.policy(),
             victim_order=config.victim_order,
+            pause=_pause(config, {}),
         )
     return _output(args, plan, plan_to_dict, human_report)
 
@@ -469,6 +482,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         config,
         now=_now(args),
         node=args.node,
+        checkpoints=live.checkpoints,
     )
     return _output(args, status, status_to_dict, status_text)
 

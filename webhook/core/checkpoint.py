@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -122,7 +123,7 @@ def pause_of(pod: Pod, node: NodeCheckpointing | None, *, enabled: bool) -> Paus
 def remaining_grace(grace: int, spent: float) -> int:
     """The grace period left for the eviction after a checkpoint took ``spent`` seconds:
     the checkpoint never makes the victim's removal take longer than its grace period."""
-    return max(0, grace - int(spent + 0.999))
+    return max(0, grace - math.ceil(spent))
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +194,7 @@ class CheckpointRecord:
                 data.get("checkpointedAt", ""),
                 data.get("message", ""),
             )
-        except (TypeError, AttributeError) as e:
+        except (TypeError, AttributeError, ValueError) as e:
             raise ValueError(f"checkpoint record {record_name(uid)}: {e}") from None
 
 

@@ -7,11 +7,12 @@ PodDisruptionBudget, PriorityClass and Namespace are ignored.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from webhook.core.accounting import Reservation
+from webhook.core.checkpoint import Pause
 from webhook.core.errors import LookupFailed, ObjectError
 from webhook.core.model import DisruptionBudget, Namespace, Node, Pod, PriorityClass
 from webhook.core.movable import rooms_elsewhere
@@ -90,9 +91,11 @@ def plan_snapshot_resize(
     policy: PreemptionPolicy | None = None,
     reservations: Iterable[Reservation] = (),
     victim_order: VictimOrder = "upstream",
+    pause: Callable[[Pod], Pause | None] | None = None,
 ) -> Plan:
     """Plan ``patch`` (a resize patch) for pod ``namespace/name`` of ``snapshot``, with
-    the snapshot's other nodes as the room elsewhere for ``movable-first``."""
+    the snapshot's other nodes as the room elsewhere for ``movable-first``; ``pause``
+    judges which victims are checkpointed."""
     raw = snapshot.pod_objects.get(pod_key)
     if raw is None:
         raise LookupFailed(f"no pod {pod_key} in the snapshot")
@@ -122,4 +125,5 @@ def plan_snapshot_resize(
         reservations=reservations,
         policy=policy,
         elsewhere=elsewhere,
+        pause=pause,
     )

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from webhook.core.checkpoint import CheckpointRecord
 from webhook.core.lending import Loan, loan_state
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import Plan
@@ -97,6 +98,8 @@ class ServiceStatus:
     leader: Leader | None
     nodes: tuple[NodeStatus, ...]
     deferred: tuple[Waiting, ...]
+    #: Checkpointed victims still to come back (phases archived, imaged, restoring).
+    checkpoints: tuple[CheckpointRecord, ...] = ()
 
 
 def service_status(
@@ -107,6 +110,7 @@ def service_status(
     *,
     now: float,
     node: str | None = None,
+    checkpoints: Iterable[CheckpointRecord] = (),
 ) -> ServiceStatus:
     """The :class:`ServiceStatus` of ``snapshot`` and the ledger's ``entries`` at ``now``; with
     ``node``, that node's only. Nodes appear when their ledger holds something."""
@@ -143,7 +147,8 @@ def service_status(
         waited = None if pod.resize_pending_since is None else now - pod.resize_pending_since
         live = room_holders(ledger.entries(pod.node), view.pods_on(pod.node), now)
         deferred.append(_waiting(pod, waited, reason, outcome.plan if outcome else None, live))
-    return ServiceStatus(now, leader, tuple(nodes), tuple(deferred))
+    waiting = tuple(r for r in checkpoints if r.phase.waiting and (node is None or r.node == node))
+    return ServiceStatus(now, leader, tuple(nodes), tuple(deferred), waiting)
 
 
 def _waiting(
@@ -241,6 +246,17 @@ def status_to_dict(status: ServiceStatus) -> dict[str, Any]:
             }
             for w in status.deferred
         ],
+        "checkpoints": [
+            {
+                "pod": r.key,
+                "node": r.node,
+                "phase": r.phase.value,
+                "checkpointedAt": r.checkpointed_at,
+                "bytes": r.size,
+                "record": r.name,
+            }
+            for r in status.checkpoints
+        ],
     }
 
 
@@ -304,6 +320,11 @@ def status_text(status: ServiceStatus) -> str:
     ]
     lines += ["", "deferred resizes:"]
     lines += _table(("POD", "NODE", "WAITING", "REASON", "WHY"), deferred)
+    paused = [
+        (r.key, r.node, r.phase.value, r.checkpointed_at or "-", r.name) for r in status.checkpoints
+    ]
+    lines += ["", "checkpoints waiting for room:"]
+    lines += _table(("POD", "NODE", "PHASE", "CHECKPOINTED", "RECORD"), paused)
     return "\n".join(lines)
 
 

@@ -180,48 +180,21 @@ class ConfigMapCheckpoints:
             if self._clock() - self._read_at <= self._max_age:
                 return self._items
             try:
-                listed = request_json(
-                    self._api,
-                    "GET",
-                    f"/api/v1/namespaces/{self.namespace}/configmaps",
-                    query={"labelSelector": MANAGED_BY},
-                    timeout=5,
-                )
+                self._items = list_items(self._api, self.namespace)
             except ClusterError as e:
                 log.warning("could not read checkpoint records: %s", e)
                 return self._items
-            self._items, self._read_at = listed.get("items") or [], self._clock()
+            self._read_at = self._clock()
             return self._items
 
     def capability(self, node: str) -> NodeCheckpointing | None:
-        for item in self._list():
-            if _name(item) == CAPABILITY_PREFIX + node:
-                return NodeCheckpointing.from_data(node, item.get("data") or {})
-        return None
+        return next((a for a in abilities_in(self._list()) if a.node == node), None)
 
     def capabilities(self) -> list[NodeCheckpointing]:
-        found = []
-        for item in self._list():
-            if _name(item).startswith(CAPABILITY_PREFIX):
-                node = _labels(item).get(NODE_LABEL) or _name(item)[len(CAPABILITY_PREFIX) :]
-                found.append(NodeCheckpointing.from_data(node, item.get("data") or {}))
-        return found
+        return abilities_in(self._list())
 
     def records(self) -> Sequence[CheckpointRecord]:
-        found = []
-        for item in self._list():
-            if _labels(item).get(CHECKPOINT_LABEL) != "true":
-                continue
-            uid = _name(item).removeprefix(record_name(""))
-            try:
-                found.append(
-                    CheckpointRecord.from_data(
-                        uid, _labels(item).get(NODE_LABEL, ""), item.get("data") or {}
-                    )
-                )
-            except ValueError as e:
-                log.warning("%s", e)
-        return found
+        return records_in(self._list())
 
     def record(self, uid: str) -> CheckpointRecord | None:
         return next((r for r in self.records() if r.uid == uid), None)
@@ -263,6 +236,39 @@ def record_labels(record: CheckpointRecord) -> dict[str, str]:
         NODE_LABEL: record.node,
         PHASE_LABEL: record.phase.value,
     }
+
+
+def list_items(api: Any, namespace: str) -> list[dict[str, Any]]:
+    """The service's labelled ConfigMaps in ``namespace``; raises ``ClusterError``."""
+    path = f"/api/v1/namespaces/{quote(namespace)}/configmaps"
+    listed = request_json(api, "GET", path, query={"labelSelector": MANAGED_BY}, timeout=5)
+    return [i for i in listed.get("items") or () if isinstance(i, dict)]
+
+
+def abilities_in(items: Sequence[Mapping[str, Any]]) -> list[NodeCheckpointing]:
+    """The node abilities among the ConfigMaps ``items``."""
+    found = []
+    for item in items:
+        if _name(item).startswith(CAPABILITY_PREFIX):
+            node = _labels(item).get(NODE_LABEL) or _name(item)[len(CAPABILITY_PREFIX) :]
+            found.append(NodeCheckpointing.from_data(node, item.get("data") or {}))
+    return found
+
+
+def records_in(items: Sequence[Mapping[str, Any]]) -> list[CheckpointRecord]:
+    """The checkpoint records among the ConfigMaps ``items``; one that does not parse is
+    logged and left out."""
+    found = []
+    for item in items:
+        if _labels(item).get(CHECKPOINT_LABEL) != "true":
+            continue
+        uid = _name(item).removeprefix(record_name(""))
+        node = _labels(item).get(NODE_LABEL, "")
+        try:
+            found.append(CheckpointRecord.from_data(uid, node, item.get("data") or {}))
+        except ValueError as e:
+            log.warning("%s", e)
+    return found
 
 
 def _name(item: Mapping[str, Any]) -> str:

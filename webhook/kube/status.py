@@ -16,17 +16,19 @@ rights are missing.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import quote
 
 from kubernetes.client import ApiClient
 
+from webhook.core.checkpoint import CheckpointRecord, NodeCheckpointing
 from webhook.core.errors import InputError, ObjectError
 from webhook.core.objects import parse_time
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.status import Leader
-from webhook.kube.errors import NotFound
+from webhook.kube.checkpoints import abilities_in, list_items, records_in
+from webhook.kube.errors import Forbidden, NotFound
 from webhook.kube.jsonapi import request_json
 from webhook.kube.leader import LEADER_LEASE, LeaderRecord
 from webhook.kube.ledger import LABEL_SELECTOR, parse_lease
@@ -55,6 +57,10 @@ class LiveState:
     objects: tuple[Mapping[str, Any], ...]
     entries: tuple[LedgerEntry, ...]
     leader: Leader | None
+    #: Checkpoint records, and what each node's agent says its node can do: empty when
+    #: there are none, or when the reader may not list the namespace's ConfigMaps.
+    checkpoints: tuple[CheckpointRecord, ...] = ()
+    abilities: Mapping[str, NodeCheckpointing] = field(default_factory=dict)
 
 
 def _items(api: ApiClient, kind: str, path: str, query: Mapping[str, str]) -> Iterator[Any]:
@@ -107,7 +113,20 @@ def read_live(api: ApiClient, *, namespace: str, node: str | None = None) -> Liv
         leader = None
     else:
         leader = _leader(LeaderRecord.from_spec(spec if isinstance(spec, Mapping) else {}))
-    return LiveState(tuple(objects), tuple(entries), leader)
+    records, abilities = _checkpoints(api, namespace)
+    return LiveState(tuple(objects), tuple(entries), leader, records, abilities)
+
+
+def _checkpoints(
+    api: ApiClient, namespace: str
+) -> tuple[tuple[CheckpointRecord, ...], dict[str, NodeCheckpointing]]:
+    """The checkpoint records and node abilities in ``namespace``; none when the reader
+    may not list its ConfigMaps (the viewer Role grants it)."""
+    try:
+        items = list_items(api, namespace)
+    except Forbidden:
+        return (), {}
+    return tuple(records_in(items)), {a.node: a for a in abilities_in(items)}
 
 
 def _leader(record: LeaderRecord) -> Leader:
