@@ -44,10 +44,34 @@ def _opted(name: str = "low") -> Any:
     ("pod", "node", "enabled", "expected"),
     [
         pytest.param(make_pod("low").on(NODE), ABLE, True, None, id="not-opted-in"),
-        pytest.param(_opted(), ABLE, True, (True, "checkpointed, and restored on node-1 when room returns"), id="checkpointed"),
-        pytest.param(_opted(), ABLE, False, (False, "checkpoints are off in this service: evicted"), id="service-off"),
-        pytest.param(_opted().owned_by("ReplicaSet"), ABLE, True, (False, "its ReplicaSet makes a new pod: evicted"), id="controller-recreates"),
-        pytest.param(_opted(), None, True, (False, "no checkpoint agent reports node node-1: evicted"), id="no-agent"),
+        pytest.param(
+            _opted(),
+            ABLE,
+            True,
+            (True, "checkpointed, and restored on node-1 when room returns"),
+            id="checkpointed",
+        ),
+        pytest.param(
+            _opted(),
+            ABLE,
+            False,
+            (False, "checkpoints are off in this service: evicted"),
+            id="service-off",
+        ),
+        pytest.param(
+            _opted().owned_by("ReplicaSet"),
+            ABLE,
+            True,
+            (False, "its ReplicaSet makes a new pod: evicted"),
+            id="controller-recreates",
+        ),
+        pytest.param(
+            _opted(),
+            None,
+            True,
+            (False, "no checkpoint agent reports node node-1: evicted"),
+            id="no-agent",
+        ),
         pytest.param(_opted(), NO_CRIU, True, (False, "criu not found: evicted"), id="node-cannot"),
         pytest.param(
             make_pod("low").on(NODE).annotate(ON_PREEMPT_ANNOTATION, "pause"),
@@ -57,7 +81,7 @@ def _opted(name: str = "low") -> Any:
             id="unknown-value",
         ),
     ],
-)  # fmt: skip
+)
 def test_who_is_checkpointed(
     pod: Any, node: NodeCheckpointing | None, enabled: bool, expected: tuple[bool, str] | None
 ) -> None:
@@ -167,7 +191,9 @@ def test_the_restored_pod_keeps_its_identity_and_starts_from_its_images() -> Non
     ] == restored["spec"]["containers"]
 
 
-def _now_pod(name: str = "low", uid_: str = "u-2", phase: str = "Running", ours: bool = True) -> Pod:
+def _now_pod(
+    name: str = "low", uid_: str = "u-2", phase: str = "Running", ours: bool = True
+) -> Pod:
     builder = make_pod(name, "team-b").uid(uid_).on(NODE).phase(phase)
     if ours:
         builder = builder.annotate(RESTORED_FROM_ANNOTATION, "rpw-checkpoint-u-1")
@@ -178,20 +204,83 @@ def _now_pod(name: str = "low", uid_: str = "u-2", phase: str = "Running", ours:
     ("phase", "now_pod", "fits", "age", "expected"),
     [
         pytest.param(Phase.ARCHIVED, None, True, 5.0, Wait(), id="archived-waits-for-its-agent"),
-        pytest.param(Phase.ARCHIVED, None, True, IMAGING_PATIENCE + 1, Advance(Phase.ABANDONED, "no image of the checkpoint was made in time"), id="archived-too-long"),
-        pytest.param(Phase.IMAGED, _now_pod(uid_="u-1", ours=False), True, 1.0, Wait(), id="imaged-victim-still-leaving"),
+        pytest.param(
+            Phase.ARCHIVED,
+            None,
+            True,
+            IMAGING_PATIENCE + 1,
+            Advance(Phase.ABANDONED, "no image of the checkpoint was made in time"),
+            id="archived-too-long",
+        ),
+        pytest.param(
+            Phase.IMAGED,
+            _now_pod(uid_="u-1", ours=False),
+            True,
+            1.0,
+            Wait(),
+            id="imaged-victim-still-leaving",
+        ),
         pytest.param(Phase.IMAGED, None, False, 1.0, Wait(), id="imaged-no-room-yet"),
-        pytest.param(Phase.IMAGED, _now_pod(ours=False), True, 1.0, Advance(Phase.ABANDONED, "another pod team-b/low exists"), id="imaged-name-taken"),
-        pytest.param(Phase.IMAGED, _now_pod(phase="Pending"), True, 1.0, Advance(Phase.RESTORING), id="imaged-created-before-a-restart"),
-        pytest.param(Phase.RESTORING, _now_pod(phase="Pending"), True, 1.0, Wait(), id="restoring-not-running-yet"),
-        pytest.param(Phase.RESTORING, _now_pod(), True, 1.0, Advance(Phase.RESTORED, "the restored pod is Running"), id="restoring-runs"),
-        pytest.param(Phase.RESTORING, _now_pod(phase="Failed"), True, 1.0, Advance(Phase.RESTORED, "the restored pod is Failed"), id="restoring-failed-ends-too"),
-        pytest.param(Phase.RESTORING, _now_pod(phase="Pending"), True, 500.0, Advance(Phase.RESTORED, "the restored pod has not started in time"), id="restoring-too-long"),
-        pytest.param(Phase.RESTORING, None, True, 1.0, Advance(Phase.ABANDONED, "the restored pod was deleted"), id="restoring-deleted"),
+        pytest.param(
+            Phase.IMAGED,
+            _now_pod(ours=False),
+            True,
+            1.0,
+            Advance(Phase.ABANDONED, "another pod team-b/low exists"),
+            id="imaged-name-taken",
+        ),
+        pytest.param(
+            Phase.IMAGED,
+            _now_pod(phase="Pending"),
+            True,
+            1.0,
+            Advance(Phase.RESTORING),
+            id="imaged-created-before-a-restart",
+        ),
+        pytest.param(
+            Phase.RESTORING,
+            _now_pod(phase="Pending"),
+            True,
+            1.0,
+            Wait(),
+            id="restoring-not-running-yet",
+        ),
+        pytest.param(
+            Phase.RESTORING,
+            _now_pod(),
+            True,
+            1.0,
+            Advance(Phase.RESTORED, "the restored pod is Running"),
+            id="restoring-runs",
+        ),
+        pytest.param(
+            Phase.RESTORING,
+            _now_pod(phase="Failed"),
+            True,
+            1.0,
+            Advance(Phase.RESTORED, "the restored pod is Failed"),
+            id="restoring-failed-ends-too",
+        ),
+        pytest.param(
+            Phase.RESTORING,
+            _now_pod(phase="Pending"),
+            True,
+            500.0,
+            Advance(Phase.RESTORED, "the restored pod has not started in time"),
+            id="restoring-too-long",
+        ),
+        pytest.param(
+            Phase.RESTORING,
+            None,
+            True,
+            1.0,
+            Advance(Phase.ABANDONED, "the restored pod was deleted"),
+            id="restoring-deleted",
+        ),
         pytest.param(Phase.RESTORED, None, True, 1.0, Wait(), id="restored-is-the-agents"),
         pytest.param(Phase.FAILED, None, True, 1.0, Wait(), id="failed-is-the-agents"),
     ],
-)  # fmt: skip
+)
 def test_one_step_of_a_checkpoint(
     phase: Phase, now_pod: Pod | None, fits: bool, age: float, expected: object
 ) -> None:
@@ -270,10 +359,20 @@ def test_a_plan_says_which_victims_are_checkpointed() -> None:
     ("order", "node", "expected"),
     [
         pytest.param("upstream", ABLE, ("default/other-low",), id="upstream-keeps-its-order"),
-        pytest.param("movable-first", ABLE, ("default/low-priority-pod",), id="movable-first-prefers-checkpointed"),
-        pytest.param("movable-first", NO_CRIU, ("default/other-low",), id="movable-first-not-for-a-refused-opt-in"),
+        pytest.param(
+            "movable-first",
+            ABLE,
+            ("default/low-priority-pod",),
+            id="movable-first-prefers-checkpointed",
+        ),
+        pytest.param(
+            "movable-first",
+            NO_CRIU,
+            ("default/other-low",),
+            id="movable-first-not-for-a-refused-opt-in",
+        ),
     ],
-)  # fmt: skip
+)
 def test_victim_order_prefers_victims_that_will_be_checkpointed(
     order: str, node: NodeCheckpointing, expected: tuple[str, ...]
 ) -> None:
@@ -291,4 +390,3 @@ def test_a_plan_without_opted_in_victims_keeps_its_form() -> None:
 
     assert "checkpoints" not in plan_to_dict(plan)
     assert 1 == len(warnings_for(plan))
-

@@ -1,0 +1,235 @@
+"""The checkpointing evictor and the restorer, on doubles of their ports."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from tests.pause_doubles import FakeCheckpointer, FakeCreator, MemoryCheckpoints, PauseRecorder
+from tests.unit.builders import NODE, make_node, make_pod
+from tests.unit.test_worker import FakeEvictor
+from webhook.core.checkpoint import (
+    ON_PREEMPT_ANNOTATION,
+    RESTORED_FROM_ANNOTATION,
+    CheckpointRecord,
+    NodeCheckpointing,
+    Phase,
+    restored_pod,
+)
+from webhook.core.model import Pod, PodRef
+from webhook.engine.ledger import EvictionResult
+from webhook.engine.memory import FixedClusterView, MemoryLedger
+from webhook.engine.metrics import Metrics
+from webhook.engine.pauses import Checkpointed, Pauses, PausingEvictor, Restorer
+
+ABLE = NodeCheckpointing(NODE, checkpoint=True, restore=True)
+PREEMPTOR = PodRef("default", "high", "uid-high")
+
+
+class GraceEvictor(FakeEvictor):
+    """The cluster's evictor takes what a checkpoint left of the grace period."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.graces: list[int | None] = []
+
+    def evict(  # type: ignore[override]
+        self,
+        victim: PodRef,
+        preemptor: PodRef,
+        node: str,
+        *,
+        seen_live: bool = False,
+        grace_seconds: int | None = None,
+    ) -> EvictionResult:
+        self.graces.append(grace_seconds)
+        return super().evict(victim, preemptor, node, seen_live=seen_live)
+
+
+def _victim(opted: bool = True, **kw: Any) -> Pod:
+    b = make_pod("low").on(NODE).requests(cpu="1", memory="100Mi").started(10).admitted()
+    if opted:
+        b = b.annotate(ON_PREEMPT_ANNOTATION, "checkpoint")
+    return b.build()
+
+
+def _evictor(
+    victim: Pod, store: MemoryCheckpoints, checkpointer: FakeCheckpointer, enabled: bool = True
+) -> tuple[PausingEvictor, GraceEvictor, PauseRecorder, Metrics]:
+    inner, events, metrics = GraceEvictor(), PauseRecorder(), Metrics()
+    view = FixedClusterView([make_node(NODE).build()], [victim])
+    pausing = PausingEvictor(
+        inner, view, Pauses(store, enabled), checkpointer, events, metrics, clock=lambda: 0.0
+    )
+    return pausing, inner, events, metrics
+
+
+def test_an_opted_in_victim_is_checkpointed_recorded_then_evicted_with_the_grace_left() -> None:
+    victim, store, checkpointer = _victim(), MemoryCheckpoints([ABLE]), FakeCheckpointer()
+    pausing, inner, events, metrics = _evictor(victim, store, checkpointer)
+
+    result = pausing.evict(victim.ref, PREEMPTOR, NODE, seen_live=True)
+
+    assert EvictionResult.EVICTED == result
+    assert [("default/low", NODE)] == checkpointer.calls
+    assert [29] == inner.graces  # 30 s less the 0.3 s checkpoint, in whole seconds
+    (record,) = store.writes
+    assert (Phase.ARCHIVED, {"main": "/checkpoints/low.tar"}) == (record.phase, record.archives)
+    assert ["Checkpointed"] == [e[0] for e in events.told]
+    assert 1.0 == metrics.checkpoints.labels("checkpointed")._value.get()
+
+
+@pytest.mark.parametrize(
+    ("victim", "store", "answer", "enabled", "expected_calls", "expected_event"),
+    [
+        pytest.param(
+            _victim(opted=False), MemoryCheckpoints([ABLE]), None, True, 0, None, id="not-opted-in"
+        ),
+        pytest.param(
+            _victim(),
+            MemoryCheckpoints([ABLE]),
+            None,
+            False,
+            0,
+            "checkpoints are off in this service: evicted",
+            id="service-off",
+        ),
+        pytest.param(
+            _victim(),
+            MemoryCheckpoints(),
+            None,
+            True,
+            0,
+            "no checkpoint agent reports node node-1: evicted",
+            id="no-agent",
+        ),
+        pytest.param(
+            _victim(),
+            MemoryCheckpoints([ABLE]),
+            Checkpointed({}, {}, 30, 0.1, "criu not found"),
+            True,
+            1,
+            "criu not found",
+            id="kubelet-refused",
+        ),
+    ],
+)
+def test_a_victim_not_checkpointed_is_evicted_as_any_other(
+    victim: Pod,
+    store: MemoryCheckpoints,
+    answer: Checkpointed | None,
+    enabled: bool,
+    expected_calls: int,
+    expected_event: str | None,
+) -> None:
+    checkpointer = FakeCheckpointer(answer)
+    pausing, inner, events, _ = _evictor(victim, store, checkpointer, enabled)
+
+    assert EvictionResult.EVICTED == pausing.evict(victim.ref, PREEMPTOR, NODE)
+    assert expected_calls == len(checkpointer.calls)
+    assert [None] == inner.graces
+    assert [] == store.writes
+    expected = (
+        [] if expected_event is None else [("CheckpointFailed", "default/low", expected_event)]
+    )
+    assert expected == events.told
+
+
+def test_a_record_not_written_evicts_without_a_checkpoint() -> None:
+    victim, store = _victim(), MemoryCheckpoints([ABLE])
+    store.refuse_writes = True
+    pausing, inner, events, _ = _evictor(victim, store, FakeCheckpointer())
+
+    assert EvictionResult.EVICTED == pausing.evict(victim.ref, PREEMPTOR, NODE)
+    assert [None] == inner.graces
+    assert [("CheckpointFailed", "default/low", "its checkpoint record was not written")] == (
+        events.told
+    )
+
+
+def test_a_victim_checkpointed_before_a_restart_is_not_checkpointed_again() -> None:
+    victim = _victim()
+    done = CheckpointRecord(victim.uid, NODE, Phase.ARCHIVED, {}, {"main": "/a.tar"})
+    store, checkpointer = MemoryCheckpoints([ABLE], [done]), FakeCheckpointer()
+    pausing, inner, _, _ = _evictor(victim, store, checkpointer)
+
+    assert EvictionResult.EVICTED == pausing.evict(victim.ref, PREEMPTOR, NODE)
+    assert [] == checkpointer.calls
+    assert [None] == inner.graces
+
+
+# -- the restorer ------------------------------------------------------------------------------
+
+
+def _imaged(victim: Pod) -> CheckpointRecord:
+    pod = {
+        "metadata": {"namespace": victim.namespace, "name": victim.name, "uid": victim.uid},
+        "spec": {
+            "nodeName": NODE,
+            "containers": [
+                {"name": "main", "image": "busybox", "resources": {"requests": {"cpu": "1"}}}
+            ],
+        },
+    }
+    return CheckpointRecord(
+        victim.uid,
+        NODE,
+        Phase.IMAGED,
+        pod,
+        {"main": "/a.tar"},
+        {"main": "localhost/resize-preemption-checkpoint/default/low/main:uid"},
+        {"main": ["sh"]},
+        {"main": 4096},
+    )
+
+
+def _restorer(pods: list[Pod], cpu: str, record: CheckpointRecord) -> tuple[Restorer, Any]:
+    view = FixedClusterView([make_node(NODE).allocatable(cpu=cpu, memory="8Gi").build()], pods)
+    store, creator = MemoryCheckpoints([ABLE], [record]), FakeCreator()
+    restorer = Restorer(view, MemoryLedger(), store, creator, PauseRecorder(), Metrics())
+    return restorer, (store, creator)
+
+
+@pytest.mark.parametrize(
+    ("cpu", "expected_created"),
+    [
+        pytest.param("2", 1, id="room-returned"),
+        pytest.param("1500m", 0, id="no-room-yet"),
+    ],
+)
+def test_an_imaged_checkpoint_comes_back_once_its_requests_fit(
+    cpu: str, expected_created: int
+) -> None:
+    victim = _victim()
+    record = _imaged(victim)
+    # The node holds one 1-CPU pod besides: 2 CPU leave room for the restored one.
+    other = make_pod("other").on(NODE).requests(cpu="1").started(5).admitted().build()
+    restorer, (store, creator) = _restorer([other], cpu, record)
+
+    restorer.run()
+
+    assert expected_created == len(creator.created)
+    if expected_created:
+        assert [restored_pod(record)] == creator.created
+        assert Phase.RESTORING == store.stored[victim.uid].phase
+
+
+def test_a_restored_pod_that_runs_ends_its_record() -> None:
+    victim = _victim()
+    record = replace(_imaged(victim), phase=Phase.RESTORING)
+    running = (
+        make_pod("low")
+        .uid("uid-new")
+        .on(NODE)
+        .annotate(RESTORED_FROM_ANNOTATION, record.name)
+        .phase("Running")
+        .build()
+    )
+    restorer, (store, _) = _restorer([running], "4", record)
+
+    restorer.run()
+
+    assert Phase.RESTORED == store.stored[victim.uid].phase
+    assert [("Restored", "default/low")] == [e[:2] for e in restorer.events.told]  # type: ignore[union-attr]
