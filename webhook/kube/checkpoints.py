@@ -216,7 +216,7 @@ class ConfigMapCheckpoints:
                     self._api,
                     "PATCH",
                     f"{path}/{record.name}",
-                    body={"metadata": {"labels": labels}, "data": data},
+                    body={"metadata": {"labels": labels}, "data": {**_CLEARED, **data}},
                     content_type="application/merge-patch+json",
                     timeout=10,
                 )
@@ -227,6 +227,11 @@ class ConfigMapCheckpoints:
             with self._lock:
                 self._read_at = float("-inf")
         return True
+
+
+#: The record's optional keys, removed by a write that does not carry them (JSON merge
+#: patch: null deletes), so that a record reads back exactly as it was written.
+_CLEARED: Final[dict[str, None]] = dict.fromkeys(("images", "commands", "sizes", "message"))
 
 
 def record_labels(record: CheckpointRecord) -> dict[str, str]:

@@ -1,0 +1,162 @@
+"""The checkpoint store's contract, one suite for both stores.
+
+Every test runs on :class:`tests.pause_doubles.MemoryCheckpoints` ("memory") and on
+:class:`webhook.kube.checkpoints.ConfigMapCheckpoints` against the real API server
+("configmaps", a fresh namespace each). Both:
+
+* read back a record exactly as it was written, through ``record`` and ``records``, and
+  again after a write that moves it to another phase and drops what it no longer holds;
+* know no record and no node they were not told of;
+* read a node's abilities as its agent published them (the ConfigMap ``rpw-node-<node>``
+  of docs/checkpoint.md; the double's ``publish``), and tell records from abilities.
+
+``-k memory`` runs the in-memory half without a control plane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+
+from tests.pause_doubles import MemoryCheckpoints
+from webhook.core.checkpoint import CheckpointRecord, NodeCheckpointing, Phase
+from webhook.engine.pauses import CheckpointStore
+
+NODE = "node-1"
+
+
+@dataclass
+class Store:
+    store: CheckpointStore
+    publish: Callable[[NodeCheckpointing], None]
+
+
+def _configmaps(cluster: Any, namespace: str) -> Iterator[Store]:
+    from webhook.kube.checkpoints import ConfigMapCheckpoints
+    from webhook.kube.client import make_api_client
+    from webhook.kube.jsonapi import request_json
+
+    api = make_api_client(str(cluster.kubeconfig))
+
+    def publish(ability: NodeCheckpointing) -> None:
+        # What a node agent writes (docs/checkpoint.md, "Node abilities").
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": f"rpw-node-{ability.node}",
+                "labels": {
+                    "app.kubernetes.io/managed-by": "resize-preemption-webhook",
+                    "resize-preemption.io/node-capability": "true",
+                    "resize-preemption.io/node": ability.node,
+                },
+            },
+            "data": {
+                "checkpoint": str(ability.checkpoint).lower(),
+                "restore": str(ability.restore).lower(),
+                "criu": ability.criu,
+                "runtime": ability.runtime,
+                "message": ability.message,
+                "updatedAt": "2026-12-06T07:00:00Z",
+            },
+        }
+        request_json(api, "POST", f"/api/v1/namespaces/{namespace}/configmaps", body=body)
+
+    # max_age 0: each read is a list, as a reader a second later sees it.
+    yield Store(ConfigMapCheckpoints(api, namespace, max_age=0.0), publish)
+    api.close()  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture(
+    params=[pytest.param("memory"), pytest.param("configmaps", marks=pytest.mark.e2e)],
+)
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    if request.param == "memory":
+        memory = MemoryCheckpoints()
+        yield Store(memory, memory.publish)
+        return
+    yield from _configmaps(request.getfixturevalue("cluster"), request.getfixturevalue("namespace"))
+
+
+def _record(uid: str = "u-1", **kw: Any) -> CheckpointRecord:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "low", "namespace": "team-b", "uid": uid, "labels": {"a": "b"}},
+        "spec": {"nodeName": NODE, "containers": [{"name": "count", "image": "busybox"}]},
+    }
+    defaults: dict[str, Any] = {
+        "uid": uid,
+        "node": NODE,
+        "phase": Phase.ARCHIVED,
+        "pod": pod,
+        "archives": {"count": "/var/lib/kubelet/checkpoints/checkpoint-low.tar"},
+        "checkpointed_at": "2026-12-06T07:01:00Z",
+    }
+    return CheckpointRecord(**{**defaults, **kw})
+
+
+IMAGED = {
+    "phase": Phase.IMAGED,
+    "images": {"count": "localhost/resize-preemption-checkpoint/team-b/low/count:u-1"},
+    "commands": {"count": ["sh", "-c", "while true; do sleep 1; done"]},
+    "sizes": {"count": 270336},
+}
+
+
+def test_a_record_reads_back_as_written(store: Store) -> None:
+    record = _record()
+
+    assert store.store.write(record)
+
+    assert record == store.store.record("u-1")
+    assert [record] == list(store.store.records())
+
+
+@pytest.mark.parametrize(
+    "later",
+    [
+        pytest.param({**IMAGED}, id="archived-to-imaged"),
+        pytest.param({"phase": Phase.ABANDONED, "message": "another pod exists"}, id="abandoned"),
+    ],
+)
+def test_a_record_written_again_reads_as_the_last_write(
+    store: Store, later: dict[str, Any]
+) -> None:
+    first = _record(**IMAGED, message="a note of the first write")
+    assert store.store.write(first)
+
+    assert store.store.write(replace(_record(), **later))
+
+    assert replace(_record(), **later) == store.store.record("u-1")
+
+
+def test_unknown_records_and_nodes_read_as_none(store: Store) -> None:
+    assert store.store.write(_record("u-1"))
+
+    assert None is store.store.record("u-2")
+    assert None is store.store.capability("node-9")
+
+
+@pytest.mark.parametrize(
+    "ability",
+    [
+        pytest.param(NodeCheckpointing(NODE, True, True, "4.1.1", "containerd v2.3.7"), id="able"),
+        pytest.param(
+            NodeCheckpointing(NODE, False, True, "", "containerd v2.3.7", "criu not found"),
+            id="no-criu",
+        ),
+    ],
+)
+def test_a_nodes_abilities_read_as_its_agent_published_them(
+    store: Store, ability: NodeCheckpointing
+) -> None:
+    assert store.store.write(_record())
+
+    store.publish(ability)
+
+    assert ability == store.store.capability(NODE)
+    assert ["u-1"] == [r.uid for r in store.store.records()]  # an ability is no record
