@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.doubles import InMemoryLedger, StaticClusterView
+from harness.doubles import FakeEvictor, InMemoryLedger, StaticClusterView
 from tests.unit.builders import NODE, NOW, OTHER_NODE, PodBuilder, make_pod
-from tests.unit.test_worker import CONFIG, Clock, Cluster, FakeEvictor, add
+from tests.unit.test_worker import CONFIG, Clock, Cluster, add
 from tests.unit.test_worker_logic import HIGH_RESIZED, LOW, MID, entry
 from webhook.core.model import PodRef
 from webhook.engine.follow import Follow
@@ -348,6 +348,7 @@ def test_the_worker_tells_follow_of_each_eviction_it_made(
     evictor.results["low"] = result
     add(ledger, entry("low"))
     cluster = Cluster(HIGH_RESIZED, LOW, MID)
+    evictor.view = cluster  # type: ignore[assignment]
     follow = Follow(cluster, metrics, Events(), clock)  # type: ignore[arg-type]
     worker = PreemptionWorker(
         cluster,  # type: ignore[arg-type]
