@@ -347,10 +347,10 @@ class ApiWorld:
 WORLDS = [pytest.param("fixed", id="fixed"), pytest.param("cache", marks=pytest.mark.e2e)]
 
 
-def make_world(request: pytest.FixtureRequest) -> Iterator[World]:
-    """The world of ``request.param``: in memory on a made-up namespace, or the real API
-    server on the test's fresh one."""
-    if request.param == "fixed":
+def make_world(request: pytest.FixtureRequest, kind: str = "") -> Iterator[World]:
+    """The world of ``kind`` (default ``request.param``): in memory on a made-up
+    namespace ("fixed"), or the real API server on the test's fresh one ("cache")."""
+    if (kind or request.param) == "fixed":
         subject: World = MemoryWorld(f"contract-{secrets.token_hex(3)}")
     else:
         subject = ApiWorld(request.getfixturevalue("cluster"), request.getfixturevalue("namespace"))
