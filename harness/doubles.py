@@ -294,16 +294,43 @@ class LoggingEvictor(FakeEvictor):
 
 
 class FakeEvents:
-    """A :class:`~webhook.engine.ledger.PreemptionEvents` that records each abandoned
-    plan as (preemptor, victims, node) in ``events``; never raises."""
+    """A :class:`~webhook.engine.ledger.PreemptionEvents` and
+    :class:`~webhook.engine.follow.MoveEvents`: records what it is told about the
+    resizing pod, abandoned plans as (preemptor, victims, node) in ``events``, where a
+    victim's work went as ``("Moved", victim, replacement, node)`` or ``("NotMoved",
+    victim, why)`` (keys) in ``told``. With a ``view``, an event in a namespace the view
+    does not know is not recorded (``False``), as the API server refuses it. Never
+    raises; ``reachable=False`` is a recorder whose API server cannot be reached."""
 
-    def __init__(self) -> None:
+    def __init__(self, view: ClusterView | None = None, *, reachable: bool = True) -> None:
+        self.view = view
+        self.reachable = reachable
         self.events: list[tuple[str, tuple[str, ...], str]] = []
+        self.told: list[tuple[str, ...]] = []
+
+    def _records(self, regarding: PodRef) -> bool:
+        if not self.reachable:
+            return False
+        return self.view is None or self.view.namespace_labels(regarding.namespace) is not None
 
     def abandoned(
         self, preemptor: PodRef, victims: Sequence[PodRef], node: str, detail: str
     ) -> bool:
+        if not self._records(preemptor):
+            return False
         self.events.append((preemptor.name, tuple(v.name for v in victims), node))
+        return True
+
+    def moved(self, preemptor: PodRef, victim: PodRef, replacement: PodRef, node: str) -> bool:
+        if not self._records(preemptor):
+            return False
+        self.told.append(("Moved", victim.key, replacement.key, node))
+        return True
+
+    def lost(self, preemptor: PodRef, victim: PodRef, why: str) -> bool:
+        if not self._records(preemptor):
+            return False
+        self.told.append(("NotMoved", victim.key, why))
         return True
 
 

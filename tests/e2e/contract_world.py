@@ -20,6 +20,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
@@ -367,3 +368,14 @@ def names(pods: Sequence[Pod], namespace: str) -> list[str]:
 
 def loans_annotation(text: str) -> dict[str, str]:
     return {LOANS_ANNOTATION: text}
+
+
+def unreachable_kubeconfig(cluster: Any, tmp: Path) -> str:
+    """A copy of ``cluster``'s kubeconfig whose server nothing listens on."""
+    text = cluster.kubeconfig.read_text()
+    server = next(
+        line.split("server:")[1].strip() for line in text.splitlines() if "server:" in line
+    )
+    bad = tmp / "unreachable.kubeconfig"
+    bad.write_text(text.replace(server, "https://127.0.0.1:1"))
+    return str(bad)

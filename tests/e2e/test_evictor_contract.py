@@ -33,7 +33,15 @@ import pytest
 
 from harness.doubles import FakeEvictor, LoggingEvictor
 from harness.fault_hooks import Fault, FaultEvictor
-from tests.e2e.contract_world import MemoryWorld, World, ghost, make_world, pdb_doc, pod_doc
+from tests.e2e.contract_world import (
+    MemoryWorld,
+    World,
+    ghost,
+    make_world,
+    pdb_doc,
+    pod_doc,
+    unreachable_kubeconfig,
+)
 from webhook.core.model import PodRef
 from webhook.engine.ledger import EvictionResult, VictimEvictor
 
@@ -83,13 +91,7 @@ def _real(world: World, wrap: str, cluster: Any, tmp: Path) -> Subject:
         return stored is None or meta["uid"] != ref.uid or "deletionTimestamp" in meta
 
     def unreachable() -> VictimEvictor:
-        text = cluster.kubeconfig.read_text()
-        bad = tmp / "unreachable.kubeconfig"
-        server = next(
-            line.split("server:")[1].strip() for line in text.splitlines() if "server:" in line
-        )
-        bad.write_text(text.replace(server, "https://127.0.0.1:1"))
-        return evictor(str(bad))
+        return evictor(unreachable_kubeconfig(cluster, tmp))
 
     subject = Subject(world, evictor(str(cluster.kubeconfig)), leaving, unreachable)
     subject.clients = clients  # type: ignore[attr-defined]
