@@ -160,7 +160,7 @@ NAMESPACED = ("Pod", "PodDisruptionBudget")
 
 
 class World(Protocol):
-    #: "fixed" or "cache": the view's kind.
+    #: The view's kind: "fixed", "StaticClusterView" or "cache".
     kind: str
     namespace: str
 
@@ -199,9 +199,10 @@ class MemoryWorld:
     one counter, the name label on a namespace, a deletion timestamp on a pod deleted
     with a grace period on a node no kubelet serves."""
 
-    kind = "fixed"
-
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, view: type[FixedClusterView] = FixedClusterView) -> None:
+        #: The double's class: FixedClusterView or its subclass the unit tests turn.
+        self.kind = "fixed" if view is FixedClusterView else view.__name__
+        self._view = view
         self.namespace = namespace
         self._objects: dict[tuple[str, str, str], Obj] = {}
         self._versions = itertools.count(1)
@@ -212,7 +213,7 @@ class MemoryWorld:
         doc["metadata"]["resourceVersion"] = str(next(self._versions))
 
     def _rebuild(self) -> None:
-        self.fixed = FixedClusterView.from_snapshot(load_snapshot(self._objects.values()))
+        self.fixed = self._view.from_snapshot(load_snapshot(self._objects.values()))
 
     def create(self, doc: Obj, namespace: str = "") -> Obj:
         stored = copy.deepcopy(doc)
@@ -345,14 +346,24 @@ class ApiWorld:
                     raise
 
 
-WORLDS = [pytest.param("fixed", id="fixed"), pytest.param("cache", marks=pytest.mark.e2e)]
+WORLDS = [
+    pytest.param("fixed", id="fixed"),
+    pytest.param("static", id="fixed-static"),
+    pytest.param("cache", id="cache", marks=pytest.mark.e2e),
+]
 
 
 def make_world(request: pytest.FixtureRequest, kind: str = "") -> Iterator[World]:
     """The world of ``kind`` (default ``request.param``): in memory on a made-up
-    namespace ("fixed"), or the real API server on the test's fresh one ("cache")."""
-    if (kind or request.param) == "fixed":
-        subject: World = MemoryWorld(f"contract-{secrets.token_hex(3)}")
+    namespace, seen through a :class:`FixedClusterView` ("fixed") or the unit tests'
+    :class:`~harness.doubles.StaticClusterView` ("static"), or the real API server on
+    the test's fresh namespace ("cache")."""
+    kind = kind or request.param
+    if kind in ("fixed", "static"):
+        from harness.doubles import StaticClusterView
+
+        view = FixedClusterView if kind == "fixed" else StaticClusterView
+        subject: World = MemoryWorld(f"contract-{secrets.token_hex(3)}", view)
     else:
         subject = ApiWorld(request.getfixturevalue("cluster"), request.getfixturevalue("namespace"))
     try:

@@ -1,10 +1,12 @@
-"""The cluster view port's contract, one suite for the double and the cache.
+"""The cluster view port's contract, one suite for the doubles and the cache.
 
-Every test here runs twice, through the ``world`` fixture: on
+Every test here runs three times, through the ``world`` fixture: on
 :class:`webhook.engine.memory.FixedClusterView` over objects kept in memory ("fixed"),
-and on :class:`webhook.kube.cache.ClusterCache` fed by watches of the real API server
-("cache"). Together they prove that both views (:class:`~webhook.engine.ledger.ClusterView`
-and the reconciler's :class:`~webhook.engine.reconciler.DeferredView`):
+on the unit tests' :class:`harness.doubles.StaticClusterView` over them
+("fixed-static"), and on :class:`webhook.kube.cache.ClusterCache` fed by watches of the
+real API server ("cache"). Together they prove that the views
+(:class:`~webhook.engine.ledger.ClusterView` and the reconciler's
+:class:`~webhook.engine.reconciler.DeferredView`):
 
 * hold in ``pods_on(node)`` every pod bound to that node, terminal ones included, and
   no pod bound to another node or to none;
@@ -19,7 +21,7 @@ and the reconciler's :class:`~webhook.engine.reconciler.DeferredView`):
 * list in ``pending_resizes()`` the pods whose resize is Deferred or Infeasible;
 * are ``synced``, not stale, and fresh once they hold what was written.
 
-``-k fixed`` runs the double's half without a control plane.
+``-k fixed`` runs the doubles' part without a control plane.
 """
 
 from __future__ import annotations
