@@ -83,20 +83,29 @@ class StaticClusterView(FixedClusterView):
 
 
 class InMemoryLedger(MemoryLedger):
-    """A :class:`MemoryLedger` that counts its writes (``writes``)."""
+    """A :class:`MemoryLedger` that counts its writes (``writes``): a change that
+    returned entries and was stored (one the store refused, :class:`LedgerFull`, counts
+    for nothing, as it changes no Lease)."""
 
     def __init__(self, entries: Iterable[LedgerEntry] = ()) -> None:
         super().__init__(entries)
         self.writes = 0
+        self._count_lock = threading.Lock()
 
     def update(self, node: str, change: LedgerChange[R]) -> R:
+        wrote = False
+
         def counted(entries: tuple[LedgerEntry, ...]) -> tuple[tuple[LedgerEntry, ...] | None, R]:
+            nonlocal wrote
             new, result = change(entries)
-            if new is not None:
-                self.writes += 1
+            wrote = new is not None
             return new, result
 
-        return super().update(node, counted)
+        result = super().update(node, counted)
+        if wrote:
+            with self._count_lock:
+                self.writes += 1
+        return result
 
 
 class FakeEvictor:
