@@ -114,12 +114,13 @@ class FakeEvictor:
     view does not hold under its uid, ``skipped-terminating`` for one leaving (or evicted
     by this double) when the caller has not just seen it live, ``blocked-by-pdb`` for a
     running victim a budget of its namespace selects with no disruption allowed,
-    ``evicted`` otherwise (it is leaving from then on). Never raises.
+    ``evicted`` otherwise (it is leaving from then on). Never raises of itself.
 
     Records every call (``calls``, ``seen_live``); ``results`` (victim name -> result)
     answers in its place, for what the view cannot show (a throttled API server, a
     budget a test does not build); ``on_evict`` runs before answering (to change the
-    world mid-pass). ``view`` may be bound after construction (``make_worker`` does)."""
+    world mid-pass, or raise to crash it). ``view`` may be bound after construction
+    (``make_worker`` does); without one there is no world to reach (``failed``)."""
 
     def __init__(self, view: ClusterView | None = None) -> None:
         self.view = view
@@ -169,6 +170,10 @@ class FakeEvictor:
         )
 
 
+class _Unreachable(Exception):
+    """A write of a :class:`FakeResizer` whose API server cannot be reached."""
+
+
 class FakeResizer:
     """A :class:`~webhook.engine.loans.LenderResizer` over ``view``: judges each lender
     as the view holds it (or as this double last wrote it, while the view still holds
@@ -179,10 +184,19 @@ class FakeResizer:
     Logs every call in order in ``log`` (shared with a :class:`LoggingEvictor`, to see
     loans and evictions interleave), loans made in ``calls``; ``results`` (lender name ->
     result) answers ``lend`` and ``give_back`` in its place. ``view`` may be bound after
-    construction (``make_worker`` does)."""
+    construction (``make_worker`` does); without one there is no lender to act on
+    (``void``). ``reachable=False``: every write fails (``failed``), as the real
+    resizer's when its API server cannot be reached."""
 
-    def __init__(self, view: ClusterView | None = None, log: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        view: ClusterView | None = None,
+        log: list[str] | None = None,
+        *,
+        reachable: bool = True,
+    ) -> None:
         self.view = view
+        self.reachable = reachable
         self.log: list[str] = [] if log is None else log
         self.calls: list[tuple[str, str, str]] = []
         self.results: dict[str, LoanResult] = {}
@@ -196,18 +210,23 @@ class FakeResizer:
         scripted = self.results.get(loan.pod.name)
         if scripted is not None:
             return scripted
+        try:
+            return self._lend(loan, borrower)
+        except _Unreachable:
+            return LoanResult.FAILED
+
+    def _lend(self, loan: Loan, borrower: PodRef) -> LoanResult:
         with self._lock:
-            pod = self.lender(loan.pod)
+            base, pod = self._read(loan.pod)
             step = lender_step(loan, pod, back=False)
-            if pod is None or step == "void":
+            if base is None or pod is None or step == "void":
                 return LoanResult.VOID
             if all(loan_key(r.loan) != loan_key(loan) for r in records(pod)):
-                pod = self._write(
-                    pod, with_records(pod, (*records(pod), LoanRecord(loan, borrower, time.time())))
-                )
+                made = LoanRecord(loan, borrower, time.time())
+                pod = self._write(base, with_records(pod, (*records(pod), made)))
             if step == "done":
                 return LoanResult.DONE
-            self._write(pod, with_request(pod, loan, loan.after))
+            self._write(base, with_request(pod, loan, loan.after))
         return LoanResult.LENT
 
     def give_back(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
@@ -221,44 +240,60 @@ class FakeResizer:
 
     def forget(self, lender: PodRef, ended: Sequence[LoanRecord]) -> LoanResult:
         self.log.append(f"forget {lender.name}")
+        try:
+            return self._forget(lender, ended)
+        except _Unreachable:
+            return LoanResult.FAILED
+
+    def _forget(self, lender: PodRef, ended: Sequence[LoanRecord]) -> LoanResult:
         with self._lock:
-            pod = self.lender(lender)
-            if pod is None or pod.uid != lender.uid:
+            base, pod = self._read(lender)
+            if base is None or pod is None or pod.uid != lender.uid:
                 return LoanResult.VOID
             gone = {loan_key(r.loan) for r in ended}
             kept = tuple(r for r in records(pod) if loan_key(r.loan) not in gone)
             if len(kept) == len(records(pod)):
                 return LoanResult.DONE
-            self._write(pod, with_records(pod, kept))
+            self._write(base, with_records(pod, kept))
         return LoanResult.LENT
 
     def lender(self, ref: PodRef) -> Pod | None:
         """The lender as this double reads it: its own copy while the view still holds
         the one it wrote over, else the view's."""
+        return self._read(ref)[1]
+
+    def _read(self, ref: PodRef) -> tuple[Pod | None, Pod | None]:
+        """(the view's copy, the lender as read)."""
         if self.view is None:
-            return None
+            return None, None
         cached = self.view.pod(ref.namespace, ref.name)
         written = self.written.get(f"{ref.namespace}/{ref.name}")
         if written is not None and cached is written[0]:
-            return written[1]
-        return cached
+            return cached, written[1]
+        return cached, cached
 
     def _back(self, loan: Loan) -> LoanResult:
+        try:
+            return self._raise_back(loan)
+        except _Unreachable:
+            return LoanResult.FAILED
+
+    def _raise_back(self, loan: Loan) -> LoanResult:
         with self._lock:
-            pod = self.lender(loan.pod)
+            base, pod = self._read(loan.pod)
             step = lender_step(loan, pod, back=True)
-            if pod is None or step == "void":
+            if base is None or pod is None or step == "void":
                 return LoanResult.VOID
             if step == "done":
                 return LoanResult.DONE
-            self._write(pod, with_request(pod, loan, loan.before))
+            self._write(base, with_request(pod, loan, loan.before))
         return LoanResult.LENT
 
-    def _write(self, old: Pod, new: Pod) -> Pod:
-        assert self.view is not None
-        base = self.view.pod(old.namespace, old.name)
-        assert base is not None
-        self.written[old.key] = (base, new)
+    def _write(self, base: Pod, new: Pod) -> Pod:
+        """``new`` written over the view's copy ``base``."""
+        if not self.reachable:
+            raise _Unreachable
+        self.written[base.key] = (base, new)
         return new
 
 

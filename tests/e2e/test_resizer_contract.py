@@ -15,7 +15,9 @@ lowers them to 1 (limit too). Together they prove that a resizer
 * ``give_back`` and ``put_back``: raise a lender at ``after`` back to ``before``
   (``lent``); at ``before`` already ``done``; at another amount, or gone, ``void``;
 * ``forget``: removes the ended records and keeps the others (``lent``), ``done`` when
-  none of them is there, ``void`` when the lender is gone or replaced.
+  none of them is there, ``void`` when the lender is gone or replaced;
+* never raises: a write its API server cannot take is ``failed``, the lender left as it
+  was.
 
 The real resizer judges the cache's copy and patches on its resourceVersion: a call
 before the cache shows the previous write fails and is judged again (the worker's next
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,6 +45,7 @@ from tests.e2e.contract_world import (
     make_world,
     node_doc,
     pod_doc,
+    unreachable_kubeconfig,
 )
 from webhook.core.lending import Loan, LoanRecord, loan_key, records, records_text
 from webhook.core.model import Pod, PodRef
@@ -60,18 +64,30 @@ class Subject:
     lender: Callable[[PodRef], Pod | None]
     #: Waits until the view the resizer reads shows the lender as it is now.
     settle: Callable[[PodRef], None]
+    #: The same resizer kind, reading the same view, writing to an API server it cannot
+    #: reach.
+    unreachable: Callable[[], LenderResizer]
 
 
 def _fake(world: World) -> Subject:
     resizer = FakeResizer(world.view())
-    return Subject(world, resizer, resizer.lender, lambda _: None)
+    return Subject(
+        world,
+        resizer,
+        resizer.lender,
+        lambda _: None,
+        lambda: FakeResizer(world.view(), reachable=False),
+    )
 
 
-def _real(world: World, api_client: Any) -> Subject:
+def _real(world: World, api_clients: Callable[[str], Any], cluster: Any, tmp: Path) -> Subject:
     from webhook.engine.metrics import Metrics
     from webhook.kube.resizer import Resizer
 
-    resizer = Resizer(api_client, None, Metrics(), lenders=world.view().pod)
+    def resizer(kubeconfig: str) -> LenderResizer:
+        return Resizer(
+            api_clients(kubeconfig), None, Metrics(), lenders=world.view().pod, request_timeout=3
+        )
 
     def lender(ref: PodRef) -> Pod | None:
         stored = world.stored_pod(ref.name, ref.namespace)
@@ -86,7 +102,13 @@ def _real(world: World, api_client: Any) -> Subject:
             f"the cache to see {ref.name} as stored",
         )
 
-    return Subject(world, resizer, lender, settle)
+    return Subject(
+        world,
+        resizer(str(cluster.kubeconfig)),
+        lender,
+        settle,
+        lambda: resizer(unreachable_kubeconfig(cluster, tmp)),
+    )
 
 
 @pytest.fixture(
@@ -99,12 +121,23 @@ def subject(request: pytest.FixtureRequest) -> Iterator[Subject]:
     for world in make_world(request):
         if isinstance(world, MemoryWorld):
             yield _fake(world)
-            continue
-        from webhook.kube.client import make_api_client
+        else:
+            yield from _real_subject(world, request)
 
-        api_client = make_api_client(str(request.getfixturevalue("cluster").kubeconfig))
-        yield _real(world, api_client)
-        api_client.close()
+
+def _real_subject(world: World, request: pytest.FixtureRequest) -> Iterator[Subject]:
+    from webhook.kube.client import make_api_client
+
+    clients: list[Any] = []
+
+    def api_client(kubeconfig: str) -> Any:
+        clients.append(make_api_client(kubeconfig))
+        return clients[-1]
+
+    cluster, tmp = request.getfixturevalue("cluster"), request.getfixturevalue("tmp_path")
+    yield _real(world, api_client, cluster, tmp)
+    for client in clients:
+        client.close()
 
 
 def lender_pod(subject: Subject, cpu: str = "2", *, annotations: Any = None) -> PodRef:
@@ -332,3 +365,34 @@ def test_forget_on_a_lender_gone_or_replaced_is_void(
     change(subject, ref)
 
     assert LoanResult.VOID == subject.resizer.forget(ref, [first])
+
+
+# -- never raises ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("at", "call"),
+    [
+        pytest.param("2", lambda r, made: r.lend(made, BORROWER, NODE), id="lend"),
+        pytest.param("1", lambda r, made: r.give_back(made, BORROWER, NODE), id="give-back"),
+        pytest.param(
+            "1", lambda r, made: r.put_back(made, BORROWER, NODE, "refused"), id="put-back"
+        ),
+    ],
+)
+def test_an_api_server_out_of_reach_is_failed_not_raised(
+    subject: Subject, at: str, call: Callable[[LenderResizer, Loan], LoanResult]
+) -> None:
+    ref = lender_pod(subject, cpu=at)
+    before = cpu(subject.lender(ref))
+
+    assert LoanResult.FAILED == call(subject.unreachable(), loan(ref))
+    assert before == cpu(subject.lender(ref))
+    assert [] == recorded(subject.lender(ref))
+
+
+def test_forget_with_an_api_server_out_of_reach_is_failed_not_raised(subject: Subject) -> None:
+    ref, first, _ = two_records(subject)
+
+    assert LoanResult.FAILED == subject.unreachable().forget(ref, [first])
+    assert 2 == len(recorded(subject.lender(ref)))
