@@ -106,7 +106,11 @@ def node_doc(name: str, cpu: str = "8", memory: str = "16Gi") -> Obj:
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": {"contract": "yes"}},
-        "status": {"capacity": capacity, "allocatable": capacity},
+        "status": {
+            "capacity": capacity,
+            "allocatable": capacity,
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
     }
 
 
@@ -280,6 +284,10 @@ class ApiWorld:
         name = stored["metadata"]["name"]
         if body["kind"] not in NAMESPACED:
             self._created.append(f"{path}/{name}")
+        if body["kind"] == "Node":
+            # The API server taints a new node not-ready; the node lifecycle controller
+            # (not run here) lifts it once the node is Ready, as the status written says.
+            stored = self.cluster.client.patch(f"{path}/{name}", {"spec": {"taints": None}})
         if status is not None:
             stored = self.cluster.client.patch(f"{path}/{name}/status", {"status": status})
         self._seen(stored, namespace)

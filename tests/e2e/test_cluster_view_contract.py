@@ -16,7 +16,8 @@ real API server ("cache"). Together they prove that the views
 * answer ``budgets(namespaces)`` with the budgets of those namespaces only;
 * read ``namespace_labels`` as the namespace's labels with the name label the API server
   sets, and ``None`` for a namespace that does not exist;
-* read ``node`` and ``all_nodes`` as the stored nodes, a pod's priority and the
+* read ``node`` and ``all_nodes`` as the stored nodes, each node's room in
+  ``node_rooms()`` from the pods bound to it, a pod's priority and the
   ``priority_resolver`` from its PriorityClass;
 * list in ``pending_resizes()`` the pods whose resize is Deferred or Infeasible;
 * are ``synced``, not stale, and fresh once they hold what was written.
@@ -48,6 +49,9 @@ from tests.e2e.contract_world import (
 )
 from webhook.core.model import LOANS_ANNOTATION
 from webhook.engine.memory import NAME_LABEL
+
+MI = 1024**2
+GI = 1024**3
 
 
 @pytest.fixture(params=WORLDS)
@@ -234,6 +238,28 @@ def test_a_pod_has_its_priority_class_value(world: World) -> None:
         12345,
         "the resolver to know the class",
     )
+
+
+def test_node_rooms_hold_each_node_s_room_as_pods_are_bound_to_it(world: World) -> None:
+    name = f"contract-{secrets.token_hex(3)}"
+    world.create(node_doc(name, cpu="4", memory="8Gi"))
+    world.create(pod_doc("first", name, cpu="1", phase="Running"))
+    view = world.view()
+    rooms = view.node_rooms()
+    rooms.refresh(view)
+    before = rooms.room(name)
+
+    world.create(pod_doc("second", name, cpu="1500m", phase="Running"))
+    view = world.view()
+    rooms = view.node_rooms()
+    rooms.refresh(view)
+    after = rooms.room(name)
+
+    assert before is not None and after is not None
+    assert (3000, 8 * GI - 128 * MI) == (before.free.cpu, before.free.memory)
+    assert (1500, 8 * GI - 256 * MI) == (after.free.cpu, after.free.memory)
+    assert name in [r.node for r in rooms.roomiest()]
+    assert rooms.room(ghost()) is None
 
 
 # -- pending resizes ------------------------------------------------------------------------
