@@ -16,7 +16,8 @@ Together they prove that an evictor (:class:`~webhook.engine.ledger.VictimEvicto
 * answers ``skipped-terminating`` for a victim already leaving, unless the caller has
   just seen it live;
 * answers ``blocked-by-pdb`` (not done) for a running victim a budget forbids to
-  disrupt, and leaves it running; a budget selecting other pods blocks nothing;
+  disrupt, and leaves it running; a budget holds no victim that is not running (pending
+  or terminal: the Eviction API ignores budgets for those), nor one it does not select;
 * never raises: a world it cannot reach is ``failed``.
 
 ``-k fixed`` runs the doubles' half without a control plane.
@@ -219,6 +220,23 @@ def test_a_victim_a_budget_forbids_to_disrupt_is_blocked_and_stays(
     assert EvictionResult.BLOCKED_BY_PDB == result
     assert not result.done
     assert not subject.leaving(victim)
+
+
+@pytest.mark.parametrize(
+    "phase",
+    [
+        pytest.param("", id="pending"),
+        pytest.param("Succeeded", id="succeeded"),
+        pytest.param("Failed", id="failed"),
+    ],
+)
+def test_a_budget_does_not_hold_a_victim_that_is_not_running(subject: Subject, phase: str) -> None:
+    subject.world.create(pdb_doc("guard", {"app": "guarded"}))
+    doc = pod_doc("victim", ghost(), phase=phase, labels={"app": "guarded"})
+    victim = ref_of(subject.world.create(doc))
+
+    assert EvictionResult.EVICTED == evict(subject, victim, seen_live=True)
+    assert subject.leaving(victim)
 
 
 def test_a_budget_selecting_other_pods_blocks_nothing(subject: Subject) -> None:
