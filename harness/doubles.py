@@ -1,18 +1,35 @@
 """Test doubles of the engine's ports: the in-memory ones of :mod:`webhook.engine.memory`
 with the knobs a test turns (a view that is not synced or has gone stale, a count of the
-ledger's writes).
+ledger's writes), an evictor and a lenders' resizer that act on the world a cluster view
+shows, and a recorder of abandoned plans.
 
-For unit tests and benchmarks. Nothing in the product imports this module.
+For unit tests and benchmarks. Nothing in the product imports this module. Each double
+passes its port's contract suite (``tests/e2e/test_*_contract.py``) beside the real
+implementation against the real API server.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from webhook.core.model import DisruptionBudget, Namespace, Node, Pod, PriorityClass
+from webhook.core.lending import Loan, LoanRecord, lender_step, loan_key, records, records_text
+from webhook.core.model import (
+    LOANS_ANNOTATION,
+    Container,
+    DisruptionBudget,
+    Namespace,
+    Node,
+    Pod,
+    PodRef,
+    PriorityClass,
+)
 from webhook.core.snapshot import Snapshot, load_snapshot
-from webhook.engine.ledger import LedgerChange, LedgerEntry, R
+from webhook.engine.ledger import ClusterView, EvictionResult, LedgerChange, LedgerEntry, R
+from webhook.engine.loans import LoanResult
 from webhook.engine.memory import FixedClusterView, MemoryLedger
 
 
@@ -66,20 +83,308 @@ class StaticClusterView(FixedClusterView):
 
 
 class InMemoryLedger(MemoryLedger):
-    """A :class:`MemoryLedger` that counts its writes (``writes``)."""
+    """A :class:`MemoryLedger` that counts its writes (``writes``): a change that
+    returned entries and was stored (one the store refused, :class:`LedgerFull`, counts
+    for nothing, as it changes no Lease)."""
 
     def __init__(self, entries: Iterable[LedgerEntry] = ()) -> None:
         super().__init__(entries)
         self.writes = 0
+        self._count_lock = threading.Lock()
 
     def update(self, node: str, change: LedgerChange[R]) -> R:
+        wrote = False
+
         def counted(entries: tuple[LedgerEntry, ...]) -> tuple[tuple[LedgerEntry, ...] | None, R]:
+            nonlocal wrote
             new, result = change(entries)
-            if new is not None:
-                self.writes += 1
+            wrote = new is not None
             return new, result
 
-        return super().update(node, counted)
+        result = super().update(node, counted)
+        if wrote:
+            with self._count_lock:
+                self.writes += 1
+        return result
 
 
-__all__ = ["InMemoryLedger", "StaticClusterView"]
+class FakeEvictor:
+    """A :class:`~webhook.engine.ledger.VictimEvictor` over ``view``, the world it
+    answers of as the Eviction API answers of the stored pod: ``gone`` for a victim the
+    view does not hold under its uid, ``skipped-terminating`` for one leaving (or evicted
+    by this double) when the caller has not just seen it live, ``blocked-by-pdb`` for a
+    running victim a budget of its namespace selects with no disruption allowed,
+    ``evicted`` otherwise (it is leaving from then on). Never raises of itself.
+
+    Records every call (``calls``, ``seen_live``); ``results`` (victim name -> result)
+    answers in its place, for what the view cannot show (a throttled API server, a
+    budget a test does not build); ``on_evict`` runs before answering (to change the
+    world mid-pass, or raise to crash it). ``view`` may be bound after construction
+    (``make_worker`` does); without one there is no world to reach (``failed``)."""
+
+    def __init__(self, view: ClusterView | None = None) -> None:
+        self.view = view
+        self.calls: list[tuple[str, str, str]] = []
+        self.seen_live: list[bool] = []
+        self.results: dict[str, EvictionResult] = {}
+        self.on_evict: Callable[[PodRef], None] | None = None
+        self.called = threading.Event()
+        #: Uids this double evicted: leaving from then on, whatever the view still shows.
+        self.evicted: set[str] = set()
+        self._lock = threading.Lock()
+
+    def evict(
+        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
+    ) -> EvictionResult:
+        with self._lock:
+            self.calls.append((victim.name, preemptor.name, node))
+            self.seen_live.append(seen_live)
+        self.called.set()
+        if self.on_evict is not None:
+            self.on_evict(victim)
+        scripted = self.results.get(victim.name)
+        if scripted is not None:
+            return scripted
+        return self._judge(victim, seen_live=seen_live)
+
+    def _judge(self, victim: PodRef, *, seen_live: bool) -> EvictionResult:
+        if self.view is None:
+            return EvictionResult.FAILED  # no world to reach
+        pod = self.view.pod(victim.namespace, victim.name)
+        if pod is None or (victim.uid and pod.uid != victim.uid):
+            return EvictionResult.GONE
+        with self._lock:
+            leaving = pod.terminating or pod.uid in self.evicted
+            if leaving and not seen_live:
+                return EvictionResult.SKIPPED_TERMINATING
+            if not leaving and pod.phase == "Running" and self._budget_forbids(pod):
+                return EvictionResult.BLOCKED_BY_PDB
+            self.evicted.add(pod.uid)
+        return EvictionResult.EVICTED
+
+    def _budget_forbids(self, pod: Pod) -> bool:
+        assert self.view is not None
+        return any(
+            b.selector is not None and b.selector.matches(pod.labels) and b.disruptions_allowed <= 0
+            for b in self.view.budgets((pod.namespace,))
+        )
+
+
+class _Unreachable(Exception):
+    """A write of a :class:`FakeResizer` whose API server cannot be reached."""
+
+
+class FakeResizer:
+    """A :class:`~webhook.engine.loans.LenderResizer` over ``view``: judges each lender
+    as the view holds it (or as this double last wrote it, while the view still holds
+    the copy it wrote over) with the core's :func:`~webhook.core.lending.lender_step`, as
+    the real resizer judges the cache's copy, and writes the loan's record and the
+    lender's spec into its own copy. Never raises.
+
+    Logs every call in order in ``log`` (shared with a :class:`LoggingEvictor`, to see
+    loans and evictions interleave), loans made in ``calls``; ``results`` (lender name ->
+    result) answers ``lend`` and ``give_back`` in its place. ``view`` may be bound after
+    construction (``make_worker`` does); without one there is no lender to act on
+    (``void``). ``reachable=False``: every write fails (``failed``), as the real
+    resizer's when its API server cannot be reached."""
+
+    def __init__(
+        self,
+        view: ClusterView | None = None,
+        log: list[str] | None = None,
+        *,
+        reachable: bool = True,
+    ) -> None:
+        self.view = view
+        self.reachable = reachable
+        self.log: list[str] = [] if log is None else log
+        self.calls: list[tuple[str, str, str]] = []
+        self.results: dict[str, LoanResult] = {}
+        #: "namespace/name" -> (the view's copy written over, the copy written).
+        self.written: dict[str, tuple[Pod, Pod]] = {}
+        self._lock = threading.Lock()
+
+    def lend(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
+        self.calls.append((loan.pod.name, borrower.name, node))
+        self.log.append(f"lend {loan.pod.name}")
+        scripted = self.results.get(loan.pod.name)
+        if scripted is not None:
+            return scripted
+        try:
+            return self._lend(loan, borrower)
+        except _Unreachable:
+            return LoanResult.FAILED
+
+    def _lend(self, loan: Loan, borrower: PodRef) -> LoanResult:
+        with self._lock:
+            base, pod = self._read(loan.pod)
+            step = lender_step(loan, pod, back=False)
+            if base is None or pod is None or step == "void":
+                return LoanResult.VOID
+            if all(loan_key(r.loan) != loan_key(loan) for r in records(pod)):
+                made = LoanRecord(loan, borrower, time.time())
+                pod = self._write(base, with_records(pod, (*records(pod), made)))
+            if step == "done":
+                return LoanResult.DONE
+            self._write(base, with_request(pod, loan, loan.after))
+        return LoanResult.LENT
+
+    def give_back(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
+        self.log.append(f"give back {loan.pod.name} {loan.after}->{loan.before}")
+        scripted = self.results.get(loan.pod.name)
+        return scripted if scripted is not None else self._back(loan)
+
+    def put_back(self, loan: Loan, borrower: PodRef, node: str, why: str) -> LoanResult:
+        self.log.append(f"put back {loan.pod.name}: {why}")
+        return self._back(loan)
+
+    def forget(self, lender: PodRef, ended: Sequence[LoanRecord]) -> LoanResult:
+        self.log.append(f"forget {lender.name}")
+        try:
+            return self._forget(lender, ended)
+        except _Unreachable:
+            return LoanResult.FAILED
+
+    def _forget(self, lender: PodRef, ended: Sequence[LoanRecord]) -> LoanResult:
+        with self._lock:
+            base, pod = self._read(lender)
+            if base is None or pod is None or pod.uid != lender.uid:
+                return LoanResult.VOID
+            gone = {loan_key(r.loan) for r in ended}
+            kept = tuple(r for r in records(pod) if loan_key(r.loan) not in gone)
+            if len(kept) == len(records(pod)):
+                return LoanResult.DONE
+            self._write(base, with_records(pod, kept))
+        return LoanResult.LENT
+
+    def lender(self, ref: PodRef) -> Pod | None:
+        """The lender as this double reads it: its own copy while the view still holds
+        the one it wrote over, else the view's."""
+        return self._read(ref)[1]
+
+    def _read(self, ref: PodRef) -> tuple[Pod | None, Pod | None]:
+        """(the view's copy, the lender as read)."""
+        if self.view is None:
+            return None, None
+        cached = self.view.pod(ref.namespace, ref.name)
+        written = self.written.get(f"{ref.namespace}/{ref.name}")
+        if written is not None and cached is written[0]:
+            return cached, written[1]
+        return cached, cached
+
+    def _back(self, loan: Loan) -> LoanResult:
+        try:
+            return self._raise_back(loan)
+        except _Unreachable:
+            return LoanResult.FAILED
+
+    def _raise_back(self, loan: Loan) -> LoanResult:
+        with self._lock:
+            base, pod = self._read(loan.pod)
+            step = lender_step(loan, pod, back=True)
+            if base is None or pod is None or step == "void":
+                return LoanResult.VOID
+            if step == "done":
+                return LoanResult.DONE
+            self._write(base, with_request(pod, loan, loan.before))
+        return LoanResult.LENT
+
+    def _write(self, base: Pod, new: Pod) -> Pod:
+        """``new`` written over the view's copy ``base``."""
+        if not self.reachable:
+            raise _Unreachable
+        self.written[base.key] = (base, new)
+        return new
+
+
+def with_request(pod: Pod, loan: Loan, amount: int) -> Pod:
+    """``pod`` whose spec asks ``amount`` of the loan's resource in its container (its
+    limit too when ``loan.limits``), as ``pods/resize`` leaves it; the kubelet's
+    allocation is unchanged."""
+
+    def resized(c: Container) -> Container:
+        if c.name != loan.container:
+            return c
+        limits = c.limits.replace(loan.resource, amount) if loan.limits else c.limits
+        return replace(c, requests=c.requests.replace(loan.resource, amount), limits=limits)
+
+    return pod.with_containers(
+        tuple(resized(c) for c in pod.containers),
+        tuple(resized(c) for c in pod.init_containers),
+    )
+
+
+def with_records(pod: Pod, kept: Sequence[LoanRecord]) -> Pod:
+    """``pod`` carrying ``kept`` as its loan record (none: the annotation removed)."""
+    annotations = {k: v for k, v in pod.annotations.items() if k != LOANS_ANNOTATION}
+    if kept:
+        annotations[LOANS_ANNOTATION] = records_text(kept)
+    return replace(pod, annotations=annotations)
+
+
+class LoggingEvictor(FakeEvictor):
+    """A :class:`FakeEvictor` that logs each eviction in ``log`` (shared with a
+    :class:`FakeResizer`)."""
+
+    def __init__(self, log: list[str], view: ClusterView | None = None) -> None:
+        super().__init__(view)
+        self.log = log
+
+    def evict(
+        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
+    ) -> EvictionResult:
+        self.log.append(f"evict {victim.name}")
+        return super().evict(victim, preemptor, node, seen_live=seen_live)
+
+
+class FakeEvents:
+    """A :class:`~webhook.engine.ledger.PreemptionEvents` and
+    :class:`~webhook.engine.follow.MoveEvents`: records what it is told about the
+    resizing pod, abandoned plans as (preemptor, victims, node) in ``events``, where a
+    victim's work went as ``("Moved", victim, replacement, node)`` or ``("NotMoved",
+    victim, why)`` (keys) in ``told``. With a ``view``, an event in a namespace the view
+    does not know is not recorded (``False``), as the API server refuses it. Never
+    raises; ``reachable=False`` is a recorder whose API server cannot be reached."""
+
+    def __init__(self, view: ClusterView | None = None, *, reachable: bool = True) -> None:
+        self.view = view
+        self.reachable = reachable
+        self.events: list[tuple[str, tuple[str, ...], str]] = []
+        self.told: list[tuple[str, ...]] = []
+
+    def _records(self, regarding: PodRef) -> bool:
+        if not self.reachable:
+            return False
+        return self.view is None or self.view.namespace_labels(regarding.namespace) is not None
+
+    def abandoned(
+        self, preemptor: PodRef, victims: Sequence[PodRef], node: str, detail: str
+    ) -> bool:
+        if not self._records(preemptor):
+            return False
+        self.events.append((preemptor.name, tuple(v.name for v in victims), node))
+        return True
+
+    def moved(self, preemptor: PodRef, victim: PodRef, replacement: PodRef, node: str) -> bool:
+        if not self._records(preemptor):
+            return False
+        self.told.append(("Moved", victim.key, replacement.key, node))
+        return True
+
+    def lost(self, preemptor: PodRef, victim: PodRef, why: str) -> bool:
+        if not self._records(preemptor):
+            return False
+        self.told.append(("NotMoved", victim.key, why))
+        return True
+
+
+__all__ = [
+    "FakeEvents",
+    "FakeEvictor",
+    "FakeResizer",
+    "InMemoryLedger",
+    "LoggingEvictor",
+    "StaticClusterView",
+    "with_records",
+    "with_request",
+]

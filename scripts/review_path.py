@@ -21,10 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 
-from harness.doubles import InMemoryLedger, StaticClusterView  # noqa: E402
+from harness.doubles import FakeEvictor, InMemoryLedger, StaticClusterView  # noqa: E402
 from tests.unit.web_fixtures import resized, walkthrough_objects, walkthrough_review  # noqa: E402
-from webhook.core.model import PodRef  # noqa: E402
-from webhook.engine.ledger import EvictionResult  # noqa: E402
 from webhook.engine.metrics import Metrics  # noqa: E402
 from webhook.engine.settings import Config  # noqa: E402
 from webhook.engine.worker import PreemptionWorker  # noqa: E402
@@ -33,24 +31,13 @@ from webhook.web.app import create_app  # noqa: E402
 LEFT_OUT = {"engine/memory.py"}
 
 
-class Evictor:
-    def __init__(self) -> None:
-        self.evicted: list[str] = []
-
-    def evict(
-        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
-    ) -> EvictionResult:
-        self.evicted.append(victim.name)
-        return EvictionResult.EVICTED
-
-
 def main() -> int:
     node, low, high = walkthrough_objects()
     ledger = InMemoryLedger()
     view = StaticClusterView.from_objects((node, low, high))
     client = create_app(Config(), cluster=view, ledger=ledger).test_client()
     persisted = StaticClusterView.from_objects((node, low, resized(high, "6")))
-    evictor = Evictor()
+    evictor = FakeEvictor(persisted)
     worker = PreemptionWorker(persisted, ledger, evictor, Config(), Metrics())
     seen: set[str] = set()
     package = str(ROOT / "webhook") + "/"
@@ -64,8 +51,9 @@ def main() -> int:
     client.post("/validate-resize", data=orjson.dumps(walkthrough_review()))
     worker.run_once()
     sys.setprofile(None)
-    if evictor.evicted != ["low-priority-pod"]:
-        print(f"the walkthrough evicted {evictor.evicted}, not low-priority-pod")
+    evicted = [name for name, _, _ in evictor.calls]
+    if evicted != ["low-priority-pod"]:
+        print(f"the walkthrough evicted {evicted}, not low-priority-pod")
         return 1
     modules = sorted(seen - LEFT_OUT)
     print(f"{len(modules)} modules: {', '.join(modules)}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.doubles import InMemoryLedger, StaticClusterView
+from harness.doubles import FakeEvents, FakeEvictor, InMemoryLedger, StaticClusterView
 from tests.unit.builders import NODE, NOW, OTHER_NODE, PodBuilder, make_pod
-from tests.unit.test_worker import CONFIG, Clock, Cluster, FakeEvictor, add
+from tests.unit.test_worker import CONFIG, Clock, Cluster, add
 from tests.unit.test_worker_logic import HIGH_RESIZED, LOW, MID, entry
 from webhook.core.model import PodRef
 from webhook.engine.follow import Follow
@@ -37,25 +37,10 @@ VICTIM = _web("b").on(NODE)
 
 
 @dataclass
-class Events:
-    """The resizing pod's events, as told."""
-
-    told: list[tuple[str, ...]] = field(default_factory=list)
-
-    def moved(self, preemptor: PodRef, victim: PodRef, replacement: PodRef, node: str) -> bool:
-        self.told.append(("Moved", victim.key, replacement.key, node))
-        return True
-
-    def lost(self, preemptor: PodRef, victim: PodRef, why: str) -> bool:
-        self.told.append(("NotMoved", victim.key, why))
-        return True
-
-
-@dataclass
 class Run:
     follow: Follow
     metrics: Metrics
-    events: Events
+    events: FakeEvents
     clock: list[float]
 
     def counts(self) -> dict[str, float]:
@@ -76,7 +61,7 @@ class Run:
 
 def start(victims: Sequence[PodBuilder], done: bool = True) -> Run:
     pods = [v.build() for v in victims]
-    metrics, events, clock = Metrics(), Events(), [NOW]
+    metrics, events, clock = Metrics(), FakeEvents(), [NOW]
     follow = Follow(StaticClusterView(pods=pods), metrics, events, lambda: clock[0], window=WINDOW)
     for pod in pods:
         follow.expect(PREEMPTOR, NODE, pod.ref)
@@ -348,7 +333,8 @@ def test_the_worker_tells_follow_of_each_eviction_it_made(
     evictor.results["low"] = result
     add(ledger, entry("low"))
     cluster = Cluster(HIGH_RESIZED, LOW, MID)
-    follow = Follow(cluster, metrics, Events(), clock)  # type: ignore[arg-type]
+    evictor.view = cluster  # type: ignore[assignment]
+    follow = Follow(cluster, metrics, FakeEvents(), clock)  # type: ignore[arg-type]
     worker = PreemptionWorker(
         cluster,  # type: ignore[arg-type]
         ledger,
@@ -361,7 +347,7 @@ def test_the_worker_tells_follow_of_each_eviction_it_made(
     worker.run_once()
     follow.run_once()
     assert [("low", "high", "node-1")] == evictor.calls
-    run = Run(follow, metrics, Events(), [clock.now])
+    run = Run(follow, metrics, FakeEvents(), [clock.now])
     assert expected == run.counts()
 
 

@@ -9,10 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from harness.doubles import InMemoryLedger, StaticClusterView
+from harness.doubles import FakeEvictor, FakeResizer, InMemoryLedger, StaticClusterView
 from tests.unit.test_giveback import BORROWED, HIGH_AT_6, HIGH_BACK_TO_4, MID
-from tests.unit.test_worker import Clock, FakeEvictor, make_worker
-from tests.unit.test_worker_loans import FakeResizer
+from tests.unit.test_worker import Clock, make_worker
 from tests.unit.test_worker_logic import ADMITTED, LOAN, NODE, NOW, entry, pod, ref
 from webhook.core.lending import LoanRecord, records, records_text
 from webhook.core.model import LOANS_ANNOTATION, Pod
@@ -176,7 +175,7 @@ def test_a_record_is_removed_once_its_loan_ended_and_no_entry_holds_it(
 
 def test_the_worker_gives_an_orphan_back_then_removes_its_record() -> None:
     log: list[str] = []
-    resizer = FakeResizer(log)
+    resizer = FakeResizer(log=log)
     cluster = StaticClusterView([NODE], (HIGH_BACK_TO_4, recorded(LENT, LOAN), MID))
     worker = make_worker(cluster, InMemoryLedger(), FakeEvictor(), Clock(NOW), resizer=resizer)  # type: ignore[arg-type]
 
@@ -184,6 +183,7 @@ def test_the_worker_gives_an_orphan_back_then_removes_its_record() -> None:
     returned = StaticClusterView([NODE], (HIGH_BACK_TO_4, recorded(AT_BEFORE, LOAN), MID))
     worker.cluster = returned
     worker.lending.cluster = returned
+    resizer.view = returned
     worker.run_once()
 
     assert ["give back lender 1000->3000", "forget lender"] == log

@@ -3,36 +3,18 @@ engine, the worker and the reconciler do with such a plan."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import pytest
 
+from harness.doubles import InMemoryLedger
 from tests.unit.builders import make_pod
 from tests.unit.test_worker_logic import CONFIG, NODE, NOW, entry, pod
 from tests.unit.web_fixtures import resized, review, walkthrough_objects, walkthrough_view
 from webhook.core.resources import Resources
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import Wait, next_action
 from webhook.engine.settings import Config
-
-
-class Ledger:
-    """One node's entries in memory, written by ``update`` as the engine's ledger is."""
-
-    def __init__(self) -> None:
-        self.written: tuple[LedgerEntry, ...] = ()
-
-    def entries(self, node: str) -> tuple[LedgerEntry, ...]:
-        return self.written
-
-    def update(self, node: str, change: Callable[..., Any]) -> Any:
-        entries, result = change(self.written)
-        if entries is not None:
-            self.written = tuple(entries)
-        return result
 
 
 @dataclass(frozen=True)
@@ -54,13 +36,13 @@ class Review:
 def test_admission_of_a_resize_without_growth(case: Review) -> None:
     view = walkthrough_view()
     high = walkthrough_objects()[2]
-    ledger = Ledger()
+    ledger = InMemoryLedger()
     engine = AdmissionEngine(Config(), view, ledger)
 
     decision = engine.validate(review(high, resized(high, case.cpu))["request"])
 
     assert (case.verdict, case.code) == (decision.verdict, decision.plan and decision.plan.code)
-    assert case.reserved == bool(ledger.written)
+    assert case.reserved == bool(ledger.all_entries())
     assert () == decision.warnings
 
 

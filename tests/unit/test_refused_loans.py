@@ -9,18 +9,17 @@ memory limit below what it uses. "batch-2" (priority 100, Burstable, request 4Gi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.doubles import InMemoryLedger
+from harness.doubles import FakeEvictor, FakeResizer, InMemoryLedger
 from tests.unit.builders import make_pod
-from tests.unit.test_worker import Clock, Cluster, FakeEvictor, make_worker
+from tests.unit.test_worker import Clock, Cluster, make_worker
 from tests.unit.test_worker_logic import ADMITTED, CONFIG, NODE, NOW
-from webhook.core.lending import Loan, LoanRecord, refusal_state, refused, room
+from webhook.core.lending import Loan, refusal_state, refused, room
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import NodePods, plan_resize
 from webhook.core.policy import DefaultPolicy
@@ -38,7 +37,6 @@ from webhook.engine.lifecycle import (
     to_keep,
     to_put_back,
 )
-from webhook.engine.loans import LoanResult
 from webhook.engine.metrics import Metrics
 
 GI = 1024**3
@@ -277,31 +275,10 @@ def test_an_entry_owing_a_lender_its_room_is_kept_until_it_expires() -> None:
     assert () == to_keep((recorded,), pods, recorded.expires_at)
 
 
-class Resizer:
-    def __init__(self) -> None:
-        self.log: list[str] = []
-
-    def lend(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
-        self.log.append(f"lend {loan.pod.name}")
-        return LoanResult.LENT
-
-    def give_back(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
-        self.log.append(f"give back {loan.pod.name}")
-        return LoanResult.LENT
-
-    def put_back(self, loan: Loan, borrower: PodRef, node: str, why: str) -> LoanResult:
-        self.log.append(f"put back {loan.pod.name}: {why}")
-        return LoanResult.LENT
-
-    def forget(self, lender: PodRef, ended: Sequence[LoanRecord]) -> LoanResult:
-        self.log.append(f"forget {lender.name}")
-        return LoanResult.LENT
-
-
-def worker_on(cluster: Cluster, entry: LedgerEntry, metrics: Metrics) -> tuple[object, Resizer]:
+def worker_on(cluster: Cluster, entry: LedgerEntry, metrics: Metrics) -> tuple[object, FakeResizer]:
     ledger = InMemoryLedger()
     ledger.update(entry.node, lambda es: ((*es, entry), None))
-    resizer = Resizer()
+    resizer = FakeResizer()
     worker = make_worker(
         cluster, ledger, FakeEvictor(), Clock(NOW), metrics=metrics, resizer=resizer
     )

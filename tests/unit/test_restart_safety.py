@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from harness.doubles import InMemoryLedger, StaticClusterView
-from tests.unit.test_worker import Clock, Cluster, FakeEvictor, add, make_worker
+from harness.doubles import FakeEvictor, InMemoryLedger, StaticClusterView
+from tests.unit.test_worker import Clock, Cluster, add, make_worker
 from tests.unit.test_worker_logic import ADMITTED, CONFIG, NODE, entry, pod
 from webhook.core.model import Pod, PodRef
 from webhook.engine.ledger import EvictionResult

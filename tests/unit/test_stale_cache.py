@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from harness.doubles import InMemoryLedger, StaticClusterView
+from harness.doubles import FakeEvictor, InMemoryLedger, StaticClusterView
 from tests.unit.builders import make_node
 from tests.unit.test_reconciler import BASE, CONFIG, NODE, high
 from tests.unit.test_reflector_stream import event, list_page, pod_obj
-from tests.unit.test_worker import Clock, Cluster, FakeEvictor, make_worker
+from tests.unit.test_worker import Clock, Cluster, make_worker
 from tests.unit.test_worker_logic import HIGH_RESIZED, LOW, MID, entry
 from tests.unit.web_fixtures import resized, review, walkthrough_objects, walkthrough_view
 from webhook.core.objects import parse_pod

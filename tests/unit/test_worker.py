@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
-from harness.doubles import InMemoryLedger, StaticClusterView
+from harness.doubles import FakeEvents, FakeEvictor, FakeResizer, InMemoryLedger, StaticClusterView
 from tests.unit.test_worker_logic import (
     ADMITTED,
     HIGH_5,
@@ -43,38 +42,6 @@ class Clock:
         return self.now
 
 
-class FakeEvictor:
-    """Records calls; answers from ``results`` (victim name -> result), default evicted.
-
-    ``on_evict`` runs before answering (to change the world mid-pass)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, str]] = []
-        self.seen_live: list[bool] = []
-        self.results: dict[str, EvictionResult] = {}
-        self.on_evict: Callable[[PodRef], None] | None = None
-        self.called = threading.Event()
-
-    def evict(
-        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
-    ) -> EvictionResult:
-        self.calls.append((victim.name, preemptor.name, node))
-        self.seen_live.append(seen_live)
-        self.called.set()
-        if self.on_evict is not None:
-            self.on_evict(victim)
-        return self.results.get(victim.name, EvictionResult.EVICTED)
-
-
-class FakeRecorder:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, tuple[str, ...], str]] = []
-
-    def abandoned(self, preemptor: PodRef, victims: list[PodRef], node: str, detail: str) -> bool:
-        self.events.append((preemptor.name, tuple(v.name for v in victims), node))
-        return True
-
-
 class Cluster:
     """A ClusterView whose contents a test can replace."""
 
@@ -99,8 +66,8 @@ def evictor() -> FakeEvictor:
 
 
 @pytest.fixture
-def recorder() -> FakeRecorder:
-    return FakeRecorder()
+def recorder() -> FakeEvents:
+    return FakeEvents()
 
 
 @pytest.fixture
@@ -113,10 +80,14 @@ def make_worker(
     ledger: InMemoryLedger,
     evictor: FakeEvictor,
     clock: Clock,
-    recorder: FakeRecorder | None = None,
+    recorder: FakeEvents | None = None,
     metrics: Metrics | None = None,
     resizer: LenderResizer | None = None,
 ) -> PreemptionWorker:
+    # The doubles act on the world the worker reads, unless a test gave them another.
+    for double in (evictor, resizer):
+        if isinstance(double, FakeEvictor | FakeResizer) and double.view is None:
+            double.view = cluster  # type: ignore[assignment]
     return PreemptionWorker(
         cluster,  # type: ignore[arg-type]
         ledger,
@@ -142,7 +113,7 @@ def only(ledger: InMemoryLedger) -> LedgerEntry:
 
 
 def test_evicts_the_victim_once_and_writes_nothing(
-    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock, recorder: FakeRecorder
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock, recorder: FakeEvents
 ) -> None:
     add(ledger, entry("low"))
     written_before = ledger.writes
@@ -175,7 +146,7 @@ def test_an_actuated_resize_is_released_without_a_write(
 
 
 def test_a_plan_given_up_on_tells_the_resizing_pod_once(
-    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock, recorder: FakeRecorder
+    ledger: InMemoryLedger, evictor: FakeEvictor, clock: Clock, recorder: FakeEvents
 ) -> None:
     add(ledger, entry("low", persisted=True))
     evictor.results["low"] = EvictionResult.BLOCKED_BY_PDB

@@ -3,13 +3,12 @@ a lender that changed."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
 
-from harness.doubles import InMemoryLedger
-from tests.unit.test_worker import Clock, Cluster, FakeEvictor, add, make_worker
+from harness.doubles import FakeResizer, InMemoryLedger, LoggingEvictor
+from tests.unit.test_worker import Clock, Cluster, add, make_worker
 from tests.unit.test_worker_logic import (
     ADMITTED,
     HIGH_RESIZED,
@@ -20,8 +19,6 @@ from tests.unit.test_worker_logic import (
     entry,
     pod,
 )
-from webhook.core.lending import Loan, LoanRecord
-from webhook.core.model import PodRef
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.loans import LoanResult
 from webhook.engine.metrics import Metrics
@@ -33,50 +30,13 @@ MID_0 = pod("mid", cpu="0", priority=2000)
 SCENE = (HIGH_RESIZED, LENDER, LOW_B, MID_0)
 
 
-class FakeResizer:
-    """Records loans made, in order with the evictions (``log``); answers from
-    ``results`` (lender name -> result), default lent. ``on_lend`` changes the world."""
-
-    def __init__(self, log: list[str]) -> None:
-        self.log = log
-        self.calls: list[tuple[str, str, str]] = []
-        self.results: dict[str, LoanResult] = {}
-
-    def lend(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
-        self.calls.append((loan.pod.name, borrower.name, node))
-        self.log.append(f"lend {loan.pod.name}")
-        return self.results.get(loan.pod.name, LoanResult.LENT)
-
-    def give_back(self, loan: Loan, borrower: PodRef, node: str) -> LoanResult:
-        self.log.append(f"give back {loan.pod.name} {loan.after}->{loan.before}")
-        return self.results.get(loan.pod.name, LoanResult.LENT)
-
-    def put_back(self, loan: Loan, borrower: PodRef, node: str, why: str) -> LoanResult:
-        self.log.append(f"put back {loan.pod.name}")
-        return LoanResult.LENT
-
-    def forget(self, lender: PodRef, ended: Sequence[LoanRecord]) -> LoanResult:
-        self.log.append(f"forget {lender.name}")
-        return LoanResult.LENT
-
-
-class LoggingEvictor(FakeEvictor):
-    def __init__(self, log: list[str]) -> None:
-        super().__init__()
-        self.log = log
-
-    def evict(self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False):  # type: ignore[no-untyped-def]
-        self.log.append(f"evict {victim.name}")
-        return super().evict(victim, preemptor, node, seen_live=seen_live)
-
-
 def setup(
     cluster: Cluster, *, resizer: bool = True, metrics: Metrics | None = None
 ) -> tuple[PreemptionWorker, InMemoryLedger, FakeResizer, LoggingEvictor, list[str]]:
     log: list[str] = []
     ledger = InMemoryLedger()
     add(ledger, replace(entry("low-b"), loans=(SMALL_LOAN,)))
-    fake = FakeResizer(log)
+    fake = FakeResizer(log=log)
     evictor = LoggingEvictor(log)
     worker = make_worker(
         cluster, ledger, evictor, Clock(), metrics=metrics, resizer=fake if resizer else None
@@ -100,7 +60,7 @@ def test_a_loan_the_cache_shows_made_is_not_made_again_after_a_restart() -> None
     worker.run_once()
     cluster.set(HIGH_RESIZED, pod("lender", cpu="2", allocated="3"), LOW_B, MID_0)
     # A new leader over the same ledger; "low-b" not seen leaving yet.
-    again = make_worker(cluster, ledger, LoggingEvictor(log), Clock(), resizer=FakeResizer(log))
+    again = make_worker(cluster, ledger, LoggingEvictor(log), Clock(), resizer=FakeResizer(log=log))
 
     again.run_once()
 
@@ -176,7 +136,9 @@ def giving_back(cluster: Cluster, *entries: LedgerEntry) -> tuple[PreemptionWork
     log: list[str] = []
     ledger = InMemoryLedger()
     add(ledger, *entries)
-    worker = make_worker(cluster, ledger, LoggingEvictor(log), Clock(), resizer=FakeResizer(log))
+    worker = make_worker(
+        cluster, ledger, LoggingEvictor(log), Clock(), resizer=FakeResizer(log=log)
+    )
     return worker, log
 
 

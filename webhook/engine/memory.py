@@ -36,8 +36,10 @@ class FixedClusterView:
     """A :class:`~webhook.engine.ledger.ClusterView` (with the reconciler's
     ``pending_resizes``) over nodes, pods, PodDisruptionBudgets, PriorityClasses and
     Namespaces that never change: always synced, never stale. ``namespaces=None`` is a
-    view that was given none: every namespace reads as having only the label the API
-    server sets on each (``kubernetes.io/metadata.name``)."""
+    view that was given none: a namespace that holds one of its pods or budgets exists,
+    and reads as having only the label the API server sets on each
+    (``kubernetes.io/metadata.name``); any other reads as unknown, as the cache reads a
+    namespace that does not exist."""
 
     def __init__(
         self,
@@ -62,6 +64,9 @@ class FixedClusterView:
         for b in budgets:
             by_namespace.setdefault(b.namespace, []).append(b)
         self._budgets = {ns: tuple(group) for ns, group in by_namespace.items()}
+        self._holding = frozenset(p.namespace for p in self._pods.values()) | frozenset(
+            self._budgets
+        )
         # Every review asks for the budgets of its node's namespaces: remembered.
         self._budgets_by_set: dict[frozenset[str], tuple[DisruptionBudget, ...]] = {}
         self._resolver = PriorityResolver(priority_classes)
@@ -113,7 +118,7 @@ class FixedClusterView:
 
     def namespace_labels(self, name: str) -> Mapping[str, str] | None:
         if self._namespaces is None:
-            return {NAME_LABEL: name}
+            return {NAME_LABEL: name} if name in self._holding else None
         found = self._namespaces.get(name)
         return None if found is None else found.labels
 
