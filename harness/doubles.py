@@ -13,9 +13,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from webhook.core.checkpoint import CheckpointRecord, NodeCheckpointing
 from webhook.core.lending import Loan, LoanRecord, lender_step, loan_key, records, records_text
 from webhook.core.model import (
     LOANS_ANNOTATION,
@@ -31,6 +32,7 @@ from webhook.core.snapshot import Snapshot, load_snapshot
 from webhook.engine.ledger import ClusterView, EvictionResult, LedgerChange, LedgerEntry, R
 from webhook.engine.loans import LoanResult
 from webhook.engine.memory import FixedClusterView, MemoryLedger
+from webhook.engine.pauses import Checkpointed
 
 
 class StaticClusterView(FixedClusterView):
@@ -126,6 +128,8 @@ class FakeEvictor:
         self.view = view
         self.calls: list[tuple[str, str, str]] = []
         self.seen_live: list[bool] = []
+        #: Each call's ``grace_seconds`` (what a checkpoint left of the grace period).
+        self.graces: list[int | None] = []
         self.results: dict[str, EvictionResult] = {}
         self.on_evict: Callable[[PodRef], None] | None = None
         self.called = threading.Event()
@@ -134,11 +138,18 @@ class FakeEvictor:
         self._lock = threading.Lock()
 
     def evict(
-        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
+        self,
+        victim: PodRef,
+        preemptor: PodRef,
+        node: str,
+        *,
+        seen_live: bool = False,
+        grace_seconds: int | None = None,
     ) -> EvictionResult:
         with self._lock:
             self.calls.append((victim.name, preemptor.name, node))
             self.seen_live.append(seen_live)
+            self.graces.append(grace_seconds)
         self.called.set()
         if self.on_evict is not None:
             self.on_evict(victim)
@@ -388,3 +399,82 @@ __all__ = [
     "with_records",
     "with_request",
 ]
+
+
+# -- checkpoints (webhook.engine.pauses) --------------------------------------------------------
+
+
+class MemoryCheckpoints:
+    """A :class:`~webhook.engine.pauses.CheckpointStore` in memory."""
+
+    def __init__(
+        self,
+        abilities: Sequence[NodeCheckpointing] = (),
+        records: Sequence[CheckpointRecord] = (),
+    ) -> None:
+        self.abilities = {a.node: a for a in abilities}
+        self.stored = {r.uid: r for r in records}
+        self.writes: list[CheckpointRecord] = []
+        self.refuse_writes = False
+
+    def publish(self, ability: NodeCheckpointing) -> None:
+        """What a node agent does: its node's abilities, read by the next call."""
+        self.abilities[ability.node] = ability
+
+    def capability(self, node: str) -> NodeCheckpointing | None:
+        return self.abilities.get(node)
+
+    def records(self) -> Sequence[CheckpointRecord]:
+        return tuple(self.stored.values())
+
+    def record(self, uid: str) -> CheckpointRecord | None:
+        return self.stored.get(uid)
+
+    def write(self, record: CheckpointRecord) -> bool:
+        if self.refuse_writes:
+            return False
+        self.stored[record.uid] = record
+        self.writes.append(record)
+        return True
+
+
+@dataclass
+class FakeCheckpointer:
+    """Answers every checkpoint with ``answer`` (a victim's archives by default)."""
+
+    answer: Checkpointed | None = None
+    calls: list[tuple[str, str]] = field(default_factory=list)
+
+    def checkpoint(self, victim: PodRef, node: str) -> Checkpointed:
+        self.calls.append((victim.key, node))
+        if self.answer is not None:
+            return self.answer
+        pod = {"metadata": {"namespace": victim.namespace, "name": victim.name}, "spec": {}}
+        return Checkpointed(pod, {"main": f"/checkpoints/{victim.name}.tar"}, 30, 0.3)
+
+
+@dataclass
+class FakeCreator:
+    answer: str = ""
+    created: list[Mapping[str, Any]] = field(default_factory=list)
+
+    def create(self, manifest: Mapping[str, Any]) -> str:
+        self.created.append(manifest)
+        return self.answer
+
+
+@dataclass
+class PauseRecorder:
+    told: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def checkpointed(self, victim: PodRef, preemptor: PodRef, note: str) -> bool:
+        self.told.append(("Checkpointed", victim.key, note))
+        return True
+
+    def checkpoint_failed(self, victim: PodRef, preemptor: PodRef, why: str) -> bool:
+        self.told.append(("CheckpointFailed", victim.key, why))
+        return True
+
+    def restored(self, pod: PodRef, note: str) -> bool:
+        self.told.append(("Restored", pod.key, note))
+        return True

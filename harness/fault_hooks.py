@@ -159,9 +159,17 @@ class FaultEvictor:
         self._delay = delay
 
     def evict(
-        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
+        self,
+        victim: PodRef,
+        preemptor: PodRef,
+        node: str,
+        *,
+        seen_live: bool = False,
+        grace_seconds: int | None = None,
     ) -> EvictionResult:
-        result = self._evictor.evict(victim, preemptor, node, seen_live=seen_live)
+        result = self._evictor.evict(
+            victim, preemptor, node, seen_live=seen_live, grace_seconds=grace_seconds
+        )
         self._fault.reached("evicted")
         time.sleep(self._delay)
         return result

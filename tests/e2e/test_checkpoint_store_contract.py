@@ -1,6 +1,6 @@
 """The checkpoint store's contract, one suite for both stores.
 
-Every test runs on :class:`tests.pause_doubles.MemoryCheckpoints` ("memory") and on
+Every test runs on :class:`harness.doubles.MemoryCheckpoints` ("memory") and on
 :class:`webhook.kube.checkpoints.ConfigMapCheckpoints` against the real API server
 ("configmaps", a fresh namespace each). Both:
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.pause_doubles import MemoryCheckpoints
+from harness.doubles import MemoryCheckpoints
 from webhook.core.checkpoint import CheckpointRecord, NodeCheckpointing, Phase
 from webhook.engine.pauses import CheckpointStore
 

@@ -7,9 +7,14 @@ from typing import Any
 
 import pytest
 
-from tests.pause_doubles import FakeCheckpointer, FakeCreator, MemoryCheckpoints, PauseRecorder
+from harness.doubles import (
+    FakeCheckpointer,
+    FakeCreator,
+    FakeEvictor,
+    MemoryCheckpoints,
+    PauseRecorder,
+)
 from tests.unit.builders import NODE, make_node, make_pod
-from tests.unit.test_worker import FakeEvictor
 from webhook.core.checkpoint import (
     ON_PREEMPT_ANNOTATION,
     RESTORED_FROM_ANNOTATION,
@@ -28,26 +33,6 @@ ABLE = NodeCheckpointing(NODE, checkpoint=True, restore=True)
 PREEMPTOR = PodRef("default", "high", "uid-high")
 
 
-class GraceEvictor(FakeEvictor):
-    """The cluster's evictor takes what a checkpoint left of the grace period."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.graces: list[int | None] = []
-
-    def evict(  # type: ignore[override]
-        self,
-        victim: PodRef,
-        preemptor: PodRef,
-        node: str,
-        *,
-        seen_live: bool = False,
-        grace_seconds: int | None = None,
-    ) -> EvictionResult:
-        self.graces.append(grace_seconds)
-        return super().evict(victim, preemptor, node, seen_live=seen_live)
-
-
 def _victim(opted: bool = True, **kw: Any) -> Pod:
     b = make_pod("low").on(NODE).requests(cpu="1", memory="100Mi").started(10).admitted()
     if opted:
@@ -57,9 +42,9 @@ def _victim(opted: bool = True, **kw: Any) -> Pod:
 
 def _evictor(
     victim: Pod, store: MemoryCheckpoints, checkpointer: FakeCheckpointer, enabled: bool = True
-) -> tuple[PausingEvictor, GraceEvictor, PauseRecorder, Metrics]:
-    inner, events, metrics = GraceEvictor(), PauseRecorder(), Metrics()
+) -> tuple[PausingEvictor, FakeEvictor, PauseRecorder, Metrics]:
     view = FixedClusterView([make_node(NODE).build()], [victim])
+    inner, events, metrics = FakeEvictor(view), PauseRecorder(), Metrics()
     pausing = PausingEvictor(
         inner, view, Pauses(store, enabled), checkpointer, events, metrics, clock=lambda: 0.0
     )

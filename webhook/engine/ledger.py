@@ -461,10 +461,18 @@ class EvictionResult(StrEnum):
 
 class VictimEvictor(Protocol):
     """Removes one victim for a preemptor, idempotently; never raises (API failures are
-    ``failed``). ``seen_live``: the caller has just seen the victim live under this uid."""
+    ``failed``). ``seen_live``: the caller has just seen the victim live under this uid;
+    ``grace_seconds``, when given, caps the victim's grace period further (what its
+    checkpoint left of it)."""
 
     def evict(
-        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
+        self,
+        victim: PodRef,
+        preemptor: PodRef,
+        node: str,
+        *,
+        seen_live: bool = False,
+        grace_seconds: int | None = None,
     ) -> EvictionResult: ...
 
 

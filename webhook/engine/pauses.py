@@ -142,20 +142,24 @@ class PausingEvictor:
         self.clock = clock
 
     def evict(
-        self, victim: PodRef, preemptor: PodRef, node: str, *, seen_live: bool = False
+        self,
+        victim: PodRef,
+        preemptor: PodRef,
+        node: str,
+        *,
+        seen_live: bool = False,
+        grace_seconds: int | None = None,
     ) -> EvictionResult:
         pod = self.cluster.pod(victim.namespace, victim.name)
         pause = self.pauses(pod) if pod is not None and pod.uid == victim.uid else None
-        if pause is None or self._recorded(victim):
-            return self.inner.evict(victim, preemptor, node, seen_live=seen_live)
-        if not pause.checkpoint:
-            self._refused(victim, preemptor, "refused", pause.why)
-            return self.inner.evict(victim, preemptor, node, seen_live=seen_live)
-        grace = self._checkpoint(victim, preemptor, node)
-        if grace is None:
-            return self.inner.evict(victim, preemptor, node, seen_live=seen_live)
-        evict: Any = self.inner.evict  # the cluster's evictor takes a grace period
-        return evict(victim, preemptor, node, seen_live=seen_live, grace_seconds=grace)  # type: ignore[no-any-return]
+        grace = grace_seconds
+        if pause is not None and not self._recorded(victim):
+            if not pause.checkpoint:
+                self._refused(victim, preemptor, "refused", pause.why)
+            else:
+                left = self._checkpoint(victim, preemptor, node)
+                grace = left if grace is None or left is None else min(grace, left)
+        return self.inner.evict(victim, preemptor, node, seen_live=seen_live, grace_seconds=grace)
 
     def _recorded(self, victim: PodRef) -> bool:
         store = self.pauses.store
