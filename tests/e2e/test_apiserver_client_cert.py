@@ -16,6 +16,11 @@ trusts. The service, started as the chart starts it (``serve --tls-secret ...
   certificate files named in a kubeconfig);
 * renews the certificate with the same CA: the copy kube-apiserver still holds keeps
   being accepted, and the renewed one once copied.
+
+kube-apiserver builds a webhook's client once per version of its configuration: when the
+files were missing then, it fails to call the webhook until the configuration changes,
+even after they appear; the annotation docs/deploy.md gives after the first copy lets it
+in.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import socket
 import ssl
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,17 +69,23 @@ pytestmark = pytest.mark.e2e
 SERVICE_NAMESPACE = "rpw-client-cert"
 TLS_SECRET = "rpw-tls"
 CLIENT_SECRET = "rpw-apiserver-client"
+#: The annotation docs/deploy.md has the operator set after the first copy.
+TOUCHED = "resize-preemption.io/client-certificate-copied"
+
+
+def _present_a_strangers_certificate(cert: Path, key: Path) -> None:
+    """The files kube-apiserver presents: a certificate of a CA nobody trusts."""
+    stranger = harness_pki.make_client_cert(pki.make_ca("stranger"), "kube-apiserver")
+    cert.write_bytes(stranger.cert_pem)
+    key.write_bytes(stranger.key_pem)
 
 
 def _write_admission_config(directory: Path) -> tuple[Path, Path, Path]:
     """kube-apiserver's AdmissionConfiguration naming a kubeconfig whose one user (``*``,
-    every webhook) presents the client certificate and key files; those start as a
-    certificate of a CA nobody trusts. Returns (admission config, cert file, key file)."""
+    every webhook) presents the client certificate and key files. Returns (admission
+    config, cert file, key file)."""
     directory.mkdir(parents=True, exist_ok=True)
     cert, key = directory / "webhook-client.crt", directory / "webhook-client.key"
-    stranger = harness_pki.make_client_cert(pki.make_ca("stranger"), "kube-apiserver")
-    cert.write_bytes(stranger.cert_pem)
-    key.write_bytes(stranger.key_pem)
     kubeconfig = directory / "webhook-client.kubeconfig"
     user = {"client-certificate": str(cert), "client-key": str(key)}
     kubeconfig.write_text(
@@ -174,9 +186,16 @@ class Service:
 
 
 @pytest.fixture
-def service(cluster: Cluster, tmp_path: Path, wait_until: Waiter) -> Iterator[Service]:
-    """The chart's empty Secrets and webhook configuration (no caBundle), then the
-    service; its namespace, Secrets and configuration go when the test ends."""
+def service(
+    cluster: Cluster,
+    tmp_path: Path,
+    wait_until: Waiter,
+    apiserver_client_files: tuple[Path, Path, Path],
+) -> Iterator[Service]:
+    """kube-apiserver presenting a stranger's certificate; the chart's empty Secrets and
+    webhook configuration (no caBundle), then the service. Its Secrets and configuration
+    go when the test ends."""
+    _present_a_strangers_certificate(*apiserver_client_files[1:])
     client = cluster.client
     ensure_namespace(client, SERVICE_NAMESPACE)
     for name in (TLS_SECRET, CLIENT_SECRET):
@@ -321,3 +340,28 @@ def test_a_renewed_client_certificate_keeps_the_ca_and_the_copy_in_use_working(
     pod = read_pod(cluster, namespace, "high-priority-pod")
     assert pod is not None
     assert [True, True] == [_answered_with(service, c, pod) for c in (first, renewed)]
+
+
+def test_files_missing_at_kube_apiservers_first_call_need_the_configuration_touched(
+    cluster: Cluster,
+    namespace: str,
+    kubectl: Kubectl,
+    priority_classes: dict[str, str],
+    service: Service,
+    apiserver_client_files: tuple[Path, Path, Path],
+    wait_until: Waiter,
+) -> None:
+    _scene(kubectl, priority_classes)
+    _, cert_file, key_file = apiserver_client_files
+    cert_file.unlink()
+    key_file.unlink()
+    assert not _warned(kubectl, namespace)  # the first call: no files, no client
+    _copy_to_the_control_plane(service.secret(CLIENT_SECRET), cert_file, key_file)
+    time.sleep(3)  # client-go rereads files once a second; this is not that
+    assert not _warned(kubectl, namespace)
+
+    # docs/deploy.md: annotate the configuration after the first copy.
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kubectl("annotate", "validatingwebhookconfiguration", CONFIGURATION_NAME,
+            f"{TOUCHED}={now}", "--overwrite")  # fmt: skip
+    wait_until(lambda: _warned(kubectl, namespace), timeout=30, what="kube-apiserver let in")
