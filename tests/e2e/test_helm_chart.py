@@ -30,6 +30,7 @@ from tests.e2e.helm_tools import (
     by_key,
     helm,
     render,
+    set_args,
     template,
     without_helm_labels,
 )
@@ -668,6 +669,33 @@ def test_without_client_auth_the_service_mode_keeps_no_client_certificate() -> N
     args = deployment_of(objects)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert ("--tls-client-secret" in args, "--client-ca" in args) == (False, False)
     assert [] == [o for o in objects if o["metadata"]["name"] == CLIENT_SECRET]
+
+
+NOTES_MODES = [
+    ("service", True),
+    ("cert-manager", True),
+    ("self-signed", False),
+]
+
+
+@pytest.mark.parametrize(("mode", "renews"), NOTES_MODES, ids=[m[0] for m in NOTES_MODES])
+def test_the_notes_say_how_to_give_kube_apiserver_its_certificate(mode: str, renews: bool) -> None:
+    # NOTES.txt is rendered by install, not by template; --dry-run=client needs no cluster.
+    result = helm(
+        "install", "rpw", str(CHART), "--dry-run=client",
+        *set_args({"clientAuth.enabled": True, "certificates.mode": mode}),
+    )  # fmt: skip
+    assert 0 == result.returncode, result.stderr
+    notes = result.stdout.split("\nNOTES:\n", 1)[1]
+    secret = "rpw-resize-preemption-webhook-apiserver-client"
+    for key in ("crt", "key"):
+        assert (
+            f"kubectl -n {NAMESPACE} get secret {secret} -o jsonpath='{{.data.tls\\.{key}}}' "
+            f"| base64 -d > /etc/kubernetes/admission/webhook-client.{key}"
+        ) in notes
+    assert '"rpw-resize-preemption-webhook.resize-preemption-system.svc"' in notes
+    assert "kubectl annotate validatingwebhookconfiguration rpw-resize-preemption-webhook" in notes
+    assert renews == ("Copy the files again after each renewal (720h" in notes)
 
 
 def test_client_auth_with_provided_certificates_needs_the_clients_ca() -> None:
