@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -154,11 +154,11 @@ def _serve_args(port: int, metrics_port: int, probe_port: int, files: Path) -> l
 class Service:
     """The service process, its ports and files."""
 
-    def __init__(self, cluster: Cluster, files: Path) -> None:
+    def __init__(self, cluster: Cluster, files: Path, extra: Sequence[str] = ()) -> None:
         self.cluster = cluster
         self.files = files
         self.port, self.metrics_port, self.probe_port = free_port(), free_port(), free_port()
-        self.args = _serve_args(self.port, self.metrics_port, self.probe_port, files)
+        self.args = [*_serve_args(self.port, self.metrics_port, self.probe_port, files), *extra]
         argv = [sys.executable, "-m", "webhook", *self.args]
         argv += ["--kubeconfig", str(cluster.kubeconfig)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -191,10 +191,11 @@ def service(
     tmp_path: Path,
     wait_until: Waiter,
     apiserver_client_files: tuple[Path, Path, Path],
+    request: pytest.FixtureRequest,
 ) -> Iterator[Service]:
     """kube-apiserver presenting a stranger's certificate; the chart's empty Secrets and
-    webhook configuration (no caBundle), then the service. Its Secrets and configuration
-    go when the test ends."""
+    webhook configuration (no caBundle), then the service (given the flags of an indirect
+    parameter, if any). Its Secrets and configuration go when the test ends."""
     _present_a_strangers_certificate(*apiserver_client_files[1:])
     client = cluster.client
     ensure_namespace(client, SERVICE_NAMESPACE)
@@ -205,7 +206,7 @@ def service(
         )
     configuration = webhook_configuration(0, b"", SERVICE_NAMESPACE)
     hook = configuration["webhooks"][0]
-    started = Service(cluster, tmp_path)
+    started = Service(cluster, tmp_path, getattr(request, "param", ()))
     hook["clientConfig"] = {"url": f"https://localhost:{started.port}/validate-resize"}
     register(client, configuration)
     try:
@@ -365,3 +366,42 @@ def test_files_missing_at_kube_apiservers_first_call_need_the_configuration_touc
     kubectl("annotate", "validatingwebhookconfiguration", CONFIGURATION_NAME,
             f"{TOUCHED}={now}", "--overwrite")  # fmt: skip
     wait_until(lambda: _warned(kubectl, namespace), timeout=30, what="kube-apiserver let in")
+
+
+#: Lifetimes short enough that every replica looks at the Secrets every 10 s.
+QUICK = ["--tls-client-validity", "1h", "--tls-client-renew-before", "60s"]
+
+
+@pytest.mark.parametrize("service", [QUICK], indirect=True, ids=["quick"])
+def test_a_renewed_ca_is_trusted_by_the_running_service_with_the_old_one(
+    cluster: Cluster,
+    namespace: str,
+    priority_classes: dict[str, str],
+    kubectl: Kubectl,
+    service: Service,
+    wait_until: Waiter,
+) -> None:
+    """The CA renewed by the leader (here: its look at a time the CA would not outlive a
+    new certificate): every replica trusts the new CA within a period, the old one
+    still, so the copy kube-apiserver holds and the renewed certificate both get in."""
+    _scene(kubectl, priority_classes)
+    pod = read_pod(cluster, namespace, "high-priority-pod")
+    assert pod is not None
+    first = service.secret(CLIENT_SECRET)
+    ca_file = service.files / "client-ca" / "ca.crt"
+    parsed = build_parser().parse_args([*service.args, "--kubeconfig", str(cluster.kubeconfig)])
+    tls = _managed_tls(parsed, SERVICE_NAMESPACE, str(ca_file))
+    assert tls.client is not None and 10.0 == tls.client.policy.period
+    (old_ca,) = x509.load_pem_x509_certificates(first["ca.crt"])
+    late = old_ca.not_valid_after_utc - dt.timedelta(minutes=30)
+    api = make_api_client(str(cluster.kubeconfig))
+    try:
+        written, renewed = ensure_client(api, tls, now=lambda: late)
+    finally:
+        api.close()
+    bundle = x509.load_pem_x509_certificates(renewed["ca.crt"])
+    assert (True, 2, old_ca) == (written, len(bundle), bundle[1])
+    assert first["ca.key"] != renewed["ca.key"]
+    wait_until(lambda: ca_file.read_bytes() == renewed["ca.crt"], timeout=30,
+               what="the replica following the client Secret")  # fmt: skip
+    assert [True, True] == [_answered_with(service, c, pod) for c in (first, renewed)]
