@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import os
 import socket
 import ssl
+import subprocess
 import sys
 import tempfile
 import time
@@ -405,3 +407,31 @@ def test_a_renewed_ca_is_trusted_by_the_running_service_with_the_old_one(
     wait_until(lambda: ca_file.read_bytes() == renewed["ca.crt"], timeout=30,
                what="the replica following the client Secret")  # fmt: skip
     assert [True, True] == [_answered_with(service, c, pod) for c in (first, renewed)]
+
+
+def test_a_client_secret_the_chart_did_not_make_stops_the_start_named(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """``create`` cannot be limited to a name, so the service only fills Secrets that
+    exist: without the client Secret the start-up run fails, naming it."""
+    client = cluster.client
+    ensure_namespace(client, SERVICE_NAMESPACE)
+    client.create(
+        f"/api/v1/namespaces/{SERVICE_NAMESPACE}/secrets",
+        {"metadata": {"name": TLS_SECRET}, "type": "Opaque"},
+    )
+    try:
+        args = [*_serve_args(1, 2, 3, tmp_path), "--kubeconfig", str(cluster.kubeconfig)]
+        parsed = build_parser().parse_args(args)
+        tls = _managed_tls(parsed, SERVICE_NAMESPACE, str(tmp_path / "client-ca" / "ca.crt"))
+        payload = {"tls": tls.to_json(), "kubeconfig": str(cluster.kubeconfig), "timeout": 0}
+        done = subprocess.run(
+            [sys.executable, "-m", "webhook.kube.certs"],
+            input=json.dumps(payload), capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        client.delete(f"/api/v1/namespaces/{SERVICE_NAMESPACE}/secrets/{TLS_SECRET}")
+    assert (1, [
+        f"error: the certificates in Secret {SERVICE_NAMESPACE}/{TLS_SECRET}, "
+        f"{SERVICE_NAMESPACE}/{CLIENT_SECRET}: HTTP 404: secrets \"{CLIENT_SECRET}\" not found"
+    ]) == (done.returncode, done.stderr.strip().splitlines()[-1:])  # fmt: skip

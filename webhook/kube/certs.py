@@ -283,8 +283,10 @@ def main() -> int:
     try:
         bootstrap(tls, raw.get("kubeconfig"), float(raw.get("timeout", BOOTSTRAP_TIMEOUT)))
     except ClusterError as e:
-        where = f"{tls.namespace}/{tls.secret}"
-        print(f"error: the certificate in Secret {where}: {e}", file=sys.stderr)
+        names = [tls.secret] if tls.client is None else [tls.secret, tls.client.secret]
+        where = ", ".join(f"{tls.namespace}/{n}" for n in names)
+        # The API server's message names the Secret it refused.
+        print(f"error: the certificates in Secret {where}: {e}", file=sys.stderr)
         return 1
     return 0
 
