@@ -5,9 +5,11 @@ for Helm.
     python scripts/chart_schema.py           # rewrite those parts of values.schema.json
     python scripts/chart_schema.py --check   # exit 1, naming the parts, if they drifted
 
-Generated: ``properties.settings`` (every setting but those the pod itself gives) and
-``properties.server.properties.port`` and ``.metricsPort``; everything else in the file is
-written by hand. tests/unit/test_chart_schema.py fails when the file and the table differ.
+Generated: ``properties.settings`` (every setting but those the pod itself gives),
+``properties.server.properties.port`` and ``.metricsPort``, and the certificate lifetimes
+the Deployment passes to ``serve --tls-*`` (``certificates.duration``, ``.renewBefore``,
+``.caDuration``, ``clientAuth.duration``, ``.renewBefore``); everything else in the file
+is written by hand. tests/unit/test_chart_schema.py fails when the file and the table differ.
 Two rules JSON Schema (draft-07) cannot say are the chart template's ``fail``: the
 metrics port differs from the port (templates/deployment.yaml).
 """
@@ -22,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from webhook.engine.settings import METRICS_PORT, PORT, SETTINGS  # noqa: E402
+from webhook.engine.settings import DURATION, METRICS_PORT, PORT, SETTINGS  # noqa: E402
 
 SCHEMA = ROOT / "deploy" / "helm" / "resize-preemption-webhook" / "values.schema.json"
 #: The chart's key under ``settings`` -> the service's setting.
@@ -86,13 +88,38 @@ def port_schemas() -> dict[str, dict[str, Any]]:
     }
 
 
+#: The chart's certificate lifetimes -> the ``serve`` flag each becomes (mode service).
+DURATIONS = {
+    "certificates": {
+        "duration": "--tls-validity",
+        "renewBefore": "--tls-renew-before",
+        "caDuration": "--tls-ca-validity",
+    },
+    "clientAuth": {
+        "duration": "--tls-client-validity",
+        "renewBefore": "--tls-client-renew-before",
+    },
+}
+
+
+def duration_schema(flag: str) -> dict[str, Any]:
+    return {**DURATION.schema(), "description": f"a duration such as 2160h (serve {flag})"}
+
+
+def _with(properties: dict[str, Any], key: str, generated: dict[str, Any]) -> None:
+    """``properties[key]`` with the ``generated`` properties."""
+    section = dict(properties[key])
+    section["properties"] = {**section["properties"], **generated}
+    properties[key] = section
+
+
 def generated(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with its generated parts as the table makes them."""
     properties = dict(schema["properties"])
     properties["settings"] = settings_schema()
-    server = dict(properties["server"])
-    server["properties"] = {**server["properties"], **port_schemas()}
-    properties["server"] = server
+    _with(properties, "server", port_schemas())
+    for key, flags in DURATIONS.items():
+        _with(properties, key, {v: duration_schema(f) for v, f in flags.items()})
     return {**schema, "properties": properties}
 
 

@@ -410,7 +410,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         options.validate()
     except ValueError as e:
         raise UsageError(f"cannot serve: {e}") from None
-    managed = _managed_tls(args, config.namespace)
+    managed = _managed_tls(args, config.namespace, config.client_ca)
     if managed is not None:
         _bootstrap_certificates(managed, args.kubeconfig)
     try:
@@ -428,11 +428,13 @@ def _duration(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _managed_tls(args: argparse.Namespace, namespace: str) -> Any:
+def _managed_tls(args: argparse.Namespace, namespace: str, client_ca: str = "") -> Any:
     """``--tls-secret``'s options (a :class:`webhook.rotation.ManagedTLS`), or None."""
     from webhook import rotation
 
     if not args.tls_secret:
+        if args.tls_client_secret:
+            raise UsageError("--tls-client-secret needs --tls-secret")
         return None
     policy = rotation.RotationPolicy(
         dns_names=tuple(args.tls_dns or ()),
@@ -450,7 +452,31 @@ def _managed_tls(args: argparse.Namespace, namespace: str) -> Any:
         policy=policy,
         cert_file=args.tls_cert,
         key_file=args.tls_key,
+        client=_managed_client(args, policy, client_ca),
     )
+
+
+def _managed_client(args: argparse.Namespace, serving: Any, client_ca: str) -> Any:
+    """``--tls-client-secret``'s options (a :class:`webhook.rotation.ManagedClient`), or
+    None."""
+    from webhook import rotation
+
+    if not args.tls_client_secret:
+        return None
+    if not client_ca:
+        raise UsageError("--tls-client-secret needs client-ca: the file its CA is written to")
+    policy = rotation.client_policy(
+        validity=args.tls_client_validity or rotation.DEFAULT_CLIENT_VALIDITY,
+        renew_before=args.tls_client_renew_before or rotation.DEFAULT_RENEW_BEFORE,
+        ca_validity=serving.ca_validity,
+    )
+    problem = policy.problem()
+    if problem:
+        raise UsageError(
+            f"--tls-client-secret: {problem} (--tls-client-validity, "
+            "--tls-client-renew-before, --tls-ca-validity)"
+        )
+    return rotation.ManagedClient(args.tls_client_secret, client_ca, policy)
 
 
 def _bootstrap_certificates(managed: Any, kubeconfig: str | None) -> None:
@@ -747,10 +773,19 @@ def _managed_tls_arguments(srv: Any) -> None:
         help="a webhook configuration whose caBundle to set (repeat; "
         "default: resize-preemption-webhook)",
     )
+    group.add_argument(
+        "--tls-client-secret",
+        metavar="NAME",
+        help="with client-ca: also keep a CA and kube-apiserver's client certificate in "
+        "this Secret, renew the certificate before it expires, and write the CA to the "
+        "client-ca file (copy tls.crt and tls.key to the control plane)",
+    )
     for flag, default, what in (
         ("--tls-validity", "2160h", "lifetime of a serving certificate"),
         ("--tls-renew-before", "720h", "renew a serving certificate this long before it expires"),
-        ("--tls-ca-validity", "87600h", "lifetime of the CA"),
+        ("--tls-ca-validity", "87600h", "lifetime of the CAs"),
+        ("--tls-client-validity", "8760h", "lifetime of kube-apiserver's client certificate"),
+        ("--tls-client-renew-before", "720h", "renew it this long before it expires"),
     ):
         group.add_argument(
             flag,

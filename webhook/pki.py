@@ -1,4 +1,5 @@
-"""Small X.509 helpers: a certificate authority and the serving certificates it signs.
+"""Small X.509 helpers: a certificate authority and the serving and client certificates it
+signs.
 
 Everything is returned as PEM bytes so callers can write files, build kubeconfigs or fill a
 ``caBundle`` without touching ``cryptography`` themselves. Keys are ECDSA P-256: quick to
@@ -27,6 +28,7 @@ __all__ = [
     "issue",
     "key_to_pem",
     "make_ca",
+    "make_client_cert",
     "make_serving_cert",
 ]
 
@@ -86,6 +88,23 @@ def make_serving_cert(
         subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]),
         usage=ExtendedKeyUsageOID.SERVER_AUTH,
         sans=sans,
+        validity=validity,
+    )
+
+
+def make_client_cert(
+    ca: CertificateAuthority,
+    common_name: str,
+    *,
+    validity: dt.timedelta = DEFAULT_VALIDITY,
+) -> KeyPair:
+    """Create a TLS client certificate (extended key usage clientAuth, no
+    subjectAltName) for ``common_name``, signed by ``ca``."""
+    return issue(
+        ca,
+        subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]),
+        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+        sans=[],
         validity=validity,
     )
 

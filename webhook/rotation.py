@@ -17,13 +17,21 @@ Kyverno's certificate renewer decide:
   certificate every replica serves while they move to the new one;
 * anything missing, unreadable or not matching its key is made anew.
 
+With client certificates required (``client-ca``), a second Secret of the same shape holds
+a CA of its own and kube-apiserver's client certificate (:class:`ManagedClient`, the
+policy's ``client_name``): the same decisions, for a certificate whose extended key usage
+is clientAuth and whose subject is that name. The service trusts that Secret's ``ca.crt``
+for reviews; kube-apiserver presents ``tls.crt`` and ``tls.key``, copied to the control
+plane by its operator (docs/deploy.md "Authenticating the API server"). A renewed client
+certificate is signed by the same CA, and a renewed CA stays in ``ca.crt`` until it
+expires, so the copy kube-apiserver holds is accepted until its own expiry.
+
 No I/O here.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -32,8 +40,10 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from webhook import pki
+from webhook.engine.settings import DURATION
 
 CA_CERT: Final = "ca.crt"
 CA_KEY: Final = "ca.key"
@@ -44,6 +54,7 @@ KEYS: Final = (CA_CERT, CA_KEY, TLS_CERT, TLS_KEY)
 DEFAULT_VALIDITY: Final = dt.timedelta(days=90)
 DEFAULT_RENEW_BEFORE: Final = dt.timedelta(days=30)
 DEFAULT_CA_VALIDITY: Final = dt.timedelta(days=3650)
+DEFAULT_CA_NAME: Final = "resize-preemption-webhook-ca"
 #: How often the Secret is looked at, at most and at least.
 MAX_PERIOD: Final = 60.0
 MIN_PERIOD: Final = 1.0
@@ -53,21 +64,12 @@ _SKEW: Final = dt.timedelta(minutes=5)
 #: What a certificate's lifetime may exceed its validity by: webhook.pki backdates the
 #: start by five minutes.
 _LIFETIME_SLACK: Final = dt.timedelta(minutes=6)
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(d|h|m|s)")
-_UNITS: Final = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 
 
 def parse_duration(text: str) -> dt.timedelta:
     """A duration as Go and cert-manager write them (``2160h``, ``1h30m``, ``90s``), days
     (``d``) too. Raises ``ValueError`` naming the text when it is not one, or not positive."""
-    spelled = text.strip()
-    parts = _DURATION.findall(spelled)
-    if not parts or "".join(n + u for n, u in parts) != spelled:
-        raise ValueError(f"{text!r} is not a duration such as 2160h, 45m or 90s")
-    seconds = sum(float(n) * _UNITS[u] for n, u in parts)
-    if seconds <= 0:
-        raise ValueError(f"{text!r}: a duration must be positive")
-    return dt.timedelta(seconds=seconds)
+    return DURATION(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +80,14 @@ class RotationPolicy:
     validity: dt.timedelta = DEFAULT_VALIDITY
     renew_before: dt.timedelta = DEFAULT_RENEW_BEFORE
     ca_validity: dt.timedelta = DEFAULT_CA_VALIDITY
-    ca_name: str = "resize-preemption-webhook-ca"
+    ca_name: str = DEFAULT_CA_NAME
+    #: Not empty: the certificate is a client certificate (clientAuth) with this common
+    #: name, and ``dns_names`` go unused; empty: a serving certificate for ``dns_names``.
+    client_name: str = ""
 
     def problem(self) -> str | None:
         """Why the policy cannot work (one line), or None."""
-        if not self.dns_names:
+        if not self.dns_names and not self.client_name:
             return "a serving certificate needs at least one DNS name"
         if self.renew_before >= self.validity:
             return "the renewal margin must be shorter than the certificate's validity"
@@ -97,6 +102,77 @@ class RotationPolicy:
         return min(MAX_PERIOD, max(MIN_PERIOD, self.renew_before.total_seconds() / 6))
 
 
+#: kube-apiserver's client certificate: its subject and its CA's.
+CLIENT_NAME: Final = "kube-apiserver-webhook-client"
+CLIENT_CA_NAME: Final = "resize-preemption-webhook-apiserver-client-ca"
+DEFAULT_CLIENT_VALIDITY: Final = dt.timedelta(days=365)
+
+
+def client_policy(
+    validity: dt.timedelta = DEFAULT_CLIENT_VALIDITY,
+    renew_before: dt.timedelta = DEFAULT_RENEW_BEFORE,
+    ca_validity: dt.timedelta = DEFAULT_CA_VALIDITY,
+) -> RotationPolicy:
+    """The policy of kube-apiserver's client certificate."""
+    return RotationPolicy(
+        dns_names=(),
+        validity=validity,
+        renew_before=renew_before,
+        ca_validity=ca_validity,
+        ca_name=CLIENT_CA_NAME,
+        client_name=CLIENT_NAME,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ManagedClient:
+    """Where the service keeps kube-apiserver's client certificate: the Secret ``secret``
+    of the service's namespace, and the file of the CA it trusts for reviews
+    (``client-ca``)."""
+
+    secret: str
+    ca_file: str
+    policy: RotationPolicy
+
+
+def _policy_json(policy: RotationPolicy) -> dict[str, object]:
+    return {
+        "dns_names": list(policy.dns_names),
+        "validity": policy.validity.total_seconds(),
+        "renew_before": policy.renew_before.total_seconds(),
+        "ca_validity": policy.ca_validity.total_seconds(),
+        "ca_name": policy.ca_name,
+        "client_name": policy.client_name,
+    }
+
+
+def _names(raw: Mapping[str, object], key: str) -> tuple[str, ...]:
+    value = raw.get(key)
+    return tuple(str(v) for v in value) if isinstance(value, list) else ()
+
+
+def _policy_from(raw: Mapping[str, object]) -> RotationPolicy:
+    def seconds(key: str) -> dt.timedelta:
+        return dt.timedelta(seconds=float(str(raw[key])))
+
+    return RotationPolicy(
+        dns_names=_names(raw, "dns_names"),
+        validity=seconds("validity"),
+        renew_before=seconds("renew_before"),
+        ca_validity=seconds("ca_validity"),
+        ca_name=str(raw.get("ca_name") or DEFAULT_CA_NAME),
+        client_name=str(raw.get("client_name") or ""),
+    )
+
+
+def _client_json(client: ManagedClient) -> dict[str, object]:
+    return {"secret": client.secret, "ca_file": client.ca_file, **_policy_json(client.policy)}
+
+
+def _client_from(raw: Mapping[str, object]) -> ManagedClient:
+    return ManagedClient(str(raw["secret"]), str(raw["ca_file"]), _policy_from(raw))
+
+
 @dataclass(frozen=True, slots=True)
 class ManagedTLS:
     """Where the service keeps its own certificates: the Secret ``namespace/secret``, the
@@ -108,43 +184,32 @@ class ManagedTLS:
     policy: RotationPolicy
     cert_file: str
     key_file: str
+    #: kube-apiserver's client certificate, when reviews need one; None: they do not, or
+    #: its CA comes from elsewhere.
+    client: ManagedClient | None = None
 
     def to_json(self) -> dict[str, object]:
-        p = self.policy
         return {
             "secret": self.secret,
             "namespace": self.namespace,
             "webhook_configs": list(self.webhook_configs),
-            "dns_names": list(p.dns_names),
-            "validity": p.validity.total_seconds(),
-            "renew_before": p.renew_before.total_seconds(),
-            "ca_validity": p.ca_validity.total_seconds(),
+            **_policy_json(self.policy),
             "cert_file": self.cert_file,
             "key_file": self.key_file,
+            "client": None if self.client is None else _client_json(self.client),
         }
 
     @staticmethod
     def from_json(raw: Mapping[str, object]) -> ManagedTLS:
-        def seconds(key: str) -> dt.timedelta:
-            return dt.timedelta(seconds=float(str(raw[key])))
-
-        def names(key: str) -> tuple[str, ...]:
-            value = raw[key]
-            return tuple(str(v) for v in value) if isinstance(value, list) else ()
-
-        policy = RotationPolicy(
-            dns_names=names("dns_names"),
-            validity=seconds("validity"),
-            renew_before=seconds("renew_before"),
-            ca_validity=seconds("ca_validity"),
-        )
+        client = raw.get("client")
         return ManagedTLS(
             secret=str(raw["secret"]),
             namespace=str(raw["namespace"]),
-            webhook_configs=names("webhook_configs"),
-            policy=policy,
+            webhook_configs=_names(raw, "webhook_configs"),
+            policy=_policy_from(raw),
             cert_file=str(raw["cert_file"]),
             key_file=str(raw["key_file"]),
+            client=_client_from(client) if isinstance(client, Mapping) else None,
         )
 
 
@@ -172,16 +237,23 @@ def renewal(
         assert ca is not None
         bundle = [ca.cert, *(c for c in bundle if c != ca.cert)]
     ca_pem = b"".join(c.public_bytes(serialization.Encoding.PEM) for c in bundle)
-    serving = (data.get(TLS_CERT, b""), data.get(TLS_KEY, b""))
-    if not _serving_ok(serving, ca, policy, now):
-        pair = pki.make_serving_cert(
-            pki.CertificateAuthority(cert_pem=ca.pem, key_pem=ca.key_pem),
-            dns_names=policy.dns_names,
-            validity=policy.validity,
-        )
-        serving = (pair.cert_pem, pair.key_pem)
-    wanted = {CA_CERT: ca_pem, CA_KEY: ca.key_pem, TLS_CERT: serving[0], TLS_KEY: serving[1]}
+    leaf = (data.get(TLS_CERT, b""), data.get(TLS_KEY, b""))
+    if not _leaf_ok(leaf, ca, policy, now):
+        leaf = _issue(ca, policy)
+    wanted = {CA_CERT: ca_pem, CA_KEY: ca.key_pem, TLS_CERT: leaf[0], TLS_KEY: leaf[1]}
     return None if all(data.get(k) == v for k, v in wanted.items()) else wanted
+
+
+def _issue(ca: _Authority, policy: RotationPolicy) -> tuple[bytes, bytes]:
+    """A new certificate and key as ``policy`` asks, signed by ``ca``."""
+    authority = pki.CertificateAuthority(cert_pem=ca.pem, key_pem=ca.key_pem)
+    if policy.client_name:
+        pair = pki.make_client_cert(authority, policy.client_name, validity=policy.validity)
+    else:
+        pair = pki.make_serving_cert(
+            authority, dns_names=policy.dns_names, validity=policy.validity
+        )
+    return pair.cert_pem, pair.key_pem
 
 
 def _certificates(pem: bytes) -> list[x509.Certificate]:
@@ -222,10 +294,11 @@ def _authority(data: Mapping[str, bytes], bundle: Sequence[x509.Certificate]) ->
     return _Authority(cert, key, cert.public_bytes(serialization.Encoding.PEM), pki.key_to_pem(key))
 
 
-def _serving_ok(
+def _leaf_ok(
     pair: tuple[bytes, bytes], ca: _Authority, policy: RotationPolicy, now: dt.datetime
 ) -> bool:
-    """Whether the serving pair is ``ca``'s, has every name, and is not due for renewal."""
+    """Whether the pair is ``ca``'s, is what ``policy`` asks for, and is not due for
+    renewal."""
     certs = _certificates(pair[0])
     key = _private_key(pair[1])
     if len(certs) != 1 or key is None or certs[0].public_key() != key.public_key():
@@ -233,12 +306,25 @@ def _serving_ok(
     cert = certs[0]
     try:
         cert.verify_directly_issued_by(ca.cert)
-        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        fits = _client_fits(cert, policy) if policy.client_name else _serving_fits(cert, policy)
     except (InvalidSignature, ValueError, TypeError, x509.ExtensionNotFound):
         return False
-    missing = set(policy.dns_names) - set(names.get_values_for_type(x509.DNSName))
     due = _expires(cert) - now <= policy.renew_before or _longer(cert, policy.validity)
-    return not missing and _valid(cert, now) and not due
+    return fits and _valid(cert, now) and not due
+
+
+def _serving_fits(cert: x509.Certificate, policy: RotationPolicy) -> bool:
+    """Whether ``cert`` names every DNS name of ``policy``."""
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return set(policy.dns_names) <= set(names.get_values_for_type(x509.DNSName))
+
+
+def _client_fits(cert: x509.Certificate, policy: RotationPolicy) -> bool:
+    """Whether ``cert`` is a client certificate for ``policy``'s name."""
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    subject = [str(n.value) for n in names]
+    return ExtendedKeyUsageOID.CLIENT_AUTH in usages and [policy.client_name] == subject
 
 
 def _longer(cert: x509.Certificate, validity: dt.timedelta) -> bool:
@@ -250,11 +336,16 @@ def _longer(cert: x509.Certificate, validity: dt.timedelta) -> bool:
 __all__ = [
     "CA_CERT",
     "CA_KEY",
+    "CLIENT_CA_NAME",
+    "CLIENT_NAME",
+    "DEFAULT_CLIENT_VALIDITY",
     "KEYS",
     "TLS_CERT",
     "TLS_KEY",
+    "ManagedClient",
     "ManagedTLS",
     "RotationPolicy",
+    "client_policy",
     "parse_duration",
     "renewal",
 ]

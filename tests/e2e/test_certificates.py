@@ -53,13 +53,14 @@ VALUES = {
 
 
 def managed_tls(container: dict[str, Any], namespace: str, out: Path) -> ManagedTLS:
-    """What the container's own arguments ask of the service, files under ``out``."""
+    """What the container's own arguments ask of the service, files under ``out`` (the
+    client CA's, with clientAuth, ``out/client-ca.crt``)."""
     args = container["args"]
     args = [*args[: args.index("--tls-cert")], *args[args.index("--tls-key") + 2 :]]
     parsed = build_parser().parse_args(
         [*args, "--tls-cert", str(out / "tls.crt"), "--tls-key", str(out / "tls.key")]
     )
-    managed: ManagedTLS = _managed_tls(parsed, namespace)
+    managed: ManagedTLS = _managed_tls(parsed, namespace, str(out / "client-ca.crt"))
     return managed
 
 
@@ -85,8 +86,10 @@ def token_kubeconfig(cluster: Cluster, namespace: str, account: str, out: Path) 
     return out
 
 
-def secret_data(cluster: Cluster, namespace: str) -> dict[str, bytes]:
-    secret = cluster.client.get(f"/api/v1/namespaces/{namespace}/secrets/{FULLNAME}-tls")
+def secret_data(
+    cluster: Cluster, namespace: str, name: str = f"{FULLNAME}-tls"
+) -> dict[str, bytes]:
+    secret = cluster.client.get(f"/api/v1/namespaces/{namespace}/secrets/{name}")
     return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
 
 
@@ -206,3 +209,44 @@ def test_renewals_keep_the_ca_bundle_trusting_what_is_served(
         x509.load_pem_x509_certificate(third["tls.crt"]).verify_directly_issued_by(bundle[0])
     finally:
         api.close()
+
+
+def test_with_client_auth_the_service_keeps_kube_apiservers_certificate_with_the_charts_rights(
+    cluster: Cluster,
+    helm: Helm,
+    release_namespace: str,
+    tmp_path: Path,
+) -> None:
+    """clientAuth on: the start-up run, as the ServiceAccount, fills the chart's empty
+    client Secret too and writes its CA where ``--client-ca`` points; an upgrade leaves
+    it as the service wrote it."""
+    values = {**VALUES, "clientAuth.enabled": True}
+    helm("install", RELEASE, str(CHART), *set_args(values))
+    client_secret = f"{FULLNAME}-apiserver-client"
+    container = deployment(cluster, release_namespace)["spec"]["template"]["spec"]["containers"][0]
+    tls = managed_tls(container, release_namespace, tmp_path / "tls")
+    client, client_ca = tls.client, tmp_path / "tls" / "client-ca.crt"
+    assert client is not None
+    assert (client_secret, {}) == (
+        client.secret,
+        secret_data(cluster, release_namespace, client_secret),
+    )
+    account = token_kubeconfig(cluster, release_namespace, FULLNAME, tmp_path / "sa.kubeconfig")
+
+    payload = json.dumps({"tls": tls.to_json(), "kubeconfig": str(account), "timeout": 10})
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook.kube.certs"],
+        input=payload, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert 0 == done.returncode, done.stderr
+    data = secret_data(cluster, release_namespace, client_secret)
+    assert ["ca.crt", "ca.key", "tls.crt", "tls.key"] == sorted(data)
+    assert data["ca.crt"] == client_ca.read_bytes()
+    cert = x509.load_pem_x509_certificate(data["tls.crt"])
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(data["ca.crt"]))
+    assert ["ca.crt", "ca.key", "tls.crt", "tls.key"] == sorted(
+        secret_data(cluster, release_namespace)
+    )
+
+    helm("upgrade", RELEASE, str(CHART), "--reuse-values", *set_args({"settings.mode": "warn"}))
+    assert data == secret_data(cluster, release_namespace, client_secret)

@@ -30,11 +30,12 @@ from tests.e2e.helm_tools import (
     by_key,
     helm,
     render,
+    set_args,
     template,
     without_helm_labels,
 )
 from tests.unit.test_chart_schema import chart_schema
-from webhook.cli import build_parser
+from webhook.cli import _managed_tls, build_parser
 from webhook.core.errors import InputError
 from webhook.engine.settings import env_name, load_config
 
@@ -108,8 +109,9 @@ def enable_mutating(overlay: Path) -> None:
             "metrics.prometheusRule.enabled": True,
             "metrics.dashboard.enabled": True,
         },
+        {"clientAuth.enabled": True},
     ],
-    ids=["defaults", "self-signed-with-mutating", "monitoring"],
+    ids=["defaults", "self-signed-with-mutating", "monitoring", "client-auth-service-mode"],
 )
 def test_helm_lint_is_clean(values: dict[str, Any]) -> None:
     args = [a for k, v in values.items() for a in ("--set-json", f"{k}={json.dumps(v)}")]
@@ -329,6 +331,10 @@ GOOD_VALUES = [
     ("one-replica", {"replicaCount": 1}),
     ("strict-spread", {"topologySpread.hostname": "DoNotSchedule"}),
     ("pinned-digest", {"image.digest": "sha256:" + "0" * 64}),
+    (
+        "client-certificate-lifetime",
+        {"clientAuth.duration": "17520h", "clientAuth.renewBefore": "1440h"},
+    ),
 ]
 
 
@@ -368,6 +374,8 @@ BAD_VALUES = [
      "at '/certificates/caBundle': 'not base64!' does not match pattern"),
     ("bad-duration", {"certificates.duration": "90 days"},
      "at '/certificates/duration': '90 days' does not match pattern"),
+    ("client-lifetime-in-years", {"clientAuth.duration": "1y"},
+     "at '/clientAuth/duration': '1y' does not match pattern"),
     ("bad-port", {"server.port": 70000}, "at '/server/port': maximum: got 70,000, want 65,535"),
     ("zero-port", {"server.port": 0}, "at '/server/port': minimum: got 0, want 1"),
     ("zero-metrics-port", {"server.metricsPort": 0},
@@ -613,6 +621,81 @@ def test_a_self_signed_client_certificate_is_for_client_auth_signed_by_the_ca_it
     cert.verify_directly_issued_by(ca)
     usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert ExtendedKeyUsageOID.CLIENT_AUTH in usages
+
+
+CLIENT_SECRET = f"{NAME}-apiserver-client"
+
+
+def test_client_auth_in_service_mode_has_the_service_keep_the_certificate() -> None:
+    """No ``fail``: the service makes and renews kube-apiserver's client certificate in
+    the chart's empty Secret, may get and update it by name, and writes its CA into the
+    file ``--client-ca`` names (an in-memory emptyDir, not a Secret volume)."""
+    objects = render({"clientAuth.enabled": True, "clientAuth.duration": "4380h"})
+    container, volume = _client_auth(objects)
+    args = container["args"]
+    at = args.index("--tls-client-secret")
+    assert ["--tls-client-secret", CLIENT_SECRET, "--tls-client-validity", "4380h",
+            "--tls-client-renew-before", "720h"] == args[at : at + 6]  # fmt: skip
+    assert "/etc/rpw/client-ca/ca.crt" == args[args.index("--client-ca") + 1]
+    assert {"medium": "Memory", "sizeLimit": "1Mi"} == volume["emptyDir"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "client-ca"]
+    assert False is mount["readOnly"]
+    (secret,) = [o for o in objects if o["metadata"]["name"] == CLIENT_SECRET]
+    assert ("Secret", "Opaque", None) == (secret["kind"], secret["type"], secret.get("data"))
+    assert [{"apiGroups": [""], "resources": ["secrets"],
+             "resourceNames": [f"{NAME}-tls", CLIENT_SECRET],
+             "verbs": ["get", "update"]}] == _rules(objects, "Role")  # fmt: skip
+    command = [*container.get("command", []), *args]
+    parsed = build_parser().parse_args(command[command.index("serve") :])
+    managed = _managed_tls(parsed, NAMESPACE, parsed.client_ca)
+    assert (CLIENT_SECRET, "/etc/rpw/client-ca/ca.crt", 4380) == (
+        managed.client.secret,
+        managed.client.ca_file,
+        managed.client.policy.validity.total_seconds() / 3600,
+    )
+
+
+def test_client_auth_in_service_mode_with_the_operators_ca_keeps_no_certificate() -> None:
+    objects = render({"clientAuth.enabled": True, "clientAuth.caBundle": "-----BEGIN"})
+    container, volume = _client_auth(objects)
+    assert "--tls-client-secret" not in container["args"]
+    assert f"{NAME}-client-ca" == volume["configMap"]["name"]
+    assert [] == [o for o in objects if o["metadata"]["name"] == CLIENT_SECRET]
+    assert [[f"{NAME}-tls"]] == [r["resourceNames"] for r in _rules(objects, "Role")]
+
+
+def test_without_client_auth_the_service_mode_keeps_no_client_certificate() -> None:
+    objects = render()
+    args = deployment_of(objects)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert ("--tls-client-secret" in args, "--client-ca" in args) == (False, False)
+    assert [] == [o for o in objects if o["metadata"]["name"] == CLIENT_SECRET]
+
+
+NOTES_MODES = [
+    ("service", True),
+    ("cert-manager", True),
+    ("self-signed", False),
+]
+
+
+@pytest.mark.parametrize(("mode", "renews"), NOTES_MODES, ids=[m[0] for m in NOTES_MODES])
+def test_the_notes_say_how_to_give_kube_apiserver_its_certificate(mode: str, renews: bool) -> None:
+    # NOTES.txt is rendered by install, not by template; --dry-run=client needs no cluster.
+    result = helm(
+        "install", "rpw", str(CHART), "--dry-run=client",
+        *set_args({"clientAuth.enabled": True, "certificates.mode": mode}),
+    )  # fmt: skip
+    assert 0 == result.returncode, result.stderr
+    notes = result.stdout.split("\nNOTES:\n", 1)[1]
+    secret = "rpw-resize-preemption-webhook-apiserver-client"
+    for key in ("crt", "key"):
+        assert (
+            f"kubectl -n {NAMESPACE} get secret {secret} -o jsonpath='{{.data.tls\\.{key}}}' "
+            f"| base64 -d > /etc/kubernetes/admission/webhook-client.{key}"
+        ) in notes
+    assert '"rpw-resize-preemption-webhook.resize-preemption-system.svc"' in notes
+    assert "kubectl annotate validatingwebhookconfiguration rpw-resize-preemption-webhook" in notes
+    assert renews == ("Copy the files again after each renewal (720h" in notes)
 
 
 def test_client_auth_with_provided_certificates_needs_the_clients_ca() -> None:

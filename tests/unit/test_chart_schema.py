@@ -63,6 +63,10 @@ DRIFTS = [
      lambda s: _settings(s)["protectedNamespaces"]["items"].pop("pattern")),
     ("port-zero-allowed", lambda s: _server(s)["port"].update(minimum=0)),
     ("metrics-port-too-high", lambda s: _server(s)["metricsPort"].update(maximum=70000)),
+    ("client-lifetime-unchecked",
+     lambda s: s["properties"]["clientAuth"]["properties"]["duration"].pop("pattern")),
+    ("ca-lifetime-dropped",
+     lambda s: s["properties"]["certificates"]["properties"].pop("caDuration")),
 ]  # fmt: skip
 
 

@@ -12,6 +12,7 @@ the setting as it was given, where it came from and the rule.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import logging
 import math
 import re
@@ -383,6 +384,32 @@ class Text(Rule):
         return {"type": "string", "minLength": 1} if self.required else {"type": "string"}
 
 
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(d|h|m|s)")
+_DURATION_UNITS: Final = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Duration(Rule):
+    """A positive duration as Go and cert-manager write it (``2160h``, ``1h30m``,
+    ``90s``), days (``d``) too; a :class:`datetime.timedelta`. The schema takes hours,
+    minutes and seconds only: the chart gives the same values to cert-manager, which
+    knows no days."""
+
+    def __call__(self, value: object) -> dt.timedelta:
+        text = value if isinstance(value, str) else ""
+        spelled = text.strip()
+        parts = _DURATION_PART.findall(spelled)
+        if not parts or "".join(n + u for n, u in parts) != spelled:
+            raise ValueError(f"{value!r} is not a duration such as 2160h, 45m or 90s")
+        seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+        if seconds <= 0:
+            raise ValueError(f"{value!r}: a duration must be positive")
+        return dt.timedelta(seconds=seconds)
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "string", "pattern": "^([0-9]+(\\.[0-9]+)?(h|m|s))+$"}
+
+
 @dataclass(frozen=True, slots=True)
 class Setting:
     """One setting: the :class:`Config` field it sets, its :class:`Rule` (how a value given
@@ -596,9 +623,11 @@ SETTINGS: Final[dict[str, Setting]] = {
 #: where both are given. On the command line, where ``-n/--namespace`` is a pod's
 #: namespace as in kubectl, the old name is refused with the new one.
 RENAMED: Final[dict[str, str]] = {"namespace": "service-namespace"}
-#: The command line's server options (not settings): ports.
+#: The command line's server options (not settings): ports, and the lifetimes of the
+#: certificates the service keeps (``--tls-validity`` and the others).
 PORT: Final = Port()
 METRICS_PORT: Final = Port(off=True)
+DURATION: Final = Duration()
 
 
 def check_ports(port: int, metrics_port: int, probe_port: int = 0) -> None:

@@ -137,3 +137,13 @@ current files are kept (lookup), so the caBundle and the certificate never chang
 {{- .Values.certificates.caBundle -}}
 {{- end -}}
 {{- end -}}
+
+{{- /*
+"true" when the service itself keeps kube-apiserver's client certificate: mode service,
+clientAuth on, and no CA of the operator's (clientAuth.caBundle).
+*/}}
+{{- define "rpw.keepsClientCert" -}}
+{{- if and .Values.clientAuth.enabled (not .Values.clientAuth.caBundle) (eq .Values.certificates.mode "service") -}}
+true
+{{- end -}}
+{{- end -}}
