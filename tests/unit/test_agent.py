@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,7 +22,13 @@ from webhook.agent.records import (
     image_reference,
     rfc3339,
 )
-from webhook.agent.runtime import CriuFacts, RuntimeFacts, RuntimeFailure, restore_enabled
+from webhook.agent.runtime import (
+    CriuFacts,
+    RuntimeFacts,
+    RuntimeFailure,
+    probe_criu,
+    restore_enabled,
+)
 from webhook.agent.settings import load_agent_settings
 from webhook.core.errors import InputError
 
@@ -342,3 +349,41 @@ def test_flags_win_over_the_environment() -> None:
         settings.max_checkpoints,
         settings.max_checkpoint_bytes,
     )
+
+
+def test_the_checkpoint_directory_is_made_roots_alone(tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    directory.mkdir(mode=0o755)
+    agent = Agent(AgentConfig(NODE, directory), Store(), Runtime(), usable_criu, Clock())
+    agent.protect_directory()
+    assert 0o700 == directory.stat().st_mode & 0o777
+
+
+def fake_criu(tmp_path: Path, version: str, check_exit: int) -> str:
+    script = tmp_path / "bin dir" / "criu"
+    script.parent.mkdir()
+    script.write_text(
+        "#!/bin/sh\n"
+        f'[ "$1" = --version ] && {{ echo "Version: {version}"; exit 0; }}\n'
+        '[ "$1" = check ] && echo "Error (criu/cr-check.c:1): vdso bounds" >&2\n'
+        f'[ "$1" = check ] && exit {check_exit}\n'
+        "exit 1\n"
+    )
+    script.chmod(0o755)
+    return shlex.quote(str(script))
+
+
+@pytest.mark.parametrize(
+    ("version", "check_exit", "expected"),
+    [
+        ("4.1.1", 0, CriuFacts("4.1.1", True)),
+        ("3.15", 0, CriuFacts("3.15", False, "CRIU 3.15 is older than 3.16")),
+        ("3.17.1", 1, CriuFacts(
+            "3.17.1", False, "`criu check` failed: Error (criu/cr-check.c:1): vdso bounds")),
+    ],
+    ids=["usable", "too-old", "check-fails"],
+)  # fmt: skip
+def test_criu_is_usable_when_recent_and_its_check_passes(
+    tmp_path: Path, version: str, check_exit: int, expected: CriuFacts
+) -> None:
+    assert expected == probe_criu(fake_criu(tmp_path, version, check_exit))

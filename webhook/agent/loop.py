@@ -76,6 +76,16 @@ class Agent:
         self.clock = clock
         self._probed_at: float | None = None
 
+    def protect_directory(self) -> None:
+        """The checkpoint directory as the kubelet makes it, root's alone (0700): the
+        archives hold process memory. A hostPath volume made before the kubelet's first
+        checkpoint would be 0755 otherwise."""
+        try:
+            self.config.checkpoint_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.config.checkpoint_dir, 0o700)
+        except OSError as e:
+            log.warning("checkpoint directory %s: %s", self.config.checkpoint_dir, e)
+
     # --- capability -----------------------------------------------------------------------
 
     def capability(self) -> Capability:

@@ -9,6 +9,7 @@ in containerd v2.4; a runtime speaking them is another implementation of this pr
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import tomllib
 from collections.abc import Sequence
@@ -109,7 +110,10 @@ class Containerd:
     config: Path | None = None
 
     def _ctr(self, *args: str, timeout: float = 600) -> str:
-        argv = [self.ctr, "--address", self.address, "--namespace", self.namespace, *args]
+        # A command, not only a path: e.g. ``nsenter --target 1 --mount -- ctr`` runs the
+        # host's own client from a pod.
+        argv = [*shlex.split(self.ctr), "--address", self.address, "--namespace", self.namespace]
+        argv += args
         result = run(argv, timeout)
         if result.returncode != 0:
             why = _last_line(result.stderr) or f"exit {result.returncode}"
@@ -155,19 +159,22 @@ class CriuFacts:
 
 def probe_criu(criu: str) -> CriuFacts:
     """``criu --version`` and ``criu check``: usable when both pass and the version is at
-    least :data:`MIN_CRIU`."""
+    least :data:`MIN_CRIU`. ``criu`` is a command (``nsenter --target 1 --mount -- criu``
+    runs the host's, with its libraries, from a pod)."""
+    command = shlex.split(criu)
     try:
-        result = run([criu, "--version"], timeout=30)
+        result = run([*command, "--version"], timeout=30)
     except RuntimeFailure as e:
         return CriuFacts("", False, f"CRIU: {e}")
     match = re.search(r"Version:\s*(\S+)", result.stdout)
     version = match.group(1) if match and result.returncode == 0 else ""
     if not version:
-        return CriuFacts("", False, f"CRIU: `{criu} --version` printed no version")
+        why = _last_line(result.stderr) or "no version"
+        return CriuFacts("", False, f"CRIU: `{criu} --version`: {why}")
     if version_tuple(version) < MIN_CRIU:
         need = ".".join(map(str, MIN_CRIU))
         return CriuFacts(version, False, f"CRIU {version} is older than {need}")
-    check = run([criu, "check"], timeout=60)
+    check = run([*command, "check"], timeout=60)
     if check.returncode != 0:
         why = _last_line(check.stderr or check.stdout) or f"exit {check.returncode}"
         return CriuFacts(version, False, f"`criu check` failed: {why}")

@@ -110,8 +110,18 @@ AGENT_SETTINGS: Final[dict[str, AgentSetting]] = {
     "checkpoint-dir": AgentSetting(
         "checkpoint_dir", Absolute(), "the kubelet's checkpoint directory", "DIR"
     ),
-    "ctr": AgentSetting("ctr", Text(required=True), "containerd's ctr client", "PATH"),
-    "criu": AgentSetting("criu", Text(required=True), "the CRIU containerd runs", "PATH"),
+    "ctr": AgentSetting(
+        "ctr",
+        Text(required=True),
+        "containerd's ctr client (a command: path and arguments)",
+        "COMMAND",
+    ),
+    "criu": AgentSetting(
+        "criu",
+        Text(required=True),
+        "the CRIU containerd runs (a command: path and arguments)",
+        "COMMAND",
+    ),
     "containerd-address": AgentSetting(
         "containerd_address", Absolute(), "containerd's socket", "SOCKET"
     ),
