@@ -54,7 +54,10 @@ class Bytes(Rule):
     rule: ClassVar[str] = "must be a size above 0: bytes or a quantity such as 20Gi"
 
     def schema(self) -> dict[str, Any]:
-        return {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "minLength": 1}]}
+        quantity = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+        return {
+            "anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": quantity}]
+        }
 
 
 @dataclass(frozen=True, slots=True)
