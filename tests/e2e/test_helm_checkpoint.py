@@ -111,8 +111,9 @@ def test_the_pod_is_root_privileged_in_the_hosts_pid_namespace() -> None:
         {**ON, "checkpoint.maxCheckpoints": 3, "checkpoint.maxCheckpointBytes": 1073741824,
          "checkpoint.pollInterval": 0.5, "checkpoint.containerdConfig": ""},
         {**ON, "checkpoint.maxCheckpointBytes": "512Mi", "checkpoint.criu": "/opt/criu/criu"},
+        {**ON, "checkpoint.hostCommand": "", "checkpoint.ctr": "/usr/bin/ctr"},
     ],
-    ids=["defaults", "numbers", "quantity-and-path"],
+    ids=["defaults", "numbers", "quantity-and-path", "no-host-command"],
 )  # fmt: skip
 def test_the_container_command_is_one_the_agent_accepts(values: dict[str, Any]) -> None:
     (container,) = pod_spec(values)["containers"]
@@ -122,8 +123,11 @@ def test_the_container_command_is_one_the_agent_accepts(values: dict[str, Any]) 
     flags = {name: getattr(parsed, name.replace("-", "_"), None) for name in AGENT_SETTINGS}
     settings = load_agent_settings(flags=flags)
     assert ("node-1", NAMESPACE) == (settings.node, settings.namespace)
-    assert settings.ctr.startswith("nsenter --target 1 --mount -- ")
     given = {k.removeprefix("checkpoint."): v for k, v in values.items()}
+    if given.get("hostCommand") == "":
+        assert ("/usr/bin/ctr", "criu") == (settings.ctr, settings.criu)
+    else:
+        assert settings.ctr.startswith("nsenter --target 1 --mount -- ")
     if "maxCheckpoints" in given:
         assert (3, 1024**3, 0.5, "") == (
             settings.max_checkpoints, settings.max_checkpoint_bytes, settings.poll_interval,

@@ -6,6 +6,8 @@ the pod), the node agent runs as a host process, as its DaemonSet would on a nod
   image (``imaged``: images, commands, sizes) and deletes the archive; the pod created again
   under its name from that image and command goes on counting from where it was, not from 1;
   once the record says ``restored``, the image, the archive and the record are gone;
+* the same with the agent of the chart's DaemonSet (``checkpoint.enabled``), reading the
+  records of the webhook's namespace;
 * the agent on a node without CRIU publishes ``checkpoint: "false"`` and says why.
 """
 
@@ -23,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from harness.chart import NAMESPACE as CHART_NAMESPACE
 from harness.realcluster import RealCluster
 from harness.realnode import NODE_IP, NODE_NAME
 from tests.e2e.conftest import Waiter
@@ -133,23 +136,27 @@ def write_record(cluster: RealCluster, namespace: str, pod: dict[str, Any], arch
     return name
 
 
-def test_a_checkpointed_pod_is_restored_with_its_memory_and_then_cleaned_up(
-    real_cluster: RealCluster, real_namespace: str, agent: Path, wait_until: Waiter
+def pause_and_resume(
+    cluster: RealCluster, ns: str, records: str, wait_until: Waiter, agent: str
 ) -> None:
-    ns, client, node = real_namespace, real_cluster.client, real_cluster.node
+    """The whole round on the node, the service's part played here: a counting pod of
+    ``ns`` checkpointed, its record written to ``records`` (where the agent reads them),
+    imaged by the agent, the pod made again from the image, going on counting; then the
+    record says ``restored`` and the agent removes the image, the archive and the record."""
+    client, node = cluster.client, cluster.node
     assert node is not None
     checkpoints = node.paths.kubelet_root / "checkpoints"
     pods = f"/api/v1/namespaces/{ns}/pods"
-    client.create(pods, counter_pod(real_cluster.image("workload"), ["sh", "-c", COUNTER]))
-    wait_until(lambda: running(real_cluster, ns), timeout=60, what="the counter to run")
-    wait_until(lambda: count(real_cluster, ns) >= 6, timeout=30, what="a few counts")
-    before = count(real_cluster, ns)
-    archive = kubelet_checkpoint(real_cluster, ns)
+    client.create(pods, counter_pod(cluster.image("workload"), ["sh", "-c", COUNTER]))
+    wait_until(lambda: running(cluster, ns), timeout=60, what="the counter to run")
+    wait_until(lambda: count(cluster, ns) >= 6, timeout=30, what="a few counts")
+    before = count(cluster, ns)
+    archive = kubelet_checkpoint(cluster, ns)
     pod = client.get(f"{pods}/{POD}")
     client.delete(f"{pods}/{POD}", {"gracePeriodSeconds": 0})
     assert checkpoints == Path(archive).parent
-    name = write_record(real_cluster, ns, pod, archive)
-    record_path = f"/api/v1/namespaces/{ns}/configmaps/{name}"
+    name = write_record(cluster, records, pod, archive)
+    record_path = f"/api/v1/namespaces/{records}/configmaps/{name}"
 
     def imaged() -> dict[str, str] | None:
         data: dict[str, str] = client.get(record_path)["data"]
@@ -163,23 +170,18 @@ def test_a_checkpointed_pod_is_restored_with_its_memory_and_then_cleaned_up(
     assert 0 < json.loads(data["sizes"])[CONTAINER]
     assert not Path(archive).exists()
     assert reference in node.ctr("images", "list", "--quiet").stdout.split()
-    capability = client.get(f"/api/v1/namespaces/{ns}/configmaps/rpw-node-{NODE_NAME}")["data"]
-    assert ("true", "true", "4.1.1", "") == (
-        capability["checkpoint"], capability["restore"], capability["criu"], capability["message"]
-    )  # fmt: skip
-    assert capability["runtime"].startswith("containerd v2.3.")
 
     wait_until(lambda: client.get_or_none(f"{pods}/{POD}") is None, timeout=30, what="pod gone")
     restored = counter_pod(reference, json.loads(data["commands"])[CONTAINER], pull="Never")
     client.create(pods, restored)
-    wait_until(lambda: running(real_cluster, ns), timeout=60, what="the restored pod to run")
+    wait_until(lambda: running(cluster, ns), timeout=60, what="the restored pod to run")
     # /tmp/count comes back with the writable layer too: only a count past it, written by
     # the process after the restore, shows the process kept its memory. A process started
     # afresh would be at 2 or 3 by now, far below `before`.
     time.sleep(2.5)
-    first = count(real_cluster, ns)
+    first = count(cluster, ns)
     assert before < first <= before + 20, (before, first)
-    wait_until(lambda: count(real_cluster, ns) > first, timeout=10, what="the count to go on")
+    wait_until(lambda: count(cluster, ns) > first, timeout=10, what="the count to go on")
 
     client.patch(
         record_path,
@@ -189,7 +191,76 @@ def test_a_checkpointed_pod_is_restored_with_its_memory_and_then_cleaned_up(
     wait_until(lambda: client.get_or_none(record_path) is None, timeout=30, what="record gone")
     assert reference not in node.ctr("images", "list", "--quiet").stdout.split()
     assert [] == sorted(p.name for p in checkpoints.iterdir())
-    assert running(real_cluster, ns), "the restored pod runs on without its image"
+    assert running(cluster, ns), "the restored pod runs on without its image"
+
+
+def capability_of(cluster: RealCluster, namespace: str) -> dict[str, str] | None:
+    found = cluster.client.get_or_none(
+        f"/api/v1/namespaces/{namespace}/configmaps/rpw-node-{NODE_NAME}"
+    )
+    return found["data"] if found else None
+
+
+def assert_capable(capability: dict[str, str] | None) -> None:
+    assert capability is not None
+    assert ("true", "true", "4.1.1", "") == (
+        capability["checkpoint"], capability["restore"], capability["criu"], capability["message"]
+    )  # fmt: skip
+    assert capability["runtime"].startswith("containerd v2.3.")
+
+
+def test_a_checkpointed_pod_is_restored_with_its_memory_and_then_cleaned_up(
+    real_cluster: RealCluster, real_namespace: str, agent: Path, wait_until: Waiter
+) -> None:
+    pause_and_resume(real_cluster, real_namespace, real_namespace, wait_until, str(agent))
+    assert_capable(capability_of(real_cluster, real_namespace))
+
+
+def test_the_charts_daemonset_runs_the_agent_on_the_node(
+    real_cluster: RealCluster, real_namespace: str, wait_until: Waiter
+) -> None:
+    """The same round with the agent of the chart's DaemonSet: the host's ctr and criu
+    through nsenter, the checkpoint directory its host path, the records in the webhook's
+    namespace through its Role."""
+    node = real_cluster.node
+    assert node is not None and node.stack.criu_dir is not None
+    values = {
+        "checkpoint.enabled": True,
+        # No namespace controller runs here to finish a namespace the chart would remove.
+        "checkpoint.createNamespace": False,
+        "checkpoint.namespace": CHART_NAMESPACE,
+        "checkpoint.checkpointDir": str(node.paths.kubelet_root / "checkpoints"),
+        "checkpoint.containerdConfig": str(node.paths.containerd_config),
+        "checkpoint.containerdAddress": str(node.paths.containerd_socket),
+        # The host's mount namespace through containerd's process: on this machine root may
+        # not enter PID 1's (its init holds a capability root lacks), on a node it would.
+        "checkpoint.hostCommand": f"nsenter --target {node.pid('containerd')} --mount --",
+        "checkpoint.ctr": str(node.stack.path("ctr")),
+        "checkpoint.criu": str(node.stack.criu_dir / "criu"),
+        "checkpoint.pollInterval": 0.5,
+    }
+    # Installed anew (and put back so at the end): an earlier test's write of the webhook
+    # configuration's caBundle would conflict with helm's server-side apply of an upgrade.
+    real_cluster.uninstall_chart()
+    try:
+        real_cluster.install_chart(values)
+        capability = wait_until(
+            lambda: capability_of(real_cluster, CHART_NAMESPACE),
+            timeout=120,
+            interval=0.5,
+            what="the DaemonSet's agent to publish the node's capability",
+        )
+        assert_capable(capability)
+        pause_and_resume(
+            real_cluster, real_namespace, CHART_NAMESPACE, wait_until, "the DaemonSet's agent"
+        )
+    finally:
+        real_cluster.uninstall_chart()
+        real_cluster.install_chart()
+        if capability_of(real_cluster, CHART_NAMESPACE) is not None:
+            real_cluster.client.delete(
+                f"/api/v1/namespaces/{CHART_NAMESPACE}/configmaps/rpw-node-{NODE_NAME}"
+            )
 
 
 def test_without_criu_the_node_says_it_cannot_checkpoint(
