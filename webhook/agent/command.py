@@ -43,12 +43,13 @@ def build_agent(
 
 def run_agent(agent: Agent, poll_interval: float, *, once: bool = False) -> int:
     """Pass after pass until SIGTERM or SIGINT; a pass that fails (the API server away, a
-    runtime call) is logged and the next one tries again."""
+    runtime call) is logged and the next one tries again. The first pass publishes the
+    capability logged here."""
     agent.protect_directory()
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    capability = agent.publish()
+    capability = agent.capability()
     log.info(
         "node agent on %s: checkpoint %s, restore %s (CRIU %s, %s)%s",
         agent.config.node,
