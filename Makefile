@@ -67,11 +67,12 @@ binaries:
 image:
 	@scripts/build-image.sh
 
-# A real node: kubelet, containerd, runc and the CNI plugins (Go module proxy), and the
-# images it runs as OCI archives (Debian's buildah and mmdebstrap), both cached like the
-# control plane.
+# A real node: kubelet, containerd, runc and the CNI plugins (Go module proxy), CRIU (its
+# Debian source package's upstream tarball, for checkpoint and restore), and the images it
+# runs as OCI archives (Debian's buildah and mmdebstrap), all cached like the control plane.
 node:
 	@scripts/build-node.sh >/dev/null
+	@scripts/build-criu.sh >/dev/null
 	@scripts/build-images.sh >/dev/null
 
 # The Vertical Pod Autoscaler's updater and CRDs (built from the Go module proxy, cached like

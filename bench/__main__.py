@@ -26,9 +26,10 @@ BENCHMARKS: dict[str, str] = {
     "realnode": "bench.realnode",
     "realcompare": "bench.realcompare",
     "lender-memory": "bench.lender_memory",
+    "checkpoint": "bench.checkpoint",
 }
 #: Run only when named: they start the real node.
-REAL_NODE = frozenset({"realnode", "realcompare", "lender-memory"})
+REAL_NODE = frozenset({"realnode", "realcompare", "lender-memory", "checkpoint"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -245,7 +245,8 @@ def _prepare_real(no_webhook: bool) -> list[str]:
     images = realnode.ensure_images()
     if not no_webhook:
         helm_binary()
-    return ["--stack", str(stack.directory), "--images", str(images.directory)]
+    criu = ["--criu", str(stack.criu_dir)] if stack.criu_dir else []
+    return ["--stack", str(stack.directory), *criu, "--images", str(images.directory)]
 
 
 def _wait_ready(
@@ -411,7 +412,8 @@ def _serve_real(args: argparse.Namespace, binaries: Binaries) -> int:
         with_chart=not args.no_webhook,
         state_dir=STATE_DIR,
     )
-    stack, images = NodeStack(Path(args.stack)), Images(Path(args.images))
+    criu = Path(args.criu) if args.criu else None
+    stack, images = NodeStack(Path(args.stack), criu), Images(Path(args.images))
     try:
         with RealCluster(binaries, stack, images, options) as cluster:
             (STATE_DIR / NODES_FILE).write_text(json.dumps({"pids": cluster.pids()}, indent=2))
@@ -579,6 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--bin", required=True)
     serve.add_argument("--vpa-bin")
     serve.add_argument("--stack")
+    serve.add_argument("--criu")
     serve.add_argument("--images")
     serve.set_defaults(func=cmd_serve)
     sub.add_parser("down", help="stop it").set_defaults(func=cmd_down)

@@ -54,12 +54,14 @@ WORKLOAD_CONTROLLERS = (
     "garbage-collector-controller",
 )
 #: What pods on a real node need from kube-controller-manager: a ``default`` service account
-#: in every namespace and the ``kube-root-ca.crt`` ConfigMap (their API credentials), and the
-#: EndpointSlices kube-apiserver routes webhook Services to.
+#: in every namespace and the ``kube-root-ca.crt`` ConfigMap (their API credentials), the
+#: EndpointSlices kube-apiserver routes webhook Services to, and the pods of DaemonSets (the
+#: chart's node agent, docs/checkpoint.md).
 REAL_NODE_CONTROLLERS = (
     "serviceaccount-controller",
     "root-ca-certificate-publisher-controller",
     "endpointslice-controller",
+    "daemonset-controller",
 )
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 CONTEXT = "rpw-local"

@@ -64,6 +64,7 @@ NODE_STACK_NAMES = ("kubelet", "containerd", "ctr", "containerd-shim-runc-v2", "
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 BUILD_NODE = REPO_ROOT / "scripts" / "build-node.sh"
 BUILD_IMAGES = REPO_ROOT / "scripts" / "build-images.sh"
+BUILD_CRIU = REPO_ROOT / "scripts" / "build-criu.sh"
 OWNER_FILE = "owner.json"
 
 __all__ = [
@@ -75,6 +76,7 @@ __all__ = [
     "RealNodeOptions",
     "clean_leftovers",
     "containerd_config",
+    "ensure_criu",
     "ensure_images",
     "ensure_node_stack",
     "kubelet_config",
@@ -97,9 +99,18 @@ class NodeStackUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class NodeStack:
     """The directory ``scripts/build-node.sh`` printed (kubelet, containerd, ctr, the runc
-    shim, runc, ``cni/<plugin>``)."""
+    shim, runc, ``cni/<plugin>``) and the one ``scripts/build-criu.sh`` printed (``criu``,
+    which runc runs to checkpoint and restore; None: the node cannot)."""
 
     directory: Path
+    criu_dir: Path | None = None
+
+    def search_path(self, rest: str) -> str:
+        """containerd's ``PATH``: CRIU's directory first (an older ``criu`` of the machine,
+        e.g. Debian's in ``/usr/sbin``, must not shadow it; the shim and runc inherit this
+        PATH), then the node stack (the shim), then ``rest``."""
+        first = [str(self.criu_dir)] if self.criu_dir else []
+        return ":".join([*first, str(self.directory), *([rest] if rest else [])])
 
     def path(self, name: str) -> Path:
         return self.directory / name
@@ -149,10 +160,21 @@ def _last_line_of(script: Path, what: str) -> Path:
 def ensure_node_stack() -> NodeStack:
     """The node stack, built on first use by ``scripts/build-node.sh`` (progress on stderr;
     ``RPW_NODE_ASSETS=/dir`` uses a prepared directory)."""
-    stack = NodeStack(_last_line_of(BUILD_NODE, "the kubelet, containerd, runc, CNI"))
+    stack = NodeStack(
+        _last_line_of(BUILD_NODE, "the kubelet, containerd, runc, CNI"), criu_dir=ensure_criu()
+    )
     if missing := stack.missing():
         raise NodeStackUnavailable(f"{stack.directory} lacks {', '.join(missing)}")
     return stack
+
+
+def ensure_criu() -> Path:
+    """CRIU's directory, built on first use by ``scripts/build-criu.sh``
+    (``RPW_CRIU_DIR=/dir`` uses a prepared one)."""
+    directory = _last_line_of(BUILD_CRIU, "CRIU, for checkpoint and restore")
+    if not os.access(directory / "criu", os.X_OK):
+        raise NodeStackUnavailable(f"{directory} holds no executable criu")
+    return directory
 
 
 def ensure_images() -> Images:
@@ -316,6 +338,9 @@ def containerd_config(
       runs with the cgroupfs driver, as no systemd manages this machine's cgroups.
     * the sandbox image is pinned (never garbage-collected: it cannot be pulled again).
     * network namespaces are mounted under the state directory, where teardown finds them.
+    * ``enable_experimental_restore_via_create``: CreateContainer restores a container whose
+      image is a checkpoint image (off by default since containerd v2.3.4); the kubelet's
+      checkpoint API (the ``ContainerCheckpoint`` gate, on by default) makes the archives.
     """
     q = _toml_string
     runtime = '[plugins."io.containerd.cri.v1.runtime"'
@@ -342,6 +367,7 @@ state = {q(str(paths.containerd_state))}
 {runtime}]
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
+  enable_experimental_restore_via_create = true
   cdi_spec_dirs = [{q(str(paths.root / "cdi"))}]
 
 {runtime}.cni]
@@ -608,11 +634,14 @@ class RealNode:
 
     def _write_owner(self) -> None:
         owner = {"pid": os.getpid(), "stack": str(self.stack.directory)}
+        if self.stack.criu_dir:
+            owner["criu"] = str(self.stack.criu_dir)
         self.paths.owner.write_text(json.dumps(owner))
 
     def _start_containerd(self) -> None:
-        # The shim is found on containerd's PATH; runc is named in the runtime options.
-        env = {**os.environ, "PATH": f"{self.stack.directory}:{os.environ.get('PATH', '')}"}
+        # The shim is found on containerd's PATH, runc is named in the runtime options, and
+        # runc runs the criu it finds on the PATH it inherits from the shim.
+        env = {**os.environ, "PATH": self.stack.search_path(os.environ.get("PATH", ""))}
         log = self.control_plane.log_dir / f"containerd-{self.name}.log"
         argv = [
             str(self.stack.path("containerd")),
@@ -677,7 +706,7 @@ class RealNode:
             f"--cert-dir={paths.root / 'kubelet-pki'}",
             f"--v={options.verbosity}",
         ]
-        env = {**os.environ, "PATH": f"{self.stack.directory}:{os.environ.get('PATH', '')}"}
+        env = {**os.environ, "PATH": self.stack.search_path(os.environ.get("PATH", ""))}
         log = self.control_plane.log_dir / f"kubelet-{self.name}.log"
         self.processes["kubelet"] = spawn(f"kubelet-{self.name}", argv, log, env=env)
 

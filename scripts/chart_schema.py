@@ -6,10 +6,11 @@ for Helm.
     python scripts/chart_schema.py --check   # exit 1, naming the parts, if they drifted
 
 Generated: ``properties.settings`` (every setting but those the pod itself gives),
-``properties.server.properties.port`` and ``.metricsPort``, and the certificate lifetimes
-the Deployment passes to ``serve --tls-*`` (``certificates.duration``, ``.renewBefore``,
-``.caDuration``, ``clientAuth.duration``, ``.renewBefore``); everything else in the file
-is written by hand. tests/unit/test_chart_schema.py fails when the file and the table differ.
+``properties.server.properties.port`` and ``.metricsPort``, the certificate lifetimes the
+Deployment passes to ``serve --tls-*`` (``certificates.duration``, ``.renewBefore``,
+``.caDuration``, ``clientAuth.duration``, ``.renewBefore``), and the node agent's settings
+under ``properties.checkpoint`` (webhook/agent/settings.py); everything else in the file is
+written by hand. tests/unit/test_chart_schema.py fails when the file and the table differ.
 Two rules JSON Schema (draft-07) cannot say are the chart template's ``fail``: the
 metrics port differs from the port (templates/deployment.yaml).
 """
@@ -24,6 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from webhook.agent.settings import AGENT_SETTINGS  # noqa: E402
 from webhook.engine.settings import DURATION, METRICS_PORT, PORT, SETTINGS  # noqa: E402
 
 SCHEMA = ROOT / "deploy" / "helm" / "resize-preemption-webhook" / "values.schema.json"
@@ -48,6 +50,17 @@ CHART_KEYS = {
     "maxCacheStaleness": "max-cache-staleness",
     "maxBodyBytes": "max-body-bytes",
     "schedulerName": "scheduler-name",
+}
+#: The chart's key under ``checkpoint`` -> the node agent's setting (the DaemonSet passes
+#: each as that flag).
+CHECKPOINT_KEYS = {
+    "checkpointDir": "checkpoint-dir",
+    "containerdAddress": "containerd-address",
+    "ctr": "ctr",
+    "criu": "criu",
+    "maxCheckpoints": "max-checkpoints",
+    "maxCheckpointBytes": "max-checkpoint-bytes",
+    "pollInterval": "poll-interval",
 }
 #: Settings the Deployment takes from the pod (downward API), not from values.
 FROM_THE_POD = frozenset({"service-namespace", "identity"})
@@ -113,9 +126,17 @@ def _with(properties: dict[str, Any], key: str, generated: dict[str, Any]) -> No
     properties[key] = section
 
 
+def checkpoint_schemas() -> dict[str, dict[str, Any]]:
+    return {
+        key: {**AGENT_SETTINGS[name].parse.schema(), "description": AGENT_SETTINGS[name].help}
+        for key, name in CHECKPOINT_KEYS.items()
+    }
+
+
 def generated(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with its generated parts as the table makes them."""
     properties = dict(schema["properties"])
+    _with(properties, "checkpoint", checkpoint_schemas())
     properties["settings"] = settings_schema()
     _with(properties, "server", port_schemas())
     for key, flags in DURATIONS.items():

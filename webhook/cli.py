@@ -1,5 +1,5 @@
-"""Command line: ``python -m webhook plan|status|serve|certs|metrics ...``, also installed
-as the console script ``resize-preemption-webhook`` and as the kubectl plugin
+"""Command line: ``python -m webhook plan|status|serve|certs|metrics|node-agent ...``, also
+installed as the console script ``resize-preemption-webhook`` and as the kubectl plugin
 ``kubectl resize-preemption`` (:func:`kubectl_plugin`).
 
 Every subcommand turns expected failures into one line on stderr and an exit code: 2 for
@@ -880,6 +880,53 @@ def _metrics_parser(sub: Any) -> None:
     metrics.set_defaults(func=cmd_metrics)
 
 
+def cmd_node_agent(args: argparse.Namespace) -> int:
+    import logging
+    import os
+
+    from webhook.agent.command import build_agent, run_agent
+    from webhook.agent.settings import AGENT_SETTINGS, load_agent_settings
+    from webhook.kube.checkpoint_store import ConfigMapCheckpointStore
+    from webhook.kube.client import make_api_client
+    from webhook.kube.kubeconfig import client_source
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
+    flags = {name: getattr(args, _dest(name), None) for name in AGENT_SETTINGS}
+    settings = load_agent_settings(env=os.environ, flags=flags)
+    client_source(args.kubeconfig)
+    api = make_api_client(args.kubeconfig, context=args.context)
+    store = ConfigMapCheckpointStore(api, settings.namespace)
+    return run_agent(build_agent(settings, store), settings.poll_interval, once=args.once)
+
+
+def _node_agent_parser(sub: Any) -> None:
+    from webhook.agent.settings import AGENT_SETTINGS, AgentSettings
+    from webhook.engine.settings import env_name
+
+    agent = sub.add_parser(
+        "node-agent",
+        help="the node side of checkpoint and restore (one per node, as root)",
+        description="Publish this node's checkpoint capability, turn the kubelet's "
+        "checkpoint archives into images in containerd, and clean them up (docs/checkpoint.md).",
+    )
+    defaults = AgentSettings()
+    for name, setting in AGENT_SETTINGS.items():
+        default = getattr(defaults, setting.field)
+        agent.add_argument(
+            f"--{name}",
+            dest=_dest(name),
+            default=None,
+            metavar=setting.metavar,
+            help=f"{setting.help} (default: {default or 'none'}; {env_name(name)})",
+        )
+    _cluster_arguments(
+        agent, kubeconfig_help="kubeconfig (default: in-cluster, then ~/.kube/config)"
+    )
+    agent.add_argument("--once", action="store_true", help="one pass, then exit")
+    agent.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    agent.set_defaults(func=cmd_node_agent)
+
+
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command line; as the kubectl plugin (``prog`` ``kubectl resize-preemption``),
     ``plan`` asks the live cluster unless given a snapshot, as kubectl's own commands do."""
@@ -894,6 +941,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     _serve_parser(sub)
     _certs_parser(sub)
     _metrics_parser(sub)
+    _node_agent_parser(sub)
     return parser
 
 

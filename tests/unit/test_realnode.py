@@ -122,6 +122,7 @@ def test_containerd_config_is_the_one_this_machine_needs(tmp_path: Path) -> None
     assert str(paths.containerd_socket) == config["grpc"]["address"]
     assert True is runtime["restrict_oom_score_adj"]
     assert True is runtime["netns_mounts_under_state_dir"]
+    assert True is runtime["enable_experimental_restore_via_create"]
     assert [str(tmp_path / "node-stack" / "cni")] == runtime["cni"]["bin_dirs"]
     assert str(paths.cni_conf_dir) == runtime["cni"]["conf_dir"]
     assert {"BinaryName": str(tmp_path / "node-stack" / "runc"), "SystemdCgroup": False} == (
@@ -366,3 +367,17 @@ def test_leftovers_of_a_live_owner_are_refused(tmp_path: Path) -> None:
     (tmp_path / "owner.json").write_text(json.dumps({"pid": os.getppid(), "stack": "/x"}))
     with pytest.raises(PreflightError, match=f"process {os.getppid()} runs already"):
         clean_leftovers(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("criu", "rest", "expected"),
+    [
+        ("/c/criu-4.1.1", "/usr/sbin:/usr/bin", "/c/criu-4.1.1:/s/node:/usr/sbin:/usr/bin"),
+        (None, "/usr/bin", "/s/node:/usr/bin"),
+        ("/c/criu-4.1.1", "", "/c/criu-4.1.1:/s/node"),
+    ],
+    ids=["criu-before-the-machine's-sbin", "no-criu", "empty-path"],
+)
+def test_criu_comes_first_on_containerd_path(criu: str | None, rest: str, expected: str) -> None:
+    stack = NodeStack(Path("/s/node"), Path(criu) if criu else None)
+    assert expected == stack.search_path(rest)

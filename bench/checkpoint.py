@@ -1,0 +1,197 @@
+"""Checkpoint and restore of a process holding 100 MiB and 1 GiB, on the real node.
+
+``python -m bench.checkpoint [--sizes 100Mi,1Gi]`` (as root, with ``make node`` built)
+starts the control plane and ``node-1`` as the real kubelet on containerd, without the
+chart (:class:`harness.realcluster.RealCluster`), then for each size:
+
+* a pod from the product image (it has Python) whose process fills a buffer of that size
+  with non-zero bytes, then counts in a variable and writes the count to ``/tmp/count``
+  twice a second;
+* checkpoint: the kubelet's ``POST /checkpoint/...`` answered (the dump, the archive
+  written), and the archive's size;
+* image: the node agent's own steps, in this process: the OCI image layout written from
+  the archive (:func:`webhook.agent.oci.write_image_layout`), then ``ctr images import``
+  into containerd, unpacked onto overlayfs (:class:`webhook.agent.runtime.Containerd`);
+* restore: the pod deleted, then created again under its name from that image and command;
+  from the POST to the container running, and to the restored process's next count
+  (which must go on from the checkpoint's).
+
+Prints the figures and writes ``bench/results/checkpoint.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.binaries import REPO_ROOT, ensure_binaries
+from harness.processes import install_signal_handlers
+from harness.realcluster import RealCluster, RealClusterOptions
+from harness.realnode import NODE_IP, NODE_NAME, check_machine, ensure_images, ensure_node_stack
+from webhook.agent.oci import process_args, write_image_layout
+from webhook.agent.records import image_reference
+from webhook.agent.runtime import Containerd
+from webhook.core.resources import memory_bytes
+
+RESULTS = REPO_ROOT / "bench" / "results" / "checkpoint.json"
+NAMESPACE = "bench-checkpoint"
+CONTAINER = "main"
+TIMEOUT = 300.0
+#: Fills ``size`` bytes (non-zero, so that every page is dumped), then counts.
+PROGRAM = """
+import sys, time
+buffer = bytearray(b"rpw-" * (int(sys.argv[1]) // 4))
+n = 0
+while True:
+    n += 1
+    with open("/tmp/count", "w") as f:
+        f.write(f"{n} {len(buffer)}")
+    time.sleep(0.5)
+"""
+
+
+def _pod(name: str, image: str, command: list[str], pull: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": NODE_NAME,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {"name": CONTAINER, "image": image, "imagePullPolicy": pull, "command": command,
+                 "args": [],
+                 # This machine gives root no CAP_SYS_RESOURCE: CRIU cannot read the rlimits
+                 # of another user's process (docs/checkpoint.md, "On this machine").
+                 "securityContext": {"runAsUser": 0}}
+            ],
+        },
+    }  # fmt: skip
+
+
+def _wait(what: str, condition: Any, interval: float = 0.02) -> Any:
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} after {TIMEOUT:.0f} s")
+        time.sleep(interval)
+
+
+def _running(cluster: RealCluster, name: str) -> bool:
+    pod = cluster.client.get_or_none(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+    statuses = (pod or {}).get("status", {}).get("containerStatuses") or []
+    return bool(statuses) and "running" in statuses[0].get("state", {})
+
+
+def _count(cluster: RealCluster, name: str) -> int:
+    try:
+        text = cluster.exec(NAMESPACE, name, ["cat", "/tmp/count"])
+    except Exception:
+        return 0
+    return int(text.split()[0]) if text.strip() else 0
+
+
+def _checkpoint(cluster: RealCluster, name: str) -> str:
+    node = cluster.client.get(f"/api/v1/nodes/{NODE_NAME}")
+    port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the test node kubelet's self-signed certificate
+    url = f"https://{NODE_IP}:{port}/checkpoint/{NAMESPACE}/{name}/{CONTAINER}?timeout=600"
+    request = urllib.request.Request(url, method="POST")
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=900) as response:
+            path: str = json.load(response)["items"][0]
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"checkpoint of {name}: HTTP {e.code}: {e.read().decode()}") from None
+    return path
+
+
+def _measure(cluster: RealCluster, runtime: Containerd, label: str, size: int) -> dict[str, Any]:
+    name = f"hold-{label.lower()}"
+    pods = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    command = ["python", "-c", PROGRAM, str(size)]
+    cluster.client.create(pods, _pod(name, cluster.image("product"), command, "IfNotPresent"))
+    _wait("count", lambda: _count(cluster, name) >= 3, interval=0.5)
+    pod = cluster.client.get(f"{pods}/{name}")
+    before = _count(cluster, name)
+    began = time.monotonic()
+    archive = Path(_checkpoint(cluster, name))
+    checkpoint_s = time.monotonic() - began
+    cluster.client.delete(f"{pods}/{name}", {"gracePeriodSeconds": 0})
+    reference = image_reference(NAMESPACE, name, CONTAINER, pod["metadata"]["uid"])
+    layout = archive.with_name(f".bench-{name}.tar")
+    began = time.monotonic()
+    write_image_layout(archive, layout, reference=reference, container=CONTAINER)
+    layout_s = time.monotonic() - began
+    began = time.monotonic()
+    runtime.import_image(layout, reference)
+    import_s = time.monotonic() - began
+    layout.unlink()
+    args = process_args(archive)
+    archive_bytes = archive.stat().st_size
+    archive.unlink()
+    _wait("pod gone", lambda: cluster.client.get_or_none(f"{pods}/{name}") is None, 0.1)
+    began = time.monotonic()
+    cluster.client.create(pods, _pod(name, reference, args, "Never"))
+    _wait("restored container", lambda: _running(cluster, name))
+    running_s = time.monotonic() - began
+
+    def counted_on() -> int:
+        count = _count(cluster, name)
+        return count if count > before else 0
+
+    after = _wait("count after the restore", counted_on, 0.05)
+    counting_s = time.monotonic() - began
+    cluster.client.delete(f"{pods}/{name}", {"gracePeriodSeconds": 0})
+    _wait("pod gone", lambda: cluster.client.get_or_none(f"{pods}/{name}") is None, 0.1)
+    runtime.remove_image(reference)
+    return {
+        "size": label, "bytes": size, "archive_bytes": archive_bytes,
+        "checkpoint_s": round(checkpoint_s, 2), "layout_s": round(layout_s, 2),
+        "import_s": round(import_s, 2), "restore_running_s": round(running_s, 2),
+        "restore_counting_s": round(counting_s, 2), "count_before": before, "count_after": after,
+    }  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.checkpoint", description=__doc__)
+    parser.add_argument("--sizes", default="100Mi,1Gi", help="process memory to hold, each")
+    parser.add_argument("--quick", action="store_true", help="16Mi only")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    labels = ["16Mi"] if args.quick else [s.strip() for s in args.sizes.split(",") if s.strip()]
+    install_signal_handlers()
+    check_machine()
+    binaries, stack, images = ensure_binaries(), ensure_node_stack(), ensure_images()
+    with RealCluster(binaries, stack, images, RealClusterOptions(with_chart=False)) as cluster:
+        node = cluster.node
+        assert node is not None
+        runtime = Containerd(str(stack.path("ctr")), str(node.paths.containerd_socket))
+        cluster.create_namespace(NAMESPACE)
+        rows = [_measure(cluster, runtime, label, memory_bytes(label)) for label in labels]
+    head = ("size", "archive MiB", "checkpoint s", "layout s", "import s", "running s",
+            "counting s")  # fmt: skip
+    print("  ".join(f"{h:>12}" for h in head))
+    for r in rows:
+        cells = (r["size"], f"{r['archive_bytes'] / 2**20:.1f}", r["checkpoint_s"], r["layout_s"],
+                 r["import_s"], r["restore_running_s"], r["restore_counting_s"])  # fmt: skip
+        print("  ".join(f"{c!s:>12}" for c in cells))
+    args.out.write_text(json.dumps({"runs": rows}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

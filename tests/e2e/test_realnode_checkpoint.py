@@ -1,0 +1,276 @@
+"""Checkpoint and restore on the real node, the node side alone: the test does what the
+service does (calls the kubelet's checkpoint API, writes the record, deletes and recreates
+the pod), the node agent runs as a host process, as its DaemonSet would on a node.
+
+* a pod counting in a shell variable is checkpointed; the agent turns the archive into an
+  image (``imaged``: images, commands, sizes) and deletes the archive; the pod created again
+  under its name from that image and command goes on counting from where it was, not from 1;
+  once the record says ``restored``, the image, the archive and the record are gone;
+* the same with the agent of the chart's DaemonSet (``checkpoint.enabled``), reading the
+  records of the webhook's namespace;
+* the agent on a node without CRIU publishes ``checkpoint: "false"`` and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.chart import NAMESPACE as CHART_NAMESPACE
+from harness.realcluster import RealCluster
+from harness.realnode import NODE_IP, NODE_NAME
+from tests.e2e.conftest import Waiter
+from webhook.agent.records import image_reference, record_labels
+
+pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
+#: Counts in a shell variable (process memory, not a file) and writes the count each second.
+COUNTER = "n=0; while true; do n=$((n+1)); echo $n > /tmp/count; sleep 1; done"
+POD = "counter"
+CONTAINER = "main"
+
+
+def counter_pod(image: str, command: list[str], *, pull: str = "IfNotPresent") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": POD, "labels": {"app": POD}},
+        "spec": {
+            "nodeName": NODE_NAME,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": CONTAINER,
+                    "image": image,
+                    "imagePullPolicy": pull,
+                    "command": command,
+                    "args": [],
+                    "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}},
+                }
+            ],
+        },
+    }
+
+
+def agent_command(cluster: RealCluster, namespace: str, *extra: str) -> list[str]:
+    """``python -m webhook node-agent`` as the node's root process, on this node's paths."""
+    node = cluster.node
+    assert node is not None
+    stack, paths = node.stack, node.paths
+    return [
+        sys.executable, "-m", "webhook", "node-agent",
+        "--node", NODE_NAME,
+        "--namespace", namespace,
+        "--checkpoint-dir", str(paths.kubelet_root / "checkpoints"),
+        "--ctr", str(stack.path("ctr")),
+        "--criu", str((stack.criu_dir or Path("/nonexistent")) / "criu"),
+        "--containerd-address", str(paths.containerd_socket),
+        "--containerd-config", str(paths.containerd_config),
+        "--kubeconfig", str(cluster.kubeconfig),
+        "--poll-interval", "0.5",
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def agent(real_cluster: RealCluster, real_namespace: str, tmp_path: Path) -> Iterator[Path]:
+    log = tmp_path / "agent.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            agent_command(real_cluster, real_namespace), stdout=out, stderr=subprocess.STDOUT
+        )
+    yield log
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def kubelet_checkpoint(cluster: RealCluster, namespace: str) -> str:
+    """``POST /checkpoint/<ns>/<pod>/<container>`` on the kubelet's port, as the service
+    calls it (the test node's kubelet accepts anonymous callers); the archive's path."""
+    node = cluster.client.get(f"/api/v1/nodes/{NODE_NAME}")
+    port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+    url = f"https://{NODE_IP}:{port}/checkpoint/{namespace}/{POD}/{CONTAINER}"
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the kubelet's self-signed serving certificate
+    request = urllib.request.Request(url, method="POST")
+    with urllib.request.urlopen(request, context=context, timeout=60) as response:
+        items: list[str] = json.load(response)["items"]
+    assert 1 == len(items)
+    return items[0]
+
+
+def count(cluster: RealCluster, namespace: str) -> int:
+    return int(cluster.exec(namespace, POD, ["cat", "/tmp/count"]).strip() or 0)
+
+
+def running(cluster: RealCluster, namespace: str) -> bool:
+    pod = cluster.client.get_or_none(f"/api/v1/namespaces/{namespace}/pods/{POD}")
+    return bool(pod) and pod["status"].get("phase") == "Running"
+
+
+def write_record(cluster: RealCluster, namespace: str, pod: dict[str, Any], archive: str) -> str:
+    """The record as the service writes it after the checkpoint (phase ``archived``)."""
+    uid = pod["metadata"]["uid"]
+    name = f"rpw-checkpoint-{uid}"
+    cluster.client.create(
+        f"/api/v1/namespaces/{namespace}/configmaps",
+        {
+            "metadata": {"name": name, "labels": record_labels(NODE_NAME, "archived")},
+            "data": {
+                "pod": json.dumps({"metadata": pod["metadata"], "spec": pod["spec"]}),
+                "archives": json.dumps({CONTAINER: archive}),
+                "checkpointedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "phase": "archived",
+            },
+        },
+    )
+    return name
+
+
+def pause_and_resume(
+    cluster: RealCluster, ns: str, records: str, wait_until: Waiter, agent: str
+) -> None:
+    """The whole round on the node, the service's part played here: a counting pod of
+    ``ns`` checkpointed, its record written to ``records`` (where the agent reads them),
+    imaged by the agent, the pod made again from the image, going on counting; then the
+    record says ``restored`` and the agent removes the image, the archive and the record."""
+    client, node = cluster.client, cluster.node
+    assert node is not None
+    checkpoints = node.paths.kubelet_root / "checkpoints"
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    client.create(pods, counter_pod(cluster.image("workload"), ["sh", "-c", COUNTER]))
+    wait_until(lambda: running(cluster, ns), timeout=60, what="the counter to run")
+    wait_until(lambda: count(cluster, ns) >= 6, timeout=30, what="a few counts")
+    before = count(cluster, ns)
+    archive = kubelet_checkpoint(cluster, ns)
+    pod = client.get(f"{pods}/{POD}")
+    client.delete(f"{pods}/{POD}", {"gracePeriodSeconds": 0})
+    assert checkpoints == Path(archive).parent
+    name = write_record(cluster, records, pod, archive)
+    record_path = f"/api/v1/namespaces/{records}/configmaps/{name}"
+
+    def imaged() -> dict[str, str] | None:
+        data: dict[str, str] = client.get(record_path)["data"]
+        assert "failed" != data["phase"], data.get("message")
+        return data if data["phase"] == "imaged" else None
+
+    data = wait_until(imaged, timeout=120, interval=0.5, what=f"the record imaged ({agent})")
+    reference = image_reference(ns, POD, CONTAINER, pod["metadata"]["uid"])
+    assert {CONTAINER: reference} == json.loads(data["images"])
+    assert {CONTAINER: ["sh", "-c", COUNTER]} == json.loads(data["commands"])
+    assert 0 < json.loads(data["sizes"])[CONTAINER]
+    assert not Path(archive).exists()
+    assert reference in node.ctr("images", "list", "--quiet").stdout.split()
+
+    wait_until(lambda: client.get_or_none(f"{pods}/{POD}") is None, timeout=30, what="pod gone")
+    restored = counter_pod(reference, json.loads(data["commands"])[CONTAINER], pull="Never")
+    client.create(pods, restored)
+    wait_until(lambda: running(cluster, ns), timeout=60, what="the restored pod to run")
+    # /tmp/count comes back with the writable layer too: only a count past it, written by
+    # the process after the restore, shows the process kept its memory. A process started
+    # afresh would be at 2 or 3 by now, far below `before`.
+    time.sleep(2.5)
+    first = count(cluster, ns)
+    assert before < first <= before + 20, (before, first)
+    wait_until(lambda: count(cluster, ns) > first, timeout=10, what="the count to go on")
+
+    client.patch(
+        record_path,
+        {"metadata": {"labels": record_labels(NODE_NAME, "restored")},
+         "data": {"phase": "restored"}},
+    )  # fmt: skip
+    wait_until(lambda: client.get_or_none(record_path) is None, timeout=30, what="record gone")
+    assert reference not in node.ctr("images", "list", "--quiet").stdout.split()
+    assert [] == sorted(p.name for p in checkpoints.iterdir())
+    assert running(cluster, ns), "the restored pod runs on without its image"
+
+
+def capability_of(cluster: RealCluster, namespace: str) -> dict[str, str] | None:
+    found = cluster.client.get_or_none(
+        f"/api/v1/namespaces/{namespace}/configmaps/rpw-node-{NODE_NAME}"
+    )
+    return found["data"] if found else None
+
+
+def assert_capable(capability: dict[str, str] | None) -> None:
+    assert capability is not None
+    assert ("true", "true", "4.1.1", "") == (
+        capability["checkpoint"], capability["restore"], capability["criu"], capability["message"]
+    )  # fmt: skip
+    assert capability["runtime"].startswith("containerd v2.3.")
+
+
+def test_a_checkpointed_pod_is_restored_with_its_memory_and_then_cleaned_up(
+    real_cluster: RealCluster, real_namespace: str, agent: Path, wait_until: Waiter
+) -> None:
+    pause_and_resume(real_cluster, real_namespace, real_namespace, wait_until, str(agent))
+    assert_capable(capability_of(real_cluster, real_namespace))
+
+
+def test_the_charts_daemonset_runs_the_agent_on_the_node(
+    real_cluster: RealCluster, real_namespace: str, wait_until: Waiter
+) -> None:
+    """The same round with the agent of the chart's DaemonSet: the host's ctr and criu
+    through nsenter, the checkpoint directory its host path, the records in the webhook's
+    namespace through its Role."""
+    node = real_cluster.node
+    assert node is not None and node.stack.criu_dir is not None
+    values = {
+        "checkpoint.enabled": True,
+        # No namespace controller runs here to finish a namespace the chart would remove.
+        "checkpoint.createNamespace": False,
+        "checkpoint.namespace": CHART_NAMESPACE,
+        "checkpoint.checkpointDir": str(node.paths.kubelet_root / "checkpoints"),
+        "checkpoint.containerdConfig": str(node.paths.containerd_config),
+        "checkpoint.containerdAddress": str(node.paths.containerd_socket),
+        # The host's mount namespace through containerd's process: on this machine root may
+        # not enter PID 1's (its init holds a capability root lacks), on a node it would.
+        "checkpoint.hostCommand": f"nsenter --target {node.pid('containerd')} --mount --",
+        "checkpoint.ctr": str(node.stack.path("ctr")),
+        "checkpoint.criu": str(node.stack.criu_dir / "criu"),
+        "checkpoint.pollInterval": 0.5,
+    }
+    # Installed anew (and put back so at the end): an earlier test's write of the webhook
+    # configuration's caBundle would conflict with helm's server-side apply of an upgrade.
+    real_cluster.uninstall_chart()
+    try:
+        real_cluster.install_chart(values)
+        capability = wait_until(
+            lambda: capability_of(real_cluster, CHART_NAMESPACE),
+            timeout=120,
+            interval=0.5,
+            what="the DaemonSet's agent to publish the node's capability",
+        )
+        assert_capable(capability)
+        pause_and_resume(
+            real_cluster, real_namespace, CHART_NAMESPACE, wait_until, "the DaemonSet's agent"
+        )
+    finally:
+        real_cluster.uninstall_chart()
+        real_cluster.install_chart()
+        if capability_of(real_cluster, CHART_NAMESPACE) is not None:
+            real_cluster.client.delete(
+                f"/api/v1/namespaces/{CHART_NAMESPACE}/configmaps/rpw-node-{NODE_NAME}"
+            )
+
+
+def test_without_criu_the_node_says_it_cannot_checkpoint(
+    real_cluster: RealCluster, real_namespace: str
+) -> None:
+    command = agent_command(real_cluster, real_namespace, "--once")
+    command[command.index("--criu") + 1] = "/nonexistent/criu"
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert 0 == result.returncode, result.stderr
+    path = f"/api/v1/namespaces/{real_namespace}/configmaps/rpw-node-{NODE_NAME}"
+    data = real_cluster.client.get(path)["data"]
+    assert ("false", "false", "") == (data["checkpoint"], data["restore"], data["criu"])
+    assert "CRIU: /nonexistent/criu not found" == data["message"]

@@ -1,0 +1,389 @@
+"""The node agent's passes on doubles of its store and runtime, with real archives on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import tarfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_agent_oci import make_archive, spec
+from webhook.agent.loop import LAYOUT_PREFIX, Agent, AgentConfig
+from webhook.agent.oci import CHECKPOINT_ANNOTATION
+from webhook.agent.records import (
+    Record,
+    StaleRecord,
+    capability_name,
+    image_reference,
+    rfc3339,
+)
+from webhook.agent.runtime import (
+    CriuFacts,
+    RuntimeFacts,
+    RuntimeFailure,
+    probe_criu,
+    restore_enabled,
+)
+from webhook.agent.settings import load_agent_settings
+from webhook.core.errors import InputError
+
+NODE = "node-1"
+NOW = 1_800_000_000.0
+UID = "0f3c2a9e-1b2c-4d5e-8f90-123456789abc"
+
+
+@dataclass
+class Store:
+    items: dict[str, dict[str, str]] = field(default_factory=dict)
+    capabilities: dict[str, dict[str, str]] = field(default_factory=dict)
+    stale: set[str] = field(default_factory=set)
+
+    def records(self, node: str) -> list[Record]:
+        return [Record(n, dict(d), version="1") for n, d in sorted(self.items.items())]
+
+    def update(self, record: Record, data: Mapping[str, str], node: str) -> None:
+        if record.name in self.stale or record.name not in self.items:
+            raise StaleRecord(record.name)
+        self.items[record.name].update(data)
+
+    def delete(self, name: str) -> None:
+        self.items.pop(name, None)
+
+    def publish(self, node: str, data: Mapping[str, str]) -> None:
+        self.capabilities[capability_name(node)] = dict(data)
+
+
+@dataclass
+class Runtime:
+    """containerd as far as the agent sees it: images by name, each import checked to be
+    an image layout naming the reference and carrying the checkpoint annotation."""
+
+    images: set[str] = field(default_factory=set)
+    fail_import_of: str = ""
+    facts: RuntimeFacts = field(default_factory=lambda: RuntimeFacts("containerd v2.3.7", True))
+
+    def probe(self) -> RuntimeFacts:
+        return self.facts
+
+    def import_image(self, layout: Path, reference: str) -> None:
+        if reference == self.fail_import_of:
+            raise RuntimeFailure("`ctr images import` failed: no space left on device")
+        with tarfile.open(layout) as tar:
+            index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
+            digest = index["manifests"][0]["digest"][7:]
+            manifest = json.load(tar.extractfile(f"blobs/sha256/{digest}"))  # type: ignore[arg-type]
+        assert reference == index["manifests"][0]["annotations"]["io.containerd.image.name"]
+        assert CHECKPOINT_ANNOTATION in manifest["annotations"]
+        self.images.add(reference)
+
+    def remove_image(self, reference: str) -> None:
+        self.images.discard(reference)
+
+    def image_names(self) -> set[str]:
+        return set(self.images)
+
+
+@dataclass
+class Clock:
+    now: float = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def usable_criu() -> CriuFacts:
+    return CriuFacts("4.1.1", True)
+
+
+def make_agent(
+    tmp_path: Path, store: Store, runtime: Runtime, clock: Clock, **limits: int
+) -> Agent:
+    config = AgentConfig(NODE, tmp_path, **limits)  # type: ignore[arg-type]
+    return Agent(config, store, runtime, usable_criu, clock)
+
+
+def archive(tmp_path: Path, pod: str, container: str, args: list[str] | None = None) -> Path:
+    path = tmp_path / f"checkpoint-{pod}_team-a-{container}-2027-01-15T08:00:00Z.tar"
+    return make_archive(
+        path, {"spec.dump": spec(args or ["sh", "-c", container]), "pages": b"x" * 100}
+    )
+
+
+def record(
+    tmp_path: Path, pod: str = "worker", uid: str = UID, containers: tuple[str, ...] = ("main",),
+    phase: str = "archived", at: float = NOW - 60, **extra: str,
+) -> tuple[str, dict[str, str]]:  # fmt: skip
+    archives = {c: str(archive(tmp_path, pod, c)) for c in containers}
+    pod_json = {"metadata": {"namespace": "team-a", "name": pod, "uid": uid}, "spec": {}}
+    data = {
+        "pod": json.dumps(pod_json), "archives": json.dumps(archives), "phase": phase,
+        "checkpointedAt": rfc3339(at), **extra,
+    }  # fmt: skip
+    return f"rpw-checkpoint-{uid}", data
+
+
+def test_an_archived_record_becomes_imaged_and_its_archives_go(tmp_path: Path) -> None:
+    name, data = record(tmp_path, containers=("main", "sidecar"))
+    store, runtime = Store({name: data}), Runtime()
+    make_agent(tmp_path, store, runtime, Clock()).step()
+    images = {c: image_reference("team-a", "worker", c, UID) for c in ("main", "sidecar")}
+    after = store.items[name]
+    assert "imaged" == after["phase"]
+    assert images == json.loads(after["images"])
+    assert {"main": ["sh", "-c", "main"], "sidecar": ["sh", "-c", "sidecar"]} == json.loads(
+        after["commands"]
+    )
+    # Each archive tar here is 10240 bytes (tar's blocking).
+    assert {"main": 10240, "sidecar": 10240} == json.loads(after["sizes"])
+    assert rfc3339(NOW) == after["imagedAt"]
+    assert set(images.values()) == runtime.images
+    assert [] == sorted(p.name for p in tmp_path.iterdir())
+
+
+def test_the_reference_names_namespace_pod_container_and_the_uid() -> None:
+    assert "localhost/resize-preemption-checkpoint/team-a/worker/main:0f3c2a9e-1b2" == (
+        image_reference("team-a", "worker", "main", UID)
+    )
+
+
+@pytest.mark.parametrize(
+    ("archives", "message"),
+    [
+        ({"main": "/etc/shadow"}, "is not in the checkpoint directory"),
+        ({"main": "relative.tar"}, "is not in the checkpoint directory"),
+        ({}, "names no pod or no archive"),
+    ],
+    ids=["outside-the-directory", "relative", "no-archive"],
+)
+def test_a_record_naming_no_archive_of_the_directory_fails(
+    tmp_path: Path, archives: dict[str, str], message: str
+) -> None:
+    name, data = record(tmp_path)
+    data["archives"] = json.dumps(archives)
+    store, runtime = Store({name: data}), Runtime()
+    make_agent(tmp_path, store, runtime, Clock()).step()
+    assert ("failed", set()) == (store.items[name]["phase"], runtime.images)
+    assert message in store.items[name]["message"]
+    assert rfc3339(NOW) == store.items[name]["failedAt"]
+
+
+def test_a_failed_import_removes_what_was_imported_and_says_why(tmp_path: Path) -> None:
+    name, data = record(tmp_path, containers=("main", "sidecar"))
+    runtime = Runtime(fail_import_of=image_reference("team-a", "worker", "sidecar", UID))
+    store = Store({name: data})
+    make_agent(tmp_path, store, runtime, Clock()).step()
+    assert "failed" == store.items[name]["phase"]
+    assert (
+        "imaging failed: `ctr images import` failed: no space left on device"
+        == (store.items[name]["message"])
+    )
+    assert set() == runtime.images
+    # The archives stay until the record is cleaned up, and no image layout is left.
+    assert [] == [p.name for p in tmp_path.iterdir() if p.name.startswith(LAYOUT_PREFIX)]
+    assert 2 == len(list(tmp_path.glob("checkpoint-*.tar")))
+
+
+def test_a_record_changed_meanwhile_is_not_overwritten_and_its_images_go(tmp_path: Path) -> None:
+    name, data = record(tmp_path)
+    store, runtime = Store({name: data}, stale={name}), Runtime()
+    make_agent(tmp_path, store, runtime, Clock()).step()
+    assert ("archived", set()) == (store.items[name]["phase"], runtime.images)
+    assert 1 == len(list(tmp_path.glob("checkpoint-*.tar")))
+
+
+@pytest.mark.parametrize("phase", ["restored", "abandoned"])
+def test_a_finished_record_is_cleaned_up(tmp_path: Path, phase: str) -> None:
+    name, data = record(tmp_path)
+    store, runtime = Store({name: data}), Runtime()
+    agent = make_agent(tmp_path, store, runtime, Clock())
+    agent.step()
+    store.items[name]["phase"] = phase
+    leftover = archive(tmp_path, "worker", "main")  # an archive the record still names
+    agent.step()
+    assert ({}, set(), False) == (store.items, runtime.images, leftover.exists())
+
+
+@pytest.mark.parametrize(
+    ("age", "kept"), [(299.0, True), (300.0, False)], ids=["within-retention", "past-it"]
+)
+def test_a_failed_record_stays_to_be_read_then_goes(tmp_path: Path, age: float, kept: bool) -> None:
+    name, data = record(tmp_path, phase="failed", failedAt=rfc3339(NOW - age), message="x")
+    store = Store({name: data})
+    make_agent(tmp_path, store, Runtime(), Clock()).step()
+    assert kept == (name in store.items)
+    assert kept == any(tmp_path.glob("checkpoint-*.tar"))
+
+
+@pytest.mark.parametrize(
+    ("limits", "gone"),
+    [
+        ({"max_checkpoints": 2}, ["a"]),
+        ({"max_checkpoints": 1}, ["a", "b"]),
+        ({"max_checkpoints": 3}, []),
+        ({"max_checkpoint_bytes": 2 * 10240 + 1}, ["a"]),
+    ],
+    ids=["one-over-count", "two-over-count", "within", "over-bytes"],
+)
+def test_the_oldest_pending_records_over_the_bounds_are_abandoned_and_cleaned(
+    tmp_path: Path, limits: dict[str, int], gone: list[str]
+) -> None:
+    store = Store()
+    for i, pod in enumerate(("a", "b", "c")):
+        name, data = record(tmp_path, pod=pod, uid=f"{pod}-uid", at=NOW - 100 + i)
+        store.items[name] = data
+    runtime = Runtime()
+    make_agent(tmp_path, store, runtime, Clock(), **limits).step()
+    # Each archive tar here is 10240 bytes.
+    assert {10240} == {
+        int(s) for d in store.items.values() for s in json.loads(d["sizes"]).values()
+    }
+    assert sorted(f"rpw-checkpoint-{p}-uid" for p in "abc" if p not in gone) == sorted(store.items)
+    assert sorted(
+        image_reference("team-a", p, "main", f"{p}-uid") for p in "abc" if p not in gone
+    ) == (sorted(runtime.images))
+
+
+def test_stray_archives_go_once_old_named_ones_stay(tmp_path: Path) -> None:
+    name, data = record(tmp_path, phase="imaged", images="{}", sizes="{}")
+    named = Path(json.loads(data["archives"])["main"])
+    old, young = archive(tmp_path, "old", "main"), archive(tmp_path, "young", "main")
+    layout = tmp_path / f"{LAYOUT_PREFIX}x-main.tar"
+    layout.write_bytes(b"left by a pass that died")
+    other = tmp_path / "notes.txt"
+    other.write_text("not ours")
+    for path in (old, layout, other, named):
+        os.utime(path, (NOW - 301, NOW - 301))
+    os.utime(young, (NOW - 10, NOW - 10))
+    make_agent(tmp_path, Store({name: data}), Runtime(), Clock()).step()
+    assert sorted([named.name, young.name, other.name]) == sorted(
+        p.name for p in tmp_path.iterdir()
+    )
+
+
+@pytest.mark.parametrize(
+    ("criu", "runtime", "expected"),
+    [
+        (CriuFacts("4.1.1", True), RuntimeFacts("containerd v2.3.7", True),
+         {"checkpoint": "true", "restore": "true", "criu": "4.1.1", "message": ""}),
+        (CriuFacts("", False, "CRIU: criu not found"), RuntimeFacts("containerd v2.3.7", True),
+         {"checkpoint": "false", "restore": "false", "criu": "",
+          "message": "CRIU: criu not found"}),
+        (CriuFacts("4.1.1", True), RuntimeFacts("containerd v2.3.7", False, "not enabled"),
+         {"checkpoint": "true", "restore": "false", "criu": "4.1.1", "message": "not enabled"}),
+    ],
+    ids=["both", "no-criu", "no-restore"],
+)  # fmt: skip
+def test_the_capability_says_what_the_node_can_do(
+    tmp_path: Path, criu: CriuFacts, runtime: RuntimeFacts, expected: dict[str, str]
+) -> None:
+    store = Store()
+    agent = Agent(AgentConfig(NODE, tmp_path), store, Runtime(facts=runtime), lambda: criu, Clock())
+    agent.step()
+    published = store.capabilities["rpw-node-node-1"]
+    assert {**expected, "runtime": runtime.version, "updatedAt": rfc3339(NOW)} == published
+
+
+ENABLED = '[plugins."io.containerd.cri.v1.runtime"]\nenable_experimental_restore_via_create = true'
+OTHER = '[plugins."io.containerd.cri.v1.runtime"]\nrestrict_oom_score_adj = true'
+
+
+@pytest.mark.parametrize(
+    ("version", "config", "expected"),
+    [
+        ((2, 3, 7), ENABLED, True),
+        ((2, 3, 7), OTHER, False),
+        ((2, 3, 7), None, False),
+        ((2, 3, 7), "not = [toml", False),
+        ((2, 1, 0), None, True),
+        ((2, 4, 0), ENABLED, False),
+        ((), None, False),
+    ],
+    ids=["enabled", "not-enabled", "config-unreadable", "config-broken", "before-the-opt-in",
+         "gone-in-2.4", "unknown-version"],
+)  # fmt: skip
+def test_restore_via_create_is_read_from_version_and_configuration(
+    version: tuple[int, ...], config: str | None, expected: bool
+) -> None:
+    restore, why = restore_enabled(version, config)
+    assert expected == restore
+    assert (why == "") == expected
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        ({}, {}, "command line: --node is required (or RPW_NODE)"),
+        ({"node": "Node_1"}, {}, "command line: --node='Node_1' must be a node name"),
+        ({"node": "n", "max-checkpoints": "0"}, {},
+         "--max-checkpoints='0' must be a whole number of at least 1"),
+        ({"node": "n"}, {"RPW_MAX_CHECKPOINT_BYTES": "-1Gi"},
+         "environment: RPW_MAX_CHECKPOINT_BYTES='-1Gi' must be a size"),
+        ({"node": "n", "checkpoint-dir": "checkpoints"}, {},
+         "--checkpoint-dir='checkpoints' must be an absolute path"),
+        ({"node": "n", "poll-interval": "0"}, {},
+         "--poll-interval='0' must be a number of seconds above 0"),
+    ],
+    ids=["no-node", "bad-node", "zero-checkpoints", "negative-bytes", "relative-dir", "zero-poll"],
+)  # fmt: skip
+def test_bad_settings_are_one_line(
+    flags: dict[str, str], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(InputError) as caught:
+        load_agent_settings(env=env, flags=flags)
+    assert message in str(caught.value)
+    assert 1 == len(str(caught.value).splitlines())
+
+
+def test_flags_win_over_the_environment() -> None:
+    settings = load_agent_settings(
+        env={"RPW_NODE": "node-2", "RPW_MAX_CHECKPOINT_BYTES": "1Gi"},
+        flags={"node": "node-1", "max-checkpoints": "3"},
+    )
+    assert ("node-1", 3, 1024**3) == (
+        settings.node,
+        settings.max_checkpoints,
+        settings.max_checkpoint_bytes,
+    )
+
+
+def test_the_checkpoint_directory_is_made_roots_alone(tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    directory.mkdir(mode=0o755)
+    agent = Agent(AgentConfig(NODE, directory), Store(), Runtime(), usable_criu, Clock())
+    agent.protect_directory()
+    assert 0o700 == directory.stat().st_mode & 0o777
+
+
+def fake_criu(tmp_path: Path, version: str, check_exit: int) -> str:
+    script = tmp_path / "bin dir" / "criu"
+    script.parent.mkdir()
+    script.write_text(
+        "#!/bin/sh\n"
+        f'[ "$1" = --version ] && {{ echo "Version: {version}"; exit 0; }}\n'
+        '[ "$1" = check ] && echo "Error (criu/cr-check.c:1): vdso bounds" >&2\n'
+        f'[ "$1" = check ] && exit {check_exit}\n'
+        "exit 1\n"
+    )
+    script.chmod(0o755)
+    return shlex.quote(str(script))
+
+
+@pytest.mark.parametrize(
+    ("version", "check_exit", "expected"),
+    [
+        ("4.1.1", 0, CriuFacts("4.1.1", True)),
+        ("3.15", 0, CriuFacts("3.15", False, "CRIU 3.15 is older than 3.16")),
+        ("3.17.1", 1, CriuFacts(
+            "3.17.1", False, "`criu check` failed: Error (criu/cr-check.c:1): vdso bounds")),
+    ],
+    ids=["usable", "too-old", "check-fails"],
+)  # fmt: skip
+def test_criu_is_usable_when_recent_and_its_check_passes(
+    tmp_path: Path, version: str, check_exit: int, expected: CriuFacts
+) -> None:
+    assert expected == probe_criu(fake_criu(tmp_path, version, check_exit))

@@ -1,0 +1,295 @@
+"""The node agent's work, one pass at a time (:meth:`Agent.step`), on its ports only: the
+record store (:class:`~webhook.agent.records.CheckpointStore`), the runtime
+(:class:`~webhook.agent.runtime.Runtime`) and the checkpoint directory of its node.
+
+A pass:
+
+1. publishes the node's capability every ``probe_interval`` seconds;
+2. turns each ``archived`` record into images: per container an OCI image layout written
+   beside the archive (:func:`~webhook.agent.oci.write_image_layout`), imported, removed;
+   the command read from the archive; then the archives are deleted and the record says
+   ``imaged`` (or ``failed`` with one line, and whatever it imported is removed again);
+3. cleans up ``restored``, ``abandoned`` and - after ``failed_retention`` seconds, for
+   the service to read why - ``failed`` records: images, archives, the record;
+4. keeps the node within ``max_checkpoints`` pending records and ``max_checkpoint_bytes``:
+   the oldest is set ``abandoned`` with a message, then cleaned;
+5. deletes archives (and layouts of a pass that died) no record names, once older than
+   ``stray_age``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from webhook.agent.oci import ArchiveError, process_args, write_image_layout
+from webhook.agent.records import (
+    FINISHED,
+    PENDING,
+    Capability,
+    CheckpointStore,
+    Record,
+    StaleRecord,
+    image_reference,
+    one_line,
+    parse_rfc3339,
+    rfc3339,
+)
+from webhook.agent.runtime import CriuFacts, Runtime, RuntimeFacts, RuntimeFailure
+
+log = logging.getLogger(__name__)
+
+#: Written beside an archive while it becomes an image: process memory too, so only ever in
+#: the checkpoint directory, and removed by the stray sweep if a pass dies.
+LAYOUT_PREFIX = ".rpw-image-"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str
+    checkpoint_dir: Path
+    max_checkpoints: int = 10
+    max_checkpoint_bytes: int = 20 * 1024**3
+    probe_interval: float = 300.0
+    failed_retention: float = 300.0
+    stray_age: float = 300.0
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        store: CheckpointStore,
+        runtime: Runtime,
+        criu: Callable[[], CriuFacts],
+        clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.runtime = runtime
+        self.criu = criu
+        self.clock = clock
+        self._probed_at: float | None = None
+
+    def protect_directory(self) -> None:
+        """The checkpoint directory as the kubelet makes it, root's alone (0700): the
+        archives hold process memory. A hostPath volume made before the kubelet's first
+        checkpoint would be 0755 otherwise."""
+        try:
+            self.config.checkpoint_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.config.checkpoint_dir, 0o700)
+        except OSError as e:
+            log.warning("checkpoint directory %s: %s", self.config.checkpoint_dir, e)
+
+    # --- capability -----------------------------------------------------------------------
+
+    def capability(self) -> Capability:
+        criu = self.criu()
+        facts: RuntimeFacts = self.runtime.probe()
+        restore = criu.usable and facts.restore
+        why = [m for m in (criu.message, facts.message) if m]
+        return Capability(criu.usable, restore, criu.version, facts.version, "; ".join(why))
+
+    def publish(self) -> Capability:
+        capability = self.capability()
+        self.store.publish(self.config.node, capability.data(self.clock()))
+        self._probed_at = self.clock()
+        return capability
+
+    # --- one pass -------------------------------------------------------------------------
+
+    def step(self) -> None:
+        now = self.clock()
+        if self._probed_at is None or now - self._probed_at >= self.config.probe_interval:
+            self.publish()
+        records = self.store.records(self.config.node)
+        for record in records:
+            if record.phase == "archived":
+                self.image(record)
+        records = self.store.records(self.config.node)
+        for record in self.over_bounds(records):
+            self.abandon(record)
+        records = self.store.records(self.config.node)
+        for record in records:
+            if self.finished(record, now):
+                self.clean(record)
+        self.sweep(self.store.records(self.config.node), now)
+
+    def finished(self, record: Record, now: float) -> bool:
+        if record.phase not in FINISHED:
+            return False
+        if record.phase != "failed":
+            return True
+        failed_at = parse_rfc3339(record.data.get("failedAt", "")) or 0.0
+        return now - failed_at >= self.config.failed_retention
+
+    # --- archived -> imaged ---------------------------------------------------------------
+
+    def archive_path(self, path: str) -> Path:
+        """The archive the record names, which must be a file directly in the checkpoint
+        directory: a record is data anyone with write access to ConfigMaps may write, and
+        the agent runs as root."""
+        candidate = Path(path)
+        directory = self.config.checkpoint_dir.resolve()
+        if not candidate.is_absolute() or candidate.resolve().parent != directory:
+            raise ArchiveError(f"{path} is not in the checkpoint directory {directory}")
+        return candidate.resolve()
+
+    def image(self, record: Record) -> None:
+        namespace, pod, uid = record.pod_identity()
+        archives = record.archives
+        imported: list[str] = []
+        try:
+            if not (namespace and pod and archives):
+                raise ArchiveError("the record names no pod or no archive")
+            images, commands, sizes = {}, {}, {}
+            for container, path in sorted(archives.items()):
+                archive = self.archive_path(path)
+                reference = image_reference(namespace, pod, container, uid)
+                commands[container] = process_args(archive)
+                sizes[container] = archive.stat().st_size
+                self._import(archive, reference, container, uid)
+                imported.append(reference)
+                images[container] = reference
+        except (ArchiveError, RuntimeFailure, OSError) as e:
+            for reference in imported:
+                self._remove_image(reference)
+            message = one_line(f"imaging failed: {e}")
+            log.warning("checkpoint %s: %s", record.name, message)
+            self._update(
+                record,
+                {"phase": "failed", "message": message, "failedAt": rfc3339(self.clock())},
+            )
+            return
+        if not self._update(
+            record,
+            {
+                "phase": "imaged",
+                "images": json.dumps(images, sort_keys=True),
+                "commands": json.dumps(commands, sort_keys=True),
+                "sizes": json.dumps(sizes, sort_keys=True),
+                "imagedAt": rfc3339(self.clock()),
+                "message": "",
+            },
+        ):
+            for reference in imported:
+                self._remove_image(reference)
+            return
+        # After the record says so: a pass that dies in between leaves archives the
+        # record's clean-up deletes, never a record naming archives that are gone.
+        for path in archives.values():
+            self._unlink(Path(path))
+        log.info("checkpoint %s imaged: %s", record.name, ", ".join(sorted(images.values())))
+
+    def _import(self, archive: Path, reference: str, container: str, uid: str) -> None:
+        layout = archive.parent / f"{LAYOUT_PREFIX}{uid}-{container}.tar"
+        try:
+            write_image_layout(archive, layout, reference=reference, container=container)
+            self.runtime.import_image(layout, reference)
+        finally:
+            self._unlink(layout)
+
+    # --- clean-up -------------------------------------------------------------------------
+
+    def clean(self, record: Record) -> None:
+        """Images, archives left, then the record; a runtime failure leaves the record for
+        the next pass."""
+        try:
+            for reference in record.images.values():
+                self.runtime.remove_image(reference)
+        except RuntimeFailure as e:
+            log.warning("checkpoint %s: images not removed yet: %s", record.name, e)
+            return
+        for path in record.archives.values():
+            try:
+                self._unlink(self.archive_path(path))
+            except ArchiveError:
+                continue
+        self.store.delete(record.name)
+        log.info("checkpoint %s (%s) cleaned up", record.name, record.phase)
+
+    def over_bounds(self, records: list[Record]) -> list[Record]:
+        """The oldest pending records to abandon so that at most ``max_checkpoints`` and
+        ``max_checkpoint_bytes`` remain."""
+        pending = sorted(
+            (r for r in records if r.phase in PENDING), key=lambda r: (r.checkpointed_at, r.name)
+        )
+        sizes = [self.size(r) for r in pending]
+        count, total = len(pending), sum(sizes)
+        dropped: list[Record] = []
+        for record, size in zip(pending, sizes, strict=True):
+            if count <= self.config.max_checkpoints and total <= self.config.max_checkpoint_bytes:
+                break
+            dropped.append(record)
+            count, total = count - 1, total - size
+        return dropped
+
+    def size(self, record: Record) -> int:
+        """Bytes a pending record holds on the node: its images' sizes when imaged, its
+        archives' when archived."""
+        if record.phase == "imaged":
+            return sum(record.sizes.values())
+        total = 0
+        for path in record.archives.values():
+            try:
+                total += self.archive_path(path).stat().st_size
+            except (ArchiveError, OSError):
+                continue
+        return total
+
+    def abandon(self, record: Record) -> None:
+        limits = (
+            f"{self.config.max_checkpoints} checkpoints, {self.config.max_checkpoint_bytes} bytes"
+        )
+        message = f"abandoned by the node agent: node {self.config.node} keeps at most {limits}"
+        log.warning("checkpoint %s: %s", record.name, message)
+        self._update(record, {"phase": "abandoned", "message": message})
+
+    def _update(self, record: Record, data: dict[str, str]) -> bool:
+        try:
+            self.store.update(record, data, self.config.node)
+        except StaleRecord:
+            log.info("checkpoint %s changed meanwhile; read again next pass", record.name)
+            return False
+        return True
+
+    def sweep(self, records: list[Record], now: float) -> list[Path]:
+        """Delete archives no record names and image layouts left behind, once older than
+        ``stray_age``."""
+        named = {Path(p).name for r in records for p in r.archives.values()}
+        removed = []
+        try:
+            entries = list(self.config.checkpoint_dir.iterdir())
+        except OSError:
+            return []
+        for entry in entries:
+            ours = entry.name.startswith(LAYOUT_PREFIX) or (
+                entry.name.startswith("checkpoint-") and entry.name.endswith(".tar")
+            )
+            if not ours or entry.name in named or not entry.is_file():
+                continue
+            try:
+                age = now - entry.stat().st_mtime
+            except OSError:
+                continue
+            if age >= self.config.stray_age:
+                self._unlink(entry)
+                removed.append(entry)
+                log.info("deleted %s: no checkpoint record names it", entry)
+        return removed
+
+    def _remove_image(self, reference: str) -> None:
+        try:
+            self.runtime.remove_image(reference)
+        except RuntimeFailure as e:
+            log.warning("image %s not removed: %s", reference, e)
+
+    @staticmethod
+    def _unlink(path: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
