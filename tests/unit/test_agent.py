@@ -20,7 +20,6 @@ from webhook.agent.records import (
     StaleRecord,
     capability_name,
     image_reference,
-    rfc3339,
 )
 from webhook.agent.runtime import (
     CriuFacts,
@@ -30,6 +29,7 @@ from webhook.agent.runtime import (
     restore_enabled,
 )
 from webhook.agent.settings import load_agent_settings
+from webhook.core.checkpoint import rfc3339
 from webhook.core.errors import InputError
 
 NODE = "node-1"

@@ -29,8 +29,6 @@ from pathlib import Path
 
 from webhook.agent.oci import ArchiveError, process_args, write_image_layout
 from webhook.agent.records import (
-    FINISHED,
-    PENDING,
     Capability,
     CheckpointStore,
     Record,
@@ -38,9 +36,9 @@ from webhook.agent.records import (
     image_reference,
     one_line,
     parse_rfc3339,
-    rfc3339,
 )
 from webhook.agent.runtime import CriuFacts, Runtime, RuntimeFacts, RuntimeFailure
+from webhook.core.checkpoint import FINISHED, PENDING, rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -8,31 +8,23 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Final, Literal, Protocol, get_args
+from datetime import datetime
+from typing import Any, Final, Protocol
 
-Phase = Literal["archived", "imaged", "failed", "restored", "abandoned"]
-PHASES: Final[tuple[str, ...]] = get_args(Phase)
-#: Phases whose images and archives are the agent's to delete, then the record.
-FINISHED: Final = frozenset({"restored", "abandoned", "failed"})
-#: Phases that hold an archive or an image for a restore yet to come.
-PENDING: Final = frozenset({"archived", "imaged"})
+from webhook.core.checkpoint import (
+    CAPABILITY_LABEL,
+    CAPABILITY_PREFIX,
+    CHECKPOINT_LABEL,
+    IMAGE_REPOSITORY,
+    MANAGED_BY,
+    NODE_LABEL,
+    PHASE_LABEL,
+    RECORD_PREFIX,
+    rfc3339,
+)
 
-MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "resize-preemption-webhook"}
-CHECKPOINT_LABEL: Final = "resize-preemption.io/checkpoint"
-CAPABILITY_LABEL: Final = "resize-preemption.io/node-capability"
-NODE_LABEL: Final = "resize-preemption.io/node"
-PHASE_LABEL: Final = "resize-preemption.io/phase"
-RECORD_PREFIX: Final = "rpw-checkpoint-"
-CAPABILITY_PREFIX: Final = "rpw-node-"
-IMAGE_REPOSITORY: Final = "localhost/resize-preemption-checkpoint"
 #: The oldest CRIU containerd checkpoints with (``utils.PodCriuVersion``).
 MIN_CRIU: Final = (3, 16)
-
-
-def rfc3339(moment: float) -> str:
-    """``moment`` (seconds since the epoch) as RFC 3339 UTC, to the second."""
-    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_rfc3339(text: str) -> float | None:

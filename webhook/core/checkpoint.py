@@ -22,6 +22,7 @@ one to bring it back, so it is the one a checkpoint saves.
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,14 @@ CHECKPOINT: Final = "checkpoint"
 RESTORED_FROM_ANNOTATION: Final = "resize-preemption.io/restored-from"
 RECORD_PREFIX: Final = "rpw-checkpoint-"
 CAPABILITY_PREFIX: Final = "rpw-node-"
+#: Labels of both kinds of ConfigMap (docs/checkpoint.md).
+MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "resize-preemption-webhook"}
+CHECKPOINT_LABEL: Final = "resize-preemption.io/checkpoint"
+CAPABILITY_LABEL: Final = "resize-preemption.io/node-capability"
+NODE_LABEL: Final = "resize-preemption.io/node"
+PHASE_LABEL: Final = "resize-preemption.io/phase"
+#: Where checkpoint images are named: ``<repository>/<ns>/<pod>/<container>:<uid[:12]>``.
+IMAGE_REPOSITORY: Final = "localhost/resize-preemption-checkpoint"
 #: How long a restored pod may take to run before its record is ended anyway: its
 #: images are needed only until its containers were created.
 RESTORE_PATIENCE: Final = 120.0
@@ -57,6 +66,13 @@ class Phase(StrEnum):
     def waiting(self) -> bool:
         """Still to come back (``status`` lists these)."""
         return self in (Phase.ARCHIVED, Phase.IMAGED, Phase.RESTORING)
+
+
+#: Phases whose archives and images the agent deletes, then the record.
+FINISHED: Final = frozenset({Phase.RESTORED, Phase.ABANDONED, Phase.FAILED})
+#: Phases holding an archive or an image for a restore yet to come, which the agent's
+#: bounds count (a restoring pod needs its image until its containers were created).
+PENDING: Final = frozenset({Phase.ARCHIVED, Phase.IMAGED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +222,11 @@ def _object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
     return value
+
+
+def rfc3339(moment: float) -> str:
+    """``moment`` (seconds since the epoch) as RFC 3339 UTC, to the second."""
+    return dt.datetime.fromtimestamp(moment, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def record_name(uid: str) -> str:

@@ -20,7 +20,6 @@ The node agent (``python -m webhook node-agent``) writes the phases ``imaged`` a
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +38,7 @@ from webhook.core.checkpoint import (
     pause_of,
     remaining_grace,
     restored_pod,
+    rfc3339,
 )
 from webhook.core.model import Pod, PodRef
 from webhook.core.movable import room_on
@@ -179,7 +179,7 @@ class PausingEvictor:
             Phase.ARCHIVED,
             done.pod,
             done.archives,
-            checkpointed_at=stamp(self.clock()),
+            checkpointed_at=rfc3339(self.clock()),
         )
         store = self.pauses.store
         if store is None or not store.write(record):
@@ -350,7 +350,3 @@ def _asks(record: CheckpointRecord) -> Resources | None:
         return pod_requests(parse_pod(dict(record.pod)))
     except ValueError:
         return None
-
-
-def stamp(epoch: float) -> str:
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

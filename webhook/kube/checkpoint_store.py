@@ -10,14 +10,12 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from webhook.agent.records import (
-    CHECKPOINT_LABEL,
-    NODE_LABEL,
-    PHASE_LABEL,
     Record,
     StaleRecord,
     capability_labels,
     capability_name,
 )
+from webhook.core.checkpoint import CHECKPOINT_LABEL, NODE_LABEL, PHASE_LABEL
 from webhook.kube.errors import translate
 
 

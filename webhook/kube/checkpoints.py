@@ -29,6 +29,10 @@ import urllib3
 
 from webhook.core.checkpoint import (
     CAPABILITY_PREFIX,
+    CHECKPOINT_LABEL,
+    MANAGED_BY,
+    NODE_LABEL,
+    PHASE_LABEL,
     CheckpointRecord,
     NodeCheckpointing,
     record_name,
@@ -41,10 +45,7 @@ from webhook.kube.jsonapi import pod_path, request_json
 
 log = logging.getLogger(__name__)
 
-MANAGED_BY: Final = "app.kubernetes.io/managed-by=resize-preemption-webhook"
-CHECKPOINT_LABEL: Final = "resize-preemption.io/checkpoint"
-NODE_LABEL: Final = "resize-preemption.io/node"
-PHASE_LABEL: Final = "resize-preemption.io/phase"
+SELECTOR: Final = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
 DEFAULT_KUBELET_PORT: Final = 10250
 
 
@@ -236,7 +237,7 @@ _CLEARED: Final[dict[str, None]] = dict.fromkeys(("images", "commands", "sizes",
 
 def record_labels(record: CheckpointRecord) -> dict[str, str]:
     return {
-        "app.kubernetes.io/managed-by": "resize-preemption-webhook",
+        **MANAGED_BY,
         CHECKPOINT_LABEL: "true",
         NODE_LABEL: record.node,
         PHASE_LABEL: record.phase.value,
@@ -246,7 +247,7 @@ def record_labels(record: CheckpointRecord) -> dict[str, str]:
 def list_items(api: Any, namespace: str) -> list[dict[str, Any]]:
     """The service's labelled ConfigMaps in ``namespace``; raises ``ClusterError``."""
     path = f"/api/v1/namespaces/{quote(namespace)}/configmaps"
-    listed = request_json(api, "GET", path, query={"labelSelector": MANAGED_BY}, timeout=5)
+    listed = request_json(api, "GET", path, query={"labelSelector": SELECTOR}, timeout=5)
     return [i for i in listed.get("items") or () if isinstance(i, dict)]
 
 
