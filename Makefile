@@ -14,7 +14,8 @@ NODE ?= hollow
 help:
 	@echo "make demo          local control plane + webhook, replays the resize walkthrough"
 	@echo "make demo NODE=real  the same on a real node-1 (containerd), the webhook from its"
-	@echo "                   image via its Helm chart (docs/real-node.md)"
+	@echo "                   image via its Helm chart (docs/real-node.md); CHECKPOINT=1: the"
+	@echo "                   victim is checkpointed and comes back (docs/checkpoint.md)"
 	@echo "make test          lint, type checks, layering contract, unit and end-to-end tests"
 	@echo "make cluster       start the local control plane and leave it running"
 	@echo "                   (CLUSTER_ARGS=\"--nodes 2 --cpu 4 --memory 8Gi --grace-cap 1\")"
@@ -116,7 +117,7 @@ cluster-down: venv
 	@$(PY) -m harness down
 
 demo: venv binaries $(if $(filter real,$(NODE)),node)
-	@$(PY) -m harness demo --node $(NODE)
+	@$(PY) -m harness demo --node $(NODE) $(if $(filter 1,$(CHECKPOINT)),--checkpoint)
 
 bench: venv
 	$(PY) -m bench

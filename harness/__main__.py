@@ -557,7 +557,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.node == "real":
         from harness import realdemo
 
-        return realdemo.run()
+        return realdemo.run(checkpoint=args.checkpoint)
     from harness import demo
 
     return demo.run(with_webhook=not args.no_webhook)
@@ -589,6 +589,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="replay the resize walkthrough on a fresh cluster")
     demo.add_argument("--no-webhook", action="store_true")
     demo.add_argument("--node", choices=("hollow", "real"), default="hollow")
+    demo.add_argument(
+        "--checkpoint",
+        action="store_true",
+        help="with --node real: the victim opts in to checkpoints and comes back",
+    )
     demo.set_defaults(func=cmd_demo)
     args = parser.parse_args(argv)
     try:

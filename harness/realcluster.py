@@ -237,6 +237,28 @@ class RealCluster:
         chart.uninstall(self.kubeconfig)
         self.release = None
 
+    def checkpoint_values(self) -> dict[str, Any]:
+        """The chart's values for checkpoints on node-1: the service's setting and the node
+        agent's DaemonSet on this node's paths."""
+        node = self.node
+        assert node is not None and node.stack.criu_dir is not None
+        return {
+            "checkpoint.enabled": True,
+            # No namespace controller runs here to finish a namespace the chart would remove.
+            "checkpoint.createNamespace": False,
+            "checkpoint.namespace": chart.NAMESPACE,
+            "checkpoint.checkpointDir": str(node.paths.kubelet_root / "checkpoints"),
+            "checkpoint.containerdConfig": str(node.paths.containerd_config),
+            "checkpoint.containerdAddress": str(node.paths.containerd_socket),
+            # The host's mount namespace through containerd's process: on this machine root
+            # may not enter PID 1's (its init holds a capability root lacks), on a node it
+            # would.
+            "checkpoint.hostCommand": f"nsenter --target {node.pid('containerd')} --mount --",
+            "checkpoint.ctr": str(node.stack.path("ctr")),
+            "checkpoint.criu": str(node.stack.criu_dir / "criu"),
+            "checkpoint.pollInterval": 0.5,
+        }
+
     # --- access --------------------------------------------------------------------------------
 
     @property

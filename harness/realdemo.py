@@ -119,8 +119,9 @@ def resize_patch(millicores: int) -> str:
     )  # fmt: skip
 
 
-def run() -> int:
-    """The whole demo; 0 when the resize was actuated and the container's quota followed."""
+def run(*, checkpoint: bool = False) -> int:
+    """The whole demo; 0 when the resize was actuated and the container's quota followed
+    (``checkpoint``: the victim paused and restored, :mod:`harness.pausedemo`)."""
     install_signal_handlers()
     try:
         check_machine()
@@ -139,7 +140,12 @@ def run() -> int:
     try:
         with RealCluster(binaries, stack, images) as cluster:
             print(f"# cluster and webhook ready in {time.monotonic() - began:.1f} s\n", flush=True)
-            return _walkthrough(cluster, Terminal(binaries.kubectl, cluster.kubeconfig))
+            term = Terminal(binaries.kubectl, cluster.kubeconfig)
+            if checkpoint:
+                from harness import pausedemo
+
+                return pausedemo.run(cluster, term)
+            return _walkthrough(cluster, term)
     except (PreflightError, NodeError, ChartError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

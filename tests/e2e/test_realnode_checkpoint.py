@@ -216,34 +216,13 @@ def test_a_checkpointed_pod_is_restored_with_its_memory_and_then_cleaned_up(
     assert_capable(capability_of(real_cluster, real_namespace))
 
 
-def checkpoint_values(cluster: RealCluster) -> dict[str, Any]:
-    """The chart's values for checkpoints on this node: the agent's DaemonSet on its paths."""
-    node = cluster.node
-    assert node is not None and node.stack.criu_dir is not None
-    return {
-        "checkpoint.enabled": True,
-        # No namespace controller runs here to finish a namespace the chart would remove.
-        "checkpoint.createNamespace": False,
-        "checkpoint.namespace": CHART_NAMESPACE,
-        "checkpoint.checkpointDir": str(node.paths.kubelet_root / "checkpoints"),
-        "checkpoint.containerdConfig": str(node.paths.containerd_config),
-        "checkpoint.containerdAddress": str(node.paths.containerd_socket),
-        # The host's mount namespace through containerd's process: on this machine root may
-        # not enter PID 1's (its init holds a capability root lacks), on a node it would.
-        "checkpoint.hostCommand": f"nsenter --target {node.pid('containerd')} --mount --",
-        "checkpoint.ctr": str(node.stack.path("ctr")),
-        "checkpoint.criu": str(node.stack.criu_dir / "criu"),
-        "checkpoint.pollInterval": 0.5,
-    }
-
-
 def test_the_charts_daemonset_runs_the_agent_on_the_node(
     real_cluster: RealCluster, real_namespace: str, wait_until: Waiter
 ) -> None:
     """The same round with the agent of the chart's DaemonSet: the host's ctr and criu
     through nsenter, the checkpoint directory its host path, the records in the webhook's
     namespace through its Role."""
-    values = checkpoint_values(real_cluster)
+    values = real_cluster.checkpoint_values()
     # Installed anew (and put back so at the end): an earlier test's write of the webhook
     # configuration's caBundle would conflict with helm's server-side apply of an upgrade.
     real_cluster.uninstall_chart()

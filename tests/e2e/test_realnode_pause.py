@@ -34,7 +34,7 @@ from tests.e2e.test_realnode import (
     warnings,
     workload,
 )
-from tests.e2e.test_realnode_checkpoint import capability_of, checkpoint_values
+from tests.e2e.test_realnode_checkpoint import capability_of
 from webhook.core.checkpoint import ON_PREEMPT_ANNOTATION, RESTORED_FROM_ANNOTATION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
@@ -55,7 +55,7 @@ def checkpointing(real_cluster: RealCluster) -> Iterator[None]:
     back as the other tests know it afterwards."""
     real_cluster.uninstall_chart()
     try:
-        real_cluster.install_chart(checkpoint_values(real_cluster))
+        real_cluster.install_chart(real_cluster.checkpoint_values())
         deadline = time.monotonic() + 120
         while (capability := capability_of(real_cluster, SERVICE_NAMESPACE)) is None:
             assert time.monotonic() < deadline, "the node agent published no abilities"
@@ -123,7 +123,9 @@ def test_a_checkpointed_victim_comes_back_with_its_memory_when_room_returns(
     ns = real_namespace
     walk = start_walkthrough(real_cluster, ns, classes, COUNTER)
     wait_until(lambda: count(real_cluster, ns) >= 5, timeout=30, what="a few counts")
-    old_uid = read(real_cluster, ns, VICTIM)["metadata"]["uid"]  # type: ignore[index]
+    old = read(real_cluster, ns, VICTIM)
+    assert old is not None
+    old_uid = old["metadata"]["uid"]
     before = count(real_cluster, ns)  # the checkpoint comes after this
 
     told = resize(real_cluster, ns, walk.target)
@@ -159,10 +161,12 @@ def test_a_checkpointed_victim_comes_back_with_its_memory_when_room_returns(
     assert NODE_NAME == pod["spec"]["nodeName"]
     assert {"app": "counter"} == pod["metadata"]["labels"]
     assert {
-        ON_PREEMPT_ANNOTATION: "checkpoint",
-        "team": "ml",
+        **old["metadata"]["annotations"],  # kubectl's last-applied-configuration too
         RESTORED_FROM_ANNOTATION: f"rpw-checkpoint-{old_uid}",
     } == pod["metadata"]["annotations"]
+    assert {ON_PREEMPT_ANNOTATION: "checkpoint", "team": "ml"}.items() <= pod["metadata"][
+        "annotations"
+    ].items()
     wait_until(lambda: events(real_cluster, ns, VICTIM, "Restored"), timeout=30, what="Restored")
     wait_until(lambda: records(real_cluster) == [], timeout=60, what="the checkpoint gone")
     node = real_cluster.node
