@@ -1,0 +1,165 @@
+"""The chart's admission policy for checkpoint images, on the real API server.
+
+A checkpoint image holds a victim's memory and containerd restores it into any pod that
+names it (docs/checkpoint.md, "Security"). With ``checkpoint.enabled`` the chart ships a
+ValidatingAdmissionPolicy: only the service's account creates a pod from a checkpoint
+image, only the pod the checkpoint was taken of, and that account creates no pod but a
+restored one. Here the policy is rendered by helm, applied for real (renamed into a
+namespace of this module's own), and tried by the cluster's admin and by a token of the
+service's account, each on pods bound to a node nobody serves (nothing runs).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import Cluster, Kubectl
+from tests.e2e.helm_tools import render
+
+pytestmark = pytest.mark.e2e
+
+PREFIX = "localhost/resize-preemption-checkpoint"
+RESTORED_FROM = "resize-preemption.io/restored-from"
+
+
+def pod(name: str, image: str, *, restored: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if restored:
+        meta["annotations"] = {RESTORED_FROM: f"rpw-checkpoint-{name}"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"nodeName": "nowhere", "containers": [{"name": "main", "image": image}]},
+    }
+
+
+@pytest.fixture(scope="module")
+def callers(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """{"admin": Kubectl, "service": Kubectl, "namespace": str} with the policy in force."""
+    suffix = secrets.token_hex(3)
+    service_ns, release, ns = f"rpw-cp-{suffix}", f"rpw-cp-{suffix}", f"team-{suffix}"
+    policy = [
+        d
+        for d in render({"checkpoint.enabled": True, "namespace.name": service_ns}, release=release)
+        if d["kind"].startswith("ValidatingAdmissionPolicy")
+        and d["metadata"]["name"].endswith("-checkpoint-images")
+    ]
+    assert 2 == len(policy)
+    # The chart's full name, which the policy expects of the service's account.
+    account = policy[0]["metadata"]["name"].removesuffix("-checkpoint-images")
+    admin = Kubectl(cluster.binaries.kubectl, cluster.kubeconfig)
+    rights = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
+        for n in (service_ns, ns)
+    ] + [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": account, "namespace": service_ns}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "pods", "namespace": ns},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "update"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "pods", "namespace": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods"},
+         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": service_ns}]},
+    ]  # fmt: skip
+    text = yaml.safe_dump_all([*rights, *policy])
+    admin("apply", "-f", "-", input=text)
+    config = _token_config(cluster, service_ns, account, tmp_path_factory.mktemp("policy"))
+    service = Kubectl(cluster.binaries.kubectl, config, ns)
+    _wait_in_force(Kubectl(cluster.binaries.kubectl, cluster.kubeconfig, ns))
+    yield {"admin": Kubectl(cluster.binaries.kubectl, cluster.kubeconfig, ns), "service": service}
+    admin("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=text, check=False)
+
+
+def _token_config(cluster: Cluster, namespace: str, account: str, where: Path) -> Path:
+    token = cluster.client.create(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+         "spec": {"expirationSeconds": 3600}},
+    )["status"]["token"]  # fmt: skip
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    path = where / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _wait_in_force(admin: Kubectl) -> None:
+    """The policy is served a moment after it is created: wait until it refuses."""
+    deadline = time.monotonic() + 30
+    for attempt in range(1_000_000):
+        probe = pod(f"probe-{attempt}", f"{PREFIX}/x/probe-{attempt}/main:1")
+        created = admin("apply", "-f", "-", input=yaml.safe_dump(probe), check=False)
+        if "ValidatingAdmissionPolicy" in created.stderr:
+            return
+        admin("delete", "pod", probe["metadata"]["name"], "--wait=false", check=False)
+        assert time.monotonic() < deadline, created.stdout + created.stderr
+        time.sleep(0.3)
+
+
+@pytest.mark.parametrize(
+    ("caller", "manifest", "refused_with"),
+    [
+        pytest.param("admin", pod("a", "busybox"), "", id="admin-plain-pod"),
+        pytest.param(
+            "admin",
+            pod("b", f"{PREFIX}/{{ns}}/b/main:1"),
+            "only the resize-preemption-webhook service creates pods from checkpoint images",
+            id="admin-from-a-checkpoint",
+        ),
+        pytest.param(
+            "service",
+            pod("c", f"{PREFIX}/{{ns}}/c/main:1", restored=True),
+            "",
+            id="service-restores",
+        ),
+        pytest.param(
+            "service",
+            pod("d", f"{PREFIX}/{{ns}}/other/main:1", restored=True),
+            "a checkpoint image restores only the pod it was taken of",
+            id="service-another-pods-checkpoint",
+        ),
+        pytest.param(
+            "service",
+            pod("e", "busybox"),
+            "the service creates only pods restored from a checkpoint",
+            id="service-a-pod-not-restored",
+        ),
+    ],
+)
+def test_who_may_create_a_pod_from_a_checkpoint_image(
+    callers: dict[str, Any], caller: str, manifest: dict[str, Any], refused_with: str
+) -> None:
+    namespace = callers["admin"].namespace
+    image = manifest["spec"]["containers"][0]["image"]
+    manifest["spec"]["containers"][0]["image"] = image.replace("{ns}", namespace)
+
+    created = callers[caller]("create", "-f", "-", input=yaml.safe_dump(manifest), check=False)
+
+    if refused_with:
+        assert 0 != created.returncode
+        assert refused_with in created.stderr, created.stderr
+    else:
+        assert 0 == created.returncode, created.stderr
+
+
+def test_a_pod_already_there_cannot_be_switched_to_a_checkpoint_image(
+    callers: dict[str, Any],
+) -> None:
+    admin = callers["admin"]
+    admin("create", "-f", "-", input=yaml.safe_dump(pod("f", "busybox")))
+
+    image = f"{PREFIX}/{admin.namespace}/f/main:1"
+    switched = admin("set", "image", "pod/f", f"main={image}", check=False)
+
+    assert 0 != switched.returncode
+    assert "only the resize-preemption-webhook service" in switched.stderr, switched.stderr
