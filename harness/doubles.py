@@ -388,6 +388,23 @@ class FakeEvents:
         self.told.append(("NotMoved", victim.key, why))
         return True
 
+    # -- :class:`~webhook.engine.pauses.PauseEvents`: on the victim, or the restored pod --
+
+    def checkpointed(self, victim: PodRef, preemptor: PodRef, note: str) -> bool:
+        return self._tell(victim, ("Checkpointed", note))
+
+    def checkpoint_failed(self, victim: PodRef, preemptor: PodRef, why: str) -> bool:
+        return self._tell(victim, ("CheckpointFailed", why))
+
+    def restored(self, pod: PodRef, note: str) -> bool:
+        return self._tell(pod, ("Restored", note))
+
+    def _tell(self, regarding: PodRef, told: tuple[str, ...]) -> bool:
+        if not self._records(regarding):
+            return False
+        self.told.append(told)
+        return True
+
 
 __all__ = [
     "FakeEvents",
@@ -453,28 +470,29 @@ class FakeCheckpointer:
         return Checkpointed(pod, {"main": f"/checkpoints/{victim.name}.tar"}, 30, 0.3)
 
 
-@dataclass
 class FakeCreator:
-    answer: str = ""
-    created: list[Mapping[str, Any]] = field(default_factory=list)
+    """A :class:`~webhook.engine.pauses.PodCreator` over ``view``: a pod of a name the view
+    or an earlier create holds exists already, a namespace the view does not know is gone
+    (as the API server answers); ``answer``, when set, answers in its place."""
+
+    def __init__(self, view: ClusterView | None = None, answer: str = "") -> None:
+        self.view, self.answer = view, answer
+        self.created: list[Mapping[str, Any]] = []
 
     def create(self, manifest: Mapping[str, Any]) -> str:
+        if self.answer:
+            return self.answer
+        meta = manifest.get("metadata") or {}
+        namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
+        taken = any(
+            (m["metadata"].get("namespace"), m["metadata"]["name"]) == (namespace, name)
+            for m in self.created
+        )
+        if self.view is not None:
+            if self.view.namespace_labels(namespace) is None:
+                return f"namespace {namespace} is gone"
+            taken = taken or self.view.pod(namespace, name) is not None
+        if taken:
+            return "a pod of that name exists"
         self.created.append(manifest)
-        return self.answer
-
-
-@dataclass
-class PauseRecorder:
-    told: list[tuple[str, str, str]] = field(default_factory=list)
-
-    def checkpointed(self, victim: PodRef, preemptor: PodRef, note: str) -> bool:
-        self.told.append(("Checkpointed", victim.key, note))
-        return True
-
-    def checkpoint_failed(self, victim: PodRef, preemptor: PodRef, why: str) -> bool:
-        self.told.append(("CheckpointFailed", victim.key, why))
-        return True
-
-    def restored(self, pod: PodRef, note: str) -> bool:
-        self.told.append(("Restored", pod.key, note))
-        return True
+        return ""

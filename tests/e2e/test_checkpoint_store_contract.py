@@ -1,4 +1,5 @@
-"""The checkpoint store's contract, one suite for both stores.
+"""The checkpoint store's and the pod creator's contracts, one suite for each port's double
+and its implementation against the API server.
 
 Every test runs on :class:`harness.doubles.MemoryCheckpoints` ("memory") and on
 :class:`webhook.kube.checkpoints.ConfigMapCheckpoints` against the real API server
@@ -9,6 +10,10 @@ Every test runs on :class:`harness.doubles.MemoryCheckpoints` ("memory") and on
 * know no record and no node they were not told of;
 * read a node's abilities as its agent published them (the ConfigMap ``rpw-node-<node>``
   of docs/checkpoint.md; the double's ``publish``), and tell records from abilities.
+
+The pod creator (:class:`harness.doubles.FakeCreator` over a cluster view, and
+:class:`webhook.kube.checkpoints.PodCreator`) creates a pod once, says a second pod of
+that name exists, and that a namespace that does not exist is gone.
 
 ``-k memory`` runs the in-memory half without a control plane.
 """
@@ -21,9 +26,11 @@ from typing import Any
 
 import pytest
 
-from harness.doubles import MemoryCheckpoints
+from harness.doubles import FakeCreator, MemoryCheckpoints
 from webhook.core.checkpoint import CheckpointRecord, NodeCheckpointing, Phase
-from webhook.engine.pauses import CheckpointStore
+from webhook.core.model import Namespace
+from webhook.engine.memory import FixedClusterView
+from webhook.engine.pauses import CheckpointStore, PodCreator
 
 NODE = "node-1"
 
@@ -160,3 +167,60 @@ def test_a_nodes_abilities_read_as_its_agent_published_them(
 
     assert ability == store.store.capability(NODE)
     assert ["u-1"] == [r.uid for r in store.store.records()]  # an ability is no record
+
+
+# -- the pod creator --------------------------------------------------------------------------
+
+
+@dataclass
+class Creator:
+    creator: PodCreator
+    namespace: str
+    #: Whether pod ``name`` of ``namespace`` is there now.
+    exists: Callable[[str], bool]
+
+
+@pytest.fixture(
+    params=[pytest.param("memory"), pytest.param("api", marks=pytest.mark.e2e)],
+)
+def creator(request: pytest.FixtureRequest) -> Iterator[Creator]:
+    if request.param == "memory":
+        namespace = "team-b"
+        fake = FakeCreator(FixedClusterView(namespaces=[Namespace(namespace)]))
+
+        def made(name: str) -> bool:
+            return any(m["metadata"]["name"] == name for m in fake.created)
+
+        yield Creator(fake, namespace, made)
+        return
+    from webhook.kube.checkpoints import PodCreator as ApiPodCreator
+    from webhook.kube.client import make_api_client
+
+    cluster, namespace = request.getfixturevalue("cluster"), request.getfixturevalue("namespace")
+    api = make_api_client(str(cluster.kubeconfig))
+
+    def there(name: str) -> bool:
+        return cluster.client.get_or_none(f"/api/v1/namespaces/{namespace}/pods/{name}") is not None
+
+    yield Creator(ApiPodCreator(api), namespace, there)
+    api.close()  # type: ignore[no-untyped-call]
+
+
+def _pod(namespace: str, name: str = "low") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"nodeName": "nowhere", "containers": [{"name": "main", "image": "busybox"}]},
+    }
+
+
+def test_a_pod_is_created_once(creator: Creator) -> None:
+    assert "" == creator.creator.create(_pod(creator.namespace))
+    assert creator.exists("low")
+
+    assert "a pod of that name exists" == creator.creator.create(_pod(creator.namespace))
+
+
+def test_a_pod_of_a_namespace_gone_is_not_created(creator: Creator) -> None:
+    assert "namespace no-such-ns is gone" == creator.creator.create(_pod("no-such-ns"))

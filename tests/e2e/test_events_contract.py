@@ -9,7 +9,9 @@ prove that a recorder:
 
 * tells the resizing pod, and returns ``True``, that its plan was abandoned (naming the
   node and the victims left alone, none included), that a victim's work moved (victim,
-  replacement, node), or that it did not (victim, why);
+  replacement, node), or that it did not (victim, why); tells a victim it was
+  checkpointed, or why not, and a restored pod that it was
+  (:class:`~webhook.engine.pauses.PauseEvents`);
 * returns ``False``, and raises nothing, for a pod in a namespace that does not exist
   and when its API server cannot be reached.
 
@@ -44,6 +46,9 @@ class Recorder:
     def abandoned(self, preemptor: Any, victims: Any, node: str, detail: str) -> bool: ...
     def moved(self, preemptor: Any, victim: Any, replacement: Any, node: str) -> bool: ...
     def lost(self, preemptor: Any, victim: Any, why: str) -> bool: ...
+    def checkpointed(self, victim: Any, preemptor: Any, note: str) -> bool: ...
+    def checkpoint_failed(self, victim: Any, preemptor: Any, why: str) -> bool: ...
+    def restored(self, pod: Any, note: str) -> bool: ...
 
 
 @dataclass
@@ -73,6 +78,7 @@ def _fake(world: World) -> Subject:
 ABANDONED = re.compile(r"Stopped preempting on (\S+) for this resize \(.*\); not evicted: (.*)")
 MOVED = re.compile(r"Preempted (\S+) moved: its replacement (\S+) runs on (\S+)")
 LOST = re.compile(r"Preempted (\S+) did not move: (.*)")
+NOT_CHECKPOINTED = re.compile(r"Not checkpointed, evicted: (.*)")
 
 
 def _read(event: dict[str, Any]) -> Told:
@@ -84,6 +90,10 @@ def _read(event: dict[str, Any]) -> Told:
         return ("Abandoned", event["regarding"]["name"], *names, node)
     if reason == "Moved":
         return ("Moved", *MOVED.fullmatch(note).groups())  # type: ignore[union-attr]
+    if reason in ("Checkpointed", "Restored"):
+        return (reason, note)
+    if reason == "CheckpointFailed":
+        return (reason, *NOT_CHECKPOINTED.fullmatch(note).groups())  # type: ignore[union-attr]
     return ("NotMoved", *LOST.fullmatch(note).groups())  # type: ignore[union-attr]
 
 
@@ -168,6 +178,28 @@ TELLINGS = [
             ("NotMoved", "{ns}/low", "no replacement within 60s"),
         ),
         id="not-moved",
+    ),
+    # The pause events regard the victim, or the restored pod: "high" here too.
+    pytest.param(
+        Telling(
+            lambda r, ns: r.checkpointed(ref(ns, "high"), ref(ns, "top"), "Checkpointed on n"),
+            ("Checkpointed", "Checkpointed on n"),
+        ),
+        id="checkpointed",
+    ),
+    pytest.param(
+        Telling(
+            lambda r, ns: r.checkpoint_failed(ref(ns, "high"), ref(ns, "top"), "criu not found"),
+            ("CheckpointFailed", "criu not found"),
+        ),
+        id="checkpoint-failed",
+    ),
+    pytest.param(
+        Telling(
+            lambda r, ns: r.restored(ref(ns, "high"), "Restored on node n"),
+            ("Restored", "Restored on node n"),
+        ),
+        id="restored",
     ),
 ]
 

@@ -10,9 +10,9 @@ import pytest
 from harness.doubles import (
     FakeCheckpointer,
     FakeCreator,
+    FakeEvents,
     FakeEvictor,
     MemoryCheckpoints,
-    PauseRecorder,
 )
 from tests.unit.builders import NODE, make_node, make_pod
 from webhook.core.checkpoint import (
@@ -42,9 +42,9 @@ def _victim(opted: bool = True, **kw: Any) -> Pod:
 
 def _evictor(
     victim: Pod, store: MemoryCheckpoints, checkpointer: FakeCheckpointer, enabled: bool = True
-) -> tuple[PausingEvictor, FakeEvictor, PauseRecorder, Metrics]:
+) -> tuple[PausingEvictor, FakeEvictor, FakeEvents, Metrics]:
     view = FixedClusterView([make_node(NODE).build()], [victim])
-    inner, events, metrics = FakeEvictor(view), PauseRecorder(), Metrics()
+    inner, events, metrics = FakeEvictor(view), FakeEvents(view), Metrics()
     pausing = PausingEvictor(
         inner, view, Pauses(store, enabled), checkpointer, events, metrics, clock=lambda: 0.0
     )
@@ -116,9 +116,7 @@ def test_a_victim_not_checkpointed_is_evicted_as_any_other(
     assert expected_calls == len(checkpointer.calls)
     assert [None] == inner.graces
     assert [] == store.writes
-    expected = (
-        [] if expected_event is None else [("CheckpointFailed", "default/low", expected_event)]
-    )
+    expected = [] if expected_event is None else [("CheckpointFailed", expected_event)]
     assert expected == events.told
 
 
@@ -129,9 +127,7 @@ def test_a_record_not_written_evicts_without_a_checkpoint() -> None:
 
     assert EvictionResult.EVICTED == pausing.evict(victim.ref, PREEMPTOR, NODE)
     assert [None] == inner.graces
-    assert [("CheckpointFailed", "default/low", "its checkpoint record was not written")] == (
-        events.told
-    )
+    assert [("CheckpointFailed", "its checkpoint record was not written")] == (events.told)
 
 
 def test_a_victim_checkpointed_before_a_restart_is_not_checkpointed_again() -> None:
@@ -173,7 +169,7 @@ def _imaged(victim: Pod) -> CheckpointRecord:
 def _restorer(pods: list[Pod], cpu: str, record: CheckpointRecord) -> tuple[Restorer, Any]:
     view = FixedClusterView([make_node(NODE).allocatable(cpu=cpu, memory="8Gi").build()], pods)
     store, creator = MemoryCheckpoints([ABLE], [record]), FakeCreator()
-    restorer = Restorer(view, MemoryLedger(), store, creator, PauseRecorder(), Metrics())
+    restorer = Restorer(view, MemoryLedger(), store, creator, FakeEvents(view), Metrics())
     return restorer, (store, creator)
 
 
@@ -217,4 +213,4 @@ def test_a_restored_pod_that_runs_ends_its_record() -> None:
     restorer.run()
 
     assert Phase.RESTORED == store.stored[victim.uid].phase
-    assert [("Restored", "default/low")] == [e[:2] for e in restorer.events.told]  # type: ignore[union-attr]
+    assert ["Restored"] == [e[0] for e in restorer.events.told]  # type: ignore[union-attr]
