@@ -11,6 +11,7 @@ import pytest
 from tests.unit.builders import NODE, NOW, OTHER_NODE, T0, PodBuilder, make_node, make_pdb
 from tests.unit.test_reconciler import BASE, entry_for, high
 from tests.unit.test_worker_logic import LOAN
+from webhook.core.checkpoint import CheckpointRecord, Phase
 from webhook.core.model import LabelSelector
 from webhook.core.snapshot import load_snapshot
 from webhook.engine.ledger import LedgerEntry
@@ -234,3 +235,43 @@ def test_status_holds_a_deferred_resize_to_the_preemptor_policy(
     assert [("default/high", *expected)] == [
         (w.pod.key, w.reason, w.victims) for w in status.deferred
     ]
+
+
+def _record(uid: str, phase: Phase, node: str = NODE) -> CheckpointRecord:
+    pod = {"metadata": {"namespace": "team-b", "name": f"pod-{uid}", "uid": uid}, "spec": {}}
+    return CheckpointRecord(
+        uid, node, phase, pod, {"main": "/a.tar"}, sizes={"main": 4096},
+        checkpointed_at="2026-12-06T07:00:00Z",
+    )  # fmt: skip
+
+
+def test_checkpoints_waiting_for_room_are_listed_the_ended_ones_are_not() -> None:
+    records = [_record(u, p) for u, p in (("a", Phase.ARCHIVED), ("b", Phase.IMAGED),
+               ("c", Phase.RESTORING), ("d", Phase.RESTORED), ("e", Phase.ABANDONED),
+               ("f", Phase.FAILED))]  # fmt: skip
+    other = _record("g", Phase.IMAGED, OTHER_NODE)
+
+    status = service_status(
+        load_snapshot(objects()), [], None, Config(), now=NOW, checkpoints=[*records, other]
+    )
+    on_node = service_status(
+        load_snapshot(objects()), [], None, Config(), now=NOW, node=NODE, checkpoints=[other]
+    )
+
+    assert ["team-b/pod-a", "team-b/pod-b", "team-b/pod-c", "team-b/pod-g"] == [
+        c["pod"] for c in status_to_dict(status)["checkpoints"]
+    ]
+    assert [] == status_to_dict(on_node)["checkpoints"]
+    assert {
+        "pod": "team-b/pod-b",
+        "node": NODE,
+        "phase": "imaged",
+        "checkpointedAt": "2026-12-06T07:00:00Z",
+        "bytes": 4096,
+        "record": "rpw-checkpoint-b",
+    } == status_to_dict(status)["checkpoints"][1]
+    text = status_text(status).split("checkpoints waiting for room:\n", 1)[1].splitlines()
+    assert ["POD", "NODE", "PHASE", "CHECKPOINTED", "RECORD"] == text[0].split()
+    assert ["team-b/pod-a", NODE, "archived", "2026-12-06T07:00:00Z", "rpw-checkpoint-a"] == (
+        text[1].split()
+    )
