@@ -13,10 +13,12 @@ service's namespace:
 * :class:`CheckpointRecord` - one checkpointed victim, from its checkpoint to its
   restore, in the phases of :class:`Phase`.
 
-Who may come back: only a pod nothing else would recreate. A pod with a controller
-owner reference is the controller's to recreate, wherever the scheduler puts it: it is
-evicted as every victim is, and its opt-in is refused with a message. A bare pod has no
-one to bring it back, so it is the one a checkpoint saves.
+Who may come back: only a pod nothing else would recreate. A pod with an owner reference
+marked ``controller: true`` is its controller's to recreate, wherever the scheduler puts
+it: it is evicted as every victim is, and its opt-in is refused with a message. A bare
+pod, or one whose owners only hold it for garbage collection (no ``controller: true``),
+has no one to bring it back, so it is the one a checkpoint saves; its owner references
+come back with it.
 """
 
 from __future__ import annotations
@@ -244,7 +246,6 @@ _SERVER_FIELDS: Final = (
     "generation",
     "managedFields",
     "selfLink",
-    "ownerReferences",
     "finalizers",
 )
 
