@@ -20,7 +20,9 @@
 # node's images are built in. An image built on it carries the label
 # org.opencontainers.image.base.name=localhost/stand-in/python:3.11-slim-bookworm: it is no
 # release build. It is written as an OCI archive, IMAGE_ARCHIVE or one under the store,
-# cached under a key of its inputs (the source, the base, the labels, the flags).
+# cached under a key of its inputs (the source, the base, the labels, the flags). The
+# machine's own CAs (RPW_LOCAL_CAS, default /usr/local/share/ca-certificates) go into the
+# stand-in's trust store (docs/real-node.md, "The stand-in base").
 set -euo pipefail
 
 LOG_PREFIX=build-image
@@ -47,6 +49,9 @@ if [[ -z "${SOURCE+set}" ]]; then
   SOURCE=$(git -C "$ROOT" config --get remote.origin.url 2>/dev/null | sed 's#//[^/@]*@#//#' || true)
 fi
 read -ra extra <<< "${BUILD_FLAGS:-}"
+# What an interrupted build leaves: its image ID file and its partial archive.
+leftovers=()
+trap 'rm -f "${leftovers[@]}"' EXIT
 
 if [[ -z "${CONTAINER_TOOL:-}" ]]; then
   if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
@@ -116,13 +121,13 @@ on_stand_in() {
   else
     mkdir -p "$store/make-image"
     log "$IMAGE (version $VERSION, revision $REVISION) with buildah on the stand-in base"
+    local id partial="$cached.partial.$$"
+    leftovers+=("$cached.$$.id" "$partial")
     build "${tool[@]}" -- --pull=never --isolation chroot --network host --layers=false \
       --label "$mark" --iidfile "$cached.$$.id"
-    local id partial="$cached.partial.$$"
     id=$(<"$cached.$$.id")
     "${tool[@]}" push --quiet --format oci "$id" "oci-archive:$partial:$IMAGE" >&2
     mv "$partial" "$cached"
-    rm -f "$cached.$$.id"
     # The image lives on in its archive; a concurrent build may hold the name by now.
     "${tool[@]}" rmi "$id" >/dev/null 2>&1 || true
     # The three most recent archives are kept.
