@@ -273,6 +273,7 @@ def build_product(inputs: Inputs, archive: Path) -> None:
         **os.environ,
         "IMAGE": PRODUCT_REFERENCE,
         "BASE": "stand-in",
+        "BUILD_FLAGS": "",
         "IMAGE_STORE": str(inputs.cache),
         "IMAGE_ARCHIVE": str(archive),
         "RPW_LOCAL_CAS": str(inputs.local_cas),
