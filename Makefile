@@ -26,7 +26,9 @@ help:
 	@echo "make cluster-down  stop it"
 	@echo "make image         the webhook's image from the Dockerfile, with its OCI labels"
 	@echo "                   (IMAGE=REPOSITORY:TAG, default localhost/resize-preemption-webhook:VERSION;"
-	@echo "                   CONTAINER_TOOL=docker|podman|buildah; README \"Install on your cluster\")"
+	@echo "                   CONTAINER_TOOL=docker|podman|buildah; IMAGE_ARCHIVE=FILE an OCI archive too;"
+	@echo "                   the base's stand-in from Debian 12 where it cannot be pulled, BASE=stand-in|upstream"
+	@echo "                   to choose; README \"Install on your cluster\", docs/deploy.md \"The image\")"
 	@echo "make certs         a CA, the serving certificate and its Secret manifest in certs/"
 	@echo "make node          a real node's stack (kubelet, containerd, runc, CNI plugins; built from"
 	@echo "                   the Go module proxy) and its images (pause, busybox, the webhook's own"
@@ -72,7 +74,8 @@ audit: venv
 binaries:
 	@scripts/build-control-plane.sh >/dev/null
 
-# The webhook's image from the Dockerfile (docker, podman or buildah; IMAGE=... names it).
+# The webhook's image from the Dockerfile (docker, podman or buildah; IMAGE=... names it), on
+# the real node's stand-in base when its own cannot be pulled (BASE=, IMAGE_ARCHIVE=).
 image:
 	@scripts/build-image.sh
 

@@ -10,10 +10,11 @@ Three images, each exported as an OCI archive carrying its full reference, so th
 1. ``sandbox``: ``registry.k8s.io/pause:3.10``, the Kubernetes module's own ``pause.c``,
    compiled static, one layer, entrypoint ``/pause``.
 2. ``workload``: Debian's static busybox with a link per applet (sh, sleep, cat, df...).
-3. ``product``: the repository's unchanged ``Dockerfile``. Its base,
-   ``python:3.11-slim-bookworm``, cannot be pulled here: a stand-in made from Debian 12's
-   packages with mmdebstrap is committed under that name in the builder's own storage, and
-   the build never pulls.
+3. ``product``: the repository's unchanged ``Dockerfile``, by ``make image``'s own script
+   with ``BASE=stand-in``: its base, ``python:3.11-slim-bookworm``, cannot be pulled here,
+   so the stand-in made from Debian 12's packages (scripts/stand_in_base.py, shared with
+   ``make image``) is committed under that name in the builder's own storage, and the build
+   never pulls.
 
 Every image is cached under a key of its inputs (the recipe that builds it included), so a
 warm machine rebuilds nothing, and a changed input rebuilds only the images it feeds.
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import hashlib
 import inspect
 import os
 import shutil
@@ -32,10 +32,13 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, cast
+
+from scripts.stand_in_base import Buildah, context_parts, inputs_key
+from scripts.stand_in_base import base_key as stand_in_key
 
 Role = Literal["sandbox", "workload", "product"]
 ROLES: Final[tuple[Role, ...]] = ("sandbox", "workload", "product")
@@ -47,27 +50,6 @@ SANDBOX_REFERENCE: Final = "registry.k8s.io/pause:3.10"
 WORKLOAD_REPOSITORY: Final = "localhost/debian-busybox-static"
 #: The name `make image` gives the local build, which the chart and deploy/base run.
 PRODUCT_REFERENCE: Final = "localhost/resize-preemption-webhook:0.1.0"
-BASE_REFERENCE: Final = "docker.io/library/python:3.11-slim-bookworm"
-
-# What the Dockerfile needs of its base: python 3.11 as `python`, venv with ensurepip,
-# groupadd/useradd, and the CA certificates pip verifies its index with.
-BASE_PACKAGES: Final = (
-    "python3",
-    "python3-venv",
-    "python-is-python3",
-    "passwd",
-    "ca-certificates",
-)
-# The files that make the product image: what the Dockerfile copies, itself and the
-# script that builds it.
-PRODUCT_FILES: Final = (
-    "Dockerfile",
-    "pyproject.toml",
-    "requirements-runtime.lock",
-    "README.md",
-    "scripts/build-image.sh",
-)
-PRODUCT_TREES: Final = ("webhook",)
 
 
 class ImageBuildFailed(RuntimeError):
@@ -86,17 +68,6 @@ class ImageArchive:
     reference: str
     file: str
     role: Role
-
-
-def inputs_key(parts: Iterable[tuple[str, bytes]]) -> str:
-    """A short digest of named inputs: the same names and contents give the same key in
-    any order; renaming a part or changing one byte gives another."""
-    digest = hashlib.sha256()
-    for name, content in sorted(parts):
-        encoded = name.encode()
-        digest.update(b"%d:%s%d:" % (len(encoded), encoded, len(content)))
-        digest.update(content)
-    return digest.hexdigest()[:16]
 
 
 def format_images_tsv(archives: Sequence[ImageArchive]) -> str:
@@ -148,13 +119,6 @@ def read_images(directory: Path) -> dict[Role, ImageArchive]:
     return archives
 
 
-def tree_files(root: Path, tree: str) -> Iterator[Path]:
-    """The files of ``root/tree`` a build copies (no bytecode caches), sorted."""
-    for path in sorted((root / tree).rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-            yield path
-
-
 def tag_of_debian_version(version: str) -> str:
     """The upstream part of a Debian package version, as an image tag:
     ``1:1.35.0-4+b1`` -> ``1.35.0``."""
@@ -163,71 +127,6 @@ def tag_of_debian_version(version: str) -> str:
 
 
 # Building. Everything below runs tools; the functions above are pure.
-
-
-@dataclass(frozen=True)
-class Buildah:
-    """buildah on a storage of its own under the cache (never the machine's default
-    storage), overlay driver, every output on stderr."""
-
-    root: Path
-
-    def run(self, *args: str, capture: bool = False, quiet: bool = False) -> str:
-        """buildah ``args``; ``capture``: return its output, ``quiet``: no error output
-        either (a question whose "no" is an exit status)."""
-        command = [
-            "buildah",
-            "--root",
-            str(self.root / "storage"),
-            "--runroot",
-            str(self.root / "run"),
-            "--storage-driver",
-            "overlay",
-            *args,
-        ]
-        out = subprocess.run(
-            command,
-            check=True,
-            text=True,
-            stdout=subprocess.PIPE if capture else sys.stderr,
-            stderr=subprocess.DEVNULL if quiet else None,
-        ).stdout
-        return out.strip() if capture else ""
-
-    def image_id(self, reference: str) -> str:
-        """The image's ID in this storage, or "" when it holds no such image."""
-        try:
-            return self.run(
-                "inspect",
-                "--type",
-                "image",
-                "--format",
-                "{{.FromImageID}}",
-                reference,
-                capture=True,
-                quiet=True,
-            )
-        except subprocess.CalledProcessError:
-            return ""
-
-    def commit_scratch(self, layer: Path, reference: str, config: Sequence[str]) -> None:
-        """An image of one layer (``layer``, a tar) on nothing, configured with the
-        ``buildah config`` arguments ``config``."""
-        container = self.run("from", "scratch", capture=True)
-        try:
-            self.run("add", container, str(layer), "/", capture=True)
-            self.run("config", *config, container)
-            self.run("commit", "--quiet", container, reference, capture=True)
-        finally:
-            self.run("rm", container, capture=True)
-
-    def export(self, reference: str, archive: Path) -> None:
-        """An OCI archive of the image whose index names it by its full reference."""
-        partial = archive.with_name(f"{archive.name}.{os.getpid()}.partial")
-        self.run(
-            "push", "--quiet", "--format", "oci", reference, f"oci-archive:{partial}:{reference}"
-        )
-        partial.rename(archive)
 
 
 @dataclass(frozen=True)
@@ -329,77 +228,6 @@ def workload_reference(inputs: Inputs) -> str:
     return f"{WORKLOAD_REPOSITORY}:{tag_of_debian_version(inputs.busybox_version)}"
 
 
-# Only the paths a slim Debian image keeps of the documentation (the licences).
-_SLIM_DPKG = (
-    "path-exclude=/usr/share/doc/*",
-    "path-include=/usr/share/doc/*/copyright",
-    "path-exclude=/usr/share/man/*",
-    "path-exclude=/usr/share/info/*",
-    "path-exclude=/usr/share/locale/*",
-)
-# pip inside the image (the venv's, from ensurepip) verifies its index against the
-# system's CA bundle, as apt and every other tool there do, rather than its own copy.
-PIP_CONF: Final = "[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n"
-
-
-def build_base(inputs: Inputs, work: Path) -> None:
-    """The stand-in for python:3.11-slim-bookworm: Debian 12's minbase with BASE_PACKAGES
-    from Debian's default mirror, the machine's own local CAs (/usr/local/share/ca-certificates)
-    added to its trust store, and the environment the real image sets."""
-    rootfs = work / "rootfs.tar"
-    (work / "pip.conf").write_text(PIP_CONF, encoding="utf-8")
-    hooks = [f"--customize-hook=copy-in {work / 'pip.conf'} /etc"]
-    if any(inputs.local_cas.glob("**/*.crt")):
-        hooks += [
-            f"--customize-hook=copy-in {inputs.local_cas} /usr/local/share",
-            '--customize-hook=chroot "$1" update-ca-certificates',
-        ]
-    _run_to_stderr(
-        [
-            "mmdebstrap",
-            "--variant=minbase",
-            "--include=" + ",".join(BASE_PACKAGES),
-            *(f"--dpkgopt={option}" for option in _SLIM_DPKG),
-            *hooks,
-            "--skip=output/dev",
-            "bookworm",
-            str(rootfs),
-        ]
-    )
-    inputs.buildah.commit_scratch(
-        rootfs,
-        BASE_REFERENCE,
-        [
-            "--env",
-            "LANG=C.UTF-8",
-            "--env",
-            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "--cmd",
-            '["python3"]',
-        ],
-    )
-
-
-def build_product(inputs: Inputs, work: Path) -> None:
-    """The repository's Dockerfile as it is, by ``make image``'s own script, never
-    pulling: its FROM finds the stand-in."""
-    buildah = inputs.buildah
-    tool = ["buildah", "--root", str(buildah.root / "storage"), "--runroot"]
-    tool += [str(buildah.root / "run"), "--storage-driver", "overlay"]
-    env = {
-        **os.environ,
-        "IMAGE": PRODUCT_REFERENCE,
-        "CONTAINER_TOOL": " ".join(tool),
-        "BUILD_FLAGS": "--pull=never --isolation chroot --network host",
-    }
-    script = inputs.source_root / "scripts" / "build-image.sh"
-    subprocess.run([str(script)], check=True, stdout=sys.stderr, env=env)
-
-
-def _run_to_stderr(command: Sequence[str]) -> None:
-    subprocess.run(command, check=True, stdout=sys.stderr)
-
-
 def log(message: str) -> None:
     print(f"[build-images] {message}", file=sys.stderr, flush=True)
 
@@ -433,28 +261,30 @@ def workload_key(inputs: Inputs) -> str:
 
 
 def base_key(inputs: Inputs) -> str:
-    cas = sorted(inputs.local_cas.glob("**/*.crt"))
-    return inputs_key(
-        [
-            ("packages", "\n".join(BASE_PACKAGES).encode()),
-            ("slim", "\n".join(_SLIM_DPKG).encode()),
-            ("pip.conf", PIP_CONF.encode()),
-            *((f"ca/{ca.relative_to(inputs.local_cas)}", ca.read_bytes()) for ca in cas),
-            *_recipe(build_base),
-        ]
-    )
+    """The stand-in base's key (scripts/stand_in_base.py), the machine's local CAs included."""
+    return stand_in_key(inputs.local_cas)
+
+
+def build_product(inputs: Inputs, archive: Path) -> None:
+    """The repository's Dockerfile as it is, by ``make image``'s own script on the stand-in
+    base in this cache's storage (built there first when missing), never pulling; the script
+    writes the archive."""
+    env = {
+        **os.environ,
+        "IMAGE": PRODUCT_REFERENCE,
+        "BASE": "stand-in",
+        "BUILD_FLAGS": "",
+        "IMAGE_STORE": str(inputs.cache),
+        "IMAGE_ARCHIVE": str(archive),
+        "RPW_LOCAL_CAS": str(inputs.local_cas),
+    }
+    script = inputs.source_root / "scripts" / "build-image.sh"
+    subprocess.run([str(script)], check=True, stdout=sys.stderr, env=env)
 
 
 def product_key(inputs: Inputs, base: str) -> str:
-    root = inputs.source_root
-    files = [root / name for name in (*PRODUCT_FILES, ".dockerignore")]
-    files += [path for tree in PRODUCT_TREES for path in tree_files(root, tree)]
     return inputs_key(
-        [
-            ("base", base.encode()),
-            *((str(path.relative_to(root)), path.read_bytes()) for path in files),
-            *_recipe(build_product),
-        ]
+        [("base", base.encode()), *context_parts(inputs.source_root), *_recipe(build_product)]
     )
 
 
@@ -479,54 +309,52 @@ def _build(inputs: Inputs, what: str, reference: str, steps: Callable[[Path], No
 
 
 def ensure_archive(
-    inputs: Inputs, role: str, reference: str, key: str, build: Callable[[Inputs, Path], None]
+    inputs: Inputs, role: str, reference: str, key: str, build: Callable[[Inputs, Path, Path], None]
 ) -> Path:
-    """The OCI archive of one image under its key, built (and exported) when missing."""
+    """The OCI archive of one image under its key, built when missing: ``build(inputs,
+    scratch directory, archive)`` writes it, renamed into place only once whole."""
     archive = inputs.cache / "archives" / f"{role}-{key}.tar"
     if archive.is_file():
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)
-
-    def build_and_export(work: Path) -> None:
-        build(inputs, work)
-        inputs.buildah.export(reference, archive)
-        inputs.buildah.run("rmi", reference, capture=True)
-
-    seconds = _build(inputs, f"{role} image", reference, build_and_export)
+    partial = archive.with_name(f"{archive.name}.{os.getpid()}.partial")
+    seconds = _build(inputs, f"{role} image", reference, lambda work: build(inputs, work, partial))
+    partial.rename(archive)
     log(f"{role} image: done in {seconds:.0f} s, {archive.stat().st_size / 1e6:.1f} MB")
     return archive
 
 
-def ensure_base(inputs: Inputs, key: str) -> None:
-    """The stand-in base in the builder's storage, rebuilt when its inputs changed."""
-    record = inputs.cache / "archives" / f"base-{key}.id"
-    present = inputs.buildah.image_id(BASE_REFERENCE)
-    if present and record.is_file() and record.read_text(encoding="utf-8") == present:
-        return
-    record.parent.mkdir(parents=True, exist_ok=True)
-    seconds = _build(inputs, "stand-in base", BASE_REFERENCE, lambda work: build_base(inputs, work))
-    record.write_text(inputs.buildah.image_id(BASE_REFERENCE), encoding="utf-8")
-    log(f"stand-in base: done in {seconds:.0f} s")
+def exported(
+    build: Callable[[Inputs, Path], None], reference: str
+) -> Callable[[Inputs, Path, Path], None]:
+    """``build``, which commits ``reference`` in the builder's storage, then its export to the
+    archive and the name removed from the storage."""
+
+    def build_and_export(inputs: Inputs, work: Path, archive: Path) -> None:
+        build(inputs, work)
+        inputs.buildah.export(reference, archive)
+        inputs.buildah.run("rmi", reference, capture=True)
+
+    return build_and_export
 
 
 def build_all(inputs: Inputs) -> Path:
     """Every image's archive (built when its inputs changed) and the directory naming
     them: images.tsv and the archives, hard links into the archive store."""
-    base = base_key(inputs)
-    product = product_key(inputs, base)
+    product = product_key(inputs, base_key(inputs))
     sandbox_archive = ensure_archive(
-        inputs, "sandbox", SANDBOX_REFERENCE, sandbox_key(inputs), build_sandbox
+        inputs,
+        "sandbox",
+        SANDBOX_REFERENCE,
+        sandbox_key(inputs),
+        exported(build_sandbox, SANDBOX_REFERENCE),
     )
+    workload = workload_reference(inputs)
     workload_archive = ensure_archive(
-        inputs, "workload", workload_reference(inputs), workload_key(inputs), build_workload
+        inputs, "workload", workload, workload_key(inputs), exported(build_workload, workload)
     )
-
-    def build_product_on_base(inputs: Inputs, work: Path) -> None:
-        ensure_base(inputs, base)
-        build_product(inputs, work)
-
     product_archive = ensure_archive(
-        inputs, "product", PRODUCT_REFERENCE, product, build_product_on_base
+        inputs, "product", PRODUCT_REFERENCE, product, lambda i, _, a: build_product(i, a)
     )
     archives = {
         ImageArchive(SANDBOX_REFERENCE, "sandbox.tar", "sandbox"): sandbox_archive,

@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 
 from harness.images import (
-    PRODUCT_FILES,
-    PRODUCT_TREES,
     ImageArchive,
     ImagesUnavailable,
     Inputs,
@@ -24,6 +22,7 @@ from harness.images import (
     read_images,
     tag_of_debian_version,
 )
+from scripts.stand_in_base import PRODUCT_FILES, PRODUCT_TREES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARCHIVES = [
@@ -142,6 +141,7 @@ def _source_tree(root: Path) -> None:
         pytest.param("Dockerfile", "FROM scratch\n", True, id="dockerfile"),
         pytest.param(".dockerignore", "*\n", True, id="dockerignore"),
         pytest.param("scripts/build-image.sh", "exit 1\n", True, id="build-script"),
+        pytest.param("scripts/stand_in_base.py", "", True, id="stand-in-recipe"),
         pytest.param("tests/test_plan.py", "", False, id="tests"),
         pytest.param("webhook/core/__pycache__/plan.cpython-311.pyc", "\0", False, id="bytecode"),
     ],
