@@ -188,7 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cells = (r["size"], f"{r['archive_bytes'] / 2**20:.1f}", r["checkpoint_s"], r["layout_s"],
                  r["import_s"], r["restore_running_s"], r["restore_counting_s"])  # fmt: skip
         print("  ".join(f"{c!s:>12}" for c in cells))
-    args.out.write_text(json.dumps({"runs": rows}, indent=2) + "\n")
+    # The file also keeps bench.checkpoint_actuation's figures.
+    written = json.loads(args.out.read_text()) if args.out.exists() else {}
+    args.out.write_text(json.dumps(written | {"runs": rows}, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 
