@@ -27,9 +27,12 @@ BENCHMARKS: dict[str, str] = {
     "realcompare": "bench.realcompare",
     "lender-memory": "bench.lender_memory",
     "checkpoint": "bench.checkpoint",
+    "checkpoint-actuation": "bench.checkpoint_actuation",
 }
 #: Run only when named: they start the real node.
-REAL_NODE = frozenset({"realnode", "realcompare", "lender-memory", "checkpoint"})
+REAL_NODE = frozenset(
+    {"realnode", "realcompare", "lender-memory", "checkpoint", "checkpoint-actuation"}
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import ssl
 import sys
+import tarfile
 import time
 import urllib.error
 import urllib.request
@@ -118,6 +120,48 @@ def _checkpoint(cluster: RealCluster, name: str) -> str:
     return path
 
 
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        byte = data[at]
+        at, value, shift = at + 1, value | (byte & 0x7F) << shift, shift + 7
+        if not byte & 0x80:
+            return value, at
+
+
+def _dump_stats(data: bytes) -> dict[int, int]:
+    """CRIU's ``stats-dump`` image (magics, size, a ``stats_entry``): the numbered fields of
+    its ``dump`` message (``criu/images/stats.proto``), e.g. 2 = frozen time in µs."""
+    size = int.from_bytes(data[8:12], "little")
+    entry, fields, at = data[12 : 12 + size], {}, 0
+    key, at = _varint(entry, at)
+    length, at = _varint(entry, at)
+    if key != (1 << 3 | 2):
+        return {}
+    dump, at = entry[at : at + length], 0
+    while at < len(dump):
+        key, at = _varint(dump, at)
+        fields[key >> 3], at = _varint(dump, at)  # every field of the message is a varint
+    return fields
+
+
+def _criu_times(archive: Path) -> dict[str, float]:
+    """CRIU's own share of the checkpoint, read from the archive: its run from start to
+    "Dumping finished" (``dump.log``'s last time stamp) and how long the process was
+    frozen (``stats-dump``)."""
+    with tarfile.open(archive) as tar:
+        log = tar.extractfile("dump.log")
+        stats = tar.extractfile("stats-dump")
+        assert log is not None and stats is not None
+        last = log.read().decode(errors="replace").strip().splitlines()[-1]
+        fields = _dump_stats(stats.read())
+    stamp = re.match(r"\((\d+\.\d+)\)", last)
+    return {
+        "criu_dump_s": round(float(stamp.group(1)), 3) if stamp else -1.0,
+        "criu_frozen_s": round(fields.get(2, -1_000_000) / 1_000_000, 3),
+    }
+
+
 def _measure(cluster: RealCluster, runtime: Containerd, label: str, size: int) -> dict[str, Any]:
     name = f"hold-{label.lower()}"
     pods = f"/api/v1/namespaces/{NAMESPACE}/pods"
@@ -129,6 +173,7 @@ def _measure(cluster: RealCluster, runtime: Containerd, label: str, size: int) -
     began = time.monotonic()
     archive = Path(_checkpoint(cluster, name))
     checkpoint_s = time.monotonic() - began
+    criu = _criu_times(archive)
     cluster.client.delete(f"{pods}/{name}", {"gracePeriodSeconds": 0})
     reference = image_reference(NAMESPACE, name, CONTAINER, pod["metadata"]["uid"])
     layout = archive.with_name(f".bench-{name}.tar")
@@ -159,7 +204,7 @@ def _measure(cluster: RealCluster, runtime: Containerd, label: str, size: int) -
     runtime.remove_image(reference)
     return {
         "size": label, "bytes": size, "archive_bytes": archive_bytes,
-        "checkpoint_s": round(checkpoint_s, 2), "layout_s": round(layout_s, 2),
+        "checkpoint_s": round(checkpoint_s, 2), **criu, "layout_s": round(layout_s, 2),
         "import_s": round(import_s, 2), "restore_running_s": round(running_s, 2),
         "restore_counting_s": round(counting_s, 2), "count_before": before, "count_after": after,
     }  # fmt: skip
@@ -181,14 +226,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         runtime = Containerd(str(stack.path("ctr")), str(node.paths.containerd_socket))
         cluster.create_namespace(NAMESPACE)
         rows = [_measure(cluster, runtime, label, memory_bytes(label)) for label in labels]
-    head = ("size", "archive MiB", "checkpoint s", "layout s", "import s", "running s",
-            "counting s")  # fmt: skip
+    head = ("size", "archive MiB", "checkpoint s", "criu s", "frozen s", "layout s",
+            "import s", "running s", "counting s")  # fmt: skip
     print("  ".join(f"{h:>12}" for h in head))
     for r in rows:
-        cells = (r["size"], f"{r['archive_bytes'] / 2**20:.1f}", r["checkpoint_s"], r["layout_s"],
+        cells = (r["size"], f"{r['archive_bytes'] / 2**20:.1f}", r["checkpoint_s"],
+                 r["criu_dump_s"], r["criu_frozen_s"], r["layout_s"],
                  r["import_s"], r["restore_running_s"], r["restore_counting_s"])  # fmt: skip
         print("  ".join(f"{c!s:>12}" for c in cells))
-    args.out.write_text(json.dumps({"runs": rows}, indent=2) + "\n")
+    # The file also keeps bench.checkpoint_actuation's figures.
+    written = json.loads(args.out.read_text()) if args.out.exists() else {}
+    args.out.write_text(json.dumps(written | {"runs": rows}, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 
