@@ -26,6 +26,24 @@ from webhook.kube.ledger import LEDGER_ANNOTATION, lease_name
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases"
 
 
+def account_kubeconfig(cluster: Cluster, namespace: str, account: str, where: Path) -> Path:
+    """A kubeconfig of ``cluster`` holding an hour's token of ServiceAccount
+    ``namespace/account``, written in directory ``where``."""
+    import yaml
+
+    token = cluster.client.create(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+         "spec": {"expirationSeconds": 3600}},
+    )["status"]["token"]  # fmt: skip
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    path = where / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def pod_manifest(
     name: str,
     cpu: str,

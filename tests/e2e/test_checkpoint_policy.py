@@ -14,7 +14,6 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +21,7 @@ import yaml
 
 from tests.e2e.conftest import Cluster, Kubectl
 from tests.e2e.helm_tools import render
+from tests.e2e.service_support import account_kubeconfig
 
 pytestmark = pytest.mark.e2e
 
@@ -72,25 +72,11 @@ def callers(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     ]  # fmt: skip
     text = yaml.safe_dump_all([*rights, *policy])
     admin("apply", "-f", "-", input=text)
-    config = _token_config(cluster, service_ns, account, tmp_path_factory.mktemp("policy"))
+    config = account_kubeconfig(cluster, service_ns, account, tmp_path_factory.mktemp("policy"))
     service = Kubectl(cluster.binaries.kubectl, config, ns)
     _wait_in_force(Kubectl(cluster.binaries.kubectl, cluster.kubeconfig, ns))
     yield {"admin": Kubectl(cluster.binaries.kubectl, cluster.kubeconfig, ns), "service": service}
     admin("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=text, check=False)
-
-
-def _token_config(cluster: Cluster, namespace: str, account: str, where: Path) -> Path:
-    token = cluster.client.create(
-        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-         "spec": {"expirationSeconds": 3600}},
-    )["status"]["token"]  # fmt: skip
-    config = yaml.safe_load(cluster.kubeconfig.read_text())
-    for user in config["users"]:
-        user["user"] = {"token": token}
-    path = where / "kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def _wait_in_force(admin: Kubectl) -> None:

@@ -24,6 +24,7 @@ from harness.replicas import ReplicaSet, start_replicas
 from harness.webhook_process import unregister
 from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter, victim_leaves
 from tests.e2e.service_support import (
+    account_kubeconfig,
     as_warning,
     kubectl_warnings,
     pod_manifest,
@@ -65,16 +66,7 @@ def account(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     # The admission policy matches this account, and only it.
     assert f"'system:serviceaccount:{namespace}:{name}'" in text
     admin("apply", "-f", "-", input=text)
-    token = cluster.client.create(
-        f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-         "spec": {"expirationSeconds": 3600}},
-    )["status"]["token"]  # fmt: skip
-    config = yaml.safe_load(cluster.kubeconfig.read_text())
-    for user in config["users"]:
-        user["user"] = {"token": token}
-    kubeconfig = tmp_path_factory.mktemp("account") / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump(config))
+    kubeconfig = account_kubeconfig(cluster, namespace, name, tmp_path_factory.mktemp("account"))
     # The policy is served a moment after it is created: wait until it refuses the account
     # what RBAC alone allows (an annotation other than the loan record), so that what the
     # tests show holds under it.
