@@ -52,9 +52,12 @@ STAND_IN_MARK = (
 def make_image(*args: str, timeout: float = 1800) -> tuple[subprocess.CompletedProcess[str], float]:
     """`make image ARGS` with the checkout's remote carrying credentials."""
     began = time.monotonic()
+    # As a user types it: not as a sub-make of `make test` (whose make says "make[1]:").
+    outer = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")
+    env = {k: v for k, v in os.environ.items() if k not in outer}
     done = subprocess.run(
         ["make", "--no-print-directory", "image", *args],
-        cwd=REPO_ROOT, env={**os.environ, **GIT_REMOTE}, capture_output=True, text=True,
+        cwd=REPO_ROOT, env={**env, **GIT_REMOTE}, capture_output=True, text=True,
         timeout=timeout, check=False,
     )  # fmt: skip
     return done, time.monotonic() - began
