@@ -171,7 +171,9 @@ def pause_and_resume(
     assert not Path(archive).exists()
     assert reference in node.ctr("images", "list", "--quiet").stdout.split()
 
-    wait_until(lambda: client.get_or_none(f"{pods}/{POD}") is None, timeout=30, what="pod gone")
+    # Deleted with no grace period, but the kubelet confirms it on its own sync: under load
+    # (and with the agent importing the image meanwhile) that took more than 30 s once.
+    wait_until(lambda: client.get_or_none(f"{pods}/{POD}") is None, timeout=90, what="pod gone")
     restored = counter_pod(reference, json.loads(data["commands"])[CONTAINER], pull="Never")
     client.create(pods, restored)
     wait_until(lambda: running(cluster, ns), timeout=60, what="the restored pod to run")
