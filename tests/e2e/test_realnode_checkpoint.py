@@ -19,17 +19,21 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from harness.chart import FULLNAME
 from harness.chart import NAMESPACE as CHART_NAMESPACE
+from harness.kubectl import Kubectl
 from harness.realcluster import RealCluster
 from harness.realnode import NODE_IP, NODE_NAME
 from tests.e2e.conftest import Waiter
+from tests.e2e.service_support import account_kubeconfig
 from webhook.agent.records import image_reference, record_labels
+from webhook.core.checkpoint import RESTORED_FROM_ANNOTATION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 #: Counts in a shell variable (process memory, not a file) and writes the count each second.
@@ -137,7 +141,12 @@ def write_record(cluster: RealCluster, namespace: str, pod: dict[str, Any], arch
 
 
 def pause_and_resume(
-    cluster: RealCluster, ns: str, records: str, wait_until: Waiter, agent: str
+    cluster: RealCluster,
+    ns: str,
+    records: str,
+    wait_until: Waiter,
+    agent: str,
+    create: Callable[[dict[str, Any]], object] | None = None,
 ) -> None:
     """The whole round on the node, the service's part played here: a counting pod of
     ``ns`` checkpointed, its record written to ``records`` (where the agent reads them),
@@ -175,7 +184,11 @@ def pause_and_resume(
     # (and with the agent importing the image meanwhile) that took more than 30 s once.
     wait_until(lambda: client.get_or_none(f"{pods}/{POD}") is None, timeout=90, what="pod gone")
     restored = counter_pod(reference, json.loads(data["commands"])[CONTAINER], pull="Never")
-    client.create(pods, restored)
+    restored["metadata"]["annotations"] = {RESTORED_FROM_ANNOTATION: name}
+    if create is None:
+        client.create(pods, restored)
+    else:
+        create(restored)
     wait_until(lambda: running(cluster, ns), timeout=60, what="the restored pod to run")
     # /tmp/count comes back with the writable layer too: only a count past it, written by
     # the process after the restore, shows the process kept its memory. A process started
@@ -185,11 +198,14 @@ def pause_and_resume(
     assert before < first <= before + 20, (before, first)
     wait_until(lambda: count(cluster, ns) > first, timeout=10, what="the count to go on")
 
-    client.patch(
-        record_path,
-        {"metadata": {"labels": record_labels(NODE_NAME, "restored")},
-         "data": {"phase": "restored"}},
-    )  # fmt: skip
+    if create is None:
+        client.patch(
+            record_path,
+            {"metadata": {"labels": record_labels(NODE_NAME, "restored")},
+             "data": {"phase": "restored"}},
+        )  # fmt: skip
+    # else the chart's service runs with checkpoints on: it takes the pod made from the
+    # record as its restore and ends the record itself once the pod runs.
     wait_until(lambda: client.get_or_none(record_path) is None, timeout=30, what="record gone")
     assert reference not in node.ctr("images", "list", "--quiet").stdout.split()
     assert [] == sorted(p.name for p in checkpoints.iterdir())
@@ -219,7 +235,7 @@ def test_a_checkpointed_pod_is_restored_with_its_memory_and_then_cleaned_up(
 
 
 def test_the_charts_daemonset_runs_the_agent_on_the_node(
-    real_cluster: RealCluster, real_namespace: str, wait_until: Waiter
+    real_cluster: RealCluster, real_namespace: str, wait_until: Waiter, tmp_path: Path
 ) -> None:
     """The same round with the agent of the chart's DaemonSet: the host's ctr and criu
     through nsenter, the checkpoint directory its host path, the records in the webhook's
@@ -237,8 +253,17 @@ def test_the_charts_daemonset_runs_the_agent_on_the_node(
             what="the DaemonSet's agent to publish the node's capability",
         )
         assert_capable(capability)
+        # With checkpoint.enabled the chart's admission policy lets only the service's
+        # account create a pod from a checkpoint image: the test plays the service with it.
+        account = account_kubeconfig(real_cluster, CHART_NAMESPACE, FULLNAME, tmp_path)
+        as_service = Kubectl(real_cluster.binaries.kubectl, account, real_namespace)
         pause_and_resume(
-            real_cluster, real_namespace, CHART_NAMESPACE, wait_until, "the DaemonSet's agent"
+            real_cluster,
+            real_namespace,
+            CHART_NAMESPACE,
+            wait_until,
+            "the DaemonSet's agent",
+            lambda pod: as_service("create", "-f", "-", input=json.dumps(pod)),
         )
     finally:
         real_cluster.uninstall_chart()
