@@ -22,6 +22,7 @@ from webhook.core.checkpoint import (
     RECORD_PREFIX,
     rfc3339,
 )
+from webhook.core.report import clip
 
 #: The oldest CRIU containerd checkpoints with (``utils.PodCriuVersion``).
 MIN_CRIU: Final = (3, 16)
@@ -34,10 +35,13 @@ def parse_rfc3339(text: str) -> float | None:
         return None
 
 
-def one_line(text: str, limit: int = 300) -> str:
-    """A message as one line of at most ``limit`` characters."""
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+#: The longest message a record or a capability carries.
+MESSAGE_LIMIT: Final = 300
+
+
+def one_line(text: str) -> str:
+    """A message as one line of at most :data:`MESSAGE_LIMIT` characters."""
+    return clip(text, MESSAGE_LIMIT)
 
 
 def capability_name(node: str) -> str:

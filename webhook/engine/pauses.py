@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from webhook.core.accounting import pod_requests
 from webhook.core.checkpoint import (
+    ON_PREEMPT_ANNOTATION,
     RESTORE_PATIENCE,
     RESTORED_FROM_ANNOTATION,
     CheckpointRecord,
@@ -115,6 +116,9 @@ class Pauses:
     enabled: bool
 
     def __call__(self, pod: Pod) -> Pause | None:
+        # Plans ask of every candidate: only one that opted in reads the store.
+        if ON_PREEMPT_ANNOTATION not in pod.annotations:
+            return None
         node = self.store.capability(pod.node) if self.store is not None else None
         return pause_of(pod, node, enabled=self.enabled and self.store is not None)
 
