@@ -457,17 +457,48 @@ class MemoryCheckpoints:
 
 @dataclass
 class FakeCheckpointer:
-    """Answers every checkpoint with ``answer`` (a victim's archives by default)."""
+    """A :class:`~webhook.engine.pauses.Checkpointer` over stored pods: ``pods`` answers a
+    pod's document by (namespace, name), ``view`` which nodes exist. It answers as the
+    kubelet's checkpoint API does (tests/e2e/test_checkpointer_contract.py): an archive per
+    container named as the kubelet names it, nothing for a pod gone or replaced, for a node
+    that does not exist, or for a grace period under a second. Without ``pods`` every victim
+    is checkpointed; ``answer``, when set, answers in its place."""
 
     answer: Checkpointed | None = None
     calls: list[tuple[str, str]] = field(default_factory=list)
+    pods: Callable[[str, str], Mapping[str, Any] | None] | None = None
+    view: ClusterView | None = None
 
     def checkpoint(self, victim: PodRef, node: str) -> Checkpointed:
         self.calls.append((victim.key, node))
         if self.answer is not None:
             return self.answer
-        pod = {"metadata": {"namespace": victim.namespace, "name": victim.name}, "spec": {}}
-        return Checkpointed(pod, {"main": f"/checkpoints/{victim.name}.tar"}, 30, 0.3)
+        if self.pods is None:
+            pod = {"metadata": {"namespace": victim.namespace, "name": victim.name}, "spec": {}}
+            return Checkpointed(pod, {"main": f"/checkpoints/{victim.name}.tar"}, 30, 0.3)
+        return self._as_kubelet(victim, node, self.pods(victim.namespace, victim.name))
+
+    def _as_kubelet(self, victim: PodRef, node: str, doc: Mapping[str, Any] | None) -> Checkpointed:
+        if doc is None:
+            return Checkpointed({}, {}, 0, 0.0, f"pods {victim.name!r} not found")
+        meta = {k: v for k, v in (doc.get("metadata") or {}).items() if k != "managedFields"}
+        if victim.uid and meta.get("uid") != victim.uid:
+            return Checkpointed({}, {}, 0, 0.0, "the victim was replaced meanwhile")
+        spec = doc.get("spec") or {}
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+        grace = spec.get("terminationGracePeriodSeconds", 30)
+        if self.view is not None and self.view.node(node) is None:
+            return Checkpointed(pod, {}, grace, 0.0, f"nodes {node!r} not found")
+        names = [c["name"] for c in spec.get("containers") or ()]
+        if names and grace < 1:
+            why = f"its grace period ({grace}s) leaves no time to checkpoint container {names[0]}"
+            return Checkpointed(pod, {}, grace, 0.0, why)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        full = f"{victim.name}_{victim.namespace}"
+        archives = {
+            n: f"/var/lib/kubelet/checkpoints/checkpoint-{full}-{n}-{stamp}.tar" for n in names
+        }
+        return Checkpointed(pod, archives, grace, 0.3)
 
 
 class FakeCreator:

@@ -1,0 +1,186 @@
+"""The checkpointer port's contract, one suite for the double and the kubelet's API.
+
+Every test runs over each checkpointer, through the ``subject`` fixture:
+:class:`harness.doubles.FakeCheckpointer` over pods kept in memory ("fixed"), and
+:class:`webhook.kube.checkpoints.KubeletCheckpointer` calling the real kubelet of node-1
+(containerd, CRIU) for pods that run there ("kubelet"). Together they prove that a
+checkpointer (:class:`~webhook.engine.pauses.Checkpointer`):
+
+* checkpoints every container of a running victim, each into an archive the kubelet names
+  ``checkpoint-<pod>_<namespace>-<container>-<time>.tar``, and answers the pod as read
+  (its uid, its spec) and its own grace period;
+* checkpoints nothing for a victim gone, or replaced under its name (the uid differs);
+* checkpoints nothing when the grace period leaves less than a second, and says so;
+* checkpoints nothing on a node that does not exist;
+* never raises: every refusal is a message.
+
+``-k fixed`` runs the double's half without a control plane.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.doubles import FakeCheckpointer
+from harness.realnode import NODE_NAME
+from tests.e2e.contract_world import MemoryWorld, node_doc
+from webhook.core.model import PodRef
+from webhook.engine.pauses import Checkpointer
+
+#: Counts in a shell variable, as every victim here: a process CRIU can dump.
+COUNTER = "n=0; while true; do n=$((n+1)); sleep 1; done"
+
+
+def pod_doc(name: str, containers: tuple[str, ...], grace: int, image: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "nodeName": NODE_NAME,
+            "terminationGracePeriodSeconds": grace,
+            "containers": [
+                {
+                    "name": c,
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", COUNTER],
+                    "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+                }
+                for c in containers
+            ],
+        },
+    }
+
+
+@dataclass
+class Subject:
+    namespace: str
+    checkpointer: Checkpointer
+    #: Creates a pod and returns it as stored once it runs.
+    run: Callable[[dict[str, Any]], dict[str, Any]]
+    #: Whether an archive the checkpointer answered is there to read.
+    archived: Callable[[str], bool]
+
+
+def _fixed() -> Iterator[Subject]:
+    world = MemoryWorld("contract")
+    world.create(node_doc(NODE_NAME))
+
+    def run(doc: dict[str, Any]) -> dict[str, Any]:
+        return world.create(doc)
+
+    def stored(namespace: str, name: str) -> Any:
+        return world.stored_pod(name, namespace)
+
+    yield Subject("contract", FakeCheckpointer(pods=stored, view=world.view()), run, bool)
+
+
+def _kubelet(request: pytest.FixtureRequest) -> Iterator[Subject]:
+    from webhook.kube.checkpoints import KubeletCheckpointer
+    from webhook.kube.client import make_api_client
+
+    cluster = request.getfixturevalue("real_cluster")
+    namespace = request.getfixturevalue("real_namespace")
+    api = make_api_client(str(cluster.kubeconfig))
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    archives: list[Path] = []
+
+    def run(doc: dict[str, Any]) -> dict[str, Any]:
+        cluster.client.create(pods, doc)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            pod = cluster.client.get(f"{pods}/{doc['metadata']['name']}")
+            statuses = pod.get("status", {}).get("containerStatuses") or []
+            if statuses and all("running" in s.get("state", {}) for s in statuses):
+                return dict(pod)
+            time.sleep(0.2)
+        raise TimeoutError(f"{doc['metadata']['name']} did not run in 120 s")
+
+    def archived(path: str) -> bool:
+        archives.append(Path(path))
+        return Path(path).is_file()
+
+    try:
+        yield Subject(namespace, KubeletCheckpointer(api), run, archived)
+    finally:
+        for path in archives:
+            path.unlink(missing_ok=True)
+        api.close()
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("fixed", id="fixed"),
+        pytest.param("kubelet", id="kubelet", marks=[pytest.mark.e2e, pytest.mark.realnode]),
+    ]
+)
+def subject(request: pytest.FixtureRequest) -> Iterator[Subject]:
+    if request.param == "fixed":
+        yield from _fixed()
+    else:
+        yield from _kubelet(request)
+
+
+@pytest.fixture
+def image(subject: Subject, request: pytest.FixtureRequest) -> str:
+    """busybox on the real node (root, as CRIU needs here); any name for the double."""
+    if isinstance(subject.checkpointer, FakeCheckpointer):
+        return "busybox"
+    return str(request.getfixturevalue("real_cluster").image("workload"))
+
+
+def ref(pod: dict[str, Any], uid: str | None = None) -> PodRef:
+    meta = pod["metadata"]
+    return PodRef(meta["namespace"], meta["name"], meta["uid"] if uid is None else uid)
+
+
+def test_every_container_of_a_running_victim(subject: Subject, image: str) -> None:
+    pod = subject.run(pod_doc("victim", ("main", "side"), 5, image))
+    got = subject.checkpointer.checkpoint(ref(pod), NODE_NAME)
+    assert "" == got.message
+    assert {"main", "side"} == set(got.archives)
+    for container, path in got.archives.items():
+        name = Path(path).name
+        assert name.startswith(f"checkpoint-victim_{subject.namespace}-{container}-"), name
+        assert name.endswith(".tar"), name
+        assert subject.archived(path), path
+    assert pod["metadata"]["uid"] == got.pod["metadata"]["uid"]
+    assert ["main", "side"] == [c["name"] for c in got.pod["spec"]["containers"]]
+    assert "status" not in got.pod
+    assert 5 == got.grace
+    assert got.seconds >= 0
+
+
+def test_a_victim_replaced_under_its_name(subject: Subject, image: str) -> None:
+    pod = subject.run(pod_doc("victim", ("main",), 5, image))
+    got = subject.checkpointer.checkpoint(ref(pod, uid="uid-of-an-earlier-pod"), NODE_NAME)
+    assert {} == dict(got.archives)
+    assert "the victim was replaced meanwhile" == got.message
+
+
+def test_a_victim_gone(subject: Subject) -> None:
+    got = subject.checkpointer.checkpoint(PodRef(subject.namespace, "gone", "uid"), NODE_NAME)
+    assert {} == dict(got.archives)
+    assert "not found" in got.message
+
+
+def test_a_grace_period_with_no_time_to_checkpoint(subject: Subject, image: str) -> None:
+    pod = subject.run(pod_doc("victim", ("main",), 0, image))
+    got = subject.checkpointer.checkpoint(ref(pod), NODE_NAME)
+    assert {} == dict(got.archives)
+    assert 0 == got.grace
+    assert "its grace period (0s) leaves no time to checkpoint container main" == got.message
+
+
+def test_a_node_that_does_not_exist(subject: Subject, image: str) -> None:
+    pod = subject.run(pod_doc("victim", ("main",), 5, image))
+    got = subject.checkpointer.checkpoint(ref(pod), "no-such-node")
+    assert {} == dict(got.archives)
+    assert "not found" in got.message
