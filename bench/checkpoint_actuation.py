@@ -9,7 +9,8 @@ chart with checkpoints on (the service's setting and the node agent's DaemonSet,
 walkthrough (:func:`harness.realdemo.scaled_walkthrough`) ``--repeat`` times with each
 kind of victim, alternating: evicted, then checkpointed.
 
-The victim is a bare pod from the product image (it has Python) whose process fills a
+The victim is a bare pod from the product image (it has Python; `--images` adds busybox's,
+its shell holding the buffer in a variable) whose process fills a
 buffer of ``--size`` with non-zero bytes, then appends ``<count> <wall time>`` to
 ``/tmp/count`` twice a second; it runs as root (CRIU here can dump only root's
 processes: ``docs/checkpoint.md``, "On the real node of the tests"), its grace period is
@@ -81,6 +82,19 @@ while True:
         f.write(f"{n} {time.time():.3f}\\n")
     time.sleep(0.5)
 """
+#: The same for busybox's shell: the buffer a shell variable of ``size`` bytes; the sleep
+#: waited for in the background, so that a TERM's trap runs at once. Its ``date`` has no
+#: sub-second field: a count's time is the end of the second it was written in, which
+#: never dates a count before it was written.
+SHELL_PROGRAM = (
+    "trap 'exit 0' TERM; x=$(head -c \"$1\" /dev/zero | tr '\\0' r); n=0; "
+    'while true; do n=$((n+1)); echo "$n $(date +%s).999" >> /tmp/count; '
+    "sleep 0.5 & wait $!; done"
+)
+#: The victim's image, by the name ``--images`` gives it: Python's (the product image,
+#: 15,816 files) or busybox's (3): containerd's checkpoint reads every file of the image
+#: (docs/checkpoint.md, "Where the checkpoint's time goes").
+IMAGES = ("product", "workload")
 T = TypeVar("T")
 
 
@@ -100,14 +114,19 @@ def _guaranteed(cpu: int, memory: str) -> dict[str, dict[str, str]]:
     return {"requests": dict(both), "limits": dict(both)}
 
 
-def _pods(cluster: RealCluster, walk: Walkthrough, size: int, opted_in: bool) -> list[Any]:
+def _pods(
+    cluster: RealCluster, walk: Walkthrough, size: int, opted_in: bool, image: str
+) -> list[Any]:
     victim = workload_pod(
-        VICTIM, cluster.image("product"), "bench-low", _guaranteed(walk.low, "512Mi"),
+        VICTIM, cluster.image(image), "bench-low", _guaranteed(walk.low, "512Mi"),
         node=NODE_NAME, script="", container="main", grace_seconds=GRACE_SECONDS,
         dns_policy="Default",
     )  # fmt: skip
     container = victim["spec"]["containers"][0]
-    container["command"] = ["python", "-c", PROGRAM, str(size)]
+    if image == "product":
+        container["command"] = ["python", "-c", PROGRAM, str(size)]
+    else:
+        container["command"] = ["sh", "-c", SHELL_PROGRAM, "victim", str(size)]
     container["imagePullPolicy"] = "IfNotPresent"
     container["securityContext"] = {"runAsUser": 0}
     if opted_in:
@@ -189,13 +208,16 @@ def _clean(cluster: RealCluster) -> None:
     _wait("no checkpoint records", lambda: _records(cluster) == [] or None, 0.5)
 
 
-def _run(cluster: RealCluster, walk: Walkthrough, size: int, checkpointed: bool) -> dict[str, Any]:
-    _start(cluster, _pods(cluster, walk, size, checkpointed))
+def _run(
+    cluster: RealCluster, walk: Walkthrough, size: int, checkpointed: bool, image: str
+) -> dict[str, Any]:
+    _start(cluster, _pods(cluster, walk, size, checkpointed, image))
     old_uid = (_read(cluster, VICTIM) or {})["metadata"]["uid"]
     patched = time.monotonic()
     told = _resize(cluster, walk.target)
     _wait(f"{walk.target}m actuated", lambda: _cpu_running(cluster) == walk.target)
     row: dict[str, Any] = {
+        "image": image,
         "victim": "checkpointed" if checkpointed else "evicted",
         "actuated_s": round(time.monotonic() - patched, 3),
     }
@@ -261,6 +283,7 @@ def _after(counts: list[tuple[int, float]], since: float) -> list[int] | None:
 
 
 def _median(rows: list[dict[str, Any]], kind: str, key: str) -> float | None:
+    """The median of ``key`` over the runs of one image with victims of ``kind``."""
     values = [r[key] for r in rows if r["victim"] == kind and key in r]
     return round(statistics.median(values), 3) if values else None
 
@@ -300,7 +323,7 @@ def _prepare(cluster: RealCluster) -> Walkthrough:
 
 
 def _print(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    keys = ("actuated_s", "checkpoint_s", "imaged_s", "restore_running_s",
+    keys = ("image", "actuated_s", "checkpoint_s", "imaged_s", "restore_running_s",
             "restore_counting_s", "count_before", "count_after")  # fmt: skip
     print("  ".join(f"{h:>18}" for h in ("victim", *keys)))
     for row in rows:
@@ -316,12 +339,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--repeat", type=int, default=3, help="runs of each kind of victim")
     parser.add_argument("--size", default="100Mi", help="the victim's memory to hold")
+    parser.add_argument(
+        "--images",
+        default="product",
+        help="the victims' images, comma-separated: product (Python), workload (busybox)",
+    )
     parser.add_argument("--quick", action="store_true", help="one run of each (a smoke run)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     repeat = 1 if args.quick else args.repeat
     if repeat < 1:
         parser.error("--repeat must be at least 1")
+    kinds = [i.strip() for i in args.images.split(",") if i.strip()]
+    if not kinds or not set(kinds) <= set(IMAGES):
+        parser.error(f"--images takes {' and '.join(IMAGES)}, not {args.images!r}")
     size = memory_bytes(args.size)
     install_signal_handlers()
     check_machine()
@@ -330,9 +361,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     with RealCluster(binaries, stack, images, options) as cluster:
         walk = _prepare(cluster)
         load = [os.getloadavg()]
-        rows = [_run(cluster, walk, size, kind) for _ in range(repeat) for kind in (False, True)]
+        rows = [
+            _run(cluster, walk, size, kind, image)
+            for _ in range(repeat)
+            for image in kinds
+            for kind in (False, True)
+        ]
         load.append(os.getloadavg())
-    summary = _summary(rows)
+    summary = {i: _summary([r for r in rows if r["image"] == i]) for i in kinds}
     _print(rows, summary)
     figures = {
         "size": args.size, "bytes": size, "repeat": repeat, "walkthrough": asdict(walk),
