@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import ssl
 import sys
 import tarfile
 import time
@@ -107,9 +106,7 @@ def _count(cluster: RealCluster, name: str) -> int:
 def _checkpoint(cluster: RealCluster, name: str) -> str:
     node = cluster.client.get(f"/api/v1/nodes/{NODE_NAME}")
     port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE  # the test node kubelet's self-signed certificate
+    context = cluster.kubelet_context()
     url = f"https://{NODE_IP}:{port}/checkpoint/{NAMESPACE}/{name}/{CONTAINER}?timeout=600"
     request = urllib.request.Request(url, method="POST")
     try:

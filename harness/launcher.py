@@ -306,6 +306,9 @@ class ControlPlane:
             ip_addresses=["127.0.0.1", "10.0.0.1"],
         )
         admin = harness_pki.make_client_cert(ca, "rpw-admin", groups=["system:masters"])
+        kubelet_client = harness_pki.make_client_cert(
+            ca, "kube-apiserver-kubelet-client", groups=["system:masters"]
+        )
         sa_key = harness_pki.generate_private_key_pem()
         files = {
             "ca.crt": ca.cert_pem,
@@ -314,6 +317,8 @@ class ControlPlane:
             "apiserver.key": serving.key_pem,
             "admin.crt": admin.cert_pem,
             "admin.key": admin.key_pem,
+            "kubelet-client.crt": kubelet_client.cert_pem,
+            "kubelet-client.key": kubelet_client.key_pem,
             "sa.key": sa_key,
             "sa.pub": harness_pki.public_key_pem(sa_key),
         }
@@ -487,8 +492,12 @@ class ControlPlane:
             # Without a token controller or containers, every pod would be refused for
             # lack of a ``default`` service account.
             return ["--disable-admission-plugins=ServiceAccount"]
+        # The kubelet authenticates kube-apiserver's exec/logs calls by this certificate
+        # and authorizes them as its user (``system:masters``: every right).
         return [
             "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={self.pki_dir / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={self.pki_dir / 'kubelet-client.key'}",
             "--enable-aggregator-routing=true",
         ]
 

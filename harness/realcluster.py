@@ -19,6 +19,7 @@ v2), :meth:`RealCluster.image_id`, :meth:`RealCluster.install_chart`.
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -269,6 +270,17 @@ class RealCluster:
     def client(self) -> KubeClient:
         """The harness's raw JSON client (admin)."""
         return self.control_plane.client
+
+    def kubelet_context(self) -> ssl.SSLContext:
+        """TLS for calling node-1's kubelet as the admin: the kubelet takes client
+        certificates of the control plane's CA and authorizes them by a SubjectAccessReview.
+        Its serving certificate is self-signed: not verified."""
+        pki_dir = self.control_plane.pki_dir
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        context.load_cert_chain(pki_dir / "admin.crt", pki_dir / "admin.key")
+        return context
 
     def image(self, role: Role) -> str:
         """The reference of the imported image of ``role``: sandbox, workload or product."""

@@ -420,6 +420,7 @@ def kubelet_config(
     max_pods: int,
     feature_gates: Mapping[str, bool],
     status_update_frequency: float,
+    client_ca: Path,
 ) -> dict[str, Any]:
     """The kubelet's KubeletConfiguration for this machine.
 
@@ -428,8 +429,11 @@ def kubelet_config(
     * ``failSwapOn: false``, ``resolvConf: ""`` (pods resolve nothing; no cluster DNS);
     * no eviction thresholds and image GC at 100/99 %: images cannot be pulled again, and
       a test's node must not evict on its own;
-    * anonymous access with AlwaysAllow on its own port and address: kube-apiserver's
-      ``exec``/``logs`` calls carry no client certificate (a local test node only).
+    * authentication and authorization as a production node has them: no anonymous
+      callers; client certificates of the control plane's CA (``client_ca``: kube-apiserver's
+      ``exec``/``logs`` calls, the tests as the admin) and bearer tokens (a TokenReview: the
+      service's account), each request authorized by a SubjectAccessReview (``Webhook``),
+      so that a call to ``/checkpoint`` needs ``create`` on ``nodes/checkpoint``.
     """
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -440,11 +444,11 @@ def kubelet_config(
         "healthzBindAddress": "127.0.0.1",
         "healthzPort": healthz_port,
         "authentication": {
-            "anonymous": {"enabled": True},
-            "webhook": {"enabled": False},
-            "x509": {},
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(client_ca)},
         },
-        "authorization": {"mode": "AlwaysAllow"},
+        "authorization": {"mode": "Webhook"},
         "containerRuntimeEndpoint": f"unix://{paths.containerd_socket}",
         "cgroupDriver": "cgroupfs",
         "failCgroupV1": False,
@@ -694,6 +698,7 @@ class RealNode:
             max_pods=options.max_pods,
             feature_gates=gates,
             status_update_frequency=options.status_update_frequency,
+            client_ca=self.control_plane.pki_dir / "ca.crt",
         )
         paths.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
         argv = [

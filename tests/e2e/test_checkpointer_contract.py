@@ -184,3 +184,64 @@ def test_a_node_that_does_not_exist(subject: Subject, image: str) -> None:
     got = subject.checkpointer.checkpoint(ref(pod), "no-such-node")
     assert {} == dict(got.archives)
     assert "not found" in got.message
+
+
+@pytest.mark.e2e
+@pytest.mark.realnode
+def test_the_kubelet_authorizes_nodes_checkpoint(
+    real_cluster: Any, real_namespace: str, tmp_path: Path
+) -> None:
+    """The kubelet asks the API server whether the caller may ``create`` on
+    ``nodes/checkpoint``: an account that may read pods and nodes but not that is refused
+    (the victim evicted as any, with why), one that may is served."""
+    from tests.e2e.service_support import account_kubeconfig
+    from webhook.kube.checkpoints import KubeletCheckpointer
+    from webhook.kube.client import make_api_client
+
+    client, ns = real_cluster.client, real_namespace
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    reads = {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get"]}
+    checkpoint = {"apiGroups": [""], "resources": ["nodes/checkpoint"], "verbs": ["create"]}
+    made = []
+    for account, rules in (("reader", [reads]), ("checkpointer", [reads, checkpoint])):
+        name = f"{ns}-{account}"
+        client.create(f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": account}})
+        client.create(f"{rbac}/clusterroles", {"metadata": {"name": name}, "rules": rules})
+        binding = {
+            "metadata": {"name": name},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": name,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}],
+        }
+        client.create(f"{rbac}/clusterrolebindings", binding)
+        made.append(name)
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    image = real_cluster.image("workload")
+    try:
+        client.create(pods, pod_doc("victim", ("main",), 5, image))
+        deadline = time.monotonic() + 120
+        while "running" not in str(client.get(f"{pods}/victim").get("status", {})):
+            assert time.monotonic() < deadline, "the victim did not run in 120 s"
+            time.sleep(0.2)
+        uid = client.get(f"{pods}/victim")["metadata"]["uid"]
+        got = {}
+        for account in ("reader", "checkpointer"):
+            (tmp_path / account).mkdir()
+            config = account_kubeconfig(real_cluster, ns, account, tmp_path / account)
+            api = make_api_client(str(config))
+            got[account] = KubeletCheckpointer(api).checkpoint(PodRef(ns, "victim", uid), NODE_NAME)
+            api.close()
+        refused, served = got["reader"], got["checkpointer"]
+        assert {} == dict(refused.archives)
+        assert "the kubelet refused to checkpoint container main (HTTP 403)" in refused.message
+        assert "verb=create, resource=nodes, subresource(s)=[checkpoint]" in refused.message
+        assert "" == served.message
+        assert ["main"] == list(served.archives)
+        Path(served.archives["main"]).unlink()
+    finally:
+        for name in made:
+            client.delete(f"{rbac}/clusterrolebindings/{name}")
+            client.delete(f"{rbac}/clusterroles/{name}")

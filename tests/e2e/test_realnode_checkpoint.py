@@ -14,7 +14,6 @@ the pod), the node agent runs as a host process, as its DaemonSet would on a nod
 from __future__ import annotations
 
 import json
-import ssl
 import subprocess
 import sys
 import time
@@ -98,14 +97,12 @@ def agent(real_cluster: RealCluster, real_namespace: str, tmp_path: Path) -> Ite
 
 def kubelet_checkpoint(cluster: RealCluster, namespace: str) -> str:
     """``POST /checkpoint/<ns>/<pod>/<container>`` on the kubelet's port, as the service
-    calls it (the test node's kubelet accepts anonymous callers); the archive's path."""
+    calls it, as the admin; the archive's path."""
     node = cluster.client.get(f"/api/v1/nodes/{NODE_NAME}")
     port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
     url = f"https://{NODE_IP}:{port}/checkpoint/{namespace}/{POD}/{CONTAINER}"
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE  # the kubelet's self-signed serving certificate
     request = urllib.request.Request(url, method="POST")
+    context = cluster.kubelet_context()
     with urllib.request.urlopen(request, context=context, timeout=60) as response:
         items: list[str] = json.load(response)["items"]
     assert 1 == len(items)

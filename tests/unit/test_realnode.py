@@ -159,6 +159,7 @@ def test_kubelet_config_for_a_cgroup_v1_machine_without_systemd(tmp_path: Path) 
         max_pods=110,
         feature_gates={"A": True},
         status_update_frequency=4.0,
+        client_ca=tmp_path / "ca.crt",
     )
     assert {
         "address": NODE_IP,
@@ -170,7 +171,7 @@ def test_kubelet_config_for_a_cgroup_v1_machine_without_systemd(tmp_path: Path) 
         "evictionHard": {},
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
-        "authorization": {"mode": "AlwaysAllow"},
+        "authorization": {"mode": "Webhook"},
         "containerRuntimeEndpoint": f"unix://{tmp_path}/containerd/containerd.sock",
         "nodeStatusUpdateFrequency": "4s",
         "featureGates": {"A": True},
@@ -180,7 +181,11 @@ def test_kubelet_config_for_a_cgroup_v1_machine_without_systemd(tmp_path: Path) 
         "authorization", "containerRuntimeEndpoint", "nodeStatusUpdateFrequency",
         "featureGates",
     )}  # fmt: skip
-    assert True is config["authentication"]["anonymous"]["enabled"]
+    assert {
+        "anonymous": {"enabled": False},
+        "webhook": {"enabled": True},
+        "x509": {"clientCAFile": f"{tmp_path}/ca.crt"},
+    } == config["authentication"]
 
 
 def test_cni_config_puts_pods_on_our_bridge(tmp_path: Path) -> None:
@@ -337,6 +342,8 @@ def test_real_node_control_plane_flags(tmp_path: Path) -> None:
     hollow = ControlPlane(Binaries(tmp_path), ControlPlaneConfig(state_dir=tmp_path))
     assert [
         "--kubelet-preferred-address-types=InternalIP",
+        f"--kubelet-client-certificate={tmp_path}/pki/kubelet-client.crt",
+        f"--kubelet-client-key={tmp_path}/pki/kubelet-client.key",
         "--enable-aggregator-routing=true",
     ] == real._real_node_args()
     assert ["--disable-admission-plugins=ServiceAccount"] == hollow._real_node_args()

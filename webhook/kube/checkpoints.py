@@ -124,7 +124,9 @@ class KubeletCheckpointer:
         path = "/".join(quote(p, safe="") for p in (victim.namespace, victim.name, container))
         url = f"{kubelet}/checkpoint/{path}?timeout={timeout}"
         headers = {}
-        token = self._config.get_api_key_with_prefix("authorization")
+        # Where the client keeps the service account's token (and refreshes it), as its
+        # own requests read it.
+        token = self._config.get_api_key_with_prefix("BearerToken", alias="authorization")
         if token:
             headers["Authorization"] = token
         try:
