@@ -205,7 +205,7 @@ class PausingEvictor:
                 victim,
                 preemptor,
                 f"Checkpointed on node {node} in {done.seconds:.2f}s before its preemption; "
-                f"{record.name} restores it there when room returns",
+                f"{record.name} restores it when room returns",
             )
         return remaining_grace(done.grace, done.seconds)
 
