@@ -62,7 +62,9 @@ IMAGING_PATIENCE = 600.0
 
 
 class CheckpointStore(Protocol):
-    """The records and the nodes' abilities; reads may lag writes by a second."""
+    """The records and the nodes' abilities. Records read back what this store wrote;
+    they may lag other writers by a second. Abilities may lag what an agent published by
+    a few seconds: reviews read them, and never wait on the API server for long."""
 
     def capability(self, node: str) -> NodeCheckpointing | None: ...
 
