@@ -14,7 +14,10 @@ true``, its worker's restorer) does with it:
 * images in node-1's runtime (``localhost/resize-preemption-checkpoint/...``): no pod while
   node-1 is full (five passes of the leading service's worker), whatever node-2 has; once
   ``full`` is gone, the pod is created on node-1 with ``imagePullPolicy: Never``, and the
-  kubelet, whose runtime holds no such image, says ``ErrImageNeverPull`` rather than pull.
+  kubelet, whose runtime holds no such image, says ``ErrImageNeverPull`` rather than pull;
+  ``status`` says meanwhile it comes back on node-1 only;
+* images in a registry, node-1 full and node-2 cordoned: no pod, and ``status`` says it
+  comes back on node-1 or any able node; node-2 uncordoned, the pod is created there.
 
 A hollow kubelet runs any image, so this proves the service's side; pulling a registry
 image on a real node is the node agent's side (docs/checkpoint.md).
@@ -36,6 +39,7 @@ from harness.nodes import NodeSpec
 from harness.webhook_process import NAMESPACE
 from tests.e2e.conftest import NODE, Cluster, Kubectl, StartService, Waiter
 from tests.e2e.service_support import events, sample, scrape
+from tests.e2e.test_status import run_cli
 from webhook.core.checkpoint import (
     CAPABILITY_LABEL,
     CAPABILITY_PREFIX,
@@ -201,6 +205,20 @@ def _phase(cluster: Cluster) -> str:
     return str(record["data"]["phase"])
 
 
+def _comes_back_on(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    """What ``python -m webhook status -o json`` says of the checkpoint of ``paused``."""
+    result = run_cli(
+        "status", "--kubeconfig", str(cluster.kubeconfig), "--service-namespace", NAMESPACE,
+        "-o", "json",
+    )  # fmt: skip
+    assert 0 == result.returncode, result.stderr
+    (mine,) = [
+        c for c in json.loads(result.stdout)["checkpoints"] if c["pod"].startswith(namespace)
+    ]
+    found: dict[str, Any] = mine["comesBackOn"]
+    return found
+
+
 def _waiting_reason(cluster: Cluster, namespace: str) -> str:
     pod = _pod(cluster, namespace) or {}
     statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
@@ -248,6 +266,11 @@ def test_a_checkpoint_in_its_nodes_runtime_waits_for_its_own_node(
 
     assert None is _pod(cluster, namespace)
     assert "imaged" == _phase(cluster)
+    assert {
+        "node": NODE,
+        "orAnyAbleNode": False,
+        "why": f"its images are in {NODE}'s runtime only",
+    } == _comes_back_on(cluster, namespace)
 
     kubectl("delete", "pod", "full", "--wait=true")
 
@@ -260,3 +283,25 @@ def test_a_checkpoint_in_its_nodes_runtime_waits_for_its_own_node(
         timeout=20,
         what="the kubelet refusing to pull",
     )
+
+
+def test_a_checkpoint_in_a_registry_waits_for_room_somewhere_then_takes_it(
+    scene: Scene, namespace: str, wait_until: Waiter
+) -> None:
+    cluster = scene.cluster
+    image = f"registry.example:5000/rpw/{namespace}/paused/app:0123456789ab"
+    cluster.client.patch(f"/api/v1/nodes/{OTHER}", {"spec": {"unschedulable": True}})
+    try:
+        wait_until(lambda: _leading(scene.metrics_port), timeout=30, what="the service leading")
+        _write_imaged(cluster, namespace, image)
+        time.sleep(5)  # five passes: node-1 full, node-2 cordoned
+
+        assert None is _pod(cluster, namespace)
+        assert {"node": NODE, "orAnyAbleNode": True, "why": ""} == _comes_back_on(
+            cluster, namespace
+        )
+    finally:
+        cluster.client.patch(f"/api/v1/nodes/{OTHER}", {"spec": {"unschedulable": None}})
+
+    pod = wait_until(lambda: _pod(cluster, namespace), timeout=20, what="the restored pod")
+    assert (OTHER, image, "IfNotPresent", record_name(UID)) == _shape(pod)
