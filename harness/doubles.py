@@ -441,6 +441,9 @@ class MemoryCheckpoints:
     def capability(self, node: str) -> NodeCheckpointing | None:
         return self.abilities.get(node)
 
+    def capabilities(self) -> Sequence[NodeCheckpointing]:
+        return tuple(self.abilities.values())
+
     def records(self) -> Sequence[CheckpointRecord]:
         return tuple(self.stored.values())
 

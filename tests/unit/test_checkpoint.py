@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -16,14 +17,20 @@ from webhook.core.checkpoint import (
     CheckpointRecord,
     NodeCheckpointing,
     Phase,
+    Return,
+    comes_back_on,
+    only_its_node,
     pause_of,
     remaining_grace,
     restored_pod,
 )
-from webhook.core.model import Pod
+from webhook.core.model import Pod, Taint
+from webhook.core.movable import Room
+from webhook.core.objects import parse_pod
 from webhook.core.plan import NodePods, plan_resize
 from webhook.core.policy import DefaultPolicy
 from webhook.core.report import human_report, plan_to_dict, warnings_for
+from webhook.core.resources import Resources
 from webhook.engine.pauses import (
     IMAGING_PATIENCE,
     Advance,
@@ -166,7 +173,7 @@ def test_a_record_that_does_not_parse_is_a_value_error(data: dict[str, str]) -> 
 
 
 def test_the_restored_pod_keeps_its_identity_and_starts_from_its_images() -> None:
-    restored = restored_pod(_record())
+    restored = restored_pod(_record(), NODE)
 
     assert {
         "name": "low",
@@ -201,13 +208,13 @@ def _now_pod(
 
 
 @pytest.mark.parametrize(
-    ("phase", "now_pod", "fits", "age", "expected"),
+    ("phase", "now_pod", "where", "age", "expected"),
     [
-        pytest.param(Phase.ARCHIVED, None, True, 5.0, Wait(), id="archived-waits-for-its-agent"),
+        pytest.param(Phase.ARCHIVED, None, NODE, 5.0, Wait(), id="archived-waits-for-its-agent"),
         pytest.param(
             Phase.ARCHIVED,
             None,
-            True,
+            NODE,
             IMAGING_PATIENCE + 1,
             Advance(Phase.ABANDONED, "no image of the checkpoint was made in time"),
             id="archived-too-long",
@@ -215,16 +222,16 @@ def _now_pod(
         pytest.param(
             Phase.IMAGED,
             _now_pod(uid_="u-1", ours=False),
-            True,
+            NODE,
             1.0,
             Wait(),
             id="imaged-victim-still-leaving",
         ),
-        pytest.param(Phase.IMAGED, None, False, 1.0, Wait(), id="imaged-no-room-yet"),
+        pytest.param(Phase.IMAGED, None, "", 1.0, Wait(), id="imaged-no-room-yet"),
         pytest.param(
             Phase.IMAGED,
             _now_pod(ours=False),
-            True,
+            NODE,
             1.0,
             Advance(Phase.ABANDONED, "another pod team-b/low exists"),
             id="imaged-name-taken",
@@ -232,7 +239,7 @@ def _now_pod(
         pytest.param(
             Phase.IMAGED,
             _now_pod(phase="Pending"),
-            True,
+            NODE,
             1.0,
             Advance(Phase.RESTORING),
             id="imaged-created-before-a-restart",
@@ -240,7 +247,7 @@ def _now_pod(
         pytest.param(
             Phase.RESTORING,
             _now_pod(phase="Pending"),
-            True,
+            NODE,
             1.0,
             Wait(),
             id="restoring-not-running-yet",
@@ -248,7 +255,7 @@ def _now_pod(
         pytest.param(
             Phase.RESTORING,
             _now_pod(),
-            True,
+            NODE,
             1.0,
             Advance(Phase.RESTORED, "the restored pod is Running"),
             id="restoring-runs",
@@ -256,7 +263,7 @@ def _now_pod(
         pytest.param(
             Phase.RESTORING,
             _now_pod(phase="Failed"),
-            True,
+            NODE,
             1.0,
             Advance(Phase.RESTORED, "the restored pod is Failed"),
             id="restoring-failed-ends-too",
@@ -264,7 +271,7 @@ def _now_pod(
         pytest.param(
             Phase.RESTORING,
             _now_pod(phase="Pending"),
-            True,
+            NODE,
             500.0,
             Advance(Phase.RESTORED, "the restored pod has not started in time"),
             id="restoring-too-long",
@@ -272,32 +279,267 @@ def _now_pod(
         pytest.param(
             Phase.RESTORING,
             None,
-            True,
+            NODE,
             1.0,
             Advance(Phase.ABANDONED, "the restored pod was deleted"),
             id="restoring-deleted",
         ),
-        pytest.param(Phase.RESTORED, None, True, 1.0, Wait(), id="restored-is-the-agents"),
-        pytest.param(Phase.FAILED, None, True, 1.0, Wait(), id="failed-is-the-agents"),
+        pytest.param(Phase.RESTORED, None, NODE, 1.0, Wait(), id="restored-is-the-agents"),
+        pytest.param(Phase.FAILED, None, NODE, 1.0, Wait(), id="failed-is-the-agents"),
     ],
 )
 def test_one_step_of_a_checkpoint(
-    phase: Phase, now_pod: Pod | None, fits: bool, age: float, expected: object
+    phase: Phase, now_pod: Pod | None, where: str, age: float, expected: object
 ) -> None:
-    assert expected == step(_record(phase=phase), now_pod, lambda: fits, age)
+    assert expected == step(_record(phase=phase), now_pod, lambda: where, age)
 
 
-def test_an_imaged_checkpoint_with_room_is_created_again() -> None:
-    action = step(_record(), None, lambda: True, 1.0)
+@pytest.mark.parametrize(
+    ("record", "where"),
+    [
+        pytest.param(_record(), NODE, id="local-images-on-its-node"),
+        pytest.param(_record(images={"count": "registry.example:5000/rpw/c:u-1"}), "node-2",
+                     id="registry-images-elsewhere"),
+    ],
+)  # fmt: skip
+def test_an_imaged_checkpoint_with_room_is_created_again_where_there_is_room(
+    record: CheckpointRecord, where: str
+) -> None:
+    action = step(record, None, lambda: where, 1.0)
 
-    assert Create(restored_pod(_record())) == action
+    assert Create(restored_pod(record, where), where) == action
 
 
 def test_room_is_read_only_when_it_decides() -> None:
-    def fits() -> bool:
+    def where() -> str:
         raise AssertionError("read")
 
-    assert Wait() == step(_record(phase=Phase.ARCHIVED), None, fits, 1.0)
+    assert Wait() == step(_record(phase=Phase.ARCHIVED), None, where, 1.0)
+
+
+# -- where a checkpointed pod comes back ---------------------------------------------------
+
+OTHER, THIRD = "node-2", "node-3"
+REGISTRY = {"count": "registry.example:5000/rpw/team-b/low/count:0123456789ab"}
+GI = 1024**3
+
+
+def _portable(**spec: Any) -> CheckpointRecord:
+    """A record whose image is in a registry; its pod asks 1 CPU and 1Gi, with ``spec``'s
+    fields besides."""
+    record = _record(images=REGISTRY)
+    pod = dict(record.pod)
+    containers = [dict(c) for c in pod["spec"]["containers"]]
+    containers[0]["resources"] = {"requests": {"cpu": "1", "memory": "1Gi"}}
+    pod["spec"] = {**pod["spec"], "containers": containers, **spec}
+    return _record(images=REGISTRY, pod=pod)
+
+
+def _room(node: str, cpu: int, memory: int = 4 * GI, **kw: Any) -> Room:
+    return Room(node, Resources(cpu, memory), **kw)
+
+
+def _back(
+    record: CheckpointRecord,
+    home: Room | None,
+    rooms: list[Room],
+    able: tuple[str, ...] = (NODE, OTHER, THIRD),
+    taken: dict[str, Resources] | None = None,
+) -> Return:
+    return comes_back_on(record, parse_pod(dict(record.pod)), home, rooms, able, taken)
+
+
+HOME_FULL = _room(NODE, 500)
+
+
+@pytest.mark.parametrize(
+    ("record", "home", "rooms", "able", "taken", "expected"),
+    [
+        pytest.param(
+            _portable(), _room(NODE, 1000), [_room(OTHER, 8000)], (OTHER,), None,
+            Return(NODE, "its node node-1 has room"),
+            id="its-own-node-first-when-it-fits",
+        ),
+        pytest.param(
+            _portable(), HOME_FULL, [_room(OTHER, 2000)], (OTHER,), None,
+            Return(OTHER, "no room on node-1; node-2 has room and can restore"),
+            id="registry-images-elsewhere-at-once",
+        ),
+        pytest.param(
+            replace(_portable(), images=_record().images), HOME_FULL, [_room(OTHER, 8000)],
+            (OTHER,), None,
+            Return("", "no room on node-1 yet; its images are in node-1's runtime only"),
+            id="local-images-wait-for-their-node",
+        ),
+        pytest.param(
+            _portable(), HOME_FULL, [_room(OTHER, 8000)], (), None,
+            Return("", "no room on node-1, nor on another node able to restore"),
+            id="no-agent-able-elsewhere",
+        ),
+        pytest.param(
+            _portable(), HOME_FULL, [_room(OTHER, 900)], (OTHER,), None,
+            Return("", "no room on node-1, nor on another node able to restore"),
+            id="no-cpu-elsewhere",
+        ),
+        pytest.param(
+            _portable(), HOME_FULL, [_room(OTHER, 2000, GI // 2)], (OTHER,), None,
+            Return("", "no room on node-1, nor on another node able to restore"),
+            id="no-memory-elsewhere",
+        ),
+        pytest.param(
+            _portable(), HOME_FULL, [_room(OTHER, 2000), _room(THIRD, 3000)], (OTHER, THIRD),
+            None, Return(THIRD, "no room on node-1; node-3 has room and can restore"),
+            id="the-roomiest-cpu-first",
+        ),
+        pytest.param(
+            _portable(), HOME_FULL, [_room(THIRD, 2000, 2 * GI), _room(OTHER, 2000, 3 * GI)],
+            (OTHER, THIRD), None,
+            Return(OTHER, "no room on node-1; node-2 has room and can restore"),
+            id="then-the-roomiest-memory",
+        ),
+        pytest.param(
+            _portable(), HOME_FULL, [_room(THIRD, 2000), _room(OTHER, 2000)], (OTHER, THIRD),
+            None, Return(OTHER, "no room on node-1; node-2 has room and can restore"),
+            id="then-by-name",
+        ),
+        pytest.param(
+            _portable(), HOME_FULL, [_room(OTHER, 3000), _room(THIRD, 2000)], (OTHER, THIRD),
+            {OTHER: Resources(2500, 0)},
+            Return(THIRD, "no room on node-1; node-3 has room and can restore"),
+            id="what-this-pass-took-counts",
+        ),
+        pytest.param(
+            _portable(), _room(NODE, 1000), [_room(OTHER, 8000)], (OTHER,),
+            {NODE: Resources(500, 0)},
+            Return(OTHER, "no room on node-1; node-2 has room and can restore"),
+            id="taken-on-its-own-node-counts-too",
+        ),
+        pytest.param(
+            _portable(), None, [_room(OTHER, 2000)], (OTHER,), None,
+            Return(OTHER, "no room on node-1; node-2 has room and can restore"),
+            id="its-node-takes-no-pods",
+        ),
+        pytest.param(
+            _portable(), HOME_FULL, [_room(NODE, 8000)], (NODE,), None,
+            Return("", "no room on node-1, nor on another node able to restore"),
+            id="its-own-node-is-no-other-node",
+        ),
+        pytest.param(
+            _portable(nodeSelector={"disk": "ssd"}), HOME_FULL,
+            [_room(OTHER, 8000), _room(THIRD, 2000, labels={"disk": "ssd"})], (OTHER, THIRD),
+            None, Return(THIRD, "no room on node-1; node-3 has room and can restore"),
+            id="node-selector",
+        ),
+        pytest.param(
+            _portable(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "zone", "operator": "In", "values": ["b"]}]}]}}}),
+            HOME_FULL, [_room(OTHER, 8000, labels={"zone": "a"})], (OTHER,), None,
+            Return("", "no room on node-1, nor on another node able to restore"),
+            id="required-node-affinity",
+        ),
+        pytest.param(
+            _portable(), HOME_FULL, [_room(OTHER, 8000, taints=(Taint("gpu", "", "NoSchedule"),))],
+            (OTHER,), None,
+            Return("", "no room on node-1, nor on another node able to restore"),
+            id="an-untolerated-taint",
+        ),
+        pytest.param(
+            _portable(tolerations=[{"key": "gpu", "operator": "Exists"}]), HOME_FULL,
+            [_room(OTHER, 8000, taints=(Taint("gpu", "", "NoSchedule"),))], (OTHER,), None,
+            Return(OTHER, "no room on node-1; node-2 has room and can restore"),
+            id="a-tolerated-taint",
+        ),
+        pytest.param(
+            _portable(volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]),
+            HOME_FULL, [_room(OTHER, 8000)], (OTHER,), None,
+            Return("", "no room on node-1 yet; its volumes cannot be judged on another node"),
+            id="volumes-its-node-only",
+        ),
+        pytest.param(
+            _portable(affinity={"podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"topologyKey": "kubernetes.io/hostname", "labelSelector": {}}]}}),
+            HOME_FULL, [_room(OTHER, 8000)], (OTHER,), None,
+            Return("", "no room on node-1 yet; its inter-pod affinity cannot be judged on "
+                   "another node"),
+            id="inter-pod-affinity-its-node-only",
+        ),
+        pytest.param(
+            _portable(hostNetwork=True), HOME_FULL, [_room(OTHER, 8000)], (OTHER,), None,
+            Return("", "no room on node-1 yet; its host ports cannot be judged on another node"),
+            id="host-network-its-node-only",
+        ),
+    ],
+)  # fmt: skip
+def test_where_a_checkpointed_pod_comes_back(
+    record: CheckpointRecord,
+    home: Room | None,
+    rooms: list[Room],
+    able: tuple[str, ...],
+    taken: dict[str, Resources] | None,
+    expected: Return,
+) -> None:
+    assert expected == _back(record, home, rooms, able, taken)
+
+
+def test_a_host_port_keeps_a_pod_on_its_node() -> None:
+    record = _portable()
+    pod = dict(record.pod)
+    containers = [dict(c) for c in pod["spec"]["containers"]]
+    containers[0]["ports"] = [{"containerPort": 80, "hostPort": 8080}]
+    pod["spec"] = {**pod["spec"], "containers": containers}
+    held = _record(images=REGISTRY, pod=pod)
+
+    assert "its host ports cannot be judged on another node" == only_its_node(
+        held, parse_pod(dict(held.pod))
+    )
+
+
+@pytest.mark.parametrize(
+    ("images", "expected"),
+    [
+        pytest.param({"count": "localhost/resize-preemption-checkpoint/team-b/low/count:u-1"},
+                     False, id="local"),
+        pytest.param(REGISTRY, True, id="registry"),
+        pytest.param({**REGISTRY, "side": "localhost/resize-preemption-checkpoint/t/l/side:u"},
+                     False, id="one-local-image-keeps-it-home"),
+        pytest.param({"count": "localhost/resize-preemption-checkpointed/x:1"}, True,
+                     id="a-lookalike-repository-is-a-registry"),
+        pytest.param({}, False, id="no-images-yet"),
+    ],
+)  # fmt: skip
+def test_a_record_is_portable_when_every_image_is_in_a_registry(
+    images: dict[str, str], expected: bool
+) -> None:
+    assert expected == _record(images=images).portable
+
+
+@pytest.mark.parametrize(
+    ("images", "node", "expected_policy"),
+    [
+        pytest.param({"count": "localhost/resize-preemption-checkpoint/team-b/low/count:u-1"},
+                     NODE, "Never", id="local-on-its-node"),
+        pytest.param(REGISTRY, NODE, "IfNotPresent", id="registry-on-its-node"),
+        pytest.param(REGISTRY, OTHER, "IfNotPresent", id="registry-elsewhere"),
+    ],
+)  # fmt: skip
+def test_the_restored_pod_is_bound_to_the_node_given_and_pulls_registry_images(
+    images: dict[str, str], node: str, expected_policy: str
+) -> None:
+    restored = restored_pod(_record(images=images), node)
+
+    assert node == restored["spec"]["nodeName"]
+    assert (images["count"], expected_policy) == (
+        restored["spec"]["containers"][0]["image"],
+        restored["spec"]["containers"][0]["imagePullPolicy"],
+    )
+    assert "imagePullPolicy" not in restored["spec"]["containers"][1]  # not checkpointed
+
+
+def test_a_record_with_local_images_is_never_restored_on_another_node() -> None:
+    with pytest.raises(ValueError, match="rpw-checkpoint-u-1 can come back on node-1 only"):
+        restored_pod(_record(), OTHER)
 
 
 # -- plans ---------------------------------------------------------------------------------

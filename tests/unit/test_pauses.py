@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -23,8 +24,9 @@ from webhook.core.checkpoint import (
     Phase,
     restored_pod,
 )
-from webhook.core.model import Pod, PodRef
-from webhook.engine.ledger import EvictionResult
+from webhook.core.model import Node, Pod, PodRef
+from webhook.core.resources import Resources
+from webhook.engine.ledger import EvictionResult, LedgerEntry
 from webhook.engine.memory import FixedClusterView, MemoryLedger
 from webhook.engine.metrics import Metrics
 from webhook.engine.pauses import Checkpointed, Pauses, PausingEvictor, Restorer
@@ -166,10 +168,18 @@ def _imaged(victim: Pod) -> CheckpointRecord:
     )
 
 
-def _restorer(pods: list[Pod], cpu: str, record: CheckpointRecord) -> tuple[Restorer, Any]:
-    view = FixedClusterView([make_node(NODE).allocatable(cpu=cpu, memory="8Gi").build()], pods)
-    store, creator = MemoryCheckpoints([ABLE], [record]), FakeCreator()
-    restorer = Restorer(view, MemoryLedger(), store, creator, FakeEvents(view), Metrics())
+def _restorer(
+    pods: list[Pod],
+    cpu: str,
+    *records: CheckpointRecord,
+    others: tuple[Node, ...] = (),
+    abilities: tuple[NodeCheckpointing, ...] = (ABLE,),
+    entries: tuple[LedgerEntry, ...] = (),
+) -> tuple[Restorer, Any]:
+    nodes = [make_node(NODE).allocatable(cpu=cpu, memory="8Gi").build(), *others]
+    view = FixedClusterView(nodes, pods)
+    store, creator = MemoryCheckpoints(abilities, records), FakeCreator()
+    restorer = Restorer(view, MemoryLedger(entries), store, creator, FakeEvents(view), Metrics())
     return restorer, (store, creator)
 
 
@@ -193,7 +203,7 @@ def test_an_imaged_checkpoint_comes_back_once_its_requests_fit(
 
     assert expected_created == len(creator.created)
     if expected_created:
-        assert [restored_pod(record)] == creator.created
+        assert [restored_pod(record, NODE)] == creator.created
         assert Phase.RESTORING == store.stored[victim.uid].phase
 
 
@@ -214,3 +224,135 @@ def test_a_restored_pod_that_runs_ends_its_record() -> None:
 
     assert Phase.RESTORED == store.stored[victim.uid].phase
     assert ["Restored"] == [e[0] for e in restorer.events.told]  # type: ignore[union-attr]
+
+
+# -- restored on another node -------------------------------------------------------------------
+
+OTHER = "node-2"
+REGISTRY = "registry.example:5000/rpw/default/low/main:0123456789ab"
+
+
+def _in_registry(victim: Pod, name: str = "low", uid: str = "") -> CheckpointRecord:
+    record = _imaged(victim)
+    pod = {**record.pod, "metadata": {**record.pod["metadata"], "name": name}}
+    return replace(record, uid=uid or record.uid, pod=pod, images={"main": REGISTRY})
+
+
+def _full() -> Pod:
+    """Holds node-1's 2 CPU."""
+    return make_pod("full").on(NODE).requests(cpu="2").started(5).admitted().build()
+
+
+def _other(cpu: str = "2") -> Node:
+    return make_node(OTHER).allocatable(cpu=cpu, memory="8Gi").build()
+
+
+ABLE_2 = NodeCheckpointing(OTHER, checkpoint=True, restore=True)
+
+
+@pytest.mark.parametrize(
+    ("record", "others", "abilities", "expected_node"),
+    [
+        pytest.param(_in_registry(_victim()), (_other(),), (ABLE, ABLE_2), OTHER,
+                     id="registry-image-on-another-able-node"),
+        pytest.param(_imaged(_victim()), (_other(),), (ABLE, ABLE_2), None,
+                     id="local-image-waits-for-its-node"),
+        pytest.param(_in_registry(_victim()), (_other(),), (ABLE,), None,
+                     id="no-agent-on-the-other-node"),
+        pytest.param(
+            _in_registry(_victim()),
+            (_other(),),
+            (ABLE, NodeCheckpointing(OTHER, checkpoint=False, restore=True, message="no criu")),
+            None,
+            id="the-other-node-cannot",
+        ),
+        pytest.param(_in_registry(_victim()), (_other("500m"),), (ABLE, ABLE_2), None,
+                     id="no-room-on-the-other-node"),
+        pytest.param(
+            _in_registry(_victim()),
+            (make_node(OTHER).allocatable(cpu="2", memory="8Gi").cordoned().build(),),
+            (ABLE, ABLE_2),
+            None,
+            id="the-other-node-cordoned",
+        ),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_in_a_registry_comes_back_on_another_node_with_room(
+    record: CheckpointRecord,
+    others: tuple[Node, ...],
+    abilities: tuple[NodeCheckpointing, ...],
+    expected_node: str | None,
+) -> None:
+    restorer, (store, creator) = _restorer(
+        [_full()], "2", record, others=others, abilities=abilities
+    )
+
+    restorer.run()
+
+    expected = [] if expected_node is None else [restored_pod(record, expected_node)]
+    assert expected == creator.created
+    expected_phase = Phase.IMAGED if expected_node is None else Phase.RESTORING
+    assert expected_phase == store.stored[record.uid].phase
+
+
+def test_two_restores_in_one_pass_never_count_on_the_same_room() -> None:
+    # node-2 has room for one 1-CPU pod; node-3 for one more.
+    first = _in_registry(_victim(), "low-a", "uid-a")
+    second = _in_registry(_victim(), "low-b", "uid-b")
+    third_node = make_node("node-3").allocatable(cpu="1", memory="8Gi").build()
+    abilities = (ABLE, ABLE_2, NodeCheckpointing("node-3", checkpoint=True, restore=True))
+    restorer, (_, creator) = _restorer(
+        [_full()], "2", first, second, others=(_other("1500m"), third_node), abilities=abilities
+    )
+
+    restorer.run()
+
+    assert [("low-a", OTHER), ("low-b", "node-3")] == [
+        (m["metadata"]["name"], m["spec"]["nodeName"]) for m in creator.created
+    ]
+
+
+def test_a_reservation_promising_the_other_nodes_room_keeps_it() -> None:
+    # A plan on node-1 promised node-2's 2 CPU to a victim's replacement.
+    promise = make_pod("grower").on(NODE).requests(cpu="1").started(1).admitted().build()
+    now = time.time()  # the restorer's clock
+    entry = LedgerEntry(
+        pod=promise.ref,
+        node=NODE,
+        review_uid="r-1",
+        resources=Resources(1000, 0),
+        desired=(("main", Resources(1000, 0)),),
+        victims=(),
+        admitted_at=now,
+        expires_at=now + 600,
+        moves=((OTHER, Resources(2000, 0)),),
+    )
+    record = _in_registry(_victim())
+    restorer, (_, creator) = _restorer(
+        [_full(), promise], "3", record, others=(_other(),), abilities=(ABLE, ABLE_2),
+        entries=(entry,),
+    )  # fmt: skip
+
+    restorer.run()
+
+    assert [] == creator.created
+
+
+def test_a_pod_restored_elsewhere_is_told_where() -> None:
+    record = replace(_in_registry(_victim()), phase=Phase.RESTORING)
+    running = (
+        make_pod("low")
+        .uid("uid-new")
+        .on(OTHER)
+        .annotate(RESTORED_FROM_ANNOTATION, record.name)
+        .phase("Running")
+        .build()
+    )
+    restorer, (store, _) = _restorer([running], "4", record, others=(_other(),))
+
+    restorer.run()
+
+    assert Phase.RESTORED == store.stored[record.uid].phase
+    assert [
+        ("Restored", f"Restored on node {OTHER} from {record.name}: the restored pod is Running")
+    ] == restorer.events.told  # type: ignore[union-attr]

@@ -239,8 +239,9 @@ def test_status_holds_a_deferred_resize_to_the_preemptor_policy(
 
 def _record(uid: str, phase: Phase, node: str = NODE) -> CheckpointRecord:
     pod = {"metadata": {"namespace": "team-b", "name": f"pod-{uid}", "uid": uid}, "spec": {}}
+    image = f"localhost/resize-preemption-checkpoint/team-b/pod-{uid}/main:{uid}"
     return CheckpointRecord(
-        uid, node, phase, pod, {"main": "/a.tar"}, sizes={"main": 4096},
+        uid, node, phase, pod, {"main": "/a.tar"}, {"main": image}, sizes={"main": 4096},
         checkpointed_at="2026-12-06T07:00:00Z",
     )  # fmt: skip
 
@@ -269,9 +270,87 @@ def test_checkpoints_waiting_for_room_are_listed_the_ended_ones_are_not() -> Non
         "checkpointedAt": "2026-12-06T07:00:00Z",
         "bytes": 4096,
         "record": "rpw-checkpoint-b",
+        "comesBackOn": {
+            "node": NODE,
+            "orAnyAbleNode": False,
+            "why": f"its images are in {NODE}'s runtime only",
+        },
     } == status_to_dict(status)["checkpoints"][1]
     text = status_text(status).split("checkpoints waiting for room:\n", 1)[1].splitlines()
-    assert ["POD", "NODE", "PHASE", "CHECKPOINTED", "RECORD"] == text[0].split()
-    assert ["team-b/pod-a", NODE, "archived", "2026-12-06T07:00:00Z", "rpw-checkpoint-a"] == (
-        text[1].split()
+    assert ["POD", "NODE", "PHASE", "CHECKPOINTED", "COMES", "BACK", "ON", "RECORD"] == (
+        text[0].split()
     )
+    assert [
+        "team-b/pod-a", NODE, "archived", "2026-12-06T07:00:00Z", NODE, "rpw-checkpoint-a"
+    ] == text[1].split()  # fmt: skip
+
+
+REGISTRY = {"main": "registry.example:5000/rpw/team-b/pod/main:0123456789ab"}
+
+
+def _restored(uid: str, node: str) -> dict[str, Any]:
+    """The pod the restorer created from record ``uid``, bound to ``node``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "namespace": "team-b",
+            "name": f"pod-{uid}",
+            "uid": f"new-{uid}",
+            "annotations": {"resize-preemption.io/restored-from": f"rpw-checkpoint-{uid}"},
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("record", "pods", "expected_where", "expected_json"),
+    [
+        pytest.param(
+            _record("a", Phase.IMAGED), [], NODE,
+            {"node": NODE, "orAnyAbleNode": False,
+             "why": f"its images are in {NODE}'s runtime only"},
+            id="local-images-its-node",
+        ),
+        pytest.param(
+            replace(_record("a", Phase.IMAGED), images=REGISTRY), [], f"{NODE} or any able node",
+            {"node": NODE, "orAnyAbleNode": True, "why": ""},
+            id="registry-images-any-able-node",
+        ),
+        pytest.param(
+            replace(_record("a", Phase.ARCHIVED), images={}), [], NODE,
+            {"node": NODE, "orAnyAbleNode": False, "why": "its images are not made yet"},
+            id="archived-not-imaged-yet",
+        ),
+        pytest.param(
+            replace(_record("a", Phase.IMAGED), images=REGISTRY, pod={
+                "metadata": {"namespace": "team-b", "name": "pod-a", "uid": "a"},
+                "spec": {"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "d"}}]},
+            }),
+            [], NODE,
+            {"node": NODE, "orAnyAbleNode": False,
+             "why": "its volumes cannot be judged on another node"},
+            id="registry-images-but-volumes",
+        ),
+        pytest.param(
+            replace(_record("a", Phase.RESTORING), images=REGISTRY), [_restored("a", OTHER_NODE)],
+            f"{OTHER_NODE} (restoring)",
+            {"node": OTHER_NODE, "orAnyAbleNode": False, "why": "its restored pod is bound there"},
+            id="restoring-on-the-other-node",
+        ),
+    ],
+)  # fmt: skip
+def test_status_says_where_a_checkpoint_may_come_back(
+    record: CheckpointRecord,
+    pods: list[dict[str, Any]],
+    expected_where: str,
+    expected_json: dict[str, Any],
+) -> None:
+    status = service_status(
+        load_snapshot([*objects(), *pods]), [], None, Config(), now=NOW, checkpoints=[record]
+    )
+
+    assert expected_json == status_to_dict(status)["checkpoints"][0]["comesBackOn"]
+    text = status_text(status).split("checkpoints waiting for room:\n", 1)[1].splitlines()
+    assert expected_where in text[1]

@@ -2,8 +2,9 @@
 
 A pod opts in with ``resize-preemption.io/on-preempt: checkpoint``. Such a victim is
 checkpointed through the kubelet's checkpoint API before it is evicted, and a pod of the
-same name is created again on the same node, from the checkpoint's images, once the room
-it held is free again (docs/checkpoint.md).
+same name is created again from the checkpoint's images once there is room for it: on its
+own node, or, when its images are in a registry, on another node able to restore it
+(:func:`comes_back_on`; docs/checkpoint.md).
 
 Two records connect the service and the node agent (one per node, root, beside the
 archives the kubelet writes), both plain string maps stored as ConfigMaps in the
@@ -27,12 +28,15 @@ import copy
 import datetime as dt
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
+from webhook.core.accounting import pod_requests
 from webhook.core.model import Pod
+from webhook.core.movable import Room, allows
+from webhook.core.resources import ZERO, Resources
 
 #: A pod's choice of what happens to it when preempted: ``checkpoint`` asks to be paused.
 ON_PREEMPT_ANNOTATION: Final = "resize-preemption.io/on-preempt"
@@ -47,7 +51,9 @@ CHECKPOINT_LABEL: Final = "resize-preemption.io/checkpoint"
 CAPABILITY_LABEL: Final = "resize-preemption.io/node-capability"
 NODE_LABEL: Final = "resize-preemption.io/node"
 PHASE_LABEL: Final = "resize-preemption.io/phase"
-#: Where checkpoint images are named: ``<repository>/<ns>/<pod>/<container>:<uid[:12]>``.
+#: Where checkpoint images kept in their node's runtime are named:
+#: ``<repository>/<ns>/<pod>/<container>:<uid[:12]>``. Any other reference is in a
+#: registry, which every node may pull from.
 IMAGE_REPOSITORY: Final = "localhost/resize-preemption-checkpoint"
 #: How long a restored pod may take to run before its record is ended anyway: its
 #: images are needed only until its containers were created.
@@ -181,6 +187,12 @@ class CheckpointRecord:
     def size(self) -> int:
         return sum(self.sizes.values())
 
+    @property
+    def portable(self) -> bool:
+        """Every image is in a registry: another node can pull them, so the pod may come
+        back there. A record without images (not imaged yet) is not."""
+        return bool(self.images) and not any(local_image(i) for i in self.images.values())
+
     def data(self) -> dict[str, str]:
         out = {
             "pod": json.dumps(self.pod, sort_keys=True, separators=(",", ":")),
@@ -235,6 +247,18 @@ def record_name(uid: str) -> str:
     return RECORD_PREFIX + uid
 
 
+def local_image(image: str) -> bool:
+    """Whether ``image`` is a checkpoint image its agent kept in its node's runtime, which
+    no other node has and no registry serves."""
+    return image.startswith(IMAGE_REPOSITORY + "/")
+
+
+def pull_policy(image: str) -> str:
+    """``Never`` for an image only its node's runtime holds (a pull would fail), else
+    ``IfNotPresent``: pulled from its registry unless the node has it already."""
+    return "Never" if local_image(image) else "IfNotPresent"
+
+
 #: Metadata of the checkpointed pod that its restored incarnation does not carry over:
 #: the API server sets them, or they name the old incarnation.
 _SERVER_FIELDS: Final = (
@@ -250,14 +274,18 @@ _SERVER_FIELDS: Final = (
 )
 
 
-def restored_pod(record: CheckpointRecord) -> dict[str, Any]:
-    """The pod to create again from ``record``: the same namespace, name, labels,
-    annotations (plus :data:`RESTORED_FROM_ANNOTATION`) and spec, bound to the same node,
-    each checkpointed container started from its checkpoint image.
+def restored_pod(record: CheckpointRecord, node: str) -> dict[str, Any]:
+    """The pod to create again from ``record`` on ``node``: the same namespace, name,
+    labels, annotations (plus :data:`RESTORED_FROM_ANNOTATION`) and spec, bound to
+    ``node``, each checkpointed container started from its checkpoint image
+    (:func:`pull_policy`). Raises ``ValueError`` for a node other than the record's when
+    the record is not :attr:`~CheckpointRecord.portable`: no other node has its images.
 
     containerd restores at container creation when the image is a checkpoint image; the
     image holds no command, so the container's own process arguments (read from the
     archive by the agent) become its ``command``."""
+    if node != record.node and not record.portable:
+        raise ValueError(f"{record.name} can come back on {record.node} only, not on {node}")
     pod = copy.deepcopy(dict(record.pod))
     meta = {k: v for k, v in pod.get("metadata", {}).items() if k not in _SERVER_FIELDS}
     meta["annotations"] = {
@@ -265,15 +293,108 @@ def restored_pod(record: CheckpointRecord) -> dict[str, Any]:
         RESTORED_FROM_ANNOTATION: record.name,
     }
     spec = dict(pod.get("spec", {}))
-    spec["nodeName"] = record.node
+    spec["nodeName"] = node
     containers = []
     for c in spec.get("containers", []):
         c = dict(c)
         if c.get("name") in record.images:
             c["image"] = record.images[c["name"]]
-            c["imagePullPolicy"] = "Never"
+            c["imagePullPolicy"] = pull_policy(c["image"])
             c["command"] = list(record.commands.get(c["name"], c.get("command", [])))
             c["args"] = []
         containers.append(c)
     spec["containers"] = containers
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+# -- where a checkpointed pod comes back ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    """Where a checkpointed pod comes back now: ``node``, or nowhere yet (``""``), and why."""
+
+    node: str
+    why: str
+
+
+def only_its_node(record: CheckpointRecord, pod: Pod) -> str:
+    """Why ``record``'s pod (``pod``, parsed from the record) may come back on its own
+    node only; empty when any node able to restore may take it."""
+    if not record.portable:
+        return f"its images are in {record.node}'s runtime only"
+    if pod.placement.unknown:
+        return f"its {pod.placement.unknown} cannot be judged on another node"
+    if _host_bound(record.pod.get("spec") or {}):
+        return "its host ports cannot be judged on another node"
+    return ""
+
+
+def _host_bound(spec: Mapping[str, Any]) -> bool:
+    """Whether the pod holds ports of its node's network, which another pod may hold on
+    another node (the kubelet then rejects it): the scheduler judges that, not we."""
+    if spec.get("hostNetwork"):
+        return True
+    containers = [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]
+    return any(
+        isinstance(port, Mapping) and port.get("hostPort")
+        for c in containers
+        if isinstance(c, Mapping)
+        for port in c.get("ports") or ()
+    )
+
+
+def _free(room: Room, taken: Mapping[str, Resources]) -> Resources:
+    return (room.free - taken.get(room.node, ZERO)).clamp()
+
+
+def comes_back_on(
+    record: CheckpointRecord,
+    pod: Pod,
+    home: Room | None,
+    rooms: Iterable[Room],
+    able: Collection[str],
+    taken: Mapping[str, Resources] | None = None,
+) -> Return:
+    """Where the checkpointed pod of ``record`` (``pod``, parsed from it) comes back now.
+
+    ``home`` is the room of its own node (``record.node``; ``None`` when that node takes
+    no pods), ``rooms`` those of other nodes, all from
+    :func:`~webhook.core.movable.room_on` (every pod, active reservations and what other
+    plans promised their victims' replacements counted); ``able`` the nodes whose agent
+    says they can checkpoint and restore (:attr:`NodeCheckpointing.able`); ``taken`` what
+    restores already decided in this pass hold on each node, beyond its room.
+
+    1. Its own node, whenever the pod's requests fit there: no other node is looked at.
+    2. Else, only when no :func:`only_its_node` reason holds (every image in a registry,
+       a placement judged from the node alone, no host ports): among ``rooms`` of nodes
+       other than its own, in ``able``, that its placement allows
+       (:func:`~webhook.core.movable.allows`: nodeSelector, required node affinity,
+       taints) and where its requests fit, the roomiest (most free CPU, then memory, then
+       the name), as kube-scheduler's default scoring spreads pods.
+    3. Else nowhere yet: ``Return("", why)``; the caller asks again on its next pass.
+
+    A portable pod does not wait for its own node first. Its node was full when it was
+    paused, and room there returns only when the resize that took it shrinks back or
+    another pod leaves, which may be never; every pass it waits is a pass its work does
+    not run, and an operator who configured a registry asked for it to come back
+    elsewhere. Its own node still wins whenever it has room in the same pass: nothing
+    moves, and its image may be there already."""
+    taken = taken or {}
+    needs = pod_requests(pod)
+    if home is not None and needs.fits_in(_free(home, taken)):
+        return Return(record.node, f"its node {record.node} has room")
+    refused = only_its_node(record, pod)
+    if refused:
+        return Return("", f"no room on {record.node} yet; {refused}")
+    fitting = [
+        (-free.cpu, -free.memory, room.node)
+        for room in rooms
+        if room.node != record.node and room.node in able and allows(pod.placement, room)
+        for free in (_free(room, taken),)
+        if needs.fits_in(free)
+    ]
+    if not fitting:
+        return Return("", f"no room on {record.node}, nor on another node able to restore")
+    node = min(fitting)[2]
+    return Return(node, f"no room on {record.node}; {node} has room and can restore")

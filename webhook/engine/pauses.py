@@ -12,7 +12,9 @@ Three pieces, each over ports the service wires to the cluster (:mod:`webhook.ku
   Warning event saying why: the opt-in never makes a resize fail or wait longer;
 * :class:`Restorer` walks the records on each worker pass and moves each one through its
   phases with :func:`step` - the one transition function - creating the pod again once
-  its node agent made images of the archives and its requests fit on the node.
+  its node agent made images of the archives and there is room for it: on its own node,
+  or, when its images are in a registry, on another node able to restore it
+  (:func:`~webhook.core.checkpoint.comes_back_on`).
 
 The node agent (``python -m webhook node-agent``) writes the phases ``imaged`` and
 ``failed``, and deletes archives, images and records of ended checkpoints.
@@ -27,7 +29,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
 
-from webhook.core.accounting import pod_requests
+from webhook.core.accounting import Reservation, pod_requests
 from webhook.core.checkpoint import (
     ON_PREEMPT_ANNOTATION,
     RESTORE_PATIENCE,
@@ -36,15 +38,16 @@ from webhook.core.checkpoint import (
     NodeCheckpointing,
     Pause,
     Phase,
+    comes_back_on,
     pause_of,
     remaining_grace,
     restored_pod,
     rfc3339,
 )
 from webhook.core.model import Pod, PodRef
-from webhook.core.movable import room_on
+from webhook.core.movable import Room, room_on
 from webhook.core.objects import parse_pod
-from webhook.core.resources import Resources
+from webhook.core.resources import ZERO, Resources
 from webhook.engine.ledger import ClusterView, EvictionResult, Ledger, VictimEvictor
 from webhook.engine.lifecycle import room_holders
 from webhook.engine.metrics import Metrics
@@ -59,13 +62,19 @@ IMAGING_PATIENCE = 600.0
 
 
 class CheckpointStore(Protocol):
-    """The records and the nodes' abilities; reads may lag writes by a second."""
+    """The records and the nodes' abilities. Records read back what this store wrote;
+    they may lag other writers by a second. Abilities may lag what an agent published by
+    a few seconds: reviews read them, and never wait on the API server for long."""
 
     def capability(self, node: str) -> NodeCheckpointing | None: ...
 
     def records(self) -> Sequence[CheckpointRecord]: ...
 
     def record(self, uid: str) -> CheckpointRecord | None: ...
+
+    def capabilities(self) -> Sequence[NodeCheckpointing]:
+        """Every node's abilities its agent published."""
+        ...
 
     def write(self, record: CheckpointRecord) -> bool:
         """Create or replace ``record``; ``False`` (logged) when the API refused it."""
@@ -198,7 +207,7 @@ class PausingEvictor:
                 victim,
                 preemptor,
                 f"Checkpointed on node {node} in {done.seconds:.2f}s before its preemption; "
-                f"{record.name} restores it there when room returns",
+                f"{record.name} restores it when room returns",
             )
         return remaining_grace(done.grace, done.seconds)
 
@@ -219,9 +228,10 @@ class Wait:
 
 @dataclass(frozen=True, slots=True)
 class Create:
-    """Create the pod again from its images."""
+    """Create the pod again from its images, on ``node``."""
 
     manifest: Mapping[str, Any]
+    node: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,13 +248,14 @@ Step = Wait | Create | Advance
 def step(
     record: CheckpointRecord,
     now_pod: Pod | None,
-    fits: Callable[[], bool],
+    where: Callable[[], str],
     age: float,
 ) -> Step:
     """The one transition of a checkpoint record, from what the cluster shows now:
-    ``now_pod`` is the pod of the record's namespace and name (any incarnation), ``fits``
-    whether the checkpointed pod's requests fit on its node now (read only when needed),
-    ``age`` seconds since the record's phase began.
+    ``now_pod`` is the pod of the record's namespace and name (any incarnation),
+    ``where`` the node the checkpointed pod comes back on now, ``""`` for none yet
+    (:func:`~webhook.core.checkpoint.comes_back_on`; read only when needed), ``age``
+    seconds since the record's phase began.
 
     archived -> abandoned (agent too slow); imaged -> restoring (created) or abandoned
     (the name is taken); restoring -> restored (it runs, or gave up waiting) or abandoned
@@ -261,7 +272,8 @@ def step(
             if now_pod.uid == record.uid:
                 return Wait()  # the victim is still on its way out
             return Advance(Phase.ABANDONED, f"another pod {record.key} exists")
-        return Create(restored_pod(record)) if fits() else Wait()
+        node = where()
+        return Create(restored_pod(record, node), node) if node else Wait()
     if record.phase is Phase.RESTORING:
         if not ours:
             return Advance(Phase.ABANDONED, "the restored pod was deleted")
@@ -295,62 +307,130 @@ class Restorer:
     def run(self) -> None:
         now = self.clock()
         seen = set()
+        rooms = _PassRooms(self.cluster, self.ledger, self.store, now)
         for record in self.store.records():
             key = (record.uid, record.phase)
             seen.add(key)
             since = self._since.setdefault(key, now)
             pod = self.cluster.pod(record.namespace, record.pod_name)
-            action = step(record, pod, partial(self._fits, record, now), now - since)
-            self._carry_out(record, action, now - since)
+            action = step(record, pod, partial(rooms.where, record), now - since)
+            if self._carry_out(record, action, now - since, pod):
+                assert isinstance(action, Create)
+                rooms.take(action.node, _asks(record) or ZERO)
         self._since = {k: v for k, v in self._since.items() if k in seen}
 
-    def _fits(self, record: CheckpointRecord, now: float) -> bool:
-        """Whether the checkpointed pod's requests fit on its node now, counted as a new
-        pod there is (every pod, active reservations included)."""
-        node = self.cluster.node(record.node)
-        asks = _asks(record)
-        if node is None or asks is None:
-            return False
-        pods = self.cluster.pods_on(record.node)
-        holders = room_holders(self.ledger.entries(record.node), pods, now)
-        room = room_on(node, pods, [e.reservation() for e in holders], now)
-        return room is not None and asks.fits_in(room.free)
-
-    def _carry_out(self, record: CheckpointRecord, action: Step, age: float) -> None:
+    def _carry_out(
+        self, record: CheckpointRecord, action: Step, age: float, pod: Pod | None
+    ) -> bool:
+        """Carries ``action`` out; whether it created a pod."""
         if isinstance(action, Create):
             why = self.creator.create(action.manifest)
             if why:
-                log.warning("could not restore %s: %s", record.key, why)
-                return
-            log.info("restoring %s on %s from %s", record.key, record.node, record.name)
+                log.warning("could not restore %s on %s: %s", record.key, action.node, why)
+                return False
+            log.info(
+                "restoring %s on %s from %s (checkpointed on %s)",
+                *(record.key, action.node, record.name, record.node),
+            )
             self._write(replace(record, phase=Phase.RESTORING, message=""))
-        elif isinstance(action, Advance):
+            return True
+        if isinstance(action, Advance):
             self._write(replace(record, phase=action.phase, message=action.message))
-            self._tell(record, action, age)
+            self._tell(record, action, age, pod)
+        return False
 
     def _write(self, record: CheckpointRecord) -> None:
         if not self.store.write(record):
             log.warning("could not write %s in phase %s", record.name, record.phase)
 
-    def _tell(self, record: CheckpointRecord, action: Advance, age: float) -> None:
+    def _tell(self, record: CheckpointRecord, action: Advance, age: float, pod: Pod | None) -> None:
         if action.phase is Phase.RESTORED:
             self.metrics.checkpoints.labels("restored").inc()
             self.metrics.restore_seconds.observe(age)
             if record.size:
                 self.metrics.checkpoint_bytes.observe(record.size)
             ref = PodRef(record.namespace, record.pod_name)
+            node = pod.node if pod is not None and pod.node else record.node
+            log.info("restored %s on %s from %s: %s", record.key, node, record.name, action.message)
             if self.events is not None:
                 self.events.restored(
-                    ref, f"Restored on node {record.node} from {record.name}: {action.message}"
+                    ref, f"Restored on node {node} from {record.name}: {action.message}"
                 )
         elif action.phase is Phase.ABANDONED:
             self.metrics.checkpoints.labels("abandoned").inc()
             log.warning("not restoring %s: %s", record.key, action.message)
 
 
-def _asks(record: CheckpointRecord) -> Resources | None:
-    """What the checkpointed pod asks of its node, from its stored spec."""
+class _PassRooms:
+    """The rooms one restorer pass reads, each node's at most once, and what the pass's
+    restores took of them (the cluster view shows a created pod only a moment later)."""
+
+    def __init__(
+        self, cluster: ClusterView, ledger: Ledger, store: CheckpointStore, now: float
+    ) -> None:
+        self.cluster, self.ledger, self.store, self.now = cluster, ledger, store, now
+        self.taken: dict[str, Resources] = {}
+        self._rooms: dict[str, Room | None] = {}
+        self._reservations: list[Reservation] | None = None
+        self._able: frozenset[str] | None = None
+
+    def take(self, node: str, asks: Resources) -> None:
+        self.taken[node] = self.taken.get(node, ZERO) + asks
+
+    def where(self, record: CheckpointRecord) -> str:
+        """The node ``record``'s pod comes back on now; ``""`` for none yet."""
+        stored = _stored(record)
+        if stored is None:
+            return ""
+        if self._able is None:
+            self._able = frozenset(a.node for a in self.store.capabilities() if a.able)
+        others = (self.room(n) for n in sorted(self._able) if n != record.node)
+        back = comes_back_on(
+            record,
+            stored,
+            self.room(record.node),
+            (r for r in others if r is not None),
+            self._able,
+            self.taken,
+        )
+        log.debug("%s comes back on %s: %s", record.key, back.node or "no node yet", back.why)
+        return back.node
+
+    def room(self, node: str) -> Room | None:
+        """``node``'s room now, counted as for a new pod there: every pod, the room
+        active reservations hold and what plans promised there to their victims'
+        replacements."""
+        if node not in self._rooms:
+            found = self.cluster.node(node)
+            self._rooms[node] = None
+            if found is not None:
+                pods = self.cluster.pods_on(node)
+                self._rooms[node] = room_on(found, pods, self.reservations(), self.now)
+        return self._rooms[node]
+
+    def reservations(self) -> list[Reservation]:
+        """Every ledger entry holding room, on any node (its promises elsewhere too)."""
+        if self._reservations is None:
+            by_node: dict[str, list[Any]] = {}
+            for entry in self.ledger.all_entries():
+                by_node.setdefault(entry.node, []).append(entry)
+            self._reservations = [
+                e.reservation()
+                for node, entries in by_node.items()
+                for e in room_holders(entries, self.cluster.pods_on(node), self.now)
+            ]
+        return self._reservations
+
+
+def _stored(record: CheckpointRecord) -> Pod | None:
+    """The checkpointed pod as its record keeps it; ``None`` when it does not parse."""
     try:
-        return pod_requests(parse_pod(dict(record.pod)))
+        return parse_pod(dict(record.pod))
     except ValueError:
         return None
+
+
+def _asks(record: CheckpointRecord) -> Resources | None:
+    """What the checkpointed pod asks of its node, from its stored spec."""
+    stored = _stored(record)
+    return None if stored is None else pod_requests(stored)

@@ -15,9 +15,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from webhook.core.checkpoint import CheckpointRecord
+from webhook.core.checkpoint import (
+    RESTORED_FROM_ANNOTATION,
+    CheckpointRecord,
+    Phase,
+    only_its_node,
+)
 from webhook.core.lending import Loan, loan_state
 from webhook.core.model import Pod, PodRef
+from webhook.core.objects import parse_pod
 from webhook.core.plan import Plan
 from webhook.core.resources import format_amount
 from webhook.core.snapshot import Snapshot
@@ -93,13 +99,46 @@ class Waiting:
 
 
 @dataclass(frozen=True, slots=True)
+class Paused:
+    """A checkpointed victim still to come back, and where it may: ``node`` (its own,
+    or the one its restored pod is bound to while ``restoring``), or, when
+    ``elsewhere``, any other node able to restore it; ``why`` says why not elsewhere."""
+
+    record: CheckpointRecord
+    node: str
+    elsewhere: bool
+    why: str
+
+    @property
+    def where(self) -> str:
+        if self.record.phase is Phase.RESTORING:
+            return f"{self.node} (restoring)"
+        return f"{self.node} or any able node" if self.elsewhere else self.node
+
+
+def paused(record: CheckpointRecord, now_pod: Pod | None) -> Paused:
+    """Where ``record``'s pod may come back, as the restorer would judge it
+    (:func:`~webhook.core.checkpoint.comes_back_on`); ``now_pod``: the pod of its name."""
+    ours = now_pod is not None and now_pod.annotations.get(RESTORED_FROM_ANNOTATION) == record.name
+    if ours and now_pod is not None and now_pod.node:
+        return Paused(record, now_pod.node, False, "its restored pod is bound there")
+    try:
+        why = only_its_node(record, parse_pod(dict(record.pod)))
+    except ValueError:
+        why = "its stored pod does not parse"
+    if not record.images:
+        why = "its images are not made yet"
+    return Paused(record, record.node, not why, why)
+
+
+@dataclass(frozen=True, slots=True)
 class ServiceStatus:
     now: float
     leader: Leader | None
     nodes: tuple[NodeStatus, ...]
     deferred: tuple[Waiting, ...]
     #: Checkpointed victims still to come back (phases archived, imaged, restoring).
-    checkpoints: tuple[CheckpointRecord, ...] = ()
+    checkpoints: tuple[Paused, ...] = ()
 
 
 def service_status(
@@ -147,7 +186,11 @@ def service_status(
         waited = None if pod.resize_pending_since is None else now - pod.resize_pending_since
         live = room_holders(ledger.entries(pod.node), view.pods_on(pod.node), now)
         deferred.append(_waiting(pod, waited, reason, outcome.plan if outcome else None, live))
-    waiting = tuple(r for r in checkpoints if r.phase.waiting and (node is None or r.node == node))
+    waiting = tuple(
+        paused(r, view.pod(r.namespace, r.pod_name))
+        for r in checkpoints
+        if r.phase.waiting and (node is None or r.node == node)
+    )
     return ServiceStatus(now, leader, tuple(nodes), tuple(deferred), waiting)
 
 
@@ -248,14 +291,15 @@ def status_to_dict(status: ServiceStatus) -> dict[str, Any]:
         ],
         "checkpoints": [
             {
-                "pod": r.key,
-                "node": r.node,
-                "phase": r.phase.value,
-                "checkpointedAt": r.checkpointed_at,
-                "bytes": r.size,
-                "record": r.name,
+                "pod": p.record.key,
+                "node": p.record.node,
+                "phase": p.record.phase.value,
+                "checkpointedAt": p.record.checkpointed_at,
+                "bytes": p.record.size,
+                "record": p.record.name,
+                "comesBackOn": {"node": p.node, "orAnyAbleNode": p.elsewhere, "why": p.why},
             }
-            for r in status.checkpoints
+            for p in status.checkpoints
         ],
     }
 
@@ -320,16 +364,19 @@ def status_text(status: ServiceStatus) -> str:
     ]
     lines += ["", "deferred resizes:"]
     lines += _table(("POD", "NODE", "WAITING", "REASON", "WHY"), deferred)
-    paused = [
-        (r.key, r.node, r.phase.value, r.checkpointed_at or "-", r.name) for r in status.checkpoints
+    waiting = [
+        (r.key, r.node, r.phase.value, r.checkpointed_at or "-", p.where, r.name)
+        for p in status.checkpoints
+        for r in (p.record,)
     ]
     lines += ["", "checkpoints waiting for room:"]
-    lines += _table(("POD", "NODE", "PHASE", "CHECKPOINTED", "RECORD"), paused)
+    lines += _table(("POD", "NODE", "PHASE", "CHECKPOINTED", "COMES BACK ON", "RECORD"), waiting)
     return "\n".join(lines)
 
 
 __all__ = [
     "Leader",
+    "Paused",
     "ServiceStatus",
     "Waiting",
     "service_status",

@@ -9,7 +9,8 @@ abilities (ConfigMaps in the service's namespace), and creating a pod again.
 * :class:`ConfigMapCheckpoints` reads and writes the records
   (:class:`~webhook.core.checkpoint.CheckpointRecord`) and the abilities the node
   agents publish (:class:`~webhook.core.checkpoint.NodeCheckpointing`), one list of the
-  namespace's labelled ConfigMaps per second at most.
+  namespace's labelled ConfigMaps per second at most. Reviews read abilities only, from
+  what the last list left, and never wait on the API server for long.
 * :class:`PodCreator` creates the restored pod.
 
 None of them raises: failures are answers (a message), logged by the caller.
@@ -161,8 +162,32 @@ def _as_stored(pod: Mapping[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod.get("spec") or {}}
 
 
+#: The most a read of abilities waits for a list in flight, and only when what it holds is
+#: older than :data:`MAX_STALE` (or nothing): a review reads them, and fails open when slow.
+ABILITY_WAIT: Final = 0.25
+#: Abilities older than this are waited for (:data:`ABILITY_WAIT` at most) rather than
+#: answered at once: the agents publish every 5 minutes, a read this old may miss a node.
+MAX_STALE: Final = 60.0
+
+
 class ConfigMapCheckpoints:
-    """The :class:`~webhook.engine.pauses.CheckpointStore` of ConfigMaps in ``namespace``."""
+    """The :class:`~webhook.engine.pauses.CheckpointStore` of ConfigMaps in ``namespace``.
+
+    Two kinds of read, on one list of the namespace's labelled ConfigMaps kept at most
+    ``max_age`` seconds:
+
+    * records (:meth:`records`, :meth:`record`): the leader's worker only. Older than
+      ``max_age``, they are listed again before the answer, so that a record the worker
+      just wrote is read back (a write forgets the list);
+    * abilities (:meth:`capability`, :meth:`capabilities`): read by every review that
+      plans an opted-in candidate. They answer at once from the last list; older than
+      ``max_age``, a list starts in a thread of its own, one at a time, and the next read
+      has it. Only when the last list is older than :data:`MAX_STALE`, or there is none
+      yet, does a read wait for it, :data:`ABILITY_WAIT` at most. On the leader, its
+      worker's pass lists every second, so its reviews read a list under a second old.
+
+    A list that fails is logged, keeps the last one, and is tried again ``max_age``
+    later."""
 
     def __init__(
         self,
@@ -171,33 +196,91 @@ class ConfigMapCheckpoints:
         *,
         max_age: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        lister: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         self._api, self.namespace = api_client, namespace
         self._max_age, self._clock = max_age, clock
+        self._lister = lister or (lambda: list_items(self._api, self.namespace))
         self._lock = threading.Lock()
+        #: When the list held now was taken; forgotten by a write (records are read again).
         self._read_at = float("-inf")
+        #: When the list held now was taken, whatever was written since (abilities).
+        self._listed_at = float("-inf")
+        self._tried_at = float("-inf")  # when the last list was started
         self._items: list[dict[str, Any]] = []
+        #: Writes so far: a list started before a write does not count as fresh after it.
+        self._writes = 0
+        #: Set while no list is in flight; a waiting read waits on it.
+        self._idle = threading.Event()
+        self._idle.set()
 
-    def _list(self) -> list[dict[str, Any]]:
+    def _start_list(self) -> int | None:
+        """Claims the one list in flight: the writes it will have seen; ``None`` when
+        another list holds the claim. Under the lock."""
+        if not self._idle.is_set():
+            return None
+        self._idle.clear()
+        self._tried_at = self._clock()
+        return self._writes
+
+    def _run_list(self, writes: int) -> None:
+        """Lists, keeps the answer, and releases the claim."""
+        started = self._clock()
+        try:
+            items: list[dict[str, Any]] | None = self._lister()
+        except ClusterError as e:
+            log.warning("could not read checkpoint records: %s", e)
+            items = None
+        except Exception:  # the thread's last word: never leave the claim held
+            log.exception("reading checkpoint records failed")
+            items = None
         with self._lock:
-            if self._clock() - self._read_at <= self._max_age:
-                return self._items
-            try:
-                self._items = list_items(self._api, self.namespace)
-            except ClusterError as e:
-                log.warning("could not read checkpoint records: %s", e)
-                return self._items
-            self._read_at = self._clock()
+            if items is not None:
+                self._items, self._listed_at = items, started
+                self._read_at = started if writes == self._writes else float("-inf")
+            self._idle.set()
+
+    def _fresh(self) -> list[dict[str, Any]]:
+        """The ConfigMaps, listed again first when older than ``max_age`` or than the
+        last write."""
+        for _ in range(2):
+            with self._lock:
+                if self._clock() - self._read_at <= self._max_age:
+                    return self._items
+                writes = self._start_list()
+            if writes is not None:
+                self._run_list(writes)
+                break
+            self._idle.wait(10.0)  # a review's list is in flight: its answer may do
+        with self._lock:
             return self._items
 
+    def _cached(self) -> list[dict[str, Any]]:
+        """The ConfigMaps of the last list; see the class for when it waits."""
+        with self._lock:
+            now = self._clock()
+            age = now - self._listed_at
+            if age > self._max_age and now - self._tried_at > self._max_age:
+                writes = self._start_list()
+                if writes is not None:
+                    threading.Thread(
+                        target=self._run_list, args=(writes,), name="checkpoint-list", daemon=True
+                    ).start()
+            items = self._items
+        if age > MAX_STALE:
+            self._idle.wait(ABILITY_WAIT)
+            with self._lock:
+                items = self._items
+        return items
+
     def capability(self, node: str) -> NodeCheckpointing | None:
-        return next((a for a in abilities_in(self._list()) if a.node == node), None)
+        return next((a for a in abilities_in(self._cached()) if a.node == node), None)
 
     def capabilities(self) -> list[NodeCheckpointing]:
-        return abilities_in(self._list())
+        return abilities_in(self._cached())
 
     def records(self) -> Sequence[CheckpointRecord]:
-        return records_in(self._list())
+        return records_in(self._fresh())
 
     def record(self, uid: str) -> CheckpointRecord | None:
         return next((r for r in self.records() if r.uid == uid), None)
@@ -229,6 +312,7 @@ class ConfigMapCheckpoints:
         finally:
             with self._lock:
                 self._read_at = float("-inf")
+                self._writes += 1
         return True
 
 
