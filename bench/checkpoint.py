@@ -38,8 +38,8 @@ from harness.processes import install_signal_handlers
 from harness.realcluster import RealCluster, RealClusterOptions
 from harness.realnode import NODE_IP, NODE_NAME, check_machine, ensure_images, ensure_node_stack
 from webhook.agent.oci import process_args, write_image_layout
-from webhook.agent.records import image_reference
 from webhook.agent.runtime import Containerd
+from webhook.core.checkpoint import image_reference
 from webhook.core.resources import memory_bytes
 
 RESULTS = REPO_ROOT / "bench" / "results" / "checkpoint.json"

@@ -10,13 +10,21 @@ implementation against the real API server.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from webhook.core.checkpoint import CheckpointRecord, NodeCheckpointing
+from webhook.core.checkpoint import (
+    RECORD_OPTIONAL_KEYS,
+    CheckpointRecord,
+    NodeCheckpointing,
+    capability_name,
+    record_name,
+)
 from webhook.core.lending import Loan, LoanRecord, lender_step, loan_key, records, records_text
 from webhook.core.model import (
     LOANS_ANNOTATION,
@@ -422,7 +430,10 @@ __all__ = [
 
 
 class MemoryCheckpoints:
-    """A :class:`~webhook.engine.pauses.CheckpointStore` in memory."""
+    """The checkpoint store in memory, both sides of it: the service's
+    (:class:`~webhook.engine.pauses.CheckpointStore`) and a node agent's
+    (:class:`~webhook.agent.records.CheckpointStore`). Every write gives the record a new
+    version, as the API server gives a ConfigMap a new resourceVersion."""
 
     def __init__(
         self,
@@ -430,11 +441,15 @@ class MemoryCheckpoints:
         records: Sequence[CheckpointRecord] = (),
     ) -> None:
         self.abilities = {a.node: a for a in abilities}
-        self.stored = {r.uid: r for r in records}
+        self._versions = itertools.count(1)
+        self.stored = {r.uid: self._stamp(r) for r in records}
         self.writes: list[CheckpointRecord] = []
         self.refuse_writes = False
 
-    def publish(self, ability: NodeCheckpointing) -> None:
+    def _stamp(self, record: CheckpointRecord) -> CheckpointRecord:
+        return replace(record, version=str(next(self._versions)))
+
+    def publish(self, ability: NodeCheckpointing, now: float = 0.0) -> None:
         """What a node agent does: its node's abilities, read by the next call."""
         self.abilities[ability.node] = ability
 
@@ -453,9 +468,64 @@ class MemoryCheckpoints:
     def write(self, record: CheckpointRecord) -> bool:
         if self.refuse_writes:
             return False
-        self.stored[record.uid] = record
+        self.stored[record.uid] = self._stamp(record)
         self.writes.append(record)
         return True
+
+
+class ConfigMapsInMemory:
+    """A node agent's :class:`~webhook.agent.records.CheckpointStore` over ConfigMap data
+    kept in memory, as the API server keeps it: each record's ``data`` map by name, its
+    node and a version that every update changes; the abilities as published ``data``.
+    ``stale`` names records an update finds changed meanwhile; a record put in ``items``
+    directly is ``node``'s."""
+
+    def __init__(
+        self, items: Mapping[str, Mapping[str, str]] | None = None, node: str = "node-1"
+    ) -> None:
+        self.node = node
+        self.items = {name: dict(data) for name, data in (items or {}).items()}
+        self.nodes: dict[str, str] = {}
+        self._versions = itertools.count(1)
+        self.versions = {name: str(next(self._versions)) for name in self.items}
+        self.capabilities: dict[str, dict[str, str]] = {}
+        self.stale: set[str] = set()
+
+    def put(self, record: CheckpointRecord) -> None:
+        """What the service does: writes ``record`` (a new version)."""
+        self.items[record.name] = record.data()
+        self.nodes[record.name] = record.node
+        self.versions[record.name] = str(next(self._versions))
+
+    def records_on(self, node: str) -> list[CheckpointRecord]:
+        found = []
+        for name in sorted(self.items):
+            if self.nodes.get(name, self.node) != node:
+                continue
+            uid = name.removeprefix(record_name(""))
+            version = self.versions.get(name, "")
+            with contextlib.suppress(ValueError):  # as the API server's store, left out
+                found.append(CheckpointRecord.from_data(uid, node, self.items[name], version))
+        return found
+
+    def update(self, record: CheckpointRecord) -> bool:
+        name = record.name
+        if name not in self.items or name in self.stale:
+            return False
+        if record.version and record.version != self.versions.get(name):
+            return False
+        kept = {k: v for k, v in self.items[name].items() if k not in RECORD_OPTIONAL_KEYS}
+        self.items[name] = {**kept, **record.data()}
+        self.nodes[name] = record.node
+        self.versions[name] = str(next(self._versions))
+        return True
+
+    def delete(self, name: str) -> None:
+        for held in (self.items, self.nodes, self.versions):
+            held.pop(name, None)
+
+    def publish(self, ability: NodeCheckpointing, now: float) -> None:
+        self.capabilities[capability_name(ability.node)] = ability.data(now)
 
 
 @dataclass

@@ -12,11 +12,17 @@ Every test runs on :class:`harness.doubles.MemoryCheckpoints` ("memory") and on
   of docs/checkpoint.md; the double's ``publish``), within a few seconds (a review reads
   the last list and never waits for the next), and tell records from abilities.
 
+The node agent's side of the same store (:class:`harness.doubles.ConfigMapsInMemory`,
+"agent-memory", and ``ConfigMapCheckpoints``, "agent-configmaps") lists its node's records
+only, each as written with a version; updates a record only as it was read (a second
+update from the same read finds it changed, an update of a deleted record finds it gone);
+deletes (twice is fine); and publishes abilities the service reads back.
+
 The pod creator (:class:`harness.doubles.FakeCreator` over a cluster view, and
 :class:`webhook.kube.checkpoints.PodCreator`) creates a pod once, says a second pod of
 that name exists, and that a namespace that does not exist is gone.
 
-``-k memory`` runs the in-memory half without a control plane.
+``-k memory`` runs the in-memory halves without a control plane.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from typing import Any
 
 import pytest
 
-from harness.doubles import FakeCreator, MemoryCheckpoints
+from harness.doubles import ConfigMapsInMemory, FakeCreator, MemoryCheckpoints
+from webhook.agent.records import CheckpointStore as AgentStore
 from webhook.core.checkpoint import CheckpointRecord, NodeCheckpointing, Phase
 from webhook.core.model import Namespace
 from webhook.engine.memory import FixedClusterView
@@ -46,36 +53,13 @@ class Store:
 def _configmaps(cluster: Any, namespace: str) -> Iterator[Store]:
     from webhook.kube.checkpoints import ConfigMapCheckpoints
     from webhook.kube.client import make_api_client
-    from webhook.kube.jsonapi import request_json
 
     api = make_api_client(str(cluster.kubeconfig))
-
-    def publish(ability: NodeCheckpointing) -> None:
-        # What a node agent writes (docs/checkpoint.md, "Node abilities").
-        body = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": f"rpw-node-{ability.node}",
-                "labels": {
-                    "app.kubernetes.io/managed-by": "resize-preemption-webhook",
-                    "resize-preemption.io/node-capability": "true",
-                    "resize-preemption.io/node": ability.node,
-                },
-            },
-            "data": {
-                "checkpoint": str(ability.checkpoint).lower(),
-                "restore": str(ability.restore).lower(),
-                "criu": ability.criu,
-                "runtime": ability.runtime,
-                "message": ability.message,
-                "updatedAt": "2026-12-06T07:00:00Z",
-            },
-        }
-        request_json(api, "POST", f"/api/v1/namespaces/{namespace}/configmaps", body=body)
-
     # max_age 0: each read is a list, as a reader a second later sees it.
-    yield Store(ConfigMapCheckpoints(api, namespace, max_age=0.0), publish)
+    store = ConfigMapCheckpoints(api, namespace, max_age=0.0)
+    # What a node agent writes (docs/checkpoint.md, "Node abilities"), by its own store.
+    agent = ConfigMapCheckpoints(api, namespace)
+    yield Store(store, lambda ability: agent.publish(ability, time.time()))
     api.close()  # type: ignore[no-untyped-call]
 
 
@@ -181,6 +165,99 @@ def _eventually(read: Callable[[], Any], expected: Any, timeout: float = 5.0) ->
         time.sleep(0.05)
         found = read()
     return found
+
+
+# -- the pod creator --------------------------------------------------------------------------
+
+
+# -- the node agent's side ---------------------------------------------------------------------
+
+
+@dataclass
+class AgentSide:
+    store: AgentStore
+    #: What the service does: writes a record, as the agent will read it.
+    seed: Callable[[CheckpointRecord], None]
+    #: What the service reads of a node's published abilities (``None``: nothing yet).
+    ability: Callable[[str], NodeCheckpointing | None]
+
+
+def _agent_configmaps(cluster: Any, namespace: str) -> Iterator[AgentSide]:
+    from webhook.kube.checkpoints import ConfigMapCheckpoints
+    from webhook.kube.client import make_api_client
+
+    api = make_api_client(str(cluster.kubeconfig))
+    service = ConfigMapCheckpoints(api, namespace, max_age=0.0)
+
+    def seed(record: CheckpointRecord) -> None:
+        assert service.write(record)
+
+    yield AgentSide(ConfigMapCheckpoints(api, namespace), seed, service.capability)
+    api.close()  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("agent-memory"),
+        pytest.param("agent-configmaps", marks=pytest.mark.e2e),
+    ],
+)
+def agent(request: pytest.FixtureRequest) -> Iterator[AgentSide]:
+    if request.param == "agent-memory":
+        memory = ConfigMapsInMemory()
+
+        def ability(node: str) -> NodeCheckpointing | None:
+            data = memory.capabilities.get(f"rpw-node-{node}")
+            return None if data is None else NodeCheckpointing.from_data(node, data)
+
+        yield AgentSide(memory, memory.put, ability)
+        return
+    cluster, namespace = request.getfixturevalue("cluster"), request.getfixturevalue("namespace")
+    yield from _agent_configmaps(cluster, namespace)
+
+
+def test_the_agent_lists_its_nodes_records_as_written(agent: AgentSide) -> None:
+    mine, other = _record("u-1"), _record("u-2", node="node-2")
+    agent.seed(mine)
+    agent.seed(other)
+    listed = agent.store.records_on(NODE)
+    assert [mine] == listed
+    assert "" != listed[0].version
+    assert [] == agent.store.records_on("node-3")
+
+
+def test_the_agent_updates_a_record_only_as_it_was_read(agent: AgentSide) -> None:
+    agent.seed(_record())
+    (read,) = agent.store.records_on(NODE)
+    imaged = replace(read, **IMAGED, imaged_at="2026-12-06T07:01:04Z")
+    assert True is agent.store.update(imaged)
+    assert [imaged] == agent.store.records_on(NODE)
+    failed = replace(read, phase=Phase.FAILED, message="x", failed_at="2026-12-06T07:01:05Z")
+    assert False is agent.store.update(failed)  # changed since it was read
+    assert [imaged] == agent.store.records_on(NODE)
+    (again,) = agent.store.records_on(NODE)
+    abandoned = replace(again, phase=Phase.ABANDONED, images={}, commands={}, sizes={})
+    assert True is agent.store.update(abandoned)
+    assert [abandoned] == agent.store.records_on(NODE)
+
+
+def test_the_agent_deletes_a_record_and_then_cannot_update_it(agent: AgentSide) -> None:
+    agent.seed(_record())
+    (read,) = agent.store.records_on(NODE)
+    agent.store.delete(read.name)
+    agent.store.delete(read.name)  # gone already is fine
+    assert [] == agent.store.records_on(NODE)
+    assert False is agent.store.update(replace(read, phase=Phase.RESTORED))
+    assert [] == agent.store.records_on(NODE)
+
+
+def test_the_service_reads_what_the_agent_published(agent: AgentSide) -> None:
+    ability = NodeCheckpointing(NODE, True, False, "4.1.1", "containerd v2.3.7", "no restore")
+    agent.store.publish(ability, 1_800_000_000.0)
+    assert ability == _eventually(lambda: agent.ability(NODE), ability)
+    agent.store.publish(replace(ability, restore=True, message=""), 1_800_000_300.0)
+    able = replace(ability, restore=True, message="")
+    assert able == _eventually(lambda: agent.ability(NODE), able)
 
 
 # -- the pod creator --------------------------------------------------------------------------

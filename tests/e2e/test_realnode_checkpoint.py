@@ -31,8 +31,12 @@ from harness.realcluster import RealCluster
 from harness.realnode import NODE_IP, NODE_NAME
 from tests.e2e.conftest import Waiter
 from tests.e2e.service_support import account_kubeconfig
-from webhook.agent.records import image_reference, record_labels
-from webhook.core.checkpoint import RESTORED_FROM_ANNOTATION
+from webhook.core.checkpoint import (
+    RESTORED_FROM_ANNOTATION,
+    Phase,
+    image_reference,
+    record_labels,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 #: Counts in a shell variable (process memory, not a file) and writes the count each second.
@@ -125,7 +129,7 @@ def write_record(cluster: RealCluster, namespace: str, pod: dict[str, Any], arch
     cluster.client.create(
         f"/api/v1/namespaces/{namespace}/configmaps",
         {
-            "metadata": {"name": name, "labels": record_labels(NODE_NAME, "archived")},
+            "metadata": {"name": name, "labels": record_labels(NODE_NAME, Phase.ARCHIVED)},
             "data": {
                 "pod": json.dumps({"metadata": pod["metadata"], "spec": pod["spec"]}),
                 "archives": json.dumps({CONTAINER: archive}),
@@ -198,7 +202,7 @@ def pause_and_resume(
     if create is None:
         client.patch(
             record_path,
-            {"metadata": {"labels": record_labels(NODE_NAME, "restored")},
+            {"metadata": {"labels": record_labels(NODE_NAME, Phase.RESTORED)},
              "data": {"phase": "restored"}},
         )  # fmt: skip
     # else the chart's service runs with checkpoints on: it takes the pod made from the

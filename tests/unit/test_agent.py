@@ -6,21 +6,15 @@ import json
 import os
 import shlex
 import tarfile
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from harness.doubles import ConfigMapsInMemory
 from tests.unit.test_agent_oci import make_archive, spec
 from webhook.agent.loop import LAYOUT_PREFIX, Agent, AgentConfig
 from webhook.agent.oci import CHECKPOINT_ANNOTATION
-from webhook.agent.records import (
-    Record,
-    StaleRecord,
-    capability_name,
-    image_reference,
-)
 from webhook.agent.runtime import (
     CriuFacts,
     RuntimeFacts,
@@ -29,7 +23,7 @@ from webhook.agent.runtime import (
     restore_enabled,
 )
 from webhook.agent.settings import load_agent_settings
-from webhook.core.checkpoint import rfc3339
+from webhook.core.checkpoint import image_reference, rfc3339
 from webhook.core.errors import InputError
 
 NODE = "node-1"
@@ -37,25 +31,7 @@ NOW = 1_800_000_000.0
 UID = "0f3c2a9e-1b2c-4d5e-8f90-123456789abc"
 
 
-@dataclass
-class Store:
-    items: dict[str, dict[str, str]] = field(default_factory=dict)
-    capabilities: dict[str, dict[str, str]] = field(default_factory=dict)
-    stale: set[str] = field(default_factory=set)
-
-    def records(self, node: str) -> list[Record]:
-        return [Record(n, dict(d), version="1") for n, d in sorted(self.items.items())]
-
-    def update(self, record: Record, data: Mapping[str, str], node: str) -> None:
-        if record.name in self.stale or record.name not in self.items:
-            raise StaleRecord(record.name)
-        self.items[record.name].update(data)
-
-    def delete(self, name: str) -> None:
-        self.items.pop(name, None)
-
-    def publish(self, node: str, data: Mapping[str, str]) -> None:
-        self.capabilities[capability_name(node)] = dict(data)
+Store = ConfigMapsInMemory
 
 
 @dataclass
@@ -190,7 +166,8 @@ def test_a_failed_import_removes_what_was_imported_and_says_why(tmp_path: Path) 
 
 def test_a_record_changed_meanwhile_is_not_overwritten_and_its_images_go(tmp_path: Path) -> None:
     name, data = record(tmp_path)
-    store, runtime = Store({name: data}, stale={name}), Runtime()
+    store, runtime = Store({name: data}), Runtime()
+    store.stale.add(name)
     make_agent(tmp_path, store, runtime, Clock()).step()
     assert ("archived", set()) == (store.items[name]["phase"], runtime.images)
     assert 1 == len(list(tmp_path.glob("checkpoint-*.tar")))

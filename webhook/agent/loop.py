@@ -20,25 +20,25 @@ A pass:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from webhook.agent.oci import ArchiveError, process_args, write_image_layout
-from webhook.agent.records import (
-    Capability,
-    CheckpointStore,
-    Record,
-    StaleRecord,
-    image_reference,
-    one_line,
-    parse_rfc3339,
-)
+from webhook.agent.records import CheckpointStore, one_line
 from webhook.agent.runtime import CriuFacts, Runtime, RuntimeFacts, RuntimeFailure
-from webhook.core.checkpoint import FINISHED, PENDING, rfc3339
+from webhook.core.checkpoint import (
+    FINISHED,
+    PENDING,
+    CheckpointRecord,
+    NodeCheckpointing,
+    Phase,
+    image_reference,
+    parse_rfc3339,
+    rfc3339,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,16 +86,17 @@ class Agent:
 
     # --- capability -----------------------------------------------------------------------
 
-    def capability(self) -> Capability:
+    def capability(self) -> NodeCheckpointing:
         criu = self.criu()
         facts: RuntimeFacts = self.runtime.probe()
         restore = criu.usable and facts.restore
-        why = [m for m in (criu.message, facts.message) if m]
-        return Capability(criu.usable, restore, criu.version, facts.version, "; ".join(why))
+        why = one_line("; ".join(m for m in (criu.message, facts.message) if m))
+        node = self.config.node
+        return NodeCheckpointing(node, criu.usable, restore, criu.version, facts.version, why)
 
-    def publish(self) -> Capability:
+    def publish(self) -> NodeCheckpointing:
         capability = self.capability()
-        self.store.publish(self.config.node, capability.data(self.clock()))
+        self.store.publish(capability, self.clock())
         self._probed_at = self.clock()
         return capability
 
@@ -105,25 +106,23 @@ class Agent:
         now = self.clock()
         if self._probed_at is None or now - self._probed_at >= self.config.probe_interval:
             self.publish()
-        records = self.store.records(self.config.node)
-        for record in records:
-            if record.phase == "archived":
+        node = self.config.node
+        for record in self.store.records_on(node):
+            if record.phase is Phase.ARCHIVED:
                 self.image(record)
-        records = self.store.records(self.config.node)
-        for record in self.over_bounds(records):
+        for record in self.over_bounds(self.store.records_on(node)):
             self.abandon(record)
-        records = self.store.records(self.config.node)
-        for record in records:
+        for record in self.store.records_on(node):
             if self.finished(record, now):
                 self.clean(record)
-        self.sweep(self.store.records(self.config.node), now)
+        self.sweep(self.store.records_on(node), now)
 
-    def finished(self, record: Record, now: float) -> bool:
+    def finished(self, record: CheckpointRecord, now: float) -> bool:
         if record.phase not in FINISHED:
             return False
-        if record.phase != "failed":
+        if record.phase is not Phase.FAILED:
             return True
-        failed_at = parse_rfc3339(record.data.get("failedAt", "")) or 0.0
+        failed_at = parse_rfc3339(record.failed_at) or 0.0
         return now - failed_at >= self.config.failed_retention
 
     # --- archived -> imaged ---------------------------------------------------------------
@@ -138,8 +137,8 @@ class Agent:
             raise ArchiveError(f"{path} is not in the checkpoint directory {directory}")
         return candidate.resolve()
 
-    def image(self, record: Record) -> None:
-        namespace, pod, uid = record.pod_identity()
+    def image(self, record: CheckpointRecord) -> None:
+        namespace, pod, uid = record.namespace, record.pod_name, record.uid
         archives = record.archives
         imported: list[str] = []
         try:
@@ -159,22 +158,19 @@ class Agent:
                 self._remove_image(reference)
             message = one_line(f"imaging failed: {e}")
             log.warning("checkpoint %s: %s", record.name, message)
-            self._update(
-                record,
-                {"phase": "failed", "message": message, "failedAt": rfc3339(self.clock())},
-            )
+            failed = rfc3339(self.clock())
+            self._update(replace(record, phase=Phase.FAILED, message=message, failed_at=failed))
             return
-        if not self._update(
+        imaged = replace(
             record,
-            {
-                "phase": "imaged",
-                "images": json.dumps(images, sort_keys=True),
-                "commands": json.dumps(commands, sort_keys=True),
-                "sizes": json.dumps(sizes, sort_keys=True),
-                "imagedAt": rfc3339(self.clock()),
-                "message": "",
-            },
-        ):
+            phase=Phase.IMAGED,
+            images=images,
+            commands=commands,
+            sizes=sizes,
+            imaged_at=rfc3339(self.clock()),
+            message="",
+        )
+        if not self._update(imaged):
             for reference in imported:
                 self._remove_image(reference)
             return
@@ -194,7 +190,7 @@ class Agent:
 
     # --- clean-up -------------------------------------------------------------------------
 
-    def clean(self, record: Record) -> None:
+    def clean(self, record: CheckpointRecord) -> None:
         """Images, archives left, then the record; a runtime failure leaves the record for
         the next pass."""
         try:
@@ -211,7 +207,7 @@ class Agent:
         self.store.delete(record.name)
         log.info("checkpoint %s (%s) cleaned up", record.name, record.phase)
 
-    def over_bounds(self, records: list[Record]) -> list[Record]:
+    def over_bounds(self, records: list[CheckpointRecord]) -> list[CheckpointRecord]:
         """The oldest pending records to abandon so that at most ``max_checkpoints`` and
         ``max_checkpoint_bytes`` remain."""
         pending = sorted(
@@ -219,7 +215,7 @@ class Agent:
         )
         sizes = [self.size(r) for r in pending]
         count, total = len(pending), sum(sizes)
-        dropped: list[Record] = []
+        dropped: list[CheckpointRecord] = []
         for record, size in zip(pending, sizes, strict=True):
             if count <= self.config.max_checkpoints and total <= self.config.max_checkpoint_bytes:
                 break
@@ -227,10 +223,10 @@ class Agent:
             count, total = count - 1, total - size
         return dropped
 
-    def size(self, record: Record) -> int:
+    def size(self, record: CheckpointRecord) -> int:
         """Bytes a pending record holds on the node: its images' sizes when imaged, its
         archives' when archived."""
-        if record.phase == "imaged":
+        if record.phase is Phase.IMAGED:
             return sum(record.sizes.values())
         total = 0
         for path in record.archives.values():
@@ -240,23 +236,21 @@ class Agent:
                 continue
         return total
 
-    def abandon(self, record: Record) -> None:
+    def abandon(self, record: CheckpointRecord) -> None:
         limits = (
             f"{self.config.max_checkpoints} checkpoints, {self.config.max_checkpoint_bytes} bytes"
         )
         message = f"abandoned by the node agent: node {self.config.node} keeps at most {limits}"
         log.warning("checkpoint %s: %s", record.name, message)
-        self._update(record, {"phase": "abandoned", "message": message})
+        self._update(replace(record, phase=Phase.ABANDONED, message=message))
 
-    def _update(self, record: Record, data: dict[str, str]) -> bool:
-        try:
-            self.store.update(record, data, self.config.node)
-        except StaleRecord:
-            log.info("checkpoint %s changed meanwhile; read again next pass", record.name)
-            return False
-        return True
+    def _update(self, record: CheckpointRecord) -> bool:
+        if self.store.update(record):
+            return True
+        log.info("checkpoint %s changed meanwhile; read again next pass", record.name)
+        return False
 
-    def sweep(self, records: list[Record], now: float) -> list[Path]:
+    def sweep(self, records: list[CheckpointRecord], now: float) -> list[Path]:
         """Delete archives no record names and image layouts left behind, once older than
         ``stray_age``."""
         named = {Path(p).name for r in records for p in r.archives.values()}

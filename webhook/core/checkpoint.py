@@ -98,6 +98,17 @@ class NodeCheckpointing:
     def able(self) -> bool:
         return self.checkpoint and self.restore
 
+    def data(self, now: float) -> dict[str, str]:
+        """The ConfigMap's ``data`` as the agent publishes it at ``now``."""
+        return {
+            "checkpoint": str(self.checkpoint).lower(),
+            "restore": str(self.restore).lower(),
+            "criu": self.criu,
+            "runtime": self.runtime,
+            "message": self.message,
+            "updatedAt": rfc3339(now),
+        }
+
     @classmethod
     def from_data(cls, node: str, data: Mapping[str, str]) -> NodeCheckpointing:
         return cls(
@@ -166,6 +177,12 @@ class CheckpointRecord:
     sizes: Mapping[str, int] = field(default_factory=dict)
     checkpointed_at: str = ""
     message: str = ""
+    #: When the agent made the images, or gave up on them (RFC 3339; the agent's).
+    imaged_at: str = ""
+    failed_at: str = ""
+    #: The ConfigMap's resourceVersion as read (not part of ``data``): an update of the
+    #: record as read fails when it changed since, instead of overwriting the other side.
+    version: str = field(default="", compare=False)
 
     @property
     def name(self) -> str:
@@ -206,11 +223,18 @@ class CheckpointRecord:
             out["sizes"] = json.dumps(dict(self.sizes), sort_keys=True)
         if self.message:
             out["message"] = self.message
+        if self.imaged_at:
+            out["imagedAt"] = self.imaged_at
+        if self.failed_at:
+            out["failedAt"] = self.failed_at
         return out
 
     @classmethod
-    def from_data(cls, uid: str, node: str, data: Mapping[str, str]) -> CheckpointRecord:
-        """Raises ``ValueError`` for a record that does not parse."""
+    def from_data(
+        cls, uid: str, node: str, data: Mapping[str, str], version: str = ""
+    ) -> CheckpointRecord:
+        """The record of ConfigMap ``data`` (``version`` its resourceVersion); raises
+        ``ValueError`` for a record that does not parse."""
         try:
             return cls(
                 uid,
@@ -223,9 +247,24 @@ class CheckpointRecord:
                 {k: int(v) for k, v in _object(data.get("sizes", "{}")).items()},
                 data.get("checkpointedAt", ""),
                 data.get("message", ""),
+                data.get("imagedAt", ""),
+                data.get("failedAt", ""),
+                version,
             )
         except (TypeError, AttributeError, ValueError) as e:
             raise ValueError(f"checkpoint record {record_name(uid)}: {e}") from None
+
+
+#: The record's keys :meth:`CheckpointRecord.data` leaves out when empty: a write of a
+#: record removes those it does not carry, so that it reads back exactly as written.
+RECORD_OPTIONAL_KEYS: Final = (
+    "images",
+    "commands",
+    "sizes",
+    "message",
+    "imagedAt",
+    "failedAt",
+)
 
 
 def _object(text: str) -> dict[str, Any]:
@@ -245,6 +284,32 @@ def rfc3339(moment: float) -> str:
 
 def record_name(uid: str) -> str:
     return RECORD_PREFIX + uid
+
+
+def capability_name(node: str) -> str:
+    return CAPABILITY_PREFIX + node
+
+
+def record_labels(node: str, phase: Phase) -> dict[str, str]:
+    """The labels of a record's ConfigMap: its node and phase, selectable."""
+    return {**MANAGED_BY, CHECKPOINT_LABEL: "true", NODE_LABEL: node, PHASE_LABEL: phase.value}
+
+
+def capability_labels(node: str) -> dict[str, str]:
+    return {**MANAGED_BY, CAPABILITY_LABEL: "true", NODE_LABEL: node}
+
+
+def image_reference(namespace: str, pod: str, container: str, uid: str) -> str:
+    """``localhost/resize-preemption-checkpoint/<ns>/<pod>/<container>:<first 12 of uid>``."""
+    return f"{IMAGE_REPOSITORY}/{namespace}/{pod}/{container}:{uid[:12]}".lower()
+
+
+def parse_rfc3339(text: str) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time, ``None`` when it is not one."""
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def local_image(image: str) -> bool:

@@ -11,9 +11,13 @@ abilities (ConfigMaps in the service's namespace), and creating a pod again.
   agents publish (:class:`~webhook.core.checkpoint.NodeCheckpointing`), one list of the
   namespace's labelled ConfigMaps per second at most. Reviews read abilities only, from
   what the last list left, and never wait on the API server for long.
+  The node agents use it too, on their side of the same records: their node's records
+  read fresh, each updated only as it was read (its resourceVersion), their abilities
+  published (:mod:`webhook.agent.records`).
 * :class:`PodCreator` creates the restored pod.
 
-None of them raises: failures are answers (a message), logged by the caller.
+The service's calls never raise: failures are answers (a message, ``False``), logged by
+the caller. The agent's raise ``ClusterError``, and its pass is tried again.
 """
 
 from __future__ import annotations
@@ -33,9 +37,12 @@ from webhook.core.checkpoint import (
     CHECKPOINT_LABEL,
     MANAGED_BY,
     NODE_LABEL,
-    PHASE_LABEL,
+    RECORD_OPTIONAL_KEYS,
     CheckpointRecord,
     NodeCheckpointing,
+    capability_labels,
+    capability_name,
+    record_labels,
     record_name,
 )
 from webhook.core.model import PodRef
@@ -286,7 +293,7 @@ class ConfigMapCheckpoints:
         return next((r for r in self.records() if r.uid == uid), None)
 
     def write(self, record: CheckpointRecord) -> bool:
-        labels, data = record_labels(record), record.data()
+        labels, data = record_labels(record.node, record.phase), record.data()
         body = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -310,30 +317,83 @@ class ConfigMapCheckpoints:
             log.warning("could not write %s: %s", record.name, e)
             return False
         finally:
-            with self._lock:
-                self._read_at = float("-inf")
-                self._writes += 1
+            self._forget()
         return True
+
+    def _forget(self) -> None:
+        """After a write: records are listed again before the next answer."""
+        with self._lock:
+            self._read_at = float("-inf")
+            self._writes += 1
+
+    # -- the node agent's side (webhook.agent.records.CheckpointStore) --------------------
+
+    def records_on(self, node: str) -> list[CheckpointRecord]:
+        """Every record of ``node``, listed now, each with its resourceVersion; raises
+        ``ClusterError``."""
+        selector = f"{CHECKPOINT_LABEL}=true,{NODE_LABEL}={node}"
+        return records_in(list_items(self._api, self.namespace, selector))
+
+    def update(self, record: CheckpointRecord) -> bool:
+        """Write ``record`` over its ConfigMap as it was read (``record.version``): False
+        when the ConfigMap changed or went since; raises ``ClusterError`` otherwise."""
+        labels = record_labels(record.node, record.phase)
+        metadata: dict[str, Any] = {"labels": labels}
+        if record.version:
+            metadata["resourceVersion"] = record.version
+        path = f"/api/v1/namespaces/{self.namespace}/configmaps/{record.name}"
+        try:
+            request_json(
+                self._api,
+                "PATCH",
+                path,
+                body={"metadata": metadata, "data": {**_CLEARED, **record.data()}},
+                content_type="application/merge-patch+json",
+                timeout=10,
+            )
+        except (Conflict, NotFound):
+            return False
+        finally:
+            self._forget()
+        return True
+
+    def delete(self, name: str) -> None:
+        """Delete record ``name``; gone already is fine. Raises ``ClusterError``."""
+        path = f"/api/v1/namespaces/{self.namespace}/configmaps/{name}"
+        try:
+            request_json(self._api, "DELETE", path, timeout=10)
+        except NotFound:
+            pass
+        finally:
+            self._forget()
+
+    def publish(self, ability: NodeCheckpointing, now: float) -> None:
+        """Create or replace ``rpw-node-<node>`` with what the node can do; raises
+        ``ClusterError``."""
+        name = capability_name(ability.node)
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "labels": capability_labels(ability.node)},
+            "data": ability.data(now),
+        }
+        path = f"/api/v1/namespaces/{self.namespace}/configmaps"
+        try:
+            request_json(self._api, "PUT", f"{path}/{name}", body=body, timeout=10)
+        except NotFound:
+            request_json(self._api, "POST", path, body=body, timeout=10)
 
 
 #: The record's optional keys, removed by a write that does not carry them (JSON merge
 #: patch: null deletes), so that a record reads back exactly as it was written.
-_CLEARED: Final[dict[str, None]] = dict.fromkeys(("images", "commands", "sizes", "message"))
+_CLEARED: Final[dict[str, None]] = dict.fromkeys(RECORD_OPTIONAL_KEYS)
 
 
-def record_labels(record: CheckpointRecord) -> dict[str, str]:
-    return {
-        **MANAGED_BY,
-        CHECKPOINT_LABEL: "true",
-        NODE_LABEL: record.node,
-        PHASE_LABEL: record.phase.value,
-    }
-
-
-def list_items(api: Any, namespace: str) -> list[dict[str, Any]]:
-    """The service's labelled ConfigMaps in ``namespace``; raises ``ClusterError``."""
+def list_items(api: Any, namespace: str, selector: str = SELECTOR) -> list[dict[str, Any]]:
+    """The service's labelled ConfigMaps in ``namespace`` (those ``selector`` selects);
+    raises ``ClusterError``."""
     path = f"/api/v1/namespaces/{quote(namespace)}/configmaps"
-    listed = request_json(api, "GET", path, query={"labelSelector": SELECTOR}, timeout=5)
+    listed = request_json(api, "GET", path, query={"labelSelector": selector}, timeout=5)
     return [i for i in listed.get("items") or () if isinstance(i, dict)]
 
 
@@ -356,8 +416,9 @@ def records_in(items: Sequence[Mapping[str, Any]]) -> list[CheckpointRecord]:
             continue
         uid = _name(item).removeprefix(record_name(""))
         node = _labels(item).get(NODE_LABEL, "")
+        version = str((item.get("metadata") or {}).get("resourceVersion") or "")
         try:
-            found.append(CheckpointRecord.from_data(uid, node, item.get("data") or {}))
+            found.append(CheckpointRecord.from_data(uid, node, item.get("data") or {}, version))
         except ValueError as e:
             log.warning("%s", e)
     return found
