@@ -6,7 +6,9 @@ A pass:
 
 1. publishes the node's capability every ``probe_interval`` seconds;
 2. turns each ``archived`` record into images: per container an OCI image layout written
-   beside the archive (:func:`~webhook.agent.oci.write_image_layout`), imported, removed;
+   beside the archive (:func:`~webhook.agent.oci.write_image_layout`), stored (imported
+   into the runtime, or pushed to a registry: :class:`~webhook.agent.runtime.ImageStore`),
+   removed;
    the command read from the archive; then the archives are deleted and the record says
    ``imaged`` (or ``failed`` with one line, and whatever it imported is removed again);
 3. cleans up ``restored``, ``abandoned`` and - after ``failed_retention`` seconds, for
@@ -33,11 +35,17 @@ from webhook.agent.records import (
     CheckpointStore,
     Record,
     StaleRecord,
-    image_reference,
     one_line,
     parse_rfc3339,
 )
-from webhook.agent.runtime import CriuFacts, Runtime, RuntimeFacts, RuntimeFailure
+from webhook.agent.runtime import (
+    CriuFacts,
+    ImageStore,
+    LocalImages,
+    Runtime,
+    RuntimeFacts,
+    RuntimeFailure,
+)
 from webhook.core.checkpoint import FINISHED, PENDING, rfc3339
 
 log = logging.getLogger(__name__)
@@ -66,10 +74,13 @@ class Agent:
         runtime: Runtime,
         criu: Callable[[], CriuFacts],
         clock: Callable[[], float],
+        images: ImageStore | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.runtime = runtime
+        #: Where images go: the runtime's store unless a registry is set.
+        self.images: ImageStore = images if images is not None else LocalImages(runtime)
         self.criu = criu
         self.clock = clock
         self._probed_at: float | None = None
@@ -148,7 +159,7 @@ class Agent:
             images, commands, sizes = {}, {}, {}
             for container, path in sorted(archives.items()):
                 archive = self.archive_path(path)
-                reference = image_reference(namespace, pod, container, uid)
+                reference = self.images.reference(namespace, pod, container, uid)
                 commands[container] = process_args(archive)
                 sizes[container] = archive.stat().st_size
                 self._import(archive, reference, container, uid)
@@ -188,7 +199,7 @@ class Agent:
         layout = archive.parent / f"{LAYOUT_PREFIX}{uid}-{container}.tar"
         try:
             write_image_layout(archive, layout, reference=reference, container=container)
-            self.runtime.import_image(layout, reference)
+            self.images.store(layout, reference)
         finally:
             self._unlink(layout)
 
@@ -199,7 +210,7 @@ class Agent:
         the next pass."""
         try:
             for reference in record.images.values():
-                self.runtime.remove_image(reference)
+                self.images.remove(reference)
         except RuntimeFailure as e:
             log.warning("checkpoint %s: images not removed yet: %s", record.name, e)
             return
@@ -283,7 +294,7 @@ class Agent:
 
     def _remove_image(self, reference: str) -> None:
         try:
-            self.runtime.remove_image(reference)
+            self.images.remove(reference)
         except RuntimeFailure as e:
             log.warning("image %s not removed: %s", reference, e)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from webhook.agent.records import MIN_CRIU
+from webhook.agent.records import MIN_CRIU, image_reference
 
 #: containerd releases whose CRI restores a container from a checkpoint image in
 #: CreateContainer: from v2.3.4 only when enabled in its configuration; gone in v2.4.
@@ -53,6 +53,40 @@ class Runtime(Protocol):
         ...
 
     def image_names(self) -> set[str]: ...
+
+
+class ImageStore(Protocol):
+    """Where a checkpoint image goes, and how it is named: the node's runtime
+    (:class:`LocalImages`) or a registry (:class:`webhook.agent.registry.RegistryImages`).
+    The agent's pass does not know which."""
+
+    def reference(self, namespace: str, pod: str, container: str, uid: str) -> str: ...
+
+    def store(self, layout: Path, reference: str) -> None:
+        """Make the OCI image layout tar ``layout`` available as ``reference``."""
+        ...
+
+    def remove(self, reference: str) -> None:
+        """Remove ``reference`` wherever :meth:`store` put it; absent already is fine."""
+        ...
+
+
+@dataclass(frozen=True)
+class LocalImages:
+    """Checkpoint images imported into the node's runtime, under
+    ``localhost/resize-preemption-checkpoint/``: a restored pod names them with
+    ``imagePullPolicy: Never``."""
+
+    runtime: Runtime
+
+    def reference(self, namespace: str, pod: str, container: str, uid: str) -> str:
+        return image_reference(namespace, pod, container, uid)
+
+    def store(self, layout: Path, reference: str) -> None:
+        self.runtime.import_image(layout, reference)
+
+    def remove(self, reference: str) -> None:
+        self.runtime.remove_image(reference)
 
 
 def run(argv: Sequence[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
