@@ -31,10 +31,12 @@ from webhook.agent.oci import MANIFEST_TYPE
 from webhook.agent.runtime import Runtime, RuntimeFailure
 
 #: ``host[:port]/path``: a registry host (a name with a dot or a port, or ``localhost``)
-#: and at least one lower-case path component, as image references spell them.
+#: and at least one path component, as image references spell them, all lower case: the
+#: agent writes references in lower case, and the chart's admission policy compares them
+#: with this prefix as given.
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_HOST = r"(?:[a-zA-Z0-9-]+(?:\.[a-zA-Z0-9-]+)+|localhost|\[[0-9a-fA-F:]+\])(?::[0-9]{1,5})?"
-_HOST_ONLY = r"[a-zA-Z0-9-]+:[0-9]{1,5}"
+_HOST = r"(?:[a-z0-9-]+(?:\.[a-z0-9-]+)+|localhost|\[[0-9a-f:]+\])(?::[0-9]{1,5})?"
+_HOST_ONLY = r"[a-z0-9-]+:[0-9]{1,5}"
 REPOSITORY_PATTERN: Final = rf"^(?:{_HOST}|{_HOST_ONLY})(?:/{_COMPONENT})+$"
 _REPOSITORY = re.compile(REPOSITORY_PATTERN)
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
