@@ -63,10 +63,11 @@ def test_an_inline_ca_and_a_credentials_secret_are_mounted_and_named() -> None:
         settings.registry_auth,
     )
     ca_map = agent_objects(values)["ConfigMap"]
+    ca_name = ca_map["metadata"]["name"]
     assert {"ca.crt": PEM} == ca_map["data"]
     assert "resize-preemption-node" == ca_map["metadata"]["namespace"]
     assert {
-        "/etc/rpw/registry-ca": ("registry-ca", {"configMap": {"name": ca_map["metadata"]["name"]}}),
+        "/etc/rpw/registry-ca": ("registry-ca", {"configMap": {"name": ca_name}}),
         "/etc/rpw/registry-auth": ("registry-auth", {"secret": {
             "secretName": "push", "defaultMode": 0o400,
             "items": [{"key": ".dockerconfigjson", "path": "config.json"}],
