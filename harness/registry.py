@@ -3,6 +3,11 @@
 authentication from an htpasswd file (bcrypt, hashed by the script's ``bcrypt-hash``),
 with deletes enabled, its storage on the filesystem under a directory of its own.
 
+With ``auth="token"`` it asks for bearer tokens instead (the registry token
+authentication the docker and OCI clients speak): :class:`TokenServer`, a small token
+service here, checks the same user and password and grants the scopes asked for, as ES256
+JSON web tokens whose ``x5c`` certificate the registry verifies against a CA of its own.
+
     with TestRegistry(directory, address="198.18.0.1") as registry:
         registry.host              # "198.18.0.1:PORT"
         registry.ca_file           # the CA that signed its certificate
@@ -12,24 +17,36 @@ with deletes enabled, its storage on the filesystem under a directory of its own
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import secrets
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import parse_qs, urlsplit
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from harness.launcher import free_port
 from harness.processes import ManagedProcess, spawn
-from webhook.pki import make_ca, make_serving_cert
+from webhook.pki import CertificateAuthority, KeyPair, issue, make_ca, make_serving_cert
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_REGISTRY = REPO_ROOT / "scripts" / "build-registry.sh"
 USER = "rpw-agent"
+TOKEN_SERVICE = "rpw-test-registry"
+TOKEN_ISSUER = "rpw-test-token-service"
 
 
 class RegistryUnavailable(RuntimeError):
@@ -56,7 +73,7 @@ def bcrypt_hash(tools: Path, password: str) -> str:
     return result.stdout.strip()
 
 
-def registry_config(root: Path, port: int, *, htpasswd: Path, cert: Path, key: Path) -> str:
+def registry_config(root: Path, port: int, *, cert: Path, key: Path, auth: dict[str, Any]) -> str:
     """The registry's configuration (YAML, written as JSON, which YAML reads)."""
     config: dict[str, Any] = {
         "version": 0.1,
@@ -71,9 +88,101 @@ def registry_config(root: Path, port: int, *, htpasswd: Path, cert: Path, key: P
             "tls": {"certificate": str(cert), "key": str(key)},
             "debug": {"addr": ""},
         },
-        "auth": {"htpasswd": {"realm": "rpw-checkpoints", "path": str(htpasswd)}},
+        "auth": auth,
     }
     return json.dumps(config, indent=2)
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def signed_token(signer: KeyPair, claims: dict[str, Any]) -> str:
+    """An ES256 JSON web token of ``claims``, its ``x5c`` the signer's certificate."""
+    cert = x509.load_pem_x509_certificate(signer.cert_pem)
+    header = {
+        "alg": "ES256",
+        "typ": "JWT",
+        "x5c": [base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()],
+    }
+    signing_input = f"{_b64url(json.dumps(header).encode())}.{_b64url(json.dumps(claims).encode())}"
+    key = serialization.load_pem_private_key(signer.key_pem, password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    r, s = decode_dss_signature(key.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
+    return f"{signing_input}.{_b64url(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+
+
+class TokenServer:
+    """The token service of the registry's bearer challenge: ``GET /token?service=&scope=``
+    with the user's basic credentials answers a token granting the scopes asked for;
+    anything else 401. ``requests`` counts the tokens handed out."""
+
+    def __init__(self, ca: CertificateAuthority, serving: KeyPair, directory: Path,
+                 password: str, address: str) -> None:  # fmt: skip
+        self.signing_ca = make_ca("rpw test token issuer")
+        self.signer = issue(
+            self.signing_ca,
+            subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, TOKEN_ISSUER)]),
+            usage=ExtendedKeyUsageOID.CLIENT_AUTH, sans=[], validity=dt.timedelta(days=1),
+        )  # fmt: skip
+        self.root_bundle = directory / "token-ca.crt"
+        self.root_bundle.write_bytes(self.signing_ca.cert_pem)
+        self.password = password
+        self.requests = 0
+        cert, key = directory / "token-tls.crt", directory / "token-tls.key"
+        cert.write_bytes(serving.cert_pem)
+        key.write_bytes(serving.key_pem)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        self.server = ThreadingHTTPServer((address, 0), self._handler())
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.realm = f"https://{address}:{self.server.server_address[1]}/token"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def grant(self, query: dict[str, list[str]], *, counted: bool = True) -> str:
+        now = int(time.time())
+        access = []
+        for scope in query.get("scope", []):
+            kind, _, rest = scope.partition(":")
+            name, _, actions = rest.rpartition(":")
+            access.append({"type": kind, "name": name, "actions": actions.split(",")})
+        claims = {"iss": TOKEN_ISSUER, "sub": USER, "aud": query.get("service", [""])[0],
+                  "exp": now + 300, "nbf": now - 10, "iat": now,
+                  "jti": secrets.token_hex(8), "access": access}  # fmt: skip
+        self.requests += counted
+        return signed_token(self.signer, claims)
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+        expected = "Basic " + base64.b64encode(f"{USER}:{self.password}".encode()).decode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                url = urlsplit(self.path)
+                if url.path != "/token" or self.headers.get("Authorization") != expected:
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                token = server.grant(parse_qs(url.query))
+                body = json.dumps({"token": token, "access_token": token, "expires_in": 300})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, *args: Any) -> None:
+                return
+
+        return Handler
+
+    def auth_config(self) -> dict[str, Any]:
+        token = {"realm": self.realm, "service": TOKEN_SERVICE, "issuer": TOKEN_ISSUER}
+        return {"token": {**token, "rootcertbundle": str(self.root_bundle)}}
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 class TestRegistry:
@@ -82,12 +191,20 @@ class TestRegistry:
 
     __test__ = False  # not a pytest class
 
-    def __init__(self, directory: Path, *, address: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        address: str = "127.0.0.1",
+        auth: Literal["basic", "token"] = "basic",
+    ) -> None:
         self.directory = directory
         self.address = address
+        self.auth = auth
         self.port = 0
         self.password = secrets.token_urlsafe(18)
         self.process: ManagedProcess | None = None
+        self.token_server: TokenServer | None = None
 
     @property
     def host(self) -> str:
@@ -100,6 +217,16 @@ class TestRegistry:
     def docker_config(self) -> dict[str, Any]:
         auth = base64.b64encode(f"{USER}:{self.password}".encode()).decode()
         return {"auths": {self.host: {"auth": auth}}}
+
+    def authorization(self, path: str) -> str:
+        """What to send for ``path``: the basic credentials, or a token granting everything
+        on the path's repository."""
+        if self.token_server is None:
+            return self.basic_header()
+        name = path.removeprefix("/v2/").split("/blobs/")[0].split("/manifests/")[0]
+        scope = [f"repository:{name}:pull,push,delete"] if path != "/v2/" else []
+        token = self.token_server.grant({"service": [TOKEN_SERVICE], "scope": scope}, counted=False)
+        return f"Bearer {token}"
 
     def basic_header(self) -> str:
         return "Basic " + base64.b64encode(f"{USER}:{self.password}".encode()).decode()
@@ -120,12 +247,18 @@ class TestRegistry:
         cert.write_bytes(serving.cert_pem)
         key.write_bytes(serving.key_pem)
         key.chmod(0o600)
-        htpasswd = self.directory / "htpasswd"
-        htpasswd.write_text(f"{USER}:{bcrypt_hash(tools, self.password)}\n")
+        if self.auth == "token":
+            self.token_server = TokenServer(ca, serving, self.directory, self.password,
+                                            self.address)  # fmt: skip
+            auth = self.token_server.auth_config()
+        else:
+            htpasswd = self.directory / "htpasswd"
+            htpasswd.write_text(f"{USER}:{bcrypt_hash(tools, self.password)}\n")
+            auth = {"htpasswd": {"realm": "rpw-checkpoints", "path": str(htpasswd)}}
         self.port = free_port()
         config = self.directory / "config.yml"
-        config.write_text(registry_config(self.directory, self.port, htpasswd=htpasswd,
-                                          cert=cert, key=key))  # fmt: skip
+        config.write_text(registry_config(self.directory, self.port, cert=cert, key=key,
+                                          auth=auth))  # fmt: skip
         self.process = spawn(
             "registry", [str(tools / "registry"), "serve", str(config)],
             self.directory / "registry.log",
@@ -153,7 +286,7 @@ class TestRegistry:
         context = ssl.create_default_context(cafile=str(self.ca_file))
         request = urllib.request.Request(f"https://{self.host}{path}", method=method)
         if authorized:
-            request.add_header("Authorization", self.basic_header())
+            request.add_header("Authorization", self.authorization(path))
         if accept:
             request.add_header("Accept", accept)
         try:
@@ -177,3 +310,6 @@ class TestRegistry:
         if self.process is not None:
             self.process.stop()
             self.process = None
+        if self.token_server is not None:
+            self.token_server.stop()
+            self.token_server = None

@@ -1,8 +1,9 @@
 """The node agent's registry path against a real registry (CNCF Distribution, built by
-scripts/build-registry.sh, TLS from its own CA, basic authentication, deletes on): the push
-client alone, then the agent's pass with the registry as its image store - the record's
-images are registry references, nothing goes into the node's runtime, and a finished or
-abandoned record's manifest is deleted."""
+scripts/build-registry.sh, TLS from its own CA, deletes on), once with basic
+authentication and once with the bearer token challenge (a token service of the harness):
+the push client alone, then the agent's pass with the registry as its image store - the
+record's images are registry references, nothing goes into the node's runtime, and a
+finished or abandoned record's manifest is deleted."""
 
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ UID = "0f3c2a9e-1b2c-4d5e-8f90-123456789abc"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestRegistry]:
-    with TestRegistry(tmp_path_factory.mktemp("registry")) as running:
+@pytest.fixture(scope="module", params=["basic", "token"])
+def registry(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[TestRegistry]:
+    with TestRegistry(tmp_path_factory.mktemp("registry"), auth=request.param) as running:
         yield running
 
 
@@ -42,7 +45,7 @@ def client(registry: TestRegistry, password: str | None = None) -> RegistryClien
 def fetch(registry: TestRegistry, path: str, accept: str = "") -> bytes:
     """A GET as any registry client makes it (the standard library's, not the agent's)."""
     request = urllib.request.Request(f"https://{registry.host}{path}")
-    request.add_header("Authorization", registry.basic_header())
+    request.add_header("Authorization", registry.authorization(path))
     if accept:
         request.add_header("Accept", accept)
     context = ssl.create_default_context(cafile=str(registry.ca_file))
@@ -73,6 +76,8 @@ def test_a_pushed_layout_is_pulled_back_as_the_same_image(
 
     pushed = client(registry).push_layout(pushed_layout, reference)
 
+    if registry.token_server is not None:  # the push met the bearer challenge
+        assert registry.token_server.requests >= 2  # pull, then pull and push
     manifest = manifest_of(registry, reference)
     name = reference.removeprefix(registry.host + "/").rpartition(":")[0]
     (layer,) = manifest["layers"]
@@ -116,17 +121,22 @@ def test_a_deleted_image_answers_404_and_deleting_it_again_is_fine(
     assert 404 == registry.manifest_status(reference)
 
 
+def refused(registry: TestRegistry) -> str:
+    """How a wrong password ends: the registry's own 401, or the token service's."""
+    if registry.token_server is None:
+        return ": HTTP 401 with the credentials given"
+    return f"token from {registry.token_server.realm}: HTTP 401"
+
+
 @pytest.mark.parametrize(
     ("password", "ca", "message"),
-    [
-        ("wrong", True, "HTTP 401 with the credentials given"),
-        (None, False, "CERTIFICATE_VERIFY_FAILED"),
-    ],
+    [("wrong", True, "{refused}"), (None, False, "CERTIFICATE_VERIFY_FAILED")],
     ids=["wrong-password", "unknown-ca"],
-)  # fmt: skip
+)
 def test_a_push_the_registry_refuses_says_why_in_one_line(
     registry: TestRegistry, tmp_path: Path, password: str | None, ca: bool, message: str
 ) -> None:
+    message = message.format(refused=refused(registry))
     reference = f"{registry.host}/rpw/team-a/refused/main:cccccccccccc"
     _, pushed_layout = layout(tmp_path, reference, b"\x04" * 1000)
     pusher = client(registry, password)
@@ -209,8 +219,5 @@ def test_a_push_the_registry_refuses_fails_the_record_with_one_line(
     agent.step()
 
     assert "failed" == store.items[name]["phase"]
-    assert (
-        f"imaging failed: registry {registry.host}: HEAD /v2/rpw-checkpoints/team-a/refused/main"
-        "/blobs/sha256:"
-    ) in store.items[name]["message"]
-    assert store.items[name]["message"].endswith(": HTTP 401 with the credentials given")
+    assert store.items[name]["message"].startswith("imaging failed: ")
+    assert store.items[name]["message"].endswith(refused(registry))
