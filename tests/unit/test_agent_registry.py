@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from webhook.agent.settings import load_agent_settings
 from webhook.core.errors import InputError
 
 UID = "0f3c2a9e-1b2c-4d5e-8f90-123456789abc"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -179,3 +182,18 @@ def test_unreadable_registry_files_are_one_line(
         image_store(settings, Runtime())
     assert message.format(dir=tmp_path) in str(caught.value)
     assert 1 == len(str(caught.value).splitlines())
+
+
+def test_the_command_line_loads_no_http_client_before_the_service_starts() -> None:
+    """``serve`` parses its command line (every subcommand's settings, the agent's
+    included) before gunicorn's gevent workers patch the standard library: urllib3 loaded
+    then keeps the blocking ``ssl.SSLContext`` and the workers refuse to start. The
+    registry client is loaded only by ``node-agent`` itself."""
+    code = (
+        "import sys, webhook.cli as cli; cli.build_parser(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'urllib3'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert "[]" == result.stdout.strip()

@@ -11,14 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from webhook.agent.loop import Agent, AgentConfig
-from webhook.agent.records import CheckpointStore
-from webhook.agent.registry import (
-    RegistryClient,
-    RegistryFailure,
-    RegistryImages,
-    load_credentials,
-    split_repository,
-)
+from webhook.agent.records import CheckpointStore, split_repository
+from webhook.agent.registry import RegistryClient, RegistryFailure, RegistryImages, load_credentials
 from webhook.agent.runtime import Containerd, ImageStore, LocalImages, Runtime, probe_criu
 from webhook.agent.settings import AgentSettings
 from webhook.core.errors import InputError, WebhookError

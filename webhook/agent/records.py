@@ -6,6 +6,7 @@ implemented over the API server in :mod:`webhook.kube.checkpoint_store`)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -54,6 +55,28 @@ def capability_labels(node: str) -> dict[str, str]:
 
 def record_labels(node: str, phase: str) -> dict[str, str]:
     return {**MANAGED_BY, CHECKPOINT_LABEL: "true", NODE_LABEL: node, PHASE_LABEL: phase}
+
+
+#: ``host[:port]/path``: a registry host (a name with a dot or a port, or ``localhost``)
+#: and at least one path component, as image references spell them, all lower case: the
+#: agent writes references in lower case, and the chart's admission policy compares them
+#: with this prefix as given.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"(?:[a-z0-9-]+(?:\.[a-z0-9-]+)+|localhost|\[[0-9a-f:]+\])(?::[0-9]{1,5})?"
+_HOST_ONLY = r"[a-z0-9-]+:[0-9]{1,5}"
+REPOSITORY_PATTERN: Final = rf"^(?:{_HOST}|{_HOST_ONLY})(?:/{_COMPONENT})+$"
+_REPOSITORY = re.compile(REPOSITORY_PATTERN)
+
+
+def valid_repository(value: str) -> bool:
+    """Whether ``value`` is a registry repository prefix (``host[:port]/path``)."""
+    return bool(_REPOSITORY.match(value))
+
+
+def split_repository(prefix: str) -> tuple[str, str]:
+    """``registry.example:5000/rpw-checkpoints`` -> (host, path)."""
+    host, _, path = prefix.partition("/")
+    return host, path
 
 
 def image_reference(namespace: str, pod: str, container: str, uid: str) -> str:

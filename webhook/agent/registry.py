@@ -22,7 +22,7 @@ import tarfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any
 from urllib.parse import urlencode, urljoin
 
 import urllib3
@@ -30,15 +30,6 @@ import urllib3
 from webhook.agent.oci import MANIFEST_TYPE
 from webhook.agent.runtime import Runtime, RuntimeFailure
 
-#: ``host[:port]/path``: a registry host (a name with a dot or a port, or ``localhost``)
-#: and at least one path component, as image references spell them, all lower case: the
-#: agent writes references in lower case, and the chart's admission policy compares them
-#: with this prefix as given.
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_HOST = r"(?:[a-z0-9-]+(?:\.[a-z0-9-]+)+|localhost|\[[0-9a-f:]+\])(?::[0-9]{1,5})?"
-_HOST_ONLY = r"[a-z0-9-]+:[0-9]{1,5}"
-REPOSITORY_PATTERN: Final = rf"^(?:{_HOST}|{_HOST_ONLY})(?:/{_COMPONENT})+$"
-_REPOSITORY = re.compile(REPOSITORY_PATTERN)
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 _ACCEPT = ", ".join(
     (MANIFEST_TYPE, "application/vnd.oci.image.index.v1+json",
@@ -49,16 +40,6 @@ _TIMEOUT = urllib3.Timeout(connect=10, read=300)
 
 class RegistryFailure(RuntimeFailure):
     """A registry call failed; the message is one line."""
-
-
-def valid_repository(value: str) -> bool:
-    return bool(_REPOSITORY.match(value))
-
-
-def split_repository(prefix: str) -> tuple[str, str]:
-    """``registry.example:5000/rpw-checkpoints`` -> (host, path)."""
-    host, _, path = prefix.partition("/")
-    return host, path
 
 
 def credentials_for(config: Mapping[str, Any], host: str) -> tuple[str, str] | None:

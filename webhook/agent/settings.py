@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
-from webhook.agent.registry import REPOSITORY_PATTERN, valid_repository
+from webhook.agent.records import REPOSITORY_PATTERN, valid_repository
 from webhook.core.errors import InputError, QuantityError
 from webhook.core.resources import memory_bytes
 from webhook.engine.settings import Count, Namespace, Rule, Seconds, Text, env_name
