@@ -297,6 +297,17 @@ class TestRegistry:
         except (urllib.error.URLError, OSError):
             return 0
 
+    def manifest(self, reference: str) -> dict[str, Any]:
+        """The OCI manifest ``host/repository:tag`` names, as any client reads it."""
+        name, _, tag = reference.removeprefix(self.host + "/").rpartition(":")
+        path = f"/v2/{name}/manifests/{tag}"
+        request = urllib.request.Request(f"https://{self.host}{path}")
+        request.add_header("Authorization", self.authorization(path))
+        request.add_header("Accept", "application/vnd.oci.image.manifest.v1+json")
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        with urllib.request.urlopen(request, context=context, timeout=10) as response:
+            return dict(json.loads(response.read()))
+
     def manifest_status(self, reference: str) -> int:
         """What ``HEAD`` of the manifest ``host/repository:tag`` answers."""
         name, _, tag = reference.removeprefix(self.host + "/").rpartition(":")

@@ -11,7 +11,8 @@ their nodes.
 A bare opted-in pod counting in a shell variable is checkpointed; its image is pushed to
 the registry, and is not in containerd's image store before the restore; the restored pod
 names the registry's reference and the kubelet pulls it; the count goes on; afterwards the
-record is gone, the registry answers 404 for the manifest and containerd holds no copy.
+record is gone, the registry answers 404 for the manifest and containerd holds no copy
+under any of the names the CRI gives a pulled image (tag, digest, image id).
 """
 
 from __future__ import annotations
@@ -158,6 +159,7 @@ def test_a_checkpoint_pushed_to_the_registry_is_pulled_back_and_goes_on_counting
     reference = f"{pushing}/{ns}/{VICTIM}/main:{old_uid[:12]}"
     assert {"main": reference} == json.loads(data["images"])
     assert 200 == registry.manifest_status(reference)
+    image_id = registry.manifest(reference)["config"]["digest"]
     # Pushed, not imported: the node holds no image of it until a kubelet pulls it.
     assert [] == [r for r in containerd_images(real_cluster) if "checkpoint" in r]
     pulls_before = registry.log_text().count(f"GET /v2/{PATH}/{ns}/{VICTIM}/main/manifests/")
@@ -186,7 +188,9 @@ def test_a_checkpoint_pushed_to_the_registry_is_pulled_back_and_goes_on_counting
 
     wait_until(lambda: records(real_cluster) == [], timeout=60, what="the checkpoint gone")
     assert 404 == registry.manifest_status(reference)
-    assert [] == [r for r in containerd_images(real_cluster) if "checkpoint" in r]
+    # Neither the pulled copy's names (tag, name@digest) nor its image id are left.
+    listed = containerd_images(real_cluster)
+    assert ([], False) == ([r for r in listed if "checkpoint" in r], image_id in listed)
     node = real_cluster.node
     assert node is not None
     assert [] == sorted(p.name for p in (node.paths.kubelet_root / "checkpoints").iterdir())

@@ -175,14 +175,24 @@ def test_the_agent_pushes_an_archived_record_and_deletes_it_when_restored(
     assert set() == runtime.images  # nothing imported into the node's runtime
     assert [] == sorted(p.name for p in tmp_path.glob("checkpoint-*.tar"))
 
-    # The restored pod's kubelet pulled the image onto the node: that copy goes too.
-    runtime.images.add(expected["main"])
+    # The restored pod's kubelet pulled the image onto the node, which the CRI names by
+    # tag, by digest and by its config's digest: those copies go too, and nothing else.
+    main = manifest_of(registry, expected["main"])
+    digest = (
+        "sha256:"
+        + hashlib.sha256(
+            json.dumps(main, sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+    )
+    name_of_main = expected["main"].rpartition(":")[0]
+    pulled = {expected["main"], f"{name_of_main}@{digest}", main["config"]["digest"]}
+    runtime.images |= pulled | {"busybox:latest"}
     store.items[name]["phase"] = "restored"
     agent.step()
 
     assert name not in store.items
     assert [404, 404] == [registry.manifest_status(r) for r in expected.values()]
-    assert set() == runtime.images
+    assert {"busybox:latest"} == runtime.images
 
 
 def test_pushed_checkpoints_count_in_the_nodes_bounds(

@@ -16,6 +16,7 @@ onto this node.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 import tarfile
@@ -220,6 +221,24 @@ class RegistryClient:
             return None
         return response.headers.get("Docker-Content-Digest") or None
 
+    def manifest(self, repository: str, reference: str) -> tuple[str, dict[str, Any]] | None:
+        """The digest and content of the manifest ``reference`` (a tag or a digest) names;
+        None: none."""
+        response = self._request(
+            "GET", f"/v2/{repository}/manifests/{reference}", repository,
+            headers={"Accept": _ACCEPT}, expect=(200, 404),
+        )  # fmt: skip
+        if response.status == 404:
+            return None
+        digest = response.headers.get("Docker-Content-Digest") or (
+            "sha256:" + hashlib.sha256(response.data).hexdigest()
+        )
+        try:
+            content = json.loads(response.data)
+        except ValueError:
+            raise RegistryFailure(f"registry {self.host}: {reference} is not JSON") from None
+        return digest, content if isinstance(content, dict) else {}
+
     def delete_manifest(self, repository: str, digest: str) -> None:
         """Delete by digest (the API deletes manifests only so); gone already is fine."""
         self._request(
@@ -317,6 +336,23 @@ class RegistryImages:
         self.client.push_layout(layout, reference)
 
     def remove(self, reference: str) -> None:
-        if reference.startswith(self.client.host + "/"):
-            self.client.delete(reference)
-        self.runtime.remove_image(reference)
+        """The copies a kubelet pulled onto this node first (the CRI names a pulled image
+        by its tag, by ``name@digest`` and by its config's digest, the image id), then the
+        manifest in the registry: a runtime failure leaves the manifest, and so the digests,
+        for the next pass."""
+        if not reference.startswith(self.client.host + "/"):
+            self.runtime.remove_image(reference)
+            return
+        repository, _ = parse_reference(reference, self.client.host)
+        found = self.client.manifest(repository, reference.rpartition(":")[2])
+        pulled = [reference]
+        if found is not None:
+            digest, manifest = found
+            pulled.append(f"{self.client.host}/{repository}@{digest}")
+            config = manifest.get("config")
+            if isinstance(config, dict) and str(config.get("digest", "")).startswith("sha256:"):
+                pulled.append(str(config["digest"]))
+        for name in pulled:
+            self.runtime.remove_image(name)
+        if found is not None:
+            self.client.delete_manifest(repository, found[0])
