@@ -149,7 +149,13 @@ def test_a_checkpoint_pushed_to_the_registry_is_pulled_back_and_goes_on_counting
         timeout=60,
         what=f"the kubelet to actuate {walk.target}m",
     )
-    assert 1 == len(events(real_cluster, ns, VICTIM, "Checkpointed"))
+    story = [
+        (e["reason"], e["message"])
+        for e in real_cluster.client.get(
+            f"/api/v1/namespaces/{ns}/events", fieldSelector=f"involvedObject.name={VICTIM}"
+        )["items"]
+    ]
+    assert 1 == [reason for reason, _ in story].count("Checkpointed"), story
 
     def imaged() -> dict[str, str] | None:
         (record,) = records(real_cluster)
