@@ -108,6 +108,13 @@ def pushing(real_cluster: RealCluster, registry: TestRegistry) -> Iterator[str]:
             assert time.monotonic() < deadline, "the node agent published no abilities"
             time.sleep(0.5)
         assert ("true", "true") == (capability["checkpoint"], capability["restore"]), capability
+        # The walkthrough sizes its pods to the CPU the node's pods request: the release
+        # uninstalled above must have left it, or the preemptor's room shows up later.
+        while terminating(real_cluster):
+            assert time.monotonic() < deadline, (
+                f"pods still terminating: {terminating(real_cluster)}"
+            )
+            time.sleep(0.5)
         yield repository
     finally:
         real_cluster.uninstall_chart()
@@ -118,6 +125,11 @@ def pushing(real_cluster: RealCluster, registry: TestRegistry) -> Iterator[str]:
         ):
             if client.get_or_none(path) is not None:
                 client.delete(path)
+
+
+def terminating(cluster: RealCluster) -> list[str]:
+    pods = cluster.client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={NODE_NAME}")
+    return [p["metadata"]["name"] for p in pods["items"] if p["metadata"].get("deletionTimestamp")]
 
 
 def containerd_images(cluster: RealCluster) -> list[str]:
