@@ -46,6 +46,7 @@ from tests.e2e.test_realnode_pause import (
     resize,
     start_walkthrough,
 )
+from webhook.agent.runtime import Containerd
 from webhook.core.checkpoint import RESTORED_FROM_ANNOTATION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
@@ -205,11 +206,19 @@ def test_a_checkpoint_pushed_to_the_registry_is_pulled_back_and_goes_on_counting
     assert pulls > pulls_before
 
     wait_until(lambda: records(real_cluster) == [], timeout=60, what="the checkpoint gone")
+    # What the agent's sweep reads of containerd: each image's manifest digest.
+    node = real_cluster.node
+    assert node is not None
+    runtime = Containerd(ctr=str(node.stack.path("ctr")), address=str(node.paths.containerd_socket))
+    workload = real_cluster.image("workload")
+    digests = runtime.image_digests()
+    assert digests[workload].startswith("sha256:"), digests
+    assert {d for n, d in digests.items() if n.startswith(f"{workload.split(':')[0]}@")} <= {
+        digests[workload]
+    }
     assert 404 == registry.manifest_status(reference)
     # Neither the pulled copy's names (tag, name@digest) nor its image id are left.
     listed = containerd_images(real_cluster)
     assert ([], False) == ([r for r in listed if "checkpoint" in r], image_id in listed)
-    node = real_cluster.node
-    assert node is not None
     assert [] == sorted(p.name for p in (node.paths.kubelet_root / "checkpoints").iterdir())
     assert count(real_cluster, ns) > first  # the restored pod runs on without its image

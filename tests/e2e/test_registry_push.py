@@ -12,6 +12,7 @@ import json
 import ssl
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,17 @@ def test_a_push_the_registry_refuses_says_why_in_one_line(
     assert 404 == registry.manifest_status(reference)
 
 
+@dataclass
+class PulledRuntime(Runtime):
+    """The runtime double with what ``ctr images list`` says of each image: the digest of
+    its manifest (a pulled image is named by tag, by digest and by its id)."""
+
+    digests: dict[str, str] = field(default_factory=dict)
+
+    def image_digests(self) -> dict[str, str]:
+        return {n: self.digests.get(n, "sha256:" + "0" * 64) for n in self.images}
+
+
 def agent_images(registry: TestRegistry, runtime: Runtime) -> RegistryImages:
     return RegistryImages(f"{registry.host}/rpw-checkpoints", client(registry), runtime)
 
@@ -159,7 +171,7 @@ def test_the_agent_pushes_an_archived_record_and_deletes_it_when_restored(
     registry: TestRegistry, tmp_path: Path
 ) -> None:
     name, data = record(tmp_path, uid=UID, containers=("main", "sidecar"))
-    store, runtime, clock = Store({name: data}), Runtime(), Clock()
+    store, runtime, clock = Store({name: data}), PulledRuntime(), Clock()
     agent = make_agent(tmp_path, store, runtime, clock)
     agent.images = agent_images(registry, runtime)
 
@@ -199,7 +211,7 @@ def test_pushed_checkpoints_count_in_the_nodes_bounds(
     registry: TestRegistry, tmp_path: Path
 ) -> None:
     old_name, old = record(tmp_path, pod="old", uid="1" * 32, at=1_799_999_000.0)
-    store, runtime = Store({old_name: old}), Runtime()
+    store, runtime = Store({old_name: old}), PulledRuntime()
     agent = make_agent(tmp_path, store, runtime, Clock(), max_checkpoints=1)
     agent.images = agent_images(registry, runtime)
     agent.step()
@@ -220,7 +232,7 @@ def test_a_push_the_registry_refuses_fails_the_record_with_one_line(
     registry: TestRegistry, tmp_path: Path
 ) -> None:
     name, data = record(tmp_path, pod="refused", uid="3" * 32)
-    store, runtime = Store({name: data}), Runtime()
+    store, runtime = Store({name: data}), PulledRuntime()
     agent = make_agent(tmp_path, store, runtime, Clock())
     agent.images = RegistryImages(
         f"{registry.host}/rpw-checkpoints", client(registry, "wrong"), runtime
@@ -231,3 +243,29 @@ def test_a_push_the_registry_refuses_fails_the_record_with_one_line(
     assert "failed" == store.items[name]["phase"]
     assert store.items[name]["message"].startswith("imaging failed: ")
     assert store.items[name]["message"].endswith(refused(registry))
+
+
+def test_copies_pulled_here_of_images_another_nodes_agent_deleted_are_swept(
+    registry: TestRegistry, tmp_path: Path
+) -> None:
+    runtime = PulledRuntime()
+    agent = make_agent(tmp_path, Store(), runtime, Clock())
+    agent.images = agent_images(registry, runtime)
+    pusher = client(registry)
+    repository = f"{registry.host}/rpw-checkpoints"
+    names: dict[str, set[str]] = {}
+    for pod in ("ended", "waiting"):
+        reference = f"{repository}/team-b/{pod}/main:{pod[:4] * 3}"
+        _, pushed_layout = layout(tmp_path, reference, pod.encode() * 1000)
+        pushed = pusher.push_layout(pushed_layout, reference)
+        config = manifest_of(registry, reference)["config"]["digest"]
+        names[pod] = {reference, f"{reference.rpartition(':')[0]}@{pushed.digest}", config}
+        runtime.images |= names[pod]
+        runtime.digests |= dict.fromkeys(names[pod], pushed.digest)
+    runtime.images.add("busybox:latest")
+    # The record of "ended" ends on its own node: its agent deletes the manifest.
+    pusher.delete(f"{repository}/team-b/ended/main:endeendeende")
+
+    agent.step()
+
+    assert names["waiting"] | {"busybox:latest"} == runtime.images

@@ -22,7 +22,7 @@ from webhook.agent.registry import (
     credentials_for,
     parse_reference,
 )
-from webhook.agent.runtime import LocalImages
+from webhook.agent.runtime import Containerd, LocalImages
 from webhook.agent.settings import load_agent_settings
 from webhook.core.errors import InputError
 
@@ -197,3 +197,24 @@ def test_the_command_line_loads_no_http_client_before_the_service_starts() -> No
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert "[]" == result.stdout.strip()
+
+
+def test_containerds_listing_gives_each_image_its_manifest_digest(tmp_path: Path) -> None:
+    listing = (
+        "REF TYPE DIGEST SIZE PLATFORMS LABELS\n"
+        "r.example:5000/rpw/a/b/main:0f3c2a9e1b2c application/vnd.oci.image.manifest.v1+json "
+        "sha256:aaaa 1.2 MiB linux/amd64 io.cri-containerd.image=managed\n"
+        "r.example:5000/rpw/a/b/main@sha256:aaaa application/vnd.oci.image.manifest.v1+json "
+        "sha256:aaaa 1.2 MiB linux/amd64 io.cri-containerd.image=managed\n"
+        "sha256:cccc application/vnd.oci.image.manifest.v1+json "
+        "sha256:aaaa 1.2 MiB linux/amd64 io.cri-containerd.image=managed\n"
+    )
+    ctr = tmp_path / "ctr"
+    ctr.write_text(f"#!/bin/sh\ncat <<'EOF'\n{listing}EOF\n")
+    ctr.chmod(0o755)
+    runtime = Containerd(ctr=str(ctr), address="/run/containerd/containerd.sock")
+    assert {
+        "r.example:5000/rpw/a/b/main:0f3c2a9e1b2c": "sha256:aaaa",
+        "r.example:5000/rpw/a/b/main@sha256:aaaa": "sha256:aaaa",
+        "sha256:cccc": "sha256:aaaa",
+    } == runtime.image_digests()

@@ -16,7 +16,9 @@ A pass:
 4. keeps the node within ``max_checkpoints`` pending records and ``max_checkpoint_bytes``:
    the oldest is set ``abandoned`` with a message, then cleaned;
 5. deletes archives (and layouts of a pass that died) no record names, once older than
-   ``stray_age``.
+   ``stray_age``;
+6. every ``probe_interval``, removes what the image store left on this node for records
+   that ended elsewhere (a copy pulled here for a pod restored from a registry).
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ class Agent:
         self.criu = criu
         self.clock = clock
         self._probed_at: float | None = None
+        self._swept_at: float | None = None
 
     def protect_directory(self) -> None:
         """The checkpoint directory as the kubelet makes it, root's alone (0700): the
@@ -128,6 +131,20 @@ class Agent:
             if self.finished(record, now):
                 self.clean(record)
         self.sweep(self.store.records(self.config.node), now)
+        if self._swept_at is None or now - self._swept_at >= self.config.probe_interval:
+            self.sweep_images(now)
+
+    def sweep_images(self, now: float) -> None:
+        """What the image store left on this node for records of other nodes (a pod
+        restored here from a registry), every ``probe_interval``."""
+        try:
+            removed = self.images.sweep()
+        except RuntimeFailure as e:
+            log.warning("images of ended checkpoints not swept yet: %s", e)
+            return
+        self._swept_at = now
+        for name in removed:
+            log.info("removed %s: its checkpoint ended", name)
 
     def finished(self, record: Record, now: float) -> bool:
         if record.phase not in FINISHED:

@@ -356,3 +356,27 @@ class RegistryImages:
             self.runtime.remove_image(name)
         if found is not None:
             self.client.delete_manifest(repository, found[0])
+
+    def sweep(self) -> list[str]:
+        """Copies pulled onto this node of images the registry no longer has: a pod
+        restored here from another node's record, whose agent deleted the manifest when
+        the record ended, and removed only its own node's copy. Each under every name the
+        CRI gave it (tag, ``name@digest``, the image id: the names sharing its digest)."""
+        listed = self.runtime.image_digests()
+        prefix = self.repository + "/"
+        gone = set()
+        for name, digest in listed.items():
+            if not name.startswith(prefix):
+                continue
+            repository, _, reference = name.removeprefix(self.client.host + "/").partition("@")
+            if not reference:
+                repository, reference = parse_reference(name, self.client.host)
+            if self.client.manifest_digest(repository, reference) is None:
+                gone.add(digest)
+        stale = sorted(
+            name for name, digest in listed.items()
+            if digest in gone and (name.startswith(prefix) or name.startswith("sha256:"))
+        )  # fmt: skip
+        for name in stale:
+            self.runtime.remove_image(name)
+        return stale

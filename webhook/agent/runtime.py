@@ -54,6 +54,10 @@ class Runtime(Protocol):
 
     def image_names(self) -> set[str]: ...
 
+    def image_digests(self) -> dict[str, str]:
+        """Every image's name and the digest of its target (its manifest)."""
+        ...
+
 
 class ImageStore(Protocol):
     """Where a checkpoint image goes, and how it is named: the node's runtime
@@ -68,6 +72,11 @@ class ImageStore(Protocol):
 
     def remove(self, reference: str) -> None:
         """Remove ``reference`` wherever :meth:`store` put it; absent already is fine."""
+        ...
+
+    def sweep(self) -> list[str]:
+        """Remove from this node what the store left here that no record needs any more
+        (another node's record ended); the names removed."""
         ...
 
 
@@ -87,6 +96,10 @@ class LocalImages:
 
     def remove(self, reference: str) -> None:
         self.runtime.remove_image(reference)
+
+    def sweep(self) -> list[str]:
+        # A local image is on its record's node only, and that node's agent removes it.
+        return []
 
 
 def run(argv: Sequence[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -182,6 +195,17 @@ class Containerd:
 
     def image_names(self) -> set[str]:
         return set(self._ctr("images", "list", "--quiet", timeout=60).split())
+
+    def image_digests(self) -> dict[str, str]:
+        # ``REF TYPE DIGEST SIZE PLATFORMS LABELS``: the digest is the first sha256 after
+        # the name (an image id is itself named ``sha256:...``).
+        listed: dict[str, str] = {}
+        for line in self._ctr("images", "list", timeout=60).splitlines()[1:]:
+            fields = line.split()
+            digests = [f for f in fields[1:] if f.startswith("sha256:")]
+            if fields and digests:
+                listed[fields[0]] = digests[0]
+        return listed
 
 
 @dataclass(frozen=True)
