@@ -87,7 +87,10 @@ def policy_in_force(
     admin("apply", "-f", "-", input=text)
     config = account_kubeconfig(cluster, service_ns, account, tmp_path_factory.mktemp("policy"))
     service = Kubectl(cluster.binaries.kubectl, config, ns)
-    _wait_in_force(Kubectl(cluster.binaries.kubectl, cluster.kubeconfig, ns))
+    # Probed with an image only this policy refuses when it has a registry: another
+    # module's policy, deleted a moment ago, may still refuse the local ones.
+    probe = values.get("checkpoint.registry.repository") or PREFIX
+    _wait_in_force(Kubectl(cluster.binaries.kubectl, cluster.kubeconfig, ns), probe)
     try:
         yield {
             "admin": Kubectl(cluster.binaries.kubectl, cluster.kubeconfig, ns),
@@ -97,11 +100,12 @@ def policy_in_force(
         admin("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=text, check=False)
 
 
-def _wait_in_force(admin: Kubectl) -> None:
-    """The policy is served a moment after it is created: wait until it refuses."""
+def _wait_in_force(admin: Kubectl, prefix: str = PREFIX) -> None:
+    """The policy is served a moment after it is created: wait until it refuses a pod
+    from a checkpoint image under ``prefix``."""
     deadline = time.monotonic() + 30
     for attempt in range(1_000_000):
-        probe = pod(f"probe-{attempt}", f"{PREFIX}/x/probe-{attempt}/main:1")
+        probe = pod(f"probe-{attempt}", f"{prefix}/x/probe-{attempt}/main:1")
         created = admin("apply", "-f", "-", input=yaml.safe_dump(probe), check=False)
         if "ValidatingAdmissionPolicy" in created.stderr:
             return
