@@ -92,10 +92,12 @@ node:
 vpa:
 	@scripts/build-vpa.sh >/dev/null
 
-# helm (built from the Go module proxy, cached like the control plane) and promtool and
-# prometheus (Debian's package), for the chart and monitoring tests.
+# helm and CNCF Distribution's registry (built from the Go module proxy, cached like the
+# control plane) and promtool and prometheus (Debian's package), for the chart, checkpoint
+# and monitoring tests.
 tools:
 	@scripts/build-tools.sh >/dev/null
+	@scripts/build-registry.sh >/dev/null
 	@scripts/install-test-tools.sh
 
 lint: venv

@@ -82,6 +82,7 @@ __all__ = [
     "kubelet_config",
     "machine_facts",
     "preflight",
+    "registry_hosts_toml",
 ]
 
 
@@ -303,6 +304,11 @@ class NodePaths:
         return self.root / "containerd" / "containerd.sock"
 
     @property
+    def registry_hosts(self) -> Path:
+        """containerd's ``config_path``: ``<host[:port]>/hosts.toml`` per registry."""
+        return self.root / "containerd" / "certs.d"
+
+    @property
     def cni_conf_dir(self) -> Path:
         return self.root / "cni" / "conf"
 
@@ -341,6 +347,8 @@ def containerd_config(
     * ``enable_experimental_restore_via_create``: CreateContainer restores a container whose
       image is a checkpoint image (off by default since containerd v2.3.4); the kubelet's
       checkpoint API (the ``ContainerCheckpoint`` gate, on by default) makes the archives.
+    * the registries' hosts files under ``registry_hosts`` (:func:`registry_hosts_toml`),
+      read at each pull: how a test registry's CA and credentials reach the node.
     """
     q = _toml_string
     runtime = '[plugins."io.containerd.cri.v1.runtime"'
@@ -364,6 +372,9 @@ state = {q(str(paths.containerd_state))}
 [plugins."io.containerd.cri.v1.images".pinned_images]
   sandbox = {q(sandbox_image)}
 
+[plugins."io.containerd.cri.v1.images".registry]
+  config_path = {q(str(paths.registry_hosts))}
+
 {runtime}]
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
@@ -384,6 +395,24 @@ state = {q(str(paths.containerd_state))}
 {runtime}.containerd.runtimes.runc.options]
   BinaryName = {q(str(stack.path("runc")))}
   SystemdCgroup = false
+"""
+
+
+def registry_hosts_toml(host: str, ca_file: Path, authorization: str) -> str:
+    """containerd's ``hosts.toml`` for the registry ``host`` (``address:port``): HTTPS,
+    its certificate verified with ``ca_file``, and ``authorization`` (an ``Authorization``
+    header's value) sent with every request, as the pull credentials of the node."""
+    q = _toml_string
+    server = f"https://{host}"
+    return f"""\
+server = {q(server)}
+
+[host.{q(server)}]
+  capabilities = ["pull", "resolve"]
+  ca = {q(str(ca_file))}
+
+[host.{q(server)}.header]
+  Authorization = [{q(authorization)}]
 """
 
 
@@ -635,6 +664,18 @@ class RealNode:
         Path(f"/proc/sys/net/ipv4/conf/{POD_BRIDGE}/route_localnet").write_text("1")
         for rule in nat_rules(self.control_plane.ports["apiserver"]):
             _iptables(*rule)
+
+    def trust_registry(self, host: str, ca_pem: bytes, authorization: str) -> Path:
+        """Let containerd pull from the registry ``host`` (its CA, and ``authorization``
+        with every request); the hosts file written. containerd reads it at the next pull."""
+        directory = self.paths.registry_hosts / host
+        directory.mkdir(parents=True, exist_ok=True)
+        ca_file = directory / "ca.crt"
+        ca_file.write_bytes(ca_pem)
+        hosts = directory / "hosts.toml"
+        hosts.write_text(registry_hosts_toml(host, ca_file, authorization))
+        hosts.chmod(0o600)  # the credentials
+        return hosts
 
     def _write_owner(self) -> None:
         owner = {"pid": os.getpid(), "stack": str(self.stack.directory)}

@@ -62,6 +62,8 @@ CHECKPOINT_KEYS = {
     "maxCheckpointBytes": "max-checkpoint-bytes",
     "pollInterval": "poll-interval",
 }
+#: The chart's key under ``checkpoint.registry`` -> the node agent's setting.
+REGISTRY_KEYS = {"repository": "registry"}
 #: Settings the Deployment takes from the pod (downward API), not from values.
 FROM_THE_POD = frozenset({"service-namespace", "identity"})
 #: Settings the Deployment sets from its own objects, not from values: the container's
@@ -133,10 +135,20 @@ def checkpoint_schemas() -> dict[str, dict[str, Any]]:
     }
 
 
+def registry_schemas() -> dict[str, dict[str, Any]]:
+    """``checkpoint.registry``'s keys the DaemonSet passes as flags as they are."""
+    return {
+        key: {**AGENT_SETTINGS[name].parse.schema(), "description": AGENT_SETTINGS[name].help}
+        for key, name in REGISTRY_KEYS.items()
+    }
+
+
 def generated(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with its generated parts as the table makes them."""
     properties = dict(schema["properties"])
     _with(properties, "checkpoint", checkpoint_schemas())
+    checkpoint = properties["checkpoint"]["properties"]
+    _with(checkpoint, "registry", registry_schemas())
     properties["settings"] = settings_schema()
     _with(properties, "server", port_schemas())
     for key, flags in DURATIONS.items():

@@ -11,6 +11,7 @@ service's account, each on pods bound to a node nobody serves (nothing runs).
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 from collections.abc import Iterator
@@ -43,12 +44,24 @@ def pod(name: str, image: str, *, restored: bool = False) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def callers(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """{"admin": Kubectl, "service": Kubectl, "namespace": str} with the policy in force."""
+    """{"admin": Kubectl, "service": Kubectl} with the policy in force."""
+    with policy_in_force(cluster, tmp_path_factory, {}) as in_force:
+        yield in_force
+
+
+@contextlib.contextmanager
+def policy_in_force(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory, values: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
+    """The chart's policy rendered with ``values`` (and checkpoints on) and applied, with
+    the service's account allowed to create and update pods of a namespace of its own;
+    {"admin": Kubectl, "service": Kubectl} in that namespace."""
     suffix = secrets.token_hex(3)
     service_ns, release, ns = f"rpw-cp-{suffix}", f"rpw-cp-{suffix}", f"team-{suffix}"
+    given = {"checkpoint.enabled": True, "namespace.name": service_ns, **values}
     policy = [
         d
-        for d in render({"checkpoint.enabled": True, "namespace.name": service_ns}, release=release)
+        for d in render(given, release=release)
         if d["kind"].startswith("ValidatingAdmissionPolicy")
         and d["metadata"]["name"].endswith("-checkpoint-images")
     ]
@@ -74,16 +87,25 @@ def callers(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     admin("apply", "-f", "-", input=text)
     config = account_kubeconfig(cluster, service_ns, account, tmp_path_factory.mktemp("policy"))
     service = Kubectl(cluster.binaries.kubectl, config, ns)
-    _wait_in_force(Kubectl(cluster.binaries.kubectl, cluster.kubeconfig, ns))
-    yield {"admin": Kubectl(cluster.binaries.kubectl, cluster.kubeconfig, ns), "service": service}
-    admin("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=text, check=False)
+    # Probed with an image only this policy refuses when it has a registry: another
+    # module's policy, deleted a moment ago, may still refuse the local ones.
+    probe = values.get("checkpoint.registry.repository") or PREFIX
+    _wait_in_force(Kubectl(cluster.binaries.kubectl, cluster.kubeconfig, ns), probe)
+    try:
+        yield {
+            "admin": Kubectl(cluster.binaries.kubectl, cluster.kubeconfig, ns),
+            "service": service,
+        }
+    finally:
+        admin("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=text, check=False)
 
 
-def _wait_in_force(admin: Kubectl) -> None:
-    """The policy is served a moment after it is created: wait until it refuses."""
+def _wait_in_force(admin: Kubectl, prefix: str = PREFIX) -> None:
+    """The policy is served a moment after it is created: wait until it refuses a pod
+    from a checkpoint image under ``prefix``."""
     deadline = time.monotonic() + 30
     for attempt in range(1_000_000):
-        probe = pod(f"probe-{attempt}", f"{PREFIX}/x/probe-{attempt}/main:1")
+        probe = pod(f"probe-{attempt}", f"{prefix}/x/probe-{attempt}/main:1")
         created = admin("apply", "-f", "-", input=yaml.safe_dump(probe), check=False)
         if "ValidatingAdmissionPolicy" in created.stderr:
             return

@@ -41,6 +41,7 @@ from harness.realnode import (
     nat_rules,
     preflight,
     preflight_message,
+    registry_hosts_toml,
 )
 
 CAPABLE = MachineFacts(
@@ -133,6 +134,18 @@ def test_containerd_config_is_the_one_this_machine_needs(tmp_path: Path) -> None
         images["snapshotter"],
         images["pinned_images"],
     )
+    assert {"config_path": str(paths.registry_hosts)} == images["registry"]
+
+
+def test_a_registrys_hosts_file_names_its_ca_and_the_nodes_credentials(tmp_path: Path) -> None:
+    hosts = tomllib.loads(registry_hosts_toml("198.18.0.1:5000", tmp_path / "ca.crt", "Basic dTpw"))
+    assert {
+        "server": "https://198.18.0.1:5000",
+        "host": {"https://198.18.0.1:5000": {
+            "capabilities": ["pull", "resolve"], "ca": str(tmp_path / "ca.crt"),
+            "header": {"Authorization": ["Basic dTpw"]},
+        }},
+    } == hosts  # fmt: skip
 
 
 def test_everything_the_node_writes_is_under_its_state_dir(tmp_path: Path) -> None:

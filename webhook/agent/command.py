@@ -11,10 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from webhook.agent.loop import Agent, AgentConfig
-from webhook.agent.records import CheckpointStore
-from webhook.agent.runtime import Containerd, probe_criu
+from webhook.agent.records import CheckpointStore, split_repository
+from webhook.agent.registry import RegistryClient, RegistryFailure, RegistryImages, load_credentials
+from webhook.agent.runtime import Containerd, ImageStore, LocalImages, Runtime, probe_criu
 from webhook.agent.settings import AgentSettings
-from webhook.core.errors import WebhookError
+from webhook.core.errors import InputError, WebhookError
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,31 @@ def build_agent(
         failed_retention=settings.failed_retention,
         stray_age=settings.stray_age,
     )
-    return Agent(config, store, runtime, lambda: probe_criu(settings.criu), clock)
+    images = image_store(settings, runtime)
+    return Agent(config, store, runtime, lambda: probe_criu(settings.criu), clock, images)
+
+
+def image_store(settings: AgentSettings, runtime: Runtime) -> ImageStore:
+    """The node's runtime, or the registry when one is set; its CA and credentials files
+    are read here, so that a missing one is a bad setting (one line, exit 2)."""
+    if not settings.registry:
+        return LocalImages(runtime)
+    host, _ = split_repository(settings.registry)
+    ca = Path(settings.registry_ca) if settings.registry_ca else None
+    if ca is not None and not ca.is_file():
+        raise InputError(f"--registry-ca={settings.registry_ca!r} is not a readable file")
+    credentials = None
+    if settings.registry_auth:
+        try:
+            credentials = load_credentials(Path(settings.registry_auth), host)
+        except RegistryFailure as e:
+            raise InputError(f"--registry-auth: {e}") from None
+        if credentials is None:
+            raise InputError(
+                f"--registry-auth={settings.registry_auth!r} holds no entry for {host}"
+            )
+    client = RegistryClient(host, ca_file=ca, credentials=credentials)
+    return RegistryImages(settings.registry, client, runtime)
 
 
 def run_agent(agent: Agent, poll_interval: float, *, once: bool = False) -> int:

@@ -6,15 +6,18 @@ A pass:
 
 1. publishes the node's capability every ``probe_interval`` seconds;
 2. turns each ``archived`` record into images: per container an OCI image layout written
-   beside the archive (:func:`~webhook.agent.oci.write_image_layout`), imported, removed;
-   the command read from the archive; then the archives are deleted and the record says
+   beside the archive (:func:`~webhook.agent.oci.write_image_layout`), stored (imported
+   into the runtime, or pushed to a registry: :class:`~webhook.agent.runtime.ImageStore`),
+   removed; the command read from the archive; then the archives are deleted and the record says
    ``imaged`` (or ``failed`` with one line, and whatever it imported is removed again);
 3. cleans up ``restored``, ``abandoned`` and - after ``failed_retention`` seconds, for
    the service to read why - ``failed`` records: images, archives, the record;
 4. keeps the node within ``max_checkpoints`` pending records and ``max_checkpoint_bytes``:
    the oldest is set ``abandoned`` with a message, then cleaned;
 5. deletes archives (and layouts of a pass that died) no record names, once older than
-   ``stray_age``.
+   ``stray_age``;
+6. every ``probe_interval``, removes what the image store left on this node for records
+   that ended elsewhere (a copy pulled here for a pod restored from a registry).
 """
 
 from __future__ import annotations
@@ -28,14 +31,20 @@ from pathlib import Path
 
 from webhook.agent.oci import ArchiveError, process_args, write_image_layout
 from webhook.agent.records import CheckpointStore, one_line
-from webhook.agent.runtime import CriuFacts, Runtime, RuntimeFacts, RuntimeFailure
+from webhook.agent.runtime import (
+    CriuFacts,
+    ImageStore,
+    LocalImages,
+    Runtime,
+    RuntimeFacts,
+    RuntimeFailure,
+)
 from webhook.core.checkpoint import (
     FINISHED,
     PENDING,
     CheckpointRecord,
     NodeCheckpointing,
     Phase,
-    image_reference,
     parse_rfc3339,
     rfc3339,
 )
@@ -66,13 +75,17 @@ class Agent:
         runtime: Runtime,
         criu: Callable[[], CriuFacts],
         clock: Callable[[], float],
+        images: ImageStore | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.runtime = runtime
+        #: Where images go: the runtime's store unless a registry is set.
+        self.images: ImageStore = images if images is not None else LocalImages(runtime)
         self.criu = criu
         self.clock = clock
         self._probed_at: float | None = None
+        self._swept_at: float | None = None
 
     def protect_directory(self) -> None:
         """The checkpoint directory as the kubelet makes it, root's alone (0700): the
@@ -116,6 +129,20 @@ class Agent:
             if self.finished(record, now):
                 self.clean(record)
         self.sweep(self.store.records_on(node), now)
+        if self._swept_at is None or now - self._swept_at >= self.config.probe_interval:
+            self.sweep_images(now)
+
+    def sweep_images(self, now: float) -> None:
+        """What the image store left on this node for records of other nodes (a pod
+        restored here from a registry), every ``probe_interval``."""
+        try:
+            removed = self.images.sweep()
+        except RuntimeFailure as e:
+            log.warning("images of ended checkpoints not swept yet: %s", e)
+            return
+        self._swept_at = now
+        for name in removed:
+            log.info("removed %s: its checkpoint ended", name)
 
     def finished(self, record: CheckpointRecord, now: float) -> bool:
         if record.phase not in FINISHED:
@@ -147,7 +174,7 @@ class Agent:
             images, commands, sizes = {}, {}, {}
             for container, path in sorted(archives.items()):
                 archive = self.archive_path(path)
-                reference = image_reference(namespace, pod, container, uid)
+                reference = self.images.reference(namespace, pod, container, uid)
                 commands[container] = process_args(archive)
                 sizes[container] = archive.stat().st_size
                 self._import(archive, reference, container, uid)
@@ -184,7 +211,7 @@ class Agent:
         layout = archive.parent / f"{LAYOUT_PREFIX}{uid}-{container}.tar"
         try:
             write_image_layout(archive, layout, reference=reference, container=container)
-            self.runtime.import_image(layout, reference)
+            self.images.store(layout, reference)
         finally:
             self._unlink(layout)
 
@@ -195,7 +222,7 @@ class Agent:
         the next pass."""
         try:
             for reference in record.images.values():
-                self.runtime.remove_image(reference)
+                self.images.remove(reference)
         except RuntimeFailure as e:
             log.warning("checkpoint %s: images not removed yet: %s", record.name, e)
             return
@@ -277,7 +304,7 @@ class Agent:
 
     def _remove_image(self, reference: str) -> None:
         try:
-            self.runtime.remove_image(reference)
+            self.images.remove(reference)
         except RuntimeFailure as e:
             log.warning("image %s not removed: %s", reference, e)
 

@@ -6,6 +6,7 @@ for the service and the agents alike."""
 
 from __future__ import annotations
 
+import re
 from typing import Final, Protocol
 
 from webhook.core.checkpoint import CheckpointRecord, NodeCheckpointing
@@ -21,6 +22,28 @@ MESSAGE_LIMIT: Final = 300
 def one_line(text: str) -> str:
     """A message as one line of at most :data:`MESSAGE_LIMIT` characters."""
     return clip(text, MESSAGE_LIMIT)
+
+
+#: ``host[:port]/path``: a registry host (a name with a dot or a port, or ``localhost``)
+#: and at least one path component, as image references spell them, all lower case: the
+#: agent writes references in lower case, and the chart's admission policy compares them
+#: with this prefix as given.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"(?:[a-z0-9-]+(?:\.[a-z0-9-]+)+|localhost|\[[0-9a-f:]+\])(?::[0-9]{1,5})?"
+_HOST_ONLY = r"[a-z0-9-]+:[0-9]{1,5}"
+REPOSITORY_PATTERN: Final = rf"^(?:{_HOST}|{_HOST_ONLY})(?:/{_COMPONENT})+$"
+_REPOSITORY = re.compile(REPOSITORY_PATTERN)
+
+
+def valid_repository(value: str) -> bool:
+    """Whether ``value`` is a registry repository prefix (``host[:port]/path``)."""
+    return bool(_REPOSITORY.match(value))
+
+
+def split_repository(prefix: str) -> tuple[str, str]:
+    """``registry.example:5000/rpw-checkpoints`` -> (host, path)."""
+    host, _, path = prefix.partition("/")
+    return host, path
 
 
 class CheckpointStore(Protocol):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from webhook.agent.records import MIN_CRIU
+from webhook.core.checkpoint import image_reference
 
 #: containerd releases whose CRI restores a container from a checkpoint image in
 #: CreateContainer: from v2.3.4 only when enabled in its configuration; gone in v2.4.
@@ -53,6 +54,53 @@ class Runtime(Protocol):
         ...
 
     def image_names(self) -> set[str]: ...
+
+    def image_digests(self) -> dict[str, str]:
+        """Every image's name and the digest of its target (its manifest)."""
+        ...
+
+
+class ImageStore(Protocol):
+    """Where a checkpoint image goes, and how it is named: the node's runtime
+    (:class:`LocalImages`) or a registry (:class:`webhook.agent.registry.RegistryImages`).
+    The agent's pass does not know which."""
+
+    def reference(self, namespace: str, pod: str, container: str, uid: str) -> str: ...
+
+    def store(self, layout: Path, reference: str) -> None:
+        """Make the OCI image layout tar ``layout`` available as ``reference``."""
+        ...
+
+    def remove(self, reference: str) -> None:
+        """Remove ``reference`` wherever :meth:`store` put it; absent already is fine."""
+        ...
+
+    def sweep(self) -> list[str]:
+        """Remove from this node what the store left here that no record needs any more
+        (another node's record ended); the names removed."""
+        ...
+
+
+@dataclass(frozen=True)
+class LocalImages:
+    """Checkpoint images imported into the node's runtime, under
+    ``localhost/resize-preemption-checkpoint/``: a restored pod names them with
+    ``imagePullPolicy: Never``."""
+
+    runtime: Runtime
+
+    def reference(self, namespace: str, pod: str, container: str, uid: str) -> str:
+        return image_reference(namespace, pod, container, uid)
+
+    def store(self, layout: Path, reference: str) -> None:
+        self.runtime.import_image(layout, reference)
+
+    def remove(self, reference: str) -> None:
+        self.runtime.remove_image(reference)
+
+    def sweep(self) -> list[str]:
+        # A local image is on its record's node only, and that node's agent removes it.
+        return []
 
 
 def run(argv: Sequence[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -148,6 +196,17 @@ class Containerd:
 
     def image_names(self) -> set[str]:
         return set(self._ctr("images", "list", "--quiet", timeout=60).split())
+
+    def image_digests(self) -> dict[str, str]:
+        # ``REF TYPE DIGEST SIZE PLATFORMS LABELS``: the digest is the first sha256 after
+        # the name (an image id is itself named ``sha256:...``).
+        listed: dict[str, str] = {}
+        for line in self._ctr("images", "list", timeout=60).splitlines()[1:]:
+            fields = line.split()
+            digests = [f for f in fields[1:] if f.startswith("sha256:")]
+            if fields and digests:
+                listed[fields[0]] = digests[0]
+        return listed
 
 
 @dataclass(frozen=True)

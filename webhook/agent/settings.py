@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
+from webhook.agent.records import REPOSITORY_PATTERN, valid_repository
 from webhook.core.errors import InputError, QuantityError
 from webhook.core.resources import memory_bytes
 from webhook.engine.settings import Count, Namespace, Rule, Seconds, Text, env_name
@@ -74,6 +75,38 @@ class Absolute(Rule):
 
 
 @dataclass(frozen=True, slots=True)
+class OptionalAbsolute(Rule):
+    """An absolute path, or empty: none."""
+
+    def __call__(self, value: object) -> str:
+        if not isinstance(value, str) or (value and not value.startswith("/")):
+            raise ValueError("must be an absolute path, or empty for none")
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "string", "pattern": "^(/.*)?$"}
+
+
+@dataclass(frozen=True, slots=True)
+class Repository(Rule):
+    """A registry repository prefix, ``host[:port]/path`` as image references spell it, or
+    empty: images stay in the node's runtime."""
+
+    def __call__(self, value: object) -> str:
+        if not isinstance(value, str) or (value and not valid_repository(value)):
+            raise ValueError(self.rule)
+        return value
+
+    rule: ClassVar[str] = (
+        "must be a registry and a lower-case path, e.g. registry.example:5000/rpw-checkpoints,"
+        " or empty for none"
+    )
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "string", "pattern": f"^$|{REPOSITORY_PATTERN}"}
+
+
+@dataclass(frozen=True, slots=True)
 class AgentSettings:
     """Everything the node agent is told (docs/checkpoint.md, "The node agent")."""
 
@@ -92,6 +125,9 @@ class AgentSettings:
     probe_interval: float = 300.0
     failed_retention: float = 300.0
     stray_age: float = 300.0
+    registry: str = ""
+    registry_ca: str = ""
+    registry_auth: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +194,24 @@ AGENT_SETTINGS: Final[dict[str, AgentSetting]] = {
     "stray-age": AgentSetting(
         "stray_age", Seconds(), "seconds before an archive no record names is deleted", "SECONDS"
     ),
+    "registry": AgentSetting(
+        "registry",
+        Repository(),
+        "push checkpoint images under this registry repository instead of importing them",
+        "HOST/PATH",
+    ),
+    "registry-ca": AgentSetting(
+        "registry_ca",
+        OptionalAbsolute(),
+        "CA bundle (PEM) the registry's certificate is verified with; empty: the system's",
+        "FILE",
+    ),
+    "registry-auth": AgentSetting(
+        "registry_auth",
+        OptionalAbsolute(),
+        "docker config.json holding the registry's credentials; empty: none",
+        "FILE",
+    ),
 }
 
 
@@ -188,4 +242,6 @@ def load_agent_settings(
     settings = dataclasses.replace(AgentSettings(), **values)
     if not settings.node:
         raise InputError(f"command line: --node is required (or {env_name('node')})")
+    if not settings.registry and (settings.registry_ca or settings.registry_auth):
+        raise InputError("command line: --registry-ca and --registry-auth need --registry")
     return settings
