@@ -16,7 +16,7 @@ from webhook.engine.admission import AdmissionEngine
 from webhook.engine.follow import Follow
 from webhook.engine.hooks import Hooks
 from webhook.engine.ledger import VictimEvictor
-from webhook.engine.loop import Backlog, Runnables
+from webhook.engine.loop import Backlog, Loop, Runnables
 from webhook.engine.metrics import Metrics
 from webhook.engine.pauses import Pauses, PausingEvictor, Restorer
 from webhook.engine.reconciler import Reconciler
@@ -117,14 +117,15 @@ def _pausing(
     recorder: EventRecorder,
     metrics: Metrics,
     config: Config,
-) -> tuple[Pauses, Restorer | None]:
-    """Who is checkpointed, and the restores; without the setting ``checkpoints`` the
-    opt-in is only judged (plans say such victims are evicted) and nothing is read."""
+) -> tuple[Pauses, Restorer | None, ConfigMapCheckpoints | None]:
+    """Who is checkpointed, the restores, and the store they read; without the setting
+    ``checkpoints`` the opt-in is only judged (plans say such victims are evicted) and
+    nothing is read."""
     if not config.checkpoints:
-        return Pauses(None, False), None
+        return Pauses(None, False), None, None
     store = ConfigMapCheckpoints(api, config.namespace)
     restorer = Restorer(cache, ledger, store, PodCreator(api), recorder, metrics)
-    return Pauses(store, True), restorer
+    return Pauses(store, True), restorer, store
 
 
 def _checkpointing(
@@ -163,16 +164,28 @@ def _elector(
 
 
 def _readiness(
-    tls: Any, cache: ClusterCache, ledger: LeaseLedger, config: Config
+    tls: Any,
+    cache: ClusterCache,
+    ledger: LeaseLedger,
+    config: Config,
+    checkpoints: ConfigMapCheckpoints | None,
 ) -> Callable[[], dict[str, bool]]:
-    return lambda: {
-        "tls": bool(tls.loaded()),
-        "cache": cache.synced(),
-        # Past the bound every review fails open: let the Service send them to a replica
-        # whose watches are current.
-        "cache-current": config.cache_current(cache.staleness()),
-        "ledger": ledger.reachable(),
-    }
+    def ready() -> dict[str, bool]:
+        checks = {
+            "tls": bool(tls.loaded()),
+            "cache": cache.synced(),
+            # Past the bound every review fails open: let the Service send them to a
+            # replica whose watches are current.
+            "cache-current": config.cache_current(cache.staleness()),
+            "ledger": ledger.reachable(),
+        }
+        if checkpoints is not None:
+            # Before it, a plan finds no node able to checkpoint: an opted-in victim
+            # would be evicted.
+            checks["checkpoints"] = checkpoints.synced()
+        return checks
+
+    return ready
 
 
 def build(
@@ -199,7 +212,7 @@ def build(
         ledger = hooks.ledger(lease_ledger, identity)
         act_api = make_api_client(kubeconfig)
         recorder = EventRecorder(act_api, controller=config.scheduler_name, instance=identity)
-        pauses, restorer = _pausing(act_api, cache, ledger, recorder, metrics, config)
+        pauses, restorer, checkpoints = _pausing(act_api, cache, ledger, recorder, metrics, config)
         evictor = _evictor(act_api, recorder, metrics, config)
         if restorer is not None:
             evictor = _checkpointing(evictor, act_api, cache, pauses, recorder, metrics, config)
@@ -241,10 +254,14 @@ def build(
             config,
             engine=engine,
             metrics=metrics,
-            readiness=_readiness(tls, cache, lease_ledger, config),
+            readiness=_readiness(tls, cache, lease_ledger, config, checkpoints),
         )
         for runnable in (after_review, cache, lease_ledger):
             runnables.add(runnable, stop_timeout=5)
+        if checkpoints is not None:
+            # Every replica answers reviews: each keeps the agents' abilities fresh.
+            abilities = Loop("checkpoint-abilities", lambda _: checkpoints.refresh(), period=1.0)
+            runnables.add(abilities, stop_timeout=5)
         runnables.add(elector, stop_timeout=10)
         _keep_certificates(runnables, act_api, managed_tls)
         if config.mode != "warn":

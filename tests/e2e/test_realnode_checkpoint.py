@@ -220,6 +220,12 @@ def capability_of(cluster: RealCluster, namespace: str) -> dict[str, str] | None
     return found["data"] if found else None
 
 
+def terminating(cluster: RealCluster) -> list[str]:
+    """The pods on node-1 still leaving (a release replaced, a namespace removed)."""
+    pods = cluster.client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={NODE_NAME}")
+    return [p["metadata"]["name"] for p in pods["items"] if p["metadata"].get("deletionTimestamp")]
+
+
 def assert_capable(capability: dict[str, str] | None) -> None:
     assert capability is not None
     assert ("true", "true", "4.1.1", "") == (

@@ -34,7 +34,7 @@ from tests.e2e.test_realnode import (
     warnings,
     workload,
 )
-from tests.e2e.test_realnode_checkpoint import capability_of
+from tests.e2e.test_realnode_checkpoint import capability_of, terminating
 from webhook.core.checkpoint import ON_PREEMPT_ANNOTATION, RESTORED_FROM_ANNOTATION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
@@ -61,6 +61,12 @@ def checkpointing(real_cluster: RealCluster) -> Iterator[None]:
             assert time.monotonic() < deadline, "the node agent published no abilities"
             time.sleep(0.5)
         assert ("true", "true") == (capability["checkpoint"], capability["restore"]), capability
+        # The walkthrough sizes its pods to the CPU the node's pods request: the release
+        # uninstalled above must have left it, or the preemptor's room shows up later.
+        while terminating(real_cluster):
+            assert time.monotonic() < deadline, f"still terminating: {terminating(real_cluster)}"
+            time.sleep(0.5)
+        time.sleep(2.0)  # every replica lists the abilities each second: it has read them
         yield
     finally:
         real_cluster.uninstall_chart()

@@ -36,7 +36,7 @@ from tests.e2e.test_realnode import (
     events,
     read,
 )
-from tests.e2e.test_realnode_checkpoint import capability_of
+from tests.e2e.test_realnode_checkpoint import capability_of, terminating
 from tests.e2e.test_realnode_pause import (
     COUNTER,
     PREEMPTOR,
@@ -108,6 +108,7 @@ def pushing(real_cluster: RealCluster, registry: TestRegistry) -> Iterator[str]:
         while (capability := capability_of(real_cluster, SERVICE_NAMESPACE)) is None:
             assert time.monotonic() < deadline, "the node agent published no abilities"
             time.sleep(0.5)
+        time.sleep(2.0)  # every replica lists the abilities each second: it has read them
         assert ("true", "true") == (capability["checkpoint"], capability["restore"]), capability
         # The walkthrough sizes its pods to the CPU the node's pods request: the release
         # uninstalled above must have left it, or the preemptor's room shows up later.
@@ -126,11 +127,6 @@ def pushing(real_cluster: RealCluster, registry: TestRegistry) -> Iterator[str]:
         ):
             if client.get_or_none(path) is not None:
                 client.delete(path)
-
-
-def terminating(cluster: RealCluster) -> list[str]:
-    pods = cluster.client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={NODE_NAME}")
-    return [p["metadata"]["name"] for p in pods["items"] if p["metadata"].get("deletionTimestamp")]
 
 
 def containerd_images(cluster: RealCluster) -> list[str]:

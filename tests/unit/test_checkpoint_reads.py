@@ -213,3 +213,30 @@ def test_a_list_started_before_a_write_does_not_answer_records_after_it(
 
     assert ["u-1"] == [r.uid for r in found]
     assert 3 == lister.calls  # the first, the review's, and the worker's own after the write
+
+
+def test_a_replica_is_ready_only_once_the_abilities_were_listed(lister: Lister) -> None:
+    lister.hold()  # the API server has not answered yet
+    store = _store(lister, Clock())
+    assert False is store.synced()  # and the first call started the list
+    assert 1 == lister.calls
+    assert False is store.synced()  # the list in flight is not started again
+    assert 1 == lister.calls
+    lister.released.set()
+    _settled(store)
+    assert True is store.synced()
+    assert NodeCheckpointing(NODE, True, True) == store.capability(NODE)
+
+
+def test_a_replica_whose_list_failed_is_not_ready(lister: Lister) -> None:
+    clock = Clock()
+    lister.failure = ClusterError("the API server is away")
+    store = _store(lister, clock)
+    assert False is store.synced()
+    _settled(store)
+    assert False is store.synced()
+    clock.now += 2  # the next list is tried max_age later
+    lister.failure = None
+    store.synced()
+    _settled(store)
+    assert True is store.synced()

@@ -262,17 +262,38 @@ class ConfigMapCheckpoints:
         with self._lock:
             return self._items
 
+    def _list_behind(self) -> float:
+        """Starts a list in a thread of its own when the last is over ``max_age`` old and
+        none was started since; the last list's age. Under the lock."""
+        now = self._clock()
+        age = now - self._listed_at
+        if age > self._max_age and now - self._tried_at > self._max_age:
+            writes = self._start_list()
+            if writes is not None:
+                threading.Thread(
+                    target=self._run_list, args=(writes,), name="checkpoint-list", daemon=True
+                ).start()
+        return age
+
+    def refresh(self) -> None:
+        """Lists now unless a list is in flight: every replica's loop calls it each
+        ``max_age`` seconds, so that the abilities a review reads are about that old."""
+        with self._lock:
+            writes = self._start_list()
+        if writes is not None:
+            self._run_list(writes)
+
+    def synced(self) -> bool:
+        """Whether the abilities were listed once: the service's readiness, so that no
+        review reaches a replica that would find no node able to checkpoint (and evict a
+        victim that asked to be checkpointed). A call before starts the list."""
+        with self._lock:
+            return self._list_behind() != float("inf")
+
     def _cached(self) -> list[dict[str, Any]]:
         """The ConfigMaps of the last list; see the class for when it waits."""
         with self._lock:
-            now = self._clock()
-            age = now - self._listed_at
-            if age > self._max_age and now - self._tried_at > self._max_age:
-                writes = self._start_list()
-                if writes is not None:
-                    threading.Thread(
-                        target=self._run_list, args=(writes,), name="checkpoint-list", daemon=True
-                    ).start()
+            age = self._list_behind()
             items = self._items
         if age > MAX_STALE:
             self._idle.wait(ABILITY_WAIT)
