@@ -258,10 +258,7 @@ def build(
         )
         for runnable in (after_review, cache, lease_ledger):
             runnables.add(runnable, stop_timeout=5)
-        if checkpoints is not None:
-            # Every replica answers reviews: each keeps the agents' abilities fresh.
-            abilities = Loop("checkpoint-abilities", lambda _: checkpoints.refresh(), period=1.0)
-            runnables.add(abilities, stop_timeout=5)
+        _keep_abilities(runnables, checkpoints)
         runnables.add(elector, stop_timeout=10)
         _keep_certificates(runnables, act_api, managed_tls)
         if config.mode != "warn":
@@ -271,6 +268,15 @@ def build(
         return _worker_app(app, runnables, metrics, cache)
 
     return factory
+
+
+def _keep_abilities(runnables: Runnables, checkpoints: ConfigMapCheckpoints | None) -> None:
+    """Every replica answers reviews: each lists the agents' abilities every second."""
+    if checkpoints is not None:
+        store = checkpoints
+        runnables.add(
+            Loop("checkpoint-abilities", lambda _: store.refresh(), period=1.0), stop_timeout=5
+        )
 
 
 def _lead(runnables: Runnables, follow: Follow, worker: Any, reconciler: Any) -> None:
