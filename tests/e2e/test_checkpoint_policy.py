@@ -114,6 +114,37 @@ def _wait_in_force(admin: Kubectl, prefix: str = PREFIX) -> None:
         time.sleep(0.3)
 
 
+def create_as(
+    callers: dict[str, Any], caller: str, manifest: dict[str, Any], refused_with: str
+) -> None:
+    """``caller`` creates ``manifest`` (its image's ``{ns}`` the test's namespace): refused
+    with ``refused_with``, or created when that is empty."""
+    namespace = callers["admin"].namespace
+    image = manifest["spec"]["containers"][0]["image"]
+    manifest["spec"]["containers"][0]["image"] = image.replace("{ns}", namespace)
+
+    created = callers[caller]("create", "-f", "-", input=yaml.safe_dump(manifest), check=False)
+
+    if refused_with:
+        assert 0 != created.returncode
+        assert refused_with in created.stderr, created.stderr
+    else:
+        assert 0 == created.returncode, created.stderr
+
+
+def switch_refused(callers: dict[str, Any], repository: str) -> None:
+    """A pod the admin made from another image cannot be switched to a checkpoint image
+    under ``repository``."""
+    admin = callers["admin"]
+    admin("create", "-f", "-", input=yaml.safe_dump(pod("f", "busybox")))
+
+    image = f"{repository}/{admin.namespace}/f/main:1"
+    switched = admin("set", "image", "pod/f", f"main={image}", check=False)
+
+    assert 0 != switched.returncode
+    assert "only the resize-preemption-webhook service" in switched.stderr, switched.stderr
+
+
 @pytest.mark.parametrize(
     ("caller", "manifest", "refused_with"),
     [
@@ -147,27 +178,10 @@ def _wait_in_force(admin: Kubectl, prefix: str = PREFIX) -> None:
 def test_who_may_create_a_pod_from_a_checkpoint_image(
     callers: dict[str, Any], caller: str, manifest: dict[str, Any], refused_with: str
 ) -> None:
-    namespace = callers["admin"].namespace
-    image = manifest["spec"]["containers"][0]["image"]
-    manifest["spec"]["containers"][0]["image"] = image.replace("{ns}", namespace)
-
-    created = callers[caller]("create", "-f", "-", input=yaml.safe_dump(manifest), check=False)
-
-    if refused_with:
-        assert 0 != created.returncode
-        assert refused_with in created.stderr, created.stderr
-    else:
-        assert 0 == created.returncode, created.stderr
+    create_as(callers, caller, manifest, refused_with)
 
 
 def test_a_pod_already_there_cannot_be_switched_to_a_checkpoint_image(
     callers: dict[str, Any],
 ) -> None:
-    admin = callers["admin"]
-    admin("create", "-f", "-", input=yaml.safe_dump(pod("f", "busybox")))
-
-    image = f"{PREFIX}/{admin.namespace}/f/main:1"
-    switched = admin("set", "image", "pod/f", f"main={image}", check=False)
-
-    assert 0 != switched.returncode
-    assert "only the resize-preemption-webhook service" in switched.stderr, switched.stderr
+    switch_refused(callers, PREFIX)

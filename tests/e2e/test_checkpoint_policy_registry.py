@@ -9,10 +9,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.e2e.conftest import Cluster
-from tests.e2e.test_checkpoint_policy import PREFIX, pod, policy_in_force
+from tests.e2e.test_checkpoint_policy import (
+    PREFIX,
+    create_as,
+    pod,
+    policy_in_force,
+    switch_refused,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -49,27 +54,10 @@ ONLY_THE_SERVICE = "only the resize-preemption-webhook service creates pods from
 def test_who_may_create_a_pod_from_a_pushed_checkpoint_image(
     callers: dict[str, Any], caller: str, manifest: dict[str, Any], refused_with: str
 ) -> None:
-    namespace = callers["admin"].namespace
-    image = manifest["spec"]["containers"][0]["image"]
-    manifest["spec"]["containers"][0]["image"] = image.replace("{ns}", namespace)
-
-    created = callers[caller]("create", "-f", "-", input=yaml.safe_dump(manifest), check=False)
-
-    if refused_with:
-        assert 0 != created.returncode
-        assert refused_with in created.stderr, created.stderr
-    else:
-        assert 0 == created.returncode, created.stderr
+    create_as(callers, caller, manifest, refused_with)
 
 
 def test_a_pod_already_there_cannot_be_switched_to_a_pushed_checkpoint_image(
     callers: dict[str, Any],
 ) -> None:
-    admin = callers["admin"]
-    admin("create", "-f", "-", input=yaml.safe_dump(pod("f", "busybox")))
-
-    image = f"{REPOSITORY}/{admin.namespace}/f/main:1"
-    switched = admin("set", "image", "pod/f", f"main={image}", check=False)
-
-    assert 0 != switched.returncode
-    assert ONLY_THE_SERVICE in switched.stderr, switched.stderr
+    switch_refused(callers, REPOSITORY)
