@@ -83,6 +83,27 @@ def opted_in(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
+def restored_counting_on(
+    cluster: RealCluster, ns: str, old_uid: str, before: int, wait_until: Waiter
+) -> tuple[dict[str, Any], int]:
+    """The victim's new incarnation once Running and its first count, after checking that
+    its count goes on from ``before`` (a process started afresh would be at 1 or 2)."""
+
+    def restored() -> dict[str, Any] | None:
+        pod = read(cluster, ns, VICTIM)
+        if pod is None or pod["metadata"]["uid"] == old_uid:
+            return None
+        return pod if pod["status"].get("phase") == "Running" else None
+
+    pod: dict[str, Any] = wait_until(
+        restored, timeout=180, interval=0.5, what="the victim restored"
+    )
+    first = count(cluster, ns)
+    assert before <= first <= before + 30, (before, first)
+    wait_until(lambda: count(cluster, ns) > first, timeout=10, what="the count to go on")
+    return pod, first
+
+
 def count(cluster: RealCluster, namespace: str) -> int:
     return int(cluster.exec(namespace, VICTIM, ["cat", "/tmp/count"]).strip() or 0)
 
@@ -153,17 +174,7 @@ def test_a_checkpointed_victim_comes_back_with_its_memory_when_room_returns(
     # Room returns: the preemptor back to its size. The victim comes back on node-1.
     resize(real_cluster, ns, walk.high)
 
-    def restored() -> dict[str, Any] | None:
-        pod = read(real_cluster, ns, VICTIM)
-        if pod is None or pod["metadata"]["uid"] == old_uid:
-            return None
-        return pod if pod["status"].get("phase") == "Running" else None
-
-    pod = wait_until(restored, timeout=180, interval=0.5, what="the victim restored")
-    first = count(real_cluster, ns)
-    # A process started afresh would be at 1 or 2 here; the restored one goes on.
-    assert before <= first <= before + 30, (before, first)
-    wait_until(lambda: count(real_cluster, ns) > first, timeout=10, what="the count to go on")
+    pod, _ = restored_counting_on(real_cluster, ns, old_uid, before, wait_until)
     assert NODE_NAME == pod["spec"]["nodeName"]
     assert {"app": "counter"} == pod["metadata"]["labels"]
     assert {

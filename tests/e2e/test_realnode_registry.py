@@ -44,6 +44,7 @@ from tests.e2e.test_realnode_pause import (
     count,
     records,
     resize,
+    restored_counting_on,
     start_walkthrough,
 )
 from webhook.agent.runtime import Containerd
@@ -182,16 +183,7 @@ def test_a_checkpoint_pushed_to_the_registry_is_pulled_back_and_goes_on_counting
     # Room returns: the preemptor back to its size. The victim comes back from the registry.
     resize(real_cluster, ns, walk.high)
 
-    def restored() -> dict[str, Any] | None:
-        pod = read(real_cluster, ns, VICTIM)
-        if pod is None or pod["metadata"]["uid"] == old_uid:
-            return None
-        return pod if pod["status"].get("phase") == "Running" else None
-
-    pod = wait_until(restored, timeout=180, interval=0.5, what="the victim restored")
-    first = count(real_cluster, ns)
-    assert before <= first <= before + 30, (before, first)
-    wait_until(lambda: count(real_cluster, ns) > first, timeout=10, what="the count to go on")
+    pod, first = restored_counting_on(real_cluster, ns, old_uid, before, wait_until)
     (container,) = pod["spec"]["containers"]
     assert reference == container["image"]
     assert "Never" != container["imagePullPolicy"]
