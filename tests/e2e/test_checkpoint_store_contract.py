@@ -59,7 +59,12 @@ def _configmaps(cluster: Any, namespace: str) -> Iterator[Store]:
     store = ConfigMapCheckpoints(api, namespace, max_age=0.0)
     # What a node agent writes (docs/checkpoint.md, "Node abilities"), by its own store.
     agent = ConfigMapCheckpoints(api, namespace)
-    yield Store(store, lambda ability: agent.publish(ability, time.time()))
+
+    def publish(ability: NodeCheckpointing) -> None:
+        agent.publish(ability, time.time())
+        store.refresh()  # what every replica's loop does each second
+
+    yield Store(store, publish)
     api.close()  # type: ignore[no-untyped-call]
 
 
@@ -129,6 +134,7 @@ def test_a_record_written_again_reads_as_the_last_write(
 
 def test_unknown_records_and_nodes_read_as_none(store: Store) -> None:
     assert store.store.write(_record("u-1"))
+    store.publish(NodeCheckpointing(NODE, True, True, "4.1.1", "containerd v2.3.7"))
 
     assert None is store.store.record("u-2")
     assert None is store.store.capability("node-9")
@@ -151,20 +157,9 @@ def test_a_nodes_abilities_read_as_its_agent_published_them(
 
     store.publish(ability)
 
-    # Abilities may lag what an agent published by one list (the store's docstring).
-    assert ability == _eventually(lambda: store.store.capability(NODE), ability)
+    assert ability == store.store.capability(NODE)
     assert [ability] == list(store.store.capabilities())
     assert ["u-1"] == [r.uid for r in store.store.records()]  # an ability is no record
-
-
-def _eventually(read: Callable[[], Any], expected: Any, timeout: float = 5.0) -> Any:
-    """``read()`` once it gives ``expected``, or its last answer after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    found = read()
-    while found != expected and time.monotonic() < deadline:
-        time.sleep(0.05)
-        found = read()
-    return found
 
 
 # -- the pod creator --------------------------------------------------------------------------
@@ -192,7 +187,11 @@ def _agent_configmaps(cluster: Any, namespace: str) -> Iterator[AgentSide]:
     def seed(record: CheckpointRecord) -> None:
         assert service.write(record)
 
-    yield AgentSide(ConfigMapCheckpoints(api, namespace), seed, service.capability)
+    def ability(node: str) -> NodeCheckpointing | None:
+        service.refresh()  # what every replica's loop does each second
+        return service.capability(node)
+
+    yield AgentSide(ConfigMapCheckpoints(api, namespace), seed, ability)
     api.close()  # type: ignore[no-untyped-call]
 
 
@@ -254,10 +253,10 @@ def test_the_agent_deletes_a_record_and_then_cannot_update_it(agent: AgentSide) 
 def test_the_service_reads_what_the_agent_published(agent: AgentSide) -> None:
     ability = NodeCheckpointing(NODE, True, False, "4.1.1", "containerd v2.3.7", "no restore")
     agent.store.publish(ability, 1_800_000_000.0)
-    assert ability == _eventually(lambda: agent.ability(NODE), ability)
+    assert ability == agent.ability(NODE)
     agent.store.publish(replace(ability, restore=True, message=""), 1_800_000_300.0)
     able = replace(ability, restore=True, message="")
-    assert able == _eventually(lambda: agent.ability(NODE), able)
+    assert able == agent.ability(NODE)
 
 
 # -- the pod creator --------------------------------------------------------------------------

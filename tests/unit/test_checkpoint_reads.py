@@ -1,7 +1,8 @@
 """How :class:`webhook.kube.checkpoints.ConfigMapCheckpoints` reads: abilities, read by
-reviews, never wait on a list for long; records, read by the leader's worker, are listed
-again when old or written since. The list is a stand-in the test holds and releases; the
-ConfigMaps' contract against the real API server is tests/e2e/test_checkpoint_store_contract.py.
+reviews, answer the last list the replica's loop took and never wait on one; records, read
+by the leader's worker, are listed again when old or written since. The list is a stand-in
+the test holds and releases; the ConfigMaps' contract against the real API server is
+tests/e2e/test_checkpoint_store_contract.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from webhook.core.checkpoint import NodeCheckpointing, Phase
 from webhook.kube import checkpoints
-from webhook.kube.checkpoints import ABILITY_WAIT, ConfigMapCheckpoints
+from webhook.kube.checkpoints import ConfigMapCheckpoints
 from webhook.kube.errors import ClusterError
 
 NODE = "node-1"
@@ -88,51 +89,40 @@ def _timed(read: Any) -> tuple[Any, float]:
     return value, time.monotonic() - start
 
 
-def _settled(store: ConfigMapCheckpoints) -> None:
-    """Waits for the list in flight, as the next review would find it done."""
-    assert store._idle.wait(5)
+def _refreshing(store: ConfigMapCheckpoints) -> threading.Thread:
+    """The replica's loop, one pass, in a thread of its own (the test may hold the list)."""
+    thread = threading.Thread(target=store.refresh, daemon=True)
+    thread.start()
+    return thread
 
 
-def test_a_review_reads_abilities_at_once_while_a_list_is_in_flight(lister: Lister) -> None:
-    clock = Clock()
-    store = _store(lister, clock)
-    assert NodeCheckpointing(NODE, True, True) == store.capability(NODE)  # the first list
-    _settled(store)
+def test_abilities_answer_the_last_refresh_and_never_list_themselves(lister: Lister) -> None:
+    store = _store(lister, Clock())
+    store.refresh()
     lister.items = [_ability(NODE, False)]
-    lister.hold()
-    clock.now += 2  # older than max_age
+
+    assert NodeCheckpointing(NODE, True, True) == store.capability(NODE)
+    assert [NodeCheckpointing(NODE, True, True)] == store.capabilities()
+    assert None is store.capability("node-2")
+    assert 1 == lister.calls
+    store.refresh()
+    assert NodeCheckpointing(NODE, False, False) == store.capability(NODE)
+
+
+def test_a_review_never_waits_on_a_list_in_flight(lister: Lister) -> None:
+    store = _store(lister, Clock())
+    store.refresh()
+    lister.items = [_ability(NODE, False)]
+    lister.hold()  # the API server is slow to answer the next list
+    refreshing = _refreshing(store)
 
     found, took = _timed(lambda: store.capability(NODE))
 
     assert NodeCheckpointing(NODE, True, True) == found  # the last list's answer
-    assert took < ABILITY_WAIT
-    assert 2 == lister.calls  # and a list started
+    assert took < 0.1
     lister.released.set()
-    _settled(store)
+    refreshing.join(5)
     assert NodeCheckpointing(NODE, False, False) == store.capability(NODE)
-
-
-def test_abilities_younger_than_max_age_start_no_list(lister: Lister) -> None:
-    clock = Clock()
-    store = _store(lister, clock)
-    store.capability(NODE)
-    _settled(store)
-    clock.now += 0.5
-
-    store.capabilities()
-    store.capability("node-2")
-
-    assert 1 == lister.calls
-
-
-def test_a_review_waits_at_most_a_moment_for_a_first_list(lister: Lister) -> None:
-    lister.hold()  # the API server does not answer
-    store = _store(lister, Clock())
-
-    found, took = _timed(lambda: store.capability(NODE))
-
-    assert None is found
-    assert ABILITY_WAIT <= took < ABILITY_WAIT + 0.5
 
 
 @pytest.mark.parametrize(
@@ -142,26 +132,20 @@ def test_a_review_waits_at_most_a_moment_for_a_first_list(lister: Lister) -> Non
         pytest.param(RuntimeError("a bug"), id="anything-else"),
     ],
 )
-def test_a_failed_list_keeps_the_last_and_is_tried_again_later(
+def test_a_failed_list_keeps_the_last_and_the_next_refresh_tries_again(
     lister: Lister, failure: Exception
 ) -> None:
-    clock = Clock()
-    store = _store(lister, clock)
-    store.capability(NODE)
-    _settled(store)
+    store = _store(lister, Clock())
+    store.refresh()
+    lister.items = [_ability(NODE, False)]
     lister.failure = failure
-    clock.now += 2
 
-    store.capability(NODE)
-    _settled(store)
-    kept = store.capability(NODE)  # within max_age of the failed try: no list
+    store.refresh()
 
-    assert NodeCheckpointing(NODE, True, True) == kept
-    assert 2 == lister.calls
+    assert NodeCheckpointing(NODE, True, True) == store.capability(NODE)
     lister.failure = None
-    clock.now += 2
-    store.capability(NODE)
-    _settled(store)
+    store.refresh()
+    assert NodeCheckpointing(NODE, False, False) == store.capability(NODE)
     assert 3 == lister.calls
 
 
@@ -200,11 +184,11 @@ def test_a_list_started_before_a_write_does_not_answer_records_after_it(
     monkeypatch.setattr(checkpoints, "request_json", lambda *a, **kw: {})
     clock = Clock()
     store = _store(lister, clock)
-    store.capability(NODE)
-    _settled(store)
+    store.refresh()
     clock.now += 2
     lister.hold()
-    store.capability(NODE)  # a review's list, in flight
+    refreshing = _refreshing(store)  # the loop's list, in flight
+    assert _eventually(lambda: 2 == lister.calls)
     assert store.write(checkpoints.CheckpointRecord("u-1", NODE, Phase.IMAGED, {}))
     lister.items = [_ability(NODE, True), _record("u-1")]
 
@@ -212,31 +196,36 @@ def test_a_list_started_before_a_write_does_not_answer_records_after_it(
     found = store.records()
 
     assert ["u-1"] == [r.uid for r in found]
-    assert 3 == lister.calls  # the first, the review's, and the worker's own after the write
+    assert 3 == lister.calls  # the first, the loop's, and the worker's own after the write
+    refreshing.join(5)
 
 
 def test_a_replica_is_ready_only_once_the_abilities_were_listed(lister: Lister) -> None:
-    lister.hold()  # the API server has not answered yet
     store = _store(lister, Clock())
-    assert False is store.synced()  # and the first call started the list
-    assert 1 == lister.calls
-    assert False is store.synced()  # the list in flight is not started again
-    assert 1 == lister.calls
+    assert False is store.synced()
+    assert 0 == lister.calls  # readiness lists nothing itself: the loop does
+    lister.hold()  # the API server has not answered yet
+    refreshing = _refreshing(store)
+    assert _eventually(lambda: 1 == lister.calls)
+    assert False is store.synced()
     lister.released.set()
-    _settled(store)
+    refreshing.join(5)
     assert True is store.synced()
     assert NodeCheckpointing(NODE, True, True) == store.capability(NODE)
 
 
 def test_a_replica_whose_list_failed_is_not_ready(lister: Lister) -> None:
-    clock = Clock()
     lister.failure = ClusterError("the API server is away")
-    store = _store(lister, clock)
+    store = _store(lister, Clock())
+    store.refresh()
     assert False is store.synced()
-    _settled(store)
-    assert False is store.synced()
-    clock.now += 2  # the next list is tried max_age later
     lister.failure = None
-    store.synced()
-    _settled(store)
+    store.refresh()
     assert True is store.synced()
+
+
+def _eventually(check: Any, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(check())

@@ -169,32 +169,20 @@ def _as_stored(pod: Mapping[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod.get("spec") or {}}
 
 
-#: The most a read of abilities waits for a list in flight, and only when what it holds is
-#: older than :data:`MAX_STALE` (or nothing): a review reads them, and fails open when slow.
-ABILITY_WAIT: Final = 0.25
-#: Abilities older than this are waited for (:data:`ABILITY_WAIT` at most) rather than
-#: answered at once: the agents publish every 5 minutes, a read this old may miss a node.
-MAX_STALE: Final = 60.0
-
-
 class ConfigMapCheckpoints:
     """The :class:`~webhook.engine.pauses.CheckpointStore` of ConfigMaps in ``namespace``.
 
-    Two kinds of read, on one list of the namespace's labelled ConfigMaps kept at most
-    ``max_age`` seconds:
+    Two kinds of read, on one list of the namespace's labelled ConfigMaps:
 
     * records (:meth:`records`, :meth:`record`): the leader's worker only. Older than
       ``max_age``, they are listed again before the answer, so that a record the worker
       just wrote is read back (a write forgets the list);
     * abilities (:meth:`capability`, :meth:`capabilities`): read by every review that
-      plans an opted-in candidate. They answer at once from the last list; older than
-      ``max_age``, a list starts in a thread of its own, one at a time, and the next read
-      has it. Only when the last list is older than :data:`MAX_STALE`, or there is none
-      yet, does a read wait for it, :data:`ABILITY_WAIT` at most. On the leader, its
-      worker's pass lists every second, so its reviews read a list under a second old.
+      plans an opted-in candidate. They answer from the last list and never wait on the
+      API server: every replica's loop calls :meth:`refresh` each second, and the replica
+      is ready only once one list came (:meth:`synced`).
 
-    A list that fails is logged, keeps the last one, and is tried again ``max_age``
-    later."""
+    A list that fails is logged and keeps the last one."""
 
     def __init__(
         self,
@@ -213,7 +201,6 @@ class ConfigMapCheckpoints:
         self._read_at = float("-inf")
         #: When the list held now was taken, whatever was written since (abilities).
         self._listed_at = float("-inf")
-        self._tried_at = float("-inf")  # when the last list was started
         self._items: list[dict[str, Any]] = []
         #: Writes so far: a list started before a write does not count as fresh after it.
         self._writes = 0
@@ -227,7 +214,6 @@ class ConfigMapCheckpoints:
         if not self._idle.is_set():
             return None
         self._idle.clear()
-        self._tried_at = self._clock()
         return self._writes
 
     def _run_list(self, writes: int) -> None:
@@ -262,19 +248,6 @@ class ConfigMapCheckpoints:
         with self._lock:
             return self._items
 
-    def _list_behind(self) -> float:
-        """Starts a list in a thread of its own when the last is over ``max_age`` old and
-        none was started since; the last list's age. Under the lock."""
-        now = self._clock()
-        age = now - self._listed_at
-        if age > self._max_age and now - self._tried_at > self._max_age:
-            writes = self._start_list()
-            if writes is not None:
-                threading.Thread(
-                    target=self._run_list, args=(writes,), name="checkpoint-list", daemon=True
-                ).start()
-        return age
-
     def refresh(self) -> None:
         """Lists now unless a list is in flight: every replica's loop calls it each
         ``max_age`` seconds, so that the abilities a review reads are about that old."""
@@ -286,20 +259,14 @@ class ConfigMapCheckpoints:
     def synced(self) -> bool:
         """Whether the abilities were listed once: the service's readiness, so that no
         review reaches a replica that would find no node able to checkpoint (and evict a
-        victim that asked to be checkpointed). A call before starts the list."""
+        victim that asked to be checkpointed)."""
         with self._lock:
-            return self._list_behind() != float("inf")
+            return self._listed_at != float("-inf")
 
     def _cached(self) -> list[dict[str, Any]]:
-        """The ConfigMaps of the last list; see the class for when it waits."""
+        """The ConfigMaps of the last list, as :meth:`refresh` left them."""
         with self._lock:
-            age = self._list_behind()
-            items = self._items
-        if age > MAX_STALE:
-            self._idle.wait(ABILITY_WAIT)
-            with self._lock:
-                items = self._items
-        return items
+            return self._items
 
     def capability(self, node: str) -> NodeCheckpointing | None:
         return next((a for a in abilities_in(self._cached()) if a.node == node), None)
