@@ -16,46 +16,22 @@
 #   RPW_CACHE                        cache root (default ~/.cache/resize-preemption-webhook)
 set -euo pipefail
 
+HERE="$(cd "$(dirname "$0")" && pwd)"
+LOG_PREFIX=build-registry
+# shellcheck source=scripts/lib.sh
+source "$HERE/lib.sh"
+# shellcheck source=scripts/go-tool.sh
+source "$HERE/go-tool.sh"
+
 VERSION="${RPW_REGISTRY_VERSION:-v3.1.2}"
-CACHE="${RPW_CACHE:-$HOME/.cache/resize-preemption-webhook}"
 OUT="$CACHE/bin/registry-$VERSION"
-
-log() { printf '[build-registry] %s\n' "$*" >&2; }
-
-if [[ -n "${RPW_REGISTRY:-}" ]]; then
-  if [[ -x "$RPW_REGISTRY" ]]; then
-    log "using the registry from $RPW_REGISTRY"
-    dirname "$RPW_REGISTRY"
-    exit 0
-  fi
-  log "RPW_REGISTRY=$RPW_REGISTRY is not executable; building instead"
-fi
-
-if [[ -x "$OUT/registry" && -x "$OUT/bcrypt-hash" ]]; then
-  echo "$OUT"
-  exit 0
-fi
-
-export GOMODCACHE="${GOMODCACHE:-$CACHE/gomod}"
-export GOCACHE="${GOCACHE:-$CACHE/gocache}"
-export GOFLAGS="-mod=mod -buildvcs=false"
-export CGO_ENABLED=0
+use_prebuilt RPW_REGISTRY
+print_if_built "$OUT" registry bcrypt-hash
+go_env
+build_lock "$OUT" registry bcrypt-hash
 
 module="github.com/distribution/distribution/v3"
 work="$CACHE/work/registry-$VERSION"
-mkdir -p "$work" "$OUT"
-# One build at a time; a second one waits, then finds the registry built.
-exec 9>"$OUT.lock"
-flock 9
-if [[ -x "$OUT/registry" && -x "$OUT/bcrypt-hash" ]]; then
-  echo "$OUT"
-  exit 0
-fi
-cat > "$work/go.mod" <<MOD
-module rpw.local/registry
-
-go 1.24
-MOD
 mkdir -p "$work/bcrypt-hash"
 cat > "$work/bcrypt-hash/main.go" <<'GO'
 // bcrypt-hash prints the bcrypt hash of the password on its standard input (one line).
@@ -84,15 +60,7 @@ func main() {
 	fmt.Println(string(hash))
 }
 GO
-cat > "$work/tools.go" <<GO
-//go:build tools
-
-package tools
-
-import _ "$module/cmd/registry"
-GO
-log "registry $VERSION: resolving modules"
-(cd "$work" && go get "$module@$VERSION" >&2 && go mod tidy -e >&2)
+tool_module "$work" registry "$module" "$VERSION" "$module/cmd/registry"
 log "registry $VERSION: compiling"
 # The registry reports its version from this variable; a module build leaves it empty.
 ld="-s -w -X $module/version.version=$VERSION"

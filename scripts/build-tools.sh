@@ -12,55 +12,23 @@
 #   RPW_CACHE                cache root (default ~/.cache/resize-preemption-webhook)
 set -euo pipefail
 
+HERE="$(cd "$(dirname "$0")" && pwd)"
+LOG_PREFIX=build-tools
+# shellcheck source=scripts/lib.sh
+source "$HERE/lib.sh"
+# shellcheck source=scripts/go-tool.sh
+source "$HERE/go-tool.sh"
+
 HELM_VERSION="${RPW_HELM_VERSION:-v4.3.2}"
-CACHE="${RPW_CACHE:-$HOME/.cache/resize-preemption-webhook}"
 OUT="$CACHE/bin/helm-$HELM_VERSION"
-
-log() { printf '[build-tools] %s\n' "$*" >&2; }
-
-if [[ -n "${RPW_HELM:-}" ]]; then
-  if [[ -x "$RPW_HELM" ]]; then
-    log "using helm from $RPW_HELM"
-    dirname "$RPW_HELM"
-    exit 0
-  fi
-  log "RPW_HELM=$RPW_HELM is not executable; building instead"
-fi
-
-if [[ -x "$OUT/helm" ]]; then
-  echo "$OUT"
-  exit 0
-fi
-
-export GOMODCACHE="${GOMODCACHE:-$CACHE/gomod}"
-export GOCACHE="${GOCACHE:-$CACHE/gocache}"
-export GOFLAGS="-mod=mod -buildvcs=false"
-export CGO_ENABLED=0
+use_prebuilt RPW_HELM
+print_if_built "$OUT" helm
+go_env
+build_lock "$OUT" helm
 
 major=${HELM_VERSION%%.*}
 work="$CACHE/work/helm-$HELM_VERSION"
-mkdir -p "$work" "$OUT"
-# One build at a time; a second one waits, then finds helm built.
-exec 9>"$OUT.lock"
-flock 9
-if [[ -x "$OUT/helm" ]]; then
-  echo "$OUT"
-  exit 0
-fi
-cat > "$work/go.mod" <<MOD
-module rpw.local/helm
-
-go 1.24
-MOD
-cat > "$work/tools.go" <<GO
-//go:build tools
-
-package tools
-
-import _ "helm.sh/helm/$major/cmd/helm"
-GO
-log "helm $HELM_VERSION: resolving modules"
-(cd "$work" && go get "helm.sh/helm/$major@$HELM_VERSION" >&2 && go mod tidy -e >&2)
+tool_module "$work" helm "helm.sh/helm/$major" "$HELM_VERSION" "helm.sh/helm/$major/cmd/helm"
 log "helm $HELM_VERSION: compiling"
 # helm reports its version from these variables; a module build leaves them empty.
 ld="-s -w -X helm.sh/helm/$major/internal/version.version=$HELM_VERSION"
