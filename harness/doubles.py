@@ -1,7 +1,8 @@
 """Test doubles of the engine's ports: the in-memory ones of :mod:`webhook.engine.memory`
 with the knobs a test turns (a view that is not synced or has gone stale, a count of the
 ledger's writes), an evictor and a lenders' resizer that act on the world a cluster view
-shows, and a recorder of abandoned plans.
+shows, and a recorder of abandoned plans; and of the node agent's ports: its checkpoint
+store and its container runtime.
 
 For unit tests and benchmarks. Nothing in the product imports this module. Each double
 passes its port's contract suite (``tests/e2e/test_*_contract.py``) beside the real
@@ -12,12 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
+from webhook.agent.oci import IMAGE_NAME_ANNOTATION, REF_NAME_ANNOTATION
+from webhook.agent.runtime import RuntimeFacts, RuntimeFailure, restore_enabled, version_tuple
 from webhook.core.checkpoint import (
     RECORD_OPTIONAL_KEYS,
     CheckpointRecord,
@@ -420,6 +426,7 @@ __all__ = [
     "FakeResizer",
     "InMemoryLedger",
     "LoggingEvictor",
+    "RuntimeInMemory",
     "StaticClusterView",
     "with_records",
     "with_request",
@@ -600,3 +607,96 @@ class FakeCreator:
             return "a pod of that name exists"
         self.created.append(manifest)
         return ""
+
+
+# -- the node agent's container runtime (webhook.agent.runtime) -----------------------------
+
+
+#: How ``ctr images import`` fails, through :class:`~webhook.agent.runtime.Containerd`.
+IMPORT_FAILED = "`ctr images import` failed: {why}"
+
+
+@dataclass
+class RuntimeInMemory:
+    """A node agent's :class:`~webhook.agent.runtime.Runtime` over images kept in memory,
+    answering as containerd's CRI namespace does through ``ctr``
+    (tests/e2e/test_runtime_contract.py): ``images`` maps each name to the digest of its
+    manifest.
+
+    An import reads the OCI image layout tar as ``ctr images import`` does: each image of
+    ``index.json`` is listed under its ``io.containerd.image.name``, or else as
+    ``import-<date>:<its ref.name>``, whatever the caller expected (then it fails, the
+    other name left listed), and under its id (``sha256:`` and its config's digest) as
+    the CRI names it; a file that is not a layout fails and lists nothing. Removing a name
+    removes the id too once no other name holds that image. ``manifests`` keeps each
+    imported image's manifest, for a test to read what the agent wrote.
+
+    The probe reads ``config`` (containerd's configuration file; None or unreadable: not
+    readable) as containerd ``version`` would; ``facts``, when set, answers in its place.
+    ``fail_import_of`` names a reference whose import fails as on a full disk."""
+
+    images: dict[str, str] = field(default_factory=dict)
+    manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    version: str = "v2.3.7"
+    config: Path | None = None
+    facts: RuntimeFacts | None = None
+    fail_import_of: str = ""
+
+    def probe(self) -> RuntimeFacts:
+        if self.facts is not None:
+            return self.facts
+        config_text: str | None = None
+        if self.config is not None:
+            with contextlib.suppress(OSError):
+                config_text = self.config.read_text()
+        restore, why = restore_enabled(version_tuple(self.version), config_text)
+        return RuntimeFacts(f"containerd {self.version}", restore, why)
+
+    def import_image(self, layout: Path, reference: str) -> None:
+        if reference == self.fail_import_of:
+            raise RuntimeFailure(IMPORT_FAILED.format(why="no space left on device"))
+        for name, (digest, manifest) in _read_layout(layout).items():
+            image_id = str(manifest.get("config", {}).get("digest", ""))
+            for listed in (name, image_id) if image_id.startswith("sha256:") else (name,):
+                self.images[listed] = digest
+                self.manifests[listed] = manifest
+        if reference not in self.images:
+            raise RuntimeFailure(f"{layout.name} imported, but not as {reference}")
+
+    def remove_image(self, reference: str) -> None:
+        target = self.images.pop(reference, None)
+        self.manifests.pop(reference, None)
+        sharing = [name for name, digest in self.images.items() if digest == target]
+        if all(name.startswith("sha256:") for name in sharing):
+            for name in sharing:
+                del self.images[name]
+                self.manifests.pop(name, None)
+
+    def image_names(self) -> set[str]:
+        return set(self.images)
+
+    def image_digests(self) -> dict[str, str]:
+        return dict(self.images)
+
+
+def _read_layout(layout: Path) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Each image the layout names, as ``ctr images import`` names it: its manifest's
+    digest and the manifest."""
+    try:
+        with tarfile.open(layout) as tar:
+            files = {m.name.removeprefix("./"): m for m in tar if m.isfile()}
+            if "index.json" not in files:
+                raise RuntimeFailure(IMPORT_FAILED.format(why="index.json not found"))
+            index = json.load(tar.extractfile(files["index.json"]))  # type: ignore[arg-type]
+            named = {}
+            for entry in index.get("manifests") or ():
+                annotations = entry.get("annotations") or {}
+                name = annotations.get(IMAGE_NAME_ANNOTATION)
+                if not name and annotations.get(REF_NAME_ANNOTATION):
+                    name = f"import-{time.strftime('%Y-%m-%d')}:{annotations[REF_NAME_ANNOTATION]}"
+                blob = files.get(f"blobs/sha256/{str(entry['digest']).removeprefix('sha256:')}")
+                if name and blob is not None:
+                    named[name] = (entry["digest"], json.load(tar.extractfile(blob)))  # type: ignore[arg-type]
+            return named
+    except (OSError, tarfile.TarError, ValueError, KeyError) as e:
+        raise RuntimeFailure(IMPORT_FAILED.format(why=str(e).splitlines()[0])) from None

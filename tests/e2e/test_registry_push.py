@@ -12,14 +12,14 @@ import json
 import ssl
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from harness.doubles import RuntimeInMemory
 from harness.registry import USER, TestRegistry
-from tests.unit.test_agent import Clock, Runtime, Store, make_agent, record
+from tests.unit.test_agent import Clock, Store, make_agent, record
 from tests.unit.test_agent_oci import make_archive, spec
 from webhook.agent.oci import CHECKPOINT_ANNOTATION, write_image_layout
 from webhook.agent.registry import RegistryClient, RegistryFailure, RegistryImages
@@ -28,6 +28,8 @@ pytestmark = pytest.mark.e2e
 
 UID = "0f3c2a9e-1b2c-4d5e-8f90-123456789abc"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+#: The digest of an image of the node that no record made.
+BUSYBOX = "sha256:" + "b" * 64
 
 
 @pytest.fixture(scope="module", params=["basic", "token"])
@@ -152,18 +154,7 @@ def test_a_push_the_registry_refuses_says_why_in_one_line(
     assert 404 == registry.manifest_status(reference)
 
 
-@dataclass
-class PulledRuntime(Runtime):
-    """The runtime double with what ``ctr images list`` says of each image: the digest of
-    its manifest (a pulled image is named by tag, by digest and by its id)."""
-
-    digests: dict[str, str] = field(default_factory=dict)
-
-    def image_digests(self) -> dict[str, str]:
-        return {n: self.digests.get(n, "sha256:" + "0" * 64) for n in self.images}
-
-
-def agent_images(registry: TestRegistry, runtime: Runtime) -> RegistryImages:
+def agent_images(registry: TestRegistry, runtime: RuntimeInMemory) -> RegistryImages:
     return RegistryImages(f"{registry.host}/rpw-checkpoints", client(registry), runtime)
 
 
@@ -171,7 +162,7 @@ def test_the_agent_pushes_an_archived_record_and_deletes_it_when_restored(
     registry: TestRegistry, tmp_path: Path
 ) -> None:
     name, data = record(tmp_path, uid=UID, containers=("main", "sidecar"))
-    store, runtime, clock = Store({name: data}), PulledRuntime(), Clock()
+    store, runtime, clock = Store({name: data}), RuntimeInMemory(), Clock()
     agent = make_agent(tmp_path, store, runtime, clock)
     agent.images = agent_images(registry, runtime)
 
@@ -184,7 +175,7 @@ def test_the_agent_pushes_an_archived_record_and_deletes_it_when_restored(
     assert ("imaged", expected) == (store.items[name]["phase"],
                                     json.loads(store.items[name]["images"]))  # fmt: skip
     assert [200, 200] == [registry.manifest_status(r) for r in expected.values()]
-    assert set() == runtime.images  # nothing imported into the node's runtime
+    assert set() == runtime.image_names()  # nothing imported into the node's runtime
     assert [] == sorted(p.name for p in tmp_path.glob("checkpoint-*.tar"))
 
     # The restored pod's kubelet pulled the image onto the node, which the CRI names by
@@ -198,20 +189,20 @@ def test_the_agent_pushes_an_archived_record_and_deletes_it_when_restored(
     )
     name_of_main = expected["main"].rpartition(":")[0]
     pulled = {expected["main"], f"{name_of_main}@{digest}", main["config"]["digest"]}
-    runtime.images |= pulled | {"busybox:latest"}
+    runtime.images |= dict.fromkeys(pulled, digest) | {"busybox:latest": BUSYBOX}
     store.items[name]["phase"] = "restored"
     agent.step()
 
     assert name not in store.items
     assert [404, 404] == [registry.manifest_status(r) for r in expected.values()]
-    assert {"busybox:latest"} == runtime.images
+    assert {"busybox:latest"} == runtime.image_names()
 
 
 def test_pushed_checkpoints_count_in_the_nodes_bounds(
     registry: TestRegistry, tmp_path: Path
 ) -> None:
     old_name, old = record(tmp_path, pod="old", uid="1" * 32, at=1_799_999_000.0)
-    store, runtime = Store({old_name: old}), PulledRuntime()
+    store, runtime = Store({old_name: old}), RuntimeInMemory()
     agent = make_agent(tmp_path, store, runtime, Clock(), max_checkpoints=1)
     agent.images = agent_images(registry, runtime)
     agent.step()
@@ -232,7 +223,7 @@ def test_a_push_the_registry_refuses_fails_the_record_with_one_line(
     registry: TestRegistry, tmp_path: Path
 ) -> None:
     name, data = record(tmp_path, pod="refused", uid="3" * 32)
-    store, runtime = Store({name: data}), PulledRuntime()
+    store, runtime = Store({name: data}), RuntimeInMemory()
     agent = make_agent(tmp_path, store, runtime, Clock())
     agent.images = RegistryImages(
         f"{registry.host}/rpw-checkpoints", client(registry, "wrong"), runtime
@@ -248,7 +239,7 @@ def test_a_push_the_registry_refuses_fails_the_record_with_one_line(
 def test_copies_pulled_here_of_images_another_nodes_agent_deleted_are_swept(
     registry: TestRegistry, tmp_path: Path
 ) -> None:
-    runtime = PulledRuntime()
+    runtime = RuntimeInMemory()
     agent = make_agent(tmp_path, Store(), runtime, Clock())
     agent.images = agent_images(registry, runtime)
     pusher = client(registry)
@@ -260,12 +251,11 @@ def test_copies_pulled_here_of_images_another_nodes_agent_deleted_are_swept(
         pushed = pusher.push_layout(pushed_layout, reference)
         config = manifest_of(registry, reference)["config"]["digest"]
         names[pod] = {reference, f"{reference.rpartition(':')[0]}@{pushed.digest}", config}
-        runtime.images |= names[pod]
-        runtime.digests |= dict.fromkeys(names[pod], pushed.digest)
-    runtime.images.add("busybox:latest")
+        runtime.images |= dict.fromkeys(names[pod], pushed.digest)
+    runtime.images["busybox:latest"] = BUSYBOX
     # The record of "ended" ends on its own node: its agent deletes the manifest.
     pusher.delete(f"{repository}/team-b/ended/main:endeendeende")
 
     agent.step()
 
-    assert names["waiting"] | {"busybox:latest"} == runtime.images
+    assert names["waiting"] | {"busybox:latest"} == runtime.image_names()

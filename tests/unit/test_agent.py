@@ -5,20 +5,18 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import tarfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from harness.doubles import ConfigMapsInMemory
+from harness.doubles import ConfigMapsInMemory, RuntimeInMemory
 from tests.unit.test_agent_oci import make_archive, spec
 from webhook.agent.loop import LAYOUT_PREFIX, Agent, AgentConfig
 from webhook.agent.oci import CHECKPOINT_ANNOTATION
 from webhook.agent.runtime import (
     CriuFacts,
     RuntimeFacts,
-    RuntimeFailure,
     probe_criu,
     restore_enabled,
 )
@@ -35,36 +33,6 @@ Store = ConfigMapsInMemory
 
 
 @dataclass
-class Runtime:
-    """containerd as far as the agent sees it: images by name, each import checked to be
-    an image layout naming the reference and carrying the checkpoint annotation."""
-
-    images: set[str] = field(default_factory=set)
-    fail_import_of: str = ""
-    facts: RuntimeFacts = field(default_factory=lambda: RuntimeFacts("containerd v2.3.7", True))
-
-    def probe(self) -> RuntimeFacts:
-        return self.facts
-
-    def import_image(self, layout: Path, reference: str) -> None:
-        if reference == self.fail_import_of:
-            raise RuntimeFailure("`ctr images import` failed: no space left on device")
-        with tarfile.open(layout) as tar:
-            index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
-            digest = index["manifests"][0]["digest"][7:]
-            manifest = json.load(tar.extractfile(f"blobs/sha256/{digest}"))  # type: ignore[arg-type]
-        assert reference == index["manifests"][0]["annotations"]["io.containerd.image.name"]
-        assert CHECKPOINT_ANNOTATION in manifest["annotations"]
-        self.images.add(reference)
-
-    def remove_image(self, reference: str) -> None:
-        self.images.discard(reference)
-
-    def image_names(self) -> set[str]:
-        return set(self.images)
-
-
-@dataclass
 class Clock:
     now: float = NOW
 
@@ -72,12 +40,17 @@ class Clock:
         return self.now
 
 
+def listed_by_name(runtime: RuntimeInMemory) -> set[str]:
+    """The images listed by name, not by id (``sha256:...``)."""
+    return {n for n in runtime.image_names() if not n.startswith("sha256:")}
+
+
 def usable_criu() -> CriuFacts:
     return CriuFacts("4.1.1", True)
 
 
 def make_agent(
-    tmp_path: Path, store: Store, runtime: Runtime, clock: Clock, **limits: int
+    tmp_path: Path, store: Store, runtime: RuntimeInMemory, clock: Clock, **limits: int
 ) -> Agent:
     config = AgentConfig(NODE, tmp_path, **limits)  # type: ignore[arg-type]
     return Agent(config, store, runtime, usable_criu, clock)
@@ -105,7 +78,7 @@ def record(
 
 def test_an_archived_record_becomes_imaged_and_its_archives_go(tmp_path: Path) -> None:
     name, data = record(tmp_path, containers=("main", "sidecar"))
-    store, runtime = Store({name: data}), Runtime()
+    store, runtime = Store({name: data}), RuntimeInMemory()
     make_agent(tmp_path, store, runtime, Clock()).step()
     images = {c: image_reference("team-a", "worker", c, UID) for c in ("main", "sidecar")}
     after = store.items[name]
@@ -117,7 +90,11 @@ def test_an_archived_record_becomes_imaged_and_its_archives_go(tmp_path: Path) -
     # Each archive tar here is 10240 bytes (tar's blocking).
     assert {"main": 10240, "sidecar": 10240} == json.loads(after["sizes"])
     assert rfc3339(NOW) == after["imagedAt"]
-    assert set(images.values()) == runtime.images
+    assert set(images.values()) == listed_by_name(runtime)
+    # Each image is a checkpoint image of its container, as containerd restores from it.
+    assert {c: c for c in images} == {
+        c: runtime.manifests[r]["annotations"][CHECKPOINT_ANNOTATION] for c, r in images.items()
+    }
     assert [] == sorted(p.name for p in tmp_path.iterdir())
 
 
@@ -141,16 +118,16 @@ def test_a_record_naming_no_archive_of_the_directory_fails(
 ) -> None:
     name, data = record(tmp_path)
     data["archives"] = json.dumps(archives)
-    store, runtime = Store({name: data}), Runtime()
+    store, runtime = Store({name: data}), RuntimeInMemory()
     make_agent(tmp_path, store, runtime, Clock()).step()
-    assert ("failed", set()) == (store.items[name]["phase"], runtime.images)
+    assert ("failed", set()) == (store.items[name]["phase"], runtime.image_names())
     assert message in store.items[name]["message"]
     assert rfc3339(NOW) == store.items[name]["failedAt"]
 
 
 def test_a_failed_import_removes_what_was_imported_and_says_why(tmp_path: Path) -> None:
     name, data = record(tmp_path, containers=("main", "sidecar"))
-    runtime = Runtime(fail_import_of=image_reference("team-a", "worker", "sidecar", UID))
+    runtime = RuntimeInMemory(fail_import_of=image_reference("team-a", "worker", "sidecar", UID))
     store = Store({name: data})
     make_agent(tmp_path, store, runtime, Clock()).step()
     assert "failed" == store.items[name]["phase"]
@@ -158,7 +135,7 @@ def test_a_failed_import_removes_what_was_imported_and_says_why(tmp_path: Path) 
         "imaging failed: `ctr images import` failed: no space left on device"
         == (store.items[name]["message"])
     )
-    assert set() == runtime.images
+    assert set() == runtime.image_names()
     # The archives stay until the record is cleaned up, and no image layout is left.
     assert [] == [p.name for p in tmp_path.iterdir() if p.name.startswith(LAYOUT_PREFIX)]
     assert 2 == len(list(tmp_path.glob("checkpoint-*.tar")))
@@ -166,23 +143,23 @@ def test_a_failed_import_removes_what_was_imported_and_says_why(tmp_path: Path) 
 
 def test_a_record_changed_meanwhile_is_not_overwritten_and_its_images_go(tmp_path: Path) -> None:
     name, data = record(tmp_path)
-    store, runtime = Store({name: data}), Runtime()
+    store, runtime = Store({name: data}), RuntimeInMemory()
     store.stale.add(name)
     make_agent(tmp_path, store, runtime, Clock()).step()
-    assert ("archived", set()) == (store.items[name]["phase"], runtime.images)
+    assert ("archived", set()) == (store.items[name]["phase"], runtime.image_names())
     assert 1 == len(list(tmp_path.glob("checkpoint-*.tar")))
 
 
 @pytest.mark.parametrize("phase", ["restored", "abandoned"])
 def test_a_finished_record_is_cleaned_up(tmp_path: Path, phase: str) -> None:
     name, data = record(tmp_path)
-    store, runtime = Store({name: data}), Runtime()
+    store, runtime = Store({name: data}), RuntimeInMemory()
     agent = make_agent(tmp_path, store, runtime, Clock())
     agent.step()
     store.items[name]["phase"] = phase
     leftover = archive(tmp_path, "worker", "main")  # an archive the record still names
     agent.step()
-    assert ({}, set(), False) == (store.items, runtime.images, leftover.exists())
+    assert ({}, set(), False) == (store.items, runtime.image_names(), leftover.exists())
 
 
 @pytest.mark.parametrize(
@@ -191,7 +168,7 @@ def test_a_finished_record_is_cleaned_up(tmp_path: Path, phase: str) -> None:
 def test_a_failed_record_stays_to_be_read_then_goes(tmp_path: Path, age: float, kept: bool) -> None:
     name, data = record(tmp_path, phase="failed", failedAt=rfc3339(NOW - age), message="x")
     store = Store({name: data})
-    make_agent(tmp_path, store, Runtime(), Clock()).step()
+    make_agent(tmp_path, store, RuntimeInMemory(), Clock()).step()
     assert kept == (name in store.items)
     assert kept == any(tmp_path.glob("checkpoint-*.tar"))
 
@@ -213,7 +190,7 @@ def test_the_oldest_pending_records_over_the_bounds_are_abandoned_and_cleaned(
     for i, pod in enumerate(("a", "b", "c")):
         name, data = record(tmp_path, pod=pod, uid=f"{pod}-uid", at=NOW - 100 + i)
         store.items[name] = data
-    runtime = Runtime()
+    runtime = RuntimeInMemory()
     make_agent(tmp_path, store, runtime, Clock(), **limits).step()
     # Each archive tar here is 10240 bytes.
     assert {10240} == {
@@ -222,7 +199,7 @@ def test_the_oldest_pending_records_over_the_bounds_are_abandoned_and_cleaned(
     assert sorted(f"rpw-checkpoint-{p}-uid" for p in "abc" if p not in gone) == sorted(store.items)
     assert sorted(
         image_reference("team-a", p, "main", f"{p}-uid") for p in "abc" if p not in gone
-    ) == (sorted(runtime.images))
+    ) == (sorted(listed_by_name(runtime)))
 
 
 def test_stray_archives_go_once_old_named_ones_stay(tmp_path: Path) -> None:
@@ -236,7 +213,7 @@ def test_stray_archives_go_once_old_named_ones_stay(tmp_path: Path) -> None:
     for path in (old, layout, other, named):
         os.utime(path, (NOW - 301, NOW - 301))
     os.utime(young, (NOW - 10, NOW - 10))
-    make_agent(tmp_path, Store({name: data}), Runtime(), Clock()).step()
+    make_agent(tmp_path, Store({name: data}), RuntimeInMemory(), Clock()).step()
     assert sorted([named.name, young.name, other.name]) == sorted(
         p.name for p in tmp_path.iterdir()
     )
@@ -259,7 +236,9 @@ def test_the_capability_says_what_the_node_can_do(
     tmp_path: Path, criu: CriuFacts, runtime: RuntimeFacts, expected: dict[str, str]
 ) -> None:
     store = Store()
-    agent = Agent(AgentConfig(NODE, tmp_path), store, Runtime(facts=runtime), lambda: criu, Clock())
+    agent = Agent(
+        AgentConfig(NODE, tmp_path), store, RuntimeInMemory(facts=runtime), lambda: criu, Clock()
+    )
     agent.step()
     published = store.capabilities["rpw-node-node-1"]
     assert {**expected, "runtime": runtime.version, "updatedAt": rfc3339(NOW)} == published
@@ -331,7 +310,7 @@ def test_flags_win_over_the_environment() -> None:
 def test_the_checkpoint_directory_is_made_roots_alone(tmp_path: Path) -> None:
     directory = tmp_path / "checkpoints"
     directory.mkdir(mode=0o755)
-    agent = Agent(AgentConfig(NODE, directory), Store(), Runtime(), usable_criu, Clock())
+    agent = Agent(AgentConfig(NODE, directory), Store(), RuntimeInMemory(), usable_criu, Clock())
     agent.protect_directory()
     assert 0o700 == directory.stat().st_mode & 0o777
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_agent import Runtime
+from harness.doubles import RuntimeInMemory
 from webhook.agent.command import image_store
 from webhook.agent.registry import (
     RegistryClient,
@@ -129,7 +129,7 @@ def test_a_reference_of_another_registry_or_without_a_tag_is_refused(reference: 
 
 
 def test_without_a_registry_images_stay_in_the_runtime() -> None:
-    store = image_store(load_agent_settings(flags={"node": "n"}), Runtime())
+    store = image_store(load_agent_settings(flags={"node": "n"}), RuntimeInMemory())
     assert isinstance(store, LocalImages)
     assert "localhost/resize-preemption-checkpoint/team-a/worker/main:0f3c2a9e-1b2" == (
         store.reference("team-a", "Worker", "main", UID)
@@ -145,7 +145,7 @@ def test_with_a_registry_images_are_named_under_its_repository(tmp_path: Path) -
         "node": "n", "registry": "r.example:5000/rpw", "registry-ca": str(ca),
         "registry-auth": str(auth),
     })  # fmt: skip
-    store = image_store(settings, Runtime())
+    store = image_store(settings, RuntimeInMemory())
     assert isinstance(store, RegistryImages)
     assert isinstance(store.client, RegistryClient)
     assert ("r.example:5000", ca, ("u", "p")) == (
@@ -179,7 +179,7 @@ def test_unreadable_registry_files_are_one_line(
     given = {k: v.format(dir=tmp_path) for k, v in flags.items()}
     settings = load_agent_settings(flags={"node": "n", "registry": "r.example:5000/rpw", **given})
     with pytest.raises(InputError) as caught:
-        image_store(settings, Runtime())
+        image_store(settings, RuntimeInMemory())
     assert message.format(dir=tmp_path) in str(caught.value)
     assert 1 == len(str(caught.value).splitlines())
 

@@ -46,11 +46,13 @@ class Runtime(Protocol):
     def probe(self) -> RuntimeFacts: ...
 
     def import_image(self, layout: Path, reference: str) -> None:
-        """Import the OCI image layout tar ``layout``, which names ``reference``."""
+        """Import the OCI image layout tar ``layout``, which names ``reference``; the
+        runtime may list the image under its id (``sha256:...``) as well."""
         ...
 
     def remove_image(self, reference: str) -> None:
-        """Remove ``reference``; absent already is fine."""
+        """Remove ``reference``, and its id when no other name holds the image; absent
+        already is fine."""
         ...
 
     def image_names(self) -> set[str]: ...
@@ -191,8 +193,16 @@ class Containerd:
             raise RuntimeFailure(f"{layout.name} imported, but not as {reference}")
 
     def remove_image(self, reference: str) -> None:
-        if reference in self.image_names():
-            self._ctr("images", "rm", "--sync", reference)
+        # The CRI names every image of its namespace by its id too (``sha256:`` and the
+        # config's digest, the same target): once no other name holds that target, the id
+        # alone would keep the image's content and its unpacked layer on the node.
+        listed = self.image_digests()
+        if reference not in listed:
+            return
+        target = listed.pop(reference)
+        sharing = [name for name, digest in listed.items() if digest == target]
+        ids = sharing if all(name.startswith("sha256:") for name in sharing) else []
+        self._ctr("images", "rm", "--sync", reference, *ids)
 
     def image_names(self) -> set[str]:
         return set(self._ctr("images", "list", "--quiet", timeout=60).split())
