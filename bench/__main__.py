@@ -28,10 +28,18 @@ BENCHMARKS: dict[str, str] = {
     "lender-memory": "bench.lender_memory",
     "checkpoint": "bench.checkpoint",
     "checkpoint-actuation": "bench.checkpoint_actuation",
+    "containerd-overlay-diff": "bench.containerd_overlay_diff",
 }
 #: Run only when named: they start the real node.
 REAL_NODE = frozenset(
-    {"realnode", "realcompare", "lender-memory", "checkpoint", "checkpoint-actuation"}
+    {
+        "realnode",
+        "realcompare",
+        "lender-memory",
+        "checkpoint",
+        "checkpoint-actuation",
+        "containerd-overlay-diff",
+    }
 )
 
 

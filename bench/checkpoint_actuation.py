@@ -322,6 +322,32 @@ def _prepare(cluster: RealCluster) -> Walkthrough:
     return scaled_walkthrough(cluster.allocatable_millicores(), cluster.requested_millicores())
 
 
+def measure(
+    size: int, kinds: Sequence[str], repeat: int
+) -> tuple[Walkthrough, list[dict[str, Any]], list[tuple[float, float, float]]]:
+    """On a node started for them, ``repeat`` runs of each image of ``kinds`` with each kind
+    of victim, evicted first: the walkthrough, the runs, and the load average before and
+    after them. The node stack is ``RPW_NODE_ASSETS``'s when it is set."""
+    binaries, stack, images = ensure_binaries(), ensure_node_stack(), ensure_images()
+    options = RealClusterOptions(with_chart=False)
+    with RealCluster(binaries, stack, images, options) as cluster:
+        walk = _prepare(cluster)
+        load = [os.getloadavg()]
+        rows = [
+            _run(cluster, walk, size, kind, image)
+            for _ in range(repeat)
+            for image in kinds
+            for kind in (False, True)
+        ]
+        load.append(os.getloadavg())
+    return walk, rows, load
+
+
+def summarize(rows: list[dict[str, Any]], kinds: Sequence[str]) -> dict[str, Any]:
+    """Each image's summary of ``rows``."""
+    return {i: _summary([r for r in rows if r["image"] == i]) for i in kinds}
+
+
 def _print(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     keys = ("image", "actuated_s", "checkpoint_s", "imaged_s", "restore_running_s",
             "restore_counting_s", "count_before", "count_after")  # fmt: skip
@@ -356,19 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     size = memory_bytes(args.size)
     install_signal_handlers()
     check_machine()
-    binaries, stack, images = ensure_binaries(), ensure_node_stack(), ensure_images()
-    options = RealClusterOptions(with_chart=False)
-    with RealCluster(binaries, stack, images, options) as cluster:
-        walk = _prepare(cluster)
-        load = [os.getloadavg()]
-        rows = [
-            _run(cluster, walk, size, kind, image)
-            for _ in range(repeat)
-            for image in kinds
-            for kind in (False, True)
-        ]
-        load.append(os.getloadavg())
-    summary = {i: _summary([r for r in rows if r["image"] == i]) for i in kinds}
+    walk, rows, load = measure(size, kinds, repeat)
+    summary = summarize(rows, kinds)
     _print(rows, summary)
     figures = {
         "size": args.size, "bytes": size, "repeat": repeat, "walkthrough": asdict(walk),
