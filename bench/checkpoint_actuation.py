@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 
 from harness.binaries import REPO_ROOT, ensure_binaries
 from harness.chart import NAMESPACE as SERVICE_NAMESPACE
+from harness.kubeapi import ApiError
 from harness.manifests import workload_pod
 from harness.processes import install_signal_handlers
 from harness.realcluster import RealCluster, RealClusterOptions, millicores
@@ -202,8 +203,11 @@ def _start(cluster: RealCluster, pods: list[Any]) -> None:
 
 def _clean(cluster: RealCluster) -> None:
     for name in (VICTIM, PREEMPTOR):
-        if _read(cluster, name) is not None:
+        try:
             cluster.client.delete(_path(name), {"gracePeriodSeconds": 0})
+        except ApiError as e:
+            if e.status != 404:  # gone already (e.g. a restored victim that ended)
+                raise
     _wait("pods gone", lambda: all(_read(cluster, n) is None for n in (VICTIM, PREEMPTOR)), 0.2)
     _wait("no checkpoint records", lambda: _records(cluster) == [] or None, 0.5)
 
