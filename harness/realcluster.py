@@ -22,6 +22,7 @@ v2), :meth:`RealCluster.image_id`, :meth:`RealCluster.install_chart`.
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 import time
 from collections.abc import Mapping, Sequence
@@ -33,7 +34,7 @@ from typing import Any
 from harness import chart
 from harness.binaries import Binaries
 from harness.images import Role
-from harness.kubeapi import KubeClient
+from harness.kubeapi import ApiError, KubeClient
 from harness.kubectl import Kubectl
 from harness.launcher import ControlPlane, ControlPlaneConfig
 from harness.nodes import HollowNodes, NodeError, NodeOptions, NodeSpec
@@ -259,14 +260,7 @@ class RealCluster:
         node = self.others.pop(name, None)
         if node is not None:
             node.stop()
-        pods = self.client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={name}")["items"]
-        for pod in pods:
-            meta = pod["metadata"]
-            self.client.request(
-                "DELETE",
-                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-                body={"gracePeriodSeconds": 0},
-            )
+        # The Node first: no DaemonSet makes a pod for it again.
         for path in (
             f"/api/v1/nodes/{name}",
             f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}",
@@ -274,10 +268,20 @@ class RealCluster:
             if self.client.get_or_none(path) is not None:
                 self.client.delete(path)
         deadline = time.monotonic() + timeout
-        while self.client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={name}")["items"]:
+        while pods := self._bound_to(name):
             if time.monotonic() > deadline:
-                raise NodeError(f"pods bound to {name} were not removed")
+                raise NodeError(f"pods bound to {name} were not removed: {pods}")
+            for path in pods:
+                with contextlib.suppress(ApiError):  # gone meanwhile
+                    self.client.delete(path, body={"gracePeriodSeconds": 0})
             time.sleep(0.2)
+
+    def _bound_to(self, node: str) -> list[str]:
+        pods = self.client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node}")["items"]
+        return [
+            f"/api/v1/namespaces/{p['metadata']['namespace']}/pods/{p['metadata']['name']}"
+            for p in pods
+        ]
 
     # --- the chart -----------------------------------------------------------------------------
 
