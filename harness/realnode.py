@@ -12,9 +12,11 @@ directories built by the project's scripts:
 
 Everything the node writes lives under one state directory (:data:`STATE_DIR`), and the
 network pieces have fixed names of ours (:data:`NODE_BRIDGE`, :data:`POD_BRIDGE`,
-:data:`NAT_CHAIN`): a machine runs one real node at a time, and whatever a killed run left
-behind is found and removed by :func:`clean_leftovers` - the same teardown
-:meth:`RealNode.stop` runs.
+:data:`NAT_CHAIN`): whatever a killed run left behind is found and removed by
+:func:`clean_leftovers` - the same teardown :meth:`RealNode.stop` runs. A second real node
+may run beside node-1 (``node-2``, :class:`NodeSlot`): its own state directory, bridges,
+node address, pod subnet, NAT chain, cgroup root and pod log directory, and a teardown that
+takes only what is its own.
 
 How the node reaches the control plane, and the control plane the node:
 
