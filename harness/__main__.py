@@ -505,7 +505,7 @@ def _clean_real_node() -> None:
     removed: list[str] = []
     for slot in (realnode.NODE_1, realnode.NodeSlot(2)):
         try:
-            removed += realnode.clean_leftovers(slot.state_dir, slot=slot)
+            removed += realnode.clean_leftovers(slot.state_dir)
         except PreflightError as e:
             _say(f"real node left alone: {e}")
     if removed:

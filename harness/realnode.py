@@ -776,7 +776,11 @@ class RealNode:
         return hosts
 
     def _write_owner(self) -> None:
-        owner = {"pid": os.getpid(), "stack": str(self.stack.directory)}
+        owner: dict[str, Any] = {
+            "pid": os.getpid(),
+            "stack": str(self.stack.directory),
+            "slot": self.slot.index,
+        }
         if self.stack.criu_dir:
             owner["criu"] = str(self.stack.criu_dir)
         self.paths.owner.write_text(json.dumps(owner))
@@ -860,10 +864,10 @@ class RealNode:
 
 
 def clean_leftovers(
-    root: Path = STATE_DIR, *, stack: NodeStack | None = None, slot: NodeSlot = NODE_1
+    root: Path = STATE_DIR, *, stack: NodeStack | None = None, slot: NodeSlot | None = None
 ) -> list[str]:
-    """Remove every piece of the real node of ``slot`` under ``root`` unless a live process
-    owns it.
+    """Remove every piece of the real node of ``slot`` (None: the one its owner file
+    names, node-1 for a file that names none) under ``root`` unless a live process owns it.
 
     In this order: the kubelet and containerd, the shims (reparented away from containerd,
     found by their executable's path) and every process in the slot's pod cgroups; then
@@ -882,6 +886,7 @@ def clean_leftovers(
             "runs per machine: stop it first (`make cluster-down`)"
         )
     directory = stack.directory if stack else Path(owner["stack"])
+    slot = slot or NodeSlot(int(owner.get("slot", 1)))
     removed: list[str] = []
     names = ("kubelet", "containerd", "containerd-shim-runc-v2", "runc")
     removed += _kill_by_executable([directory / n for n in names], root)
