@@ -82,11 +82,13 @@ def elsewhere(
             finally:
                 real_cluster.client.delete(agent)
     finally:
-        path = f"/api/v1/namespaces/{SERVICE_NAMESPACE}/configmaps/rpw-node-{OTHER}"
-        if real_cluster.client.get_or_none(path) is not None:
-            real_cluster.client.delete(path)
-        real_cluster.remove_real_node(OTHER)
-        real_cluster.install_chart()
+        try:
+            path = f"/api/v1/namespaces/{SERVICE_NAMESPACE}/configmaps/rpw-node-{OTHER}"
+            if real_cluster.client.get_or_none(path) is not None:
+                real_cluster.client.delete(path)
+            real_cluster.remove_real_node(OTHER)
+        finally:
+            real_cluster.install_chart()
 
 
 def start_agent(
@@ -119,6 +121,8 @@ def test_a_registry_checkpoint_comes_back_on_the_other_real_node_and_counts_on(
 ) -> None:
     ns = real_namespace
     other, repository = elsewhere
+    # A pod of node-2 reaches the registry on node-1's address, as one of node-1 does.
+    assert "connected" == connect_from(real_cluster, OTHER, registry.host)
     walk = start_walkthrough(real_cluster, ns, classes, COUNTER)
     wait_until(lambda: count(real_cluster, ns) >= 5, timeout=30, what="a few counts")
     old = read(real_cluster, ns, VICTIM)
@@ -152,6 +156,21 @@ def test_a_registry_checkpoint_comes_back_on_the_other_real_node_and_counts_on(
     # Pushed, not imported, not pulled there: node-1's containerd holds no copy of it.
     assert [] == [n for n in runtime_of(real_cluster.node).image_digests() if "checkpoint" in n]
     assert count(real_cluster, ns) > first  # the restored pod runs on without its manifest
+
+
+def connect_from(cluster: RealCluster, node: str, host: str) -> str:
+    """What the agent's pod on ``node`` prints after a TCP connection to ``host``
+    (``address:port``)."""
+    pods = cluster.client.get(
+        f"/api/v1/namespaces/{SERVICE_NAMESPACE}/pods", fieldSelector=f"spec.nodeName={node}"
+    )["items"]
+    (agent,) = (p["metadata"]["name"] for p in pods)
+    address, port = host.rsplit(":", 1)
+    script = (
+        f"import socket; socket.create_connection(({address!r}, {port}), 5).close(); "
+        "print('connected')"
+    )
+    return cluster.exec(SERVICE_NAMESPACE, agent, ["python", "-c", script]).strip()
 
 
 def runtime_of(node: RealNode | None) -> Containerd:
