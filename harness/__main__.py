@@ -500,12 +500,14 @@ def cmd_down(_args: argparse.Namespace) -> int:
 
 def _clean_real_node() -> None:
     """Whatever a real node of a stopped or killed supervisor left (shims, containers,
-    mounts, bridges, cgroups); nothing when none ran or another live process owns it."""
-    try:
-        removed = realnode.clean_leftovers()
-    except PreflightError as e:
-        _say(f"real node left alone: {e}")
-        return
+    mounts, bridges, cgroups), node-1's and a second one's (a killed test's); nothing when
+    none ran or another live process owns it."""
+    removed: list[str] = []
+    for slot in (realnode.NODE_1, realnode.NodeSlot(2)):
+        try:
+            removed += realnode.clean_leftovers(slot.state_dir)
+        except PreflightError as e:
+            _say(f"real node left alone: {e}")
     if removed:
         kinds = Counter(line.rsplit(" ", 1)[0] if line[-1].isdigit() else line.split(" /")[0]
                         for line in removed)  # fmt: skip

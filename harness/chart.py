@@ -18,6 +18,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from harness.binaries import REPO_ROOT
 from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import webhook_client_files
@@ -109,6 +111,31 @@ def install(
     # kube-apiserver's webhook informer has to see the new configuration too.
     time.sleep(1.0)
     return Release(namespace, replicas, time.monotonic() - began)
+
+
+def agent_daemonset(
+    kubeconfig: Path, node: str, values: Mapping[str, Any], namespace: str = NAMESPACE
+) -> dict[str, Any]:
+    """The chart's node agent DaemonSet rendered with ``values`` (``helm template``), for
+    ``node`` alone: named ``<agent>-<node>``, selecting its own pods, pinned to the node.
+
+    For a node whose paths differ from those the release's agent has (another real node
+    of this machine): the release's DaemonSet stays on its own node, this one runs beside
+    it with the same account, Secret and CA."""
+    rendered = run_helm(
+        kubeconfig,
+        "template", RELEASE, str(CHART), "--namespace", namespace,
+        "--show-only", "templates/checkpoint-agent.yaml",
+        *set_args({**values, "checkpoint.nodeSelector": {"kubernetes.io/hostname": node}}),
+    )  # fmt: skip
+    (daemonset,) = (d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "DaemonSet")
+    daemonset["metadata"]["name"] = f"{daemonset['metadata']['name']}-{node}"
+    for labels in (
+        daemonset["spec"]["selector"]["matchLabels"],
+        daemonset["spec"]["template"]["metadata"]["labels"],
+    ):
+        labels["resize-preemption.io/node"] = node
+    return dict(daemonset)
 
 
 def uninstall(kubeconfig: Path, namespace: str = NAMESPACE) -> None:

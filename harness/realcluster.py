@@ -8,9 +8,12 @@ the real-node end-to-end tests get such a cluster:
 * ``node-1``: the real kubelet on containerd (:class:`harness.realnode.RealNode`);
 * ``node-2`` .. ``node-N``: hollow kubelets (:mod:`harness.nodes`) for work that needs more
   nodes than one machine has; they run no containers;
+* or, added while it runs (:meth:`RealCluster.add_real_node`), another real kubelet on
+  containerd beside node-1 (``node-2``: its own state, bridges, pod subnet and cgroup root,
+  :class:`harness.realnode.NodeSlot`), removed again by :meth:`RealCluster.remove_real_node`;
 * optionally the webhook, installed with the Helm chart from the locally built image
   (:mod:`harness.chart`): pods in ``rpw-system`` behind the chart's Service, which is how
-  kube-apiserver calls them; pinned to ``node-1`` when hollow nodes exist.
+  kube-apiserver calls them; pinned to ``node-1`` when other nodes exist.
 
 Helpers for tests and the demo: :meth:`RealCluster.kubectl`, :meth:`RealCluster.exec`,
 :meth:`RealCluster.cpu_quota` (a container's CFS quota read from inside it, cgroup v1 or
@@ -19,6 +22,7 @@ v2), :meth:`RealCluster.image_id`, :meth:`RealCluster.install_chart`.
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 import time
 from collections.abc import Mapping, Sequence
@@ -30,11 +34,11 @@ from typing import Any
 from harness import chart
 from harness.binaries import Binaries
 from harness.images import Role
-from harness.kubeapi import KubeClient
+from harness.kubeapi import ApiError, KubeClient
 from harness.kubectl import Kubectl
 from harness.launcher import ControlPlane, ControlPlaneConfig
 from harness.nodes import HollowNodes, NodeError, NodeOptions, NodeSpec
-from harness.realnode import NODE_NAME, Images, NodeStack, RealNode, RealNodeOptions
+from harness.realnode import NODE_NAME, Images, NodeSlot, NodeStack, RealNode, RealNodeOptions
 
 #: Prints the container's CPU quota and period, one number or ``max`` each: cgroup v2's
 #: ``cpu.max`` when the container sees the unified hierarchy, else v1's two files.
@@ -143,6 +147,8 @@ class RealCluster:
         )
         self.node: RealNode | None = None
         self.hollow: HollowNodes | None = None
+        #: Real nodes beside node-1, by name (:meth:`add_real_node`).
+        self.others: dict[str, RealNode] = {}
         self.release: chart.Release | None = None
         self.started_in: float | None = None
 
@@ -185,7 +191,10 @@ class RealCluster:
         return self
 
     def stop(self) -> None:
-        """Stop the nodes (the real one removes its containers), then the control plane."""
+        """Stop the nodes (the real ones remove their containers), then the control plane."""
+        for other in list(self.others.values()):
+            other.stop()
+        self.others.clear()
         if self.hollow is not None:
             self.hollow.stop()
             self.hollow = None
@@ -199,6 +208,8 @@ class RealCluster:
         self.control_plane.check_alive()
         if self.node is not None:
             self.node.check_alive()
+        for other in self.others.values():
+            other.check_alive()
         if self.hollow is not None:
             self.hollow.check_alive()
 
@@ -207,28 +218,80 @@ class RealCluster:
         """One line per node process that exited without being stopped."""
         return [
             *(self.node.errors if self.node else []),
+            *(e for other in self.others.values() for e in other.errors),
             *(self.hollow.errors if self.hollow else []),
         ]
 
     @property
     def node_names(self) -> list[str]:
-        return [NODE_NAME, *(self.hollow.names if self.hollow else [])]
+        return [NODE_NAME, *self.others, *(self.hollow.names if self.hollow else [])]
 
     def pids(self) -> dict[str, int]:
         """Process ids of the node processes, by name (for the state file)."""
         found: dict[str, int] = {}
         if self.node is not None:
             found |= {f"{name}-{NODE_NAME}": p.pid for name, p in self.node.processes.items()}
+        for node_name, other in self.others.items():
+            found |= {f"{name}-{node_name}": p.pid for name, p in other.processes.items()}
         if self.hollow is not None:
             found |= {name: self.hollow.pid(name) for name in self.hollow.names}
         return found
+
+    def add_real_node(self, index: int = 2) -> RealNode:
+        """Start ``node-<index>``, a real kubelet on containerd beside node-1 (same stack,
+        same images imported, the cluster's feature gates), and wait until it is Ready.
+        While it runs, :meth:`install_chart` pins the webhook's pods to node-1."""
+        slot = NodeSlot(index)
+        if slot.first or slot.name in self.others:
+            raise NodeError(f"{slot.name} runs already")
+        node = RealNode(
+            self.control_plane,
+            self.stack,
+            self.images,
+            RealNodeOptions(feature_gates=self.options.feature_gates, slot=slot),
+        ).start()
+        self.others[node.name] = node
+        return node
+
+    def remove_real_node(self, name: str, timeout: float = 60.0) -> None:
+        """Stop the real node ``name`` (its containers removed), then remove what the API
+        server kept of it: the pods bound to it (no kubelet is left to finish them), its
+        Node and its Lease; the cluster is as before :meth:`add_real_node`."""
+        node = self.others.pop(name, None)
+        if node is not None:
+            node.stop()
+        # The Node first: no DaemonSet makes a pod for it again.
+        for path in (
+            f"/api/v1/nodes/{name}",
+            f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}",
+        ):
+            try:
+                self.client.delete(path)
+            except ApiError as e:
+                if e.status != 404:  # the Lease goes with its Node, by its owner reference
+                    raise
+        deadline = time.monotonic() + timeout
+        while pods := self._bound_to(name):
+            if time.monotonic() > deadline:
+                raise NodeError(f"pods bound to {name} were not removed: {pods}")
+            for path in pods:
+                with contextlib.suppress(ApiError):  # gone meanwhile
+                    self.client.delete(path, body={"gracePeriodSeconds": 0})
+            time.sleep(0.2)
+
+    def _bound_to(self, node: str) -> list[str]:
+        pods = self.client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node}")["items"]
+        return [
+            f"/api/v1/namespaces/{p['metadata']['namespace']}/pods/{p['metadata']['name']}"
+            for p in pods
+        ]
 
     # --- the chart -----------------------------------------------------------------------------
 
     def install_chart(self, extra_values: Mapping[str, Any] | None = None) -> chart.Release:
         """``helm upgrade --install`` the chart (image: the product image built locally, the
         chart's default reference) and wait until its pods serve behind the Service."""
-        pin = NODE_NAME if self.hollow is not None else None
+        pin = NODE_NAME if self.hollow is not None or self.others else None
         self.release = chart.install(
             self.client, self.kubeconfig, pin_node=pin, extra_values=extra_values
         )
@@ -238,10 +301,10 @@ class RealCluster:
         chart.uninstall(self.kubeconfig)
         self.release = None
 
-    def checkpoint_values(self) -> dict[str, Any]:
-        """The chart's values for checkpoints on node-1: the service's setting and the node
-        agent's DaemonSet on this node's paths."""
-        node = self.node
+    def checkpoint_values(self, node: RealNode | None = None) -> dict[str, Any]:
+        """The chart's values for checkpoints on ``node`` (node-1 by default): the service's
+        setting and the node agent's DaemonSet on this node's paths."""
+        node = node or self.node
         assert node is not None and node.stack.criu_dir is not None
         return {
             "checkpoint.enabled": True,
@@ -259,6 +322,13 @@ class RealCluster:
             "checkpoint.criu": str(node.stack.criu_dir / "criu"),
             "checkpoint.pollInterval": 0.5,
         }
+
+    def agent_daemonset(self, node: RealNode, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The chart's node agent DaemonSet for ``node`` alone, on its own paths (its
+        :meth:`checkpoint_values`) with ``values`` over them (e.g. the registry's), for a
+        real node beside node-1 whose paths differ from those the release's agent has."""
+        merged = {**chart.operator_values(None), **self.checkpoint_values(node), **values}
+        return chart.agent_daemonset(self.kubeconfig, node.name, merged)
 
     # --- access --------------------------------------------------------------------------------
 

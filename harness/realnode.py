@@ -12,9 +12,11 @@ directories built by the project's scripts:
 
 Everything the node writes lives under one state directory (:data:`STATE_DIR`), and the
 network pieces have fixed names of ours (:data:`NODE_BRIDGE`, :data:`POD_BRIDGE`,
-:data:`NAT_CHAIN`): a machine runs one real node at a time, and whatever a killed run left
-behind is found and removed by :func:`clean_leftovers` - the same teardown
-:meth:`RealNode.stop` runs.
+:data:`NAT_CHAIN`): whatever a killed run left behind is found and removed by
+:func:`clean_leftovers` - the same teardown :meth:`RealNode.stop` runs. A second real node
+may run beside node-1 (``node-2``, :class:`NodeSlot`): its own state directory, bridges,
+node address, pod subnet, NAT chain, cgroup root and pod log directory, and a teardown that
+takes only what is its own.
 
 How the node reaches the control plane, and the control plane the node:
 
@@ -59,6 +61,9 @@ POD_SUBNET = "198.18.1.0/24"
 POD_GATEWAY = "198.18.1.1"
 #: The ``kubernetes`` Service's address, the first of the service range.
 API_SERVICE_IP = "10.0.0.1"
+#: The cgroup (below each hierarchy's root) of the kubelet of node-2 and on: its
+#: ``cgroupRoot``, under which it makes ``kubepods``. node-1's pods live in ``/kubepods``.
+CGROUP_ROOT_PREFIX = "rpw-node-"
 CGROUP_CONTROLLERS = ("cpu", "memory", "pids")
 NODE_STACK_NAMES = ("kubelet", "containerd", "ctr", "containerd-shim-runc-v2", "runc")
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
@@ -70,6 +75,7 @@ OWNER_FILE = "owner.json"
 __all__ = [
     "Images",
     "MachineFacts",
+    "NodeSlot",
     "NodeStack",
     "PreflightError",
     "RealNode",
@@ -81,6 +87,7 @@ __all__ = [
     "ensure_node_stack",
     "kubelet_config",
     "machine_facts",
+    "make_cgroup_root",
     "preflight",
     "registry_hosts_toml",
 ]
@@ -282,6 +289,77 @@ def check_machine() -> None:
 
 
 @dataclass(frozen=True)
+class NodeSlot:
+    """What sets one real node of this machine apart from the others: ``index`` 1 is
+    ``node-1`` with the names and places above (:data:`STATE_DIR`, :data:`NODE_BRIDGE`,
+    :data:`POD_BRIDGE`, :data:`NAT_CHAIN`, :data:`NODE_IP`, :data:`POD_SUBNET`, pods in
+    ``/kubepods``, their logs in the kubelet's default ``/var/log/pods``); ``index`` N
+    the same numbered N, its pods in the cgroup ``/rpw-node-N`` and their logs under its
+    state directory. Two kubelets must not share those: each removes the log directories
+    of pods it does not know, and sweeps the pod cgroups under its own root."""
+
+    index: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.index <= 200:
+            raise ValueError(f"a real node's index is 1 to 200, not {self.index}")
+
+    @property
+    def first(self) -> bool:
+        return self.index == 1
+
+    @property
+    def name(self) -> str:
+        return f"node-{self.index}"
+
+    @property
+    def state_dir(self) -> Path:
+        return STATE_DIR if self.first else STATE_DIR.with_name(f"{STATE_DIR.name}-{self.index}")
+
+    @property
+    def node_bridge(self) -> str:
+        return NODE_BRIDGE if self.first else f"rpwnode{self.index - 1}"
+
+    @property
+    def pod_bridge(self) -> str:
+        return POD_BRIDGE if self.first else f"rpwpods{self.index - 1}"
+
+    @property
+    def nat_chain(self) -> str:
+        return NAT_CHAIN if self.first else f"{NAT_CHAIN}-{self.index}"
+
+    @property
+    def node_ip(self) -> str:
+        return NODE_IP if self.first else f"198.18.0.{self.index}"
+
+    @property
+    def pod_subnet(self) -> str:
+        return POD_SUBNET if self.first else f"198.18.{self.index}.0/24"
+
+    @property
+    def pod_gateway(self) -> str:
+        return POD_GATEWAY if self.first else f"198.18.{self.index}.1"
+
+    @property
+    def cgroup_root(self) -> str | None:
+        """The kubelet's ``cgroupRoot`` (None: its default, ``/``)."""
+        return None if self.first else f"/{CGROUP_ROOT_PREFIX}{self.index}"
+
+    @property
+    def pod_cgroup(self) -> str:
+        """The cgroup, below each hierarchy's root, holding every pod cgroup of the node
+        (for node-2 and on, the kubelet's ``cgroupRoot`` itself, which the harness makes)."""
+        return "kubepods" if self.cgroup_root is None else self.cgroup_root.lstrip("/")
+
+    def pod_logs_dir(self, paths: NodePaths) -> Path | None:
+        """The kubelet's ``podLogsDir`` (None: its default, ``/var/log/pods``)."""
+        return None if self.first else paths.root / "pod-logs"
+
+
+NODE_1 = NodeSlot(1)
+
+
+@dataclass(frozen=True)
 class NodePaths:
     """Where everything of the node lives, under ``root`` (sockets keep it short)."""
 
@@ -416,23 +494,24 @@ server = {q(server)}
 """
 
 
-def cni_config(paths: NodePaths) -> dict[str, Any]:
-    """Pods on :data:`POD_BRIDGE`, addresses from :data:`POD_SUBNET` (host-local, its state
-    under ours), the bridge their gateway and default route."""
+def cni_config(paths: NodePaths, slot: NodeSlot = NODE_1) -> dict[str, Any]:
+    """Pods on the slot's pod bridge (node-1: :data:`POD_BRIDGE`), addresses from its pod
+    subnet (:data:`POD_SUBNET`; host-local, its state under ours), the bridge their gateway
+    and default route."""
     return {
         "cniVersion": "1.0.0",
         "name": "rpw-pods",
         "plugins": [
             {
                 "type": "bridge",
-                "bridge": POD_BRIDGE,
+                "bridge": slot.pod_bridge,
                 "isGateway": True,
                 "ipMasq": False,
                 "hairpinMode": True,
                 "ipam": {
                     "type": "host-local",
                     "dataDir": str(paths.cni_ipam_dir),
-                    "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY}]],
+                    "ranges": [[{"subnet": slot.pod_subnet, "gateway": slot.pod_gateway}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
                 },
             },
@@ -450,8 +529,9 @@ def kubelet_config(
     feature_gates: Mapping[str, bool],
     status_update_frequency: float,
     client_ca: Path,
+    slot: NodeSlot = NODE_1,
 ) -> dict[str, Any]:
-    """The kubelet's KubeletConfiguration for this machine.
+    """The kubelet's KubeletConfiguration for this machine, on the slot's node address.
 
     * ``failCgroupV1: false``: the kubelet refuses cgroup v1 hosts otherwise;
     * cgroupfs driver, as containerd's runc (no systemd manages cgroups here);
@@ -462,12 +542,13 @@ def kubelet_config(
       callers; client certificates of the control plane's CA (``client_ca``: kube-apiserver's
       ``exec``/``logs`` calls, the tests as the admin) and bearer tokens (a TokenReview: the
       service's account), each request authorized by a SubjectAccessReview (``Webhook``),
-      so that a call to ``/checkpoint`` needs ``create`` on ``nodes/checkpoint``.
+      so that a call to ``/checkpoint`` needs ``create`` on ``nodes/checkpoint``;
+    * beside node-1, its own ``cgroupRoot`` and ``podLogsDir`` (:class:`NodeSlot`).
     """
-    return {
+    config: dict[str, Any] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "address": NODE_IP,
+        "address": slot.node_ip,
         "port": port,
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
@@ -491,18 +572,25 @@ def kubelet_config(
         "serializeImagePulls": False,
         "featureGates": dict(feature_gates),
     }
+    if slot.cgroup_root is not None:
+        config["cgroupRoot"] = slot.cgroup_root
+    if (logs := slot.pod_logs_dir(paths)) is not None:
+        config["podLogsDir"] = str(logs)
+    return config
 
 
-def nat_rules(apiserver_port: int) -> list[list[str]]:
-    """iptables arguments (nat table) sending pods' ``kubernetes`` Service traffic to
-    kube-apiserver's loopback port: the one Service a pod needs without kube-proxy."""
+def nat_rules(apiserver_port: int, slot: NodeSlot = NODE_1) -> list[list[str]]:
+    """iptables arguments (nat table) sending the ``kubernetes`` Service traffic of the
+    slot's pods to kube-apiserver's loopback port: the one Service a pod needs without
+    kube-proxy. One chain per node, matching its pod bridge only."""
+    chain = slot.nat_chain
     return [
-        ["-N", NAT_CHAIN],
+        ["-N", chain],
         [
-            "-A", NAT_CHAIN, "-i", POD_BRIDGE, "-d", f"{API_SERVICE_IP}/32", "-p", "tcp",
+            "-A", chain, "-i", slot.pod_bridge, "-d", f"{API_SERVICE_IP}/32", "-p", "tcp",
             "--dport", "443", "-j", "DNAT", "--to-destination", f"127.0.0.1:{apiserver_port}",
         ],
-        ["-I", "PREROUTING", "-j", NAT_CHAIN],
+        ["-I", "PREROUTING", "-j", chain],
     ]  # fmt: skip
 
 
@@ -515,8 +603,9 @@ class RealNodeOptions:
 
     ``feature_gates``: the kubelet's (less those its version does not know).
     ``status_update_frequency``: seconds between the kubelet's Node status syncs.
-    ``state_dir``: everything the node writes; a fixed place (:data:`STATE_DIR`) so that a
-    later run finds what a killed one left.
+    ``slot``: which real node of this machine (:class:`NodeSlot`: node-1 by default).
+    ``state_dir``: everything the node writes (None: the slot's, for node-1
+    :data:`STATE_DIR`); a fixed place so that a later run finds what a killed one left.
     """
 
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
@@ -524,12 +613,14 @@ class RealNodeOptions:
     status_update_frequency: float = 4.0
     ready_timeout: float = 120.0
     start_timeout: float = 30.0
-    state_dir: Path = STATE_DIR
+    state_dir: Path | None = None
     verbosity: int = 1
+    slot: NodeSlot = NODE_1
 
 
 class RealNode:
-    """``node-1`` on containerd: use as a context manager or start()/stop().
+    """``node-1`` (or the node of ``options.slot``) on containerd: use as a context manager
+    or start()/stop().
 
     :meth:`start` checks the machine (:class:`PreflightError`), removes what an earlier run
     left, creates the bridges and the NAT rule, starts containerd, imports every image of
@@ -550,8 +641,9 @@ class RealNode:
         self.stack = stack
         self.images = images
         self.options = options or RealNodeOptions()
-        self.spec = spec or NodeSpec(NODE_NAME)
-        self.paths = NodePaths(self.options.state_dir)
+        self.slot = self.options.slot
+        self.spec = spec or NodeSpec(self.slot.name)
+        self.paths = NodePaths(self.options.state_dir or self.slot.state_dir)
         self.processes: dict[str, ManagedProcess] = {}
         self.started_in: float | None = None
         self.imported_in: float | None = None
@@ -571,7 +663,7 @@ class RealNode:
     def start(self) -> RealNode:
         began = time.monotonic()
         check_machine()
-        clean_leftovers(self.paths.root)
+        clean_leftovers(self.paths.root, slot=self.slot)
         try:
             self._prepare()
             self._start_containerd()
@@ -598,7 +690,7 @@ class RealNode:
             process = self.processes.pop(name, None)
             if process is not None:
                 process.stop(timeout=10)
-        clean_leftovers(self.paths.root, stack=self.stack)
+        clean_leftovers(self.paths.root, stack=self.stack, slot=self.slot)
 
     @property
     def errors(self) -> list[str]:
@@ -651,18 +743,24 @@ class RealNode:
         sandbox = self.images.reference("sandbox")
         paths.containerd_config.write_text(containerd_config(paths, self.stack, sandbox))
         (paths.cni_conf_dir / "10-rpw-pods.conflist").write_text(
-            json.dumps(cni_config(paths), indent=2)
+            json.dumps(cni_config(paths, self.slot), indent=2)
         )
-        _ip("link", "add", NODE_BRIDGE, "type", "bridge")
-        _ip("addr", "add", f"{NODE_IP}/32", "dev", NODE_BRIDGE)
-        _ip("link", "set", NODE_BRIDGE, "up")
+        self._prepare_network()
+        if self.slot.cgroup_root is not None:
+            make_cgroup_root(self.slot)
+
+    def _prepare_network(self) -> None:
+        slot = self.slot
+        _ip("link", "add", slot.node_bridge, "type", "bridge")
+        _ip("addr", "add", f"{slot.node_ip}/32", "dev", slot.node_bridge)
+        _ip("link", "set", slot.node_bridge, "up")
         # Made here, not by the CNI plugin at the first pod, so that the sysctl below (on this
         # interface only) lets the NAT rule hand pods' packets to a loopback address.
-        _ip("link", "add", POD_BRIDGE, "type", "bridge")
-        _ip("addr", "add", f"{POD_GATEWAY}/24", "dev", POD_BRIDGE)
-        _ip("link", "set", POD_BRIDGE, "up")
-        Path(f"/proc/sys/net/ipv4/conf/{POD_BRIDGE}/route_localnet").write_text("1")
-        for rule in nat_rules(self.control_plane.ports["apiserver"]):
+        _ip("link", "add", slot.pod_bridge, "type", "bridge")
+        _ip("addr", "add", f"{slot.pod_gateway}/24", "dev", slot.pod_bridge)
+        _ip("link", "set", slot.pod_bridge, "up")
+        Path(f"/proc/sys/net/ipv4/conf/{slot.pod_bridge}/route_localnet").write_text("1")
+        for rule in nat_rules(self.control_plane.ports["apiserver"], slot):
             _iptables(*rule)
 
     def trust_registry(self, host: str, ca_pem: bytes, authorization: str) -> Path:
@@ -678,7 +776,11 @@ class RealNode:
         return hosts
 
     def _write_owner(self) -> None:
-        owner = {"pid": os.getpid(), "stack": str(self.stack.directory)}
+        owner: dict[str, Any] = {
+            "pid": os.getpid(),
+            "stack": str(self.stack.directory),
+            "slot": self.slot.index,
+        }
         if self.stack.criu_dir:
             owner["criu"] = str(self.stack.criu_dir)
         self.paths.owner.write_text(json.dumps(owner))
@@ -740,6 +842,7 @@ class RealNode:
             feature_gates=gates,
             status_update_frequency=options.status_update_frequency,
             client_ca=self.control_plane.pki_dir / "ca.crt",
+            slot=self.slot,
         )
         paths.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
         argv = [
@@ -747,7 +850,7 @@ class RealNode:
             f"--config={paths.kubelet_config}",
             f"--kubeconfig={self.control_plane.kubeconfig}",
             f"--hostname-override={self.name}",
-            f"--node-ip={NODE_IP}",
+            f"--node-ip={self.slot.node_ip}",
             f"--root-dir={paths.kubelet_root}",
             f"--cert-dir={paths.root / 'kubelet-pki'}",
             f"--v={options.verbosity}",
@@ -760,13 +863,19 @@ class RealNode:
 # --- teardown (also of what a killed run left) -------------------------------------------------
 
 
-def clean_leftovers(root: Path = STATE_DIR, *, stack: NodeStack | None = None) -> list[str]:
-    """Remove every piece of a real node under ``root`` unless a live process owns it.
+def clean_leftovers(
+    root: Path = STATE_DIR, *, stack: NodeStack | None = None, slot: NodeSlot | None = None
+) -> list[str]:
+    """Remove every piece of the real node of ``slot`` (None: the one its owner file
+    names, node-1 for a file that names none) under ``root`` unless a live process owns it.
 
     In this order: the kubelet and containerd, the shims (reparented away from containerd,
-    found by their executable's path) and every process in the pod cgroups; then mounts
-    under ``root`` (overlay root filesystems, shm, volumes, network namespaces), the bridges,
-    the NAT rule and the pod cgroups once empty. Returns one line per thing removed.
+    found by their executable's path) and every process in the slot's pod cgroups; then
+    mounts under ``root`` (overlay root filesystems, shm, volumes, network namespaces), the
+    slot's bridges, its NAT rule and its pod cgroups once empty. Processes of the node stack
+    count as the node's only when their command line or working directory is under
+    ``root``: another real node of this machine keeps its own. Returns one line per thing
+    removed.
     """
     owner = _read_owner(root)
     if owner is None:
@@ -777,17 +886,18 @@ def clean_leftovers(root: Path = STATE_DIR, *, stack: NodeStack | None = None) -
             "runs per machine: stop it first (`make cluster-down`)"
         )
     directory = stack.directory if stack else Path(owner["stack"])
+    slot = slot or NodeSlot(int(owner.get("slot", 1)))
     removed: list[str] = []
     names = ("kubelet", "containerd", "containerd-shim-runc-v2", "runc")
-    removed += _kill_by_executable([directory / n for n in names])
-    removed += _kill_cgroup_processes()
+    removed += _kill_by_executable([directory / n for n in names], root)
+    removed += _kill_cgroup_processes(slot)
     removed += _remove_shim_sockets(root)
     removed += _unmount_under(root)
-    for bridge in (POD_BRIDGE, NODE_BRIDGE):
+    for bridge in (slot.pod_bridge, slot.node_bridge):
         if _ip("link", "del", bridge, check=False).returncode == 0:
             removed.append(f"bridge {bridge}")
-    removed += _remove_nat_chain()
-    removed += _remove_pod_cgroups()
+    removed += _remove_nat_chain(slot.nat_chain)
+    removed += _remove_pod_cgroups(slot)
     # The images and snapshots of a run are not reused: the next run starts clean.
     shutil.rmtree(root, ignore_errors=True)
     if root.exists():
@@ -815,7 +925,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _kill_by_executable(executables: Iterable[Path]) -> list[str]:
+def _kill_by_executable(executables: Iterable[Path], root: Path) -> list[str]:
     wanted = {str(p.resolve()) for p in executables if p.exists()}
     if not wanted:
         return []
@@ -825,12 +935,27 @@ def _kill_by_executable(executables: Iterable[Path]) -> list[str]:
             exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
         except OSError:
             continue
-        if exe in wanted:
+        if exe in wanted and _works_under(pid, root):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(f"{Path(exe).name} {pid}")
     _wait_gone([int(k.split()[-1]) for k in killed])
     return killed
+
+
+def _works_under(pid: int, root: Path) -> bool:
+    """Whether the process names ``root`` on its command line (the kubelet's and
+    containerd's configuration, a shim's containerd socket, runc's log file) or works in
+    it (a shim in its task's bundle)."""
+    prefixes = {f"{root}/", f"{root.resolve()}/"}
+    with contextlib.suppress(OSError):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        if any(prefix in arg for arg in argv for prefix in prefixes):
+            return True
+    with contextlib.suppress(OSError):
+        cwd = os.readlink(f"/proc/{pid}/cwd") + "/"
+        return any(cwd.startswith(prefix) for prefix in prefixes)
+    return False
 
 
 def _pids() -> list[int]:
@@ -856,20 +981,35 @@ def _remove_shim_sockets(root: Path) -> list[str]:
     return removed
 
 
-def _pod_cgroup_roots() -> list[Path]:
-    """``kubepods`` of every mounted cgroup hierarchy (the kubelet's pod cgroups)."""
-    roots = []
-    for mount in _mounts():
-        if mount.fstype in ("cgroup", "cgroup2"):
-            candidate = Path(mount.target) / "kubepods"
-            if candidate.is_dir():
-                roots.append(candidate)
-    return roots
+def _cgroup_hierarchies() -> list[Path]:
+    """The root of every mounted cgroup hierarchy (v1: one per controller set; v2: one)."""
+    return [Path(m.target) for m in _mounts() if m.fstype in ("cgroup", "cgroup2")]
 
 
-def _kill_cgroup_processes() -> list[str]:
+def _pod_cgroup_roots(slot: NodeSlot) -> list[Path]:
+    """The slot's pod cgroup (:attr:`NodeSlot.pod_cgroup`) in every mounted hierarchy."""
+    candidates = (hierarchy / slot.pod_cgroup for hierarchy in _cgroup_hierarchies())
+    return [candidate for candidate in candidates if candidate.is_dir()]
+
+
+def make_cgroup_root(slot: NodeSlot) -> list[Path]:
+    """The kubelet's ``cgroupRoot`` of ``slot`` in every mounted hierarchy: the kubelet
+    refuses to start unless it exists. A new v1 cpuset takes its parent's CPUs and memory
+    nodes (it has none, and no process could join it otherwise)."""
+    made = []
+    for hierarchy in _cgroup_hierarchies():
+        directory = hierarchy / slot.pod_cgroup
+        directory.mkdir(exist_ok=True)
+        for name in ("cpuset.cpus", "cpuset.mems"):
+            if (hierarchy / name).exists() and not (directory / name).read_text().strip():
+                (directory / name).write_text((hierarchy / name).read_text())
+        made.append(directory)
+    return made
+
+
+def _kill_cgroup_processes(slot: NodeSlot) -> list[str]:
     pids: set[int] = set()
-    for root in _pod_cgroup_roots():
+    for root in _pod_cgroup_roots(slot):
         for procs in root.rglob("cgroup.procs"):
             with contextlib.suppress(OSError, ValueError):
                 pids.update(int(p) for p in procs.read_text().split())
@@ -880,9 +1020,9 @@ def _kill_cgroup_processes() -> list[str]:
     return [f"pod process {pid}" for pid in sorted(pids)]
 
 
-def _remove_pod_cgroups() -> list[str]:
+def _remove_pod_cgroups(slot: NodeSlot) -> list[str]:
     removed = []
-    for root in _pod_cgroup_roots():
+    for root in _pod_cgroup_roots(slot):
         # Deepest first: a cgroup directory goes only once its children have.
         for directory in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
             with contextlib.suppress(OSError):
@@ -930,15 +1070,15 @@ def _unmount_under(root: Path) -> list[str]:
     return removed
 
 
-def _remove_nat_chain() -> list[str]:
+def _remove_nat_chain(chain: str) -> list[str]:
     if not shutil.which("iptables"):
         return []
     removed = []
-    while _iptables("-D", "PREROUTING", "-j", NAT_CHAIN, check=False).returncode == 0:
-        removed.append(f"iptables jump to {NAT_CHAIN}")
-    if _iptables("-F", NAT_CHAIN, check=False).returncode == 0:
-        _iptables("-X", NAT_CHAIN, check=False)
-        removed.append(f"iptables chain {NAT_CHAIN}")
+    while _iptables("-D", "PREROUTING", "-j", chain, check=False).returncode == 0:
+        removed.append(f"iptables jump to {chain}")
+    if _iptables("-F", chain, check=False).returncode == 0:
+        _iptables("-X", chain, check=False)
+        removed.append(f"iptables chain {chain}")
     return removed
 
 

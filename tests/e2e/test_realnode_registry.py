@@ -21,6 +21,7 @@ import base64
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -85,49 +86,68 @@ def push_secret(registry: TestRegistry) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
-def pushing(real_cluster: RealCluster, registry: TestRegistry) -> Iterator[str]:
-    """The chart installed with checkpoints pushed to the registry; the repository. Put
-    back as the other tests know it afterwards."""
-    client = real_cluster.client
+@contextmanager
+def chart_pushing_to(
+    cluster: RealCluster, registry: TestRegistry, extra_values: dict[str, Any] | None = None
+) -> Iterator[str]:
+    """The chart installed with checkpoints pushed to the registry (``extra_values`` over
+    it), node-1's agent able, node-1's pods settled; the repository. Uninstalled
+    afterwards, with its Secret and node-1's abilities."""
+    client = cluster.client
     secrets = f"/api/v1/namespaces/{SERVICE_NAMESPACE}/secrets"
-    real_cluster.uninstall_chart()
+    cluster.uninstall_chart()
     repository = f"{registry.host}/{PATH}"
     try:
         if client.get_or_none(f"/api/v1/namespaces/{SERVICE_NAMESPACE}") is None:
-            real_cluster.create_namespace(SERVICE_NAMESPACE)
+            cluster.create_namespace(SERVICE_NAMESPACE)
         if client.get_or_none(f"{secrets}/{AUTH_SECRET}") is not None:
             client.delete(f"{secrets}/{AUTH_SECRET}")
         client.create(secrets, push_secret(registry))
-        real_cluster.install_chart({
-            **real_cluster.checkpoint_values(),
-            "checkpoint.registry.repository": repository,
-            "checkpoint.registry.ca": registry.ca_file.read_text(),
-            "checkpoint.registry.authSecret": AUTH_SECRET,
+        cluster.install_chart({
+            **cluster.checkpoint_values(),
+            **registry_values(registry, repository),
+            **(extra_values or {}),
         })  # fmt: skip
         deadline = time.monotonic() + 120
-        while (capability := capability_of(real_cluster, SERVICE_NAMESPACE)) is None:
+        while (capability := capability_of(cluster, SERVICE_NAMESPACE)) is None:
             assert time.monotonic() < deadline, "the node agent published no abilities"
             time.sleep(0.5)
         time.sleep(2.0)  # every replica lists the abilities each second: it has read them
         assert ("true", "true") == (capability["checkpoint"], capability["restore"]), capability
         # The walkthrough sizes its pods to the CPU the node's pods request: the release
         # uninstalled above must have left it, or the preemptor's room shows up later.
-        while terminating(real_cluster):
-            assert time.monotonic() < deadline, (
-                f"pods still terminating: {terminating(real_cluster)}"
-            )
+        while terminating(cluster):
+            assert time.monotonic() < deadline, f"pods still terminating: {terminating(cluster)}"
             time.sleep(0.5)
         yield repository
     finally:
-        real_cluster.uninstall_chart()
-        real_cluster.install_chart()
+        cluster.uninstall_chart()
         for path in (
             f"/api/v1/namespaces/{SERVICE_NAMESPACE}/configmaps/rpw-node-{NODE_NAME}",
             f"{secrets}/{AUTH_SECRET}",
         ):
             if client.get_or_none(path) is not None:
                 client.delete(path)
+
+
+def registry_values(registry: TestRegistry, repository: str) -> dict[str, Any]:
+    """The chart's values of the agent's registry: where, its CA, the push credentials."""
+    return {
+        "checkpoint.registry.repository": repository,
+        "checkpoint.registry.ca": registry.ca_file.read_text(),
+        "checkpoint.registry.authSecret": AUTH_SECRET,
+    }
+
+
+@pytest.fixture(scope="module")
+def pushing(real_cluster: RealCluster, registry: TestRegistry) -> Iterator[str]:
+    """The chart installed with checkpoints pushed to the registry; the repository. Put
+    back as the other tests know it afterwards."""
+    try:
+        with chart_pushing_to(real_cluster, registry) as repository:
+            yield repository
+    finally:
+        real_cluster.install_chart()
 
 
 def containerd_images(cluster: RealCluster) -> list[str]:
