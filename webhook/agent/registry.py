@@ -16,7 +16,6 @@ onto this node.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import re
 import tarfile
@@ -221,24 +220,6 @@ class RegistryClient:
             return None
         return response.headers.get("Docker-Content-Digest") or None
 
-    def manifest(self, repository: str, reference: str) -> tuple[str, dict[str, Any]] | None:
-        """The digest and content of the manifest ``reference`` (a tag or a digest) names;
-        None: none."""
-        response = self._request(
-            "GET", f"/v2/{repository}/manifests/{reference}", repository,
-            headers={"Accept": _ACCEPT}, expect=(200, 404),
-        )  # fmt: skip
-        if response.status == 404:
-            return None
-        digest = response.headers.get("Docker-Content-Digest") or (
-            "sha256:" + hashlib.sha256(response.data).hexdigest()
-        )
-        try:
-            content = json.loads(response.data)
-        except ValueError:
-            raise RegistryFailure(f"registry {self.host}: {reference} is not JSON") from None
-        return digest, content if isinstance(content, dict) else {}
-
     def delete_manifest(self, repository: str, digest: str) -> None:
         """Delete by digest (the API deletes manifests only so); gone already is fine."""
         self._request(
@@ -337,31 +318,28 @@ class RegistryImages:
 
     def remove(self, reference: str) -> None:
         """The copies a kubelet pulled onto this node first (the CRI names a pulled image
-        by its tag, by ``name@digest`` and by its config's digest, the image id), then the
-        manifest in the registry: a runtime failure leaves the manifest, and so the digests,
-        for the next pass."""
+        by its tag and by ``name@digest``; the runtime takes its id with the last of
+        them), then the manifest in the registry: a runtime failure leaves the manifest,
+        and so the digest, for the next pass."""
         if not reference.startswith(self.client.host + "/"):
             self.runtime.remove_image(reference)
             return
         repository, _ = parse_reference(reference, self.client.host)
-        found = self.client.manifest(repository, reference.rpartition(":")[2])
+        digest = self.client.manifest_digest(repository, reference.rpartition(":")[2])
         pulled = [reference]
-        if found is not None:
-            digest, manifest = found
+        if digest is not None:
             pulled.append(f"{self.client.host}/{repository}@{digest}")
-            config = manifest.get("config")
-            if isinstance(config, dict) and str(config.get("digest", "")).startswith("sha256:"):
-                pulled.append(str(config["digest"]))
         for name in pulled:
             self.runtime.remove_image(name)
-        if found is not None:
-            self.client.delete_manifest(repository, found[0])
+        if digest is not None:
+            self.client.delete_manifest(repository, digest)
 
     def sweep(self) -> list[str]:
         """Copies pulled onto this node of images the registry no longer has: a pod
         restored here from another node's record, whose agent deleted the manifest when
         the record ended, and removed only its own node's copy. Each under every name the
-        CRI gave it (tag, ``name@digest``, the image id: the names sharing its digest)."""
+        CRI gave it under the repository (tag, ``name@digest``); the runtime takes the
+        image id with the last of them."""
         listed = self.runtime.image_digests()
         prefix = self.repository + "/"
         gone = set()
@@ -373,10 +351,7 @@ class RegistryImages:
                 repository, reference = parse_reference(name, self.client.host)
             if self.client.manifest_digest(repository, reference) is None:
                 gone.add(digest)
-        stale = sorted(
-            name for name, digest in listed.items()
-            if digest in gone and (name.startswith(prefix) or name.startswith("sha256:"))
-        )  # fmt: skip
+        stale = sorted(n for n, d in listed.items() if d in gone and n.startswith(prefix))
         for name in stale:
             self.runtime.remove_image(name)
         return stale
