@@ -51,10 +51,11 @@ class Case:
 )
 def test_ledger_writes_per_review(case: Case) -> None:
     ledger = InMemoryLedger()
-    engine = AdmissionEngine(Config(), walkthrough_view(), ledger, clock=lambda: NOW)
-    high = walkthrough_objects()[2]
+    node, low, high = walkthrough_objects()
     if case.never:
         high["spec"]["preemptionPolicy"] = "Never"
+    view = StaticClusterView.from_objects([node, low, high])
+    engine = AdmissionEngine(Config(), view, ledger, clock=lambda: NOW)
 
     decision = engine.validate(review(high, resized(high, case.cpu))["request"])
 

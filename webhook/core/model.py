@@ -32,6 +32,10 @@ FLOOR_ANNOTATION: Final = "resize-preemption.io/floor"
 #: borrowed and when (:func:`webhook.core.lending.records`). Written before a loan is made
 #: and removed once it ended, so a loan outlives the ledger entry that borrowed it.
 LOANS_ANNOTATION: Final = "resize-preemption.io/loans"
+#: Annotations a cached pod keeps: this project's own, which the worker and the reviews
+#: read. Others, e.g. ``kubectl.kubernetes.io/last-applied-configuration``, can be
+#: kilobytes per pod, and no decision reads them.
+KEPT_ANNOTATION_PREFIXES: Final = ("resize-preemption.io/",)
 TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
 

@@ -1,4 +1,5 @@
-"""Applying a resize patch, as ``kubectl patch --subresource resize`` sends it.
+"""Applying a resize patch, as ``kubectl patch --subresource resize`` sends it, and
+reading the resize a review asks for off the pod the API server stored.
 
 The patch is a strategic merge patch restricted to what the resize subresource accepts:
 ``spec.containers[*].resources`` / ``resizePolicy`` and ``spec.initContainers[*]`` (matched
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from webhook.core.errors import ResizeError
+from webhook.core.model import KEPT_ANNOTATION_PREFIXES, Container, Pod
 
 _CONTAINER_FIELDS = frozenset({"name", "resources", "resizePolicy"})
 _SPEC_FIELDS = frozenset({"containers", "initContainers", "resources"})
@@ -100,3 +103,61 @@ def apply_resize(pod: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, 
             _resources_of(spec, "spec.resources"), spec_patch["resources"], "spec.resources"
         )
     return result
+
+
+def _kept(annotations: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in annotations.items() if k.startswith(KEPT_ANNOTATION_PREFIXES)}
+
+
+def _names(containers: tuple[Container, ...]) -> tuple[tuple[str, bool], ...]:
+    return tuple((c.name, c.sidecar) for c in containers)
+
+
+def _owner(pod: Pod) -> tuple[str, str]:
+    return pod.controller, pod.controller_uid
+
+
+def _differences(stored: Pod, claimed: Pod) -> list[str]:
+    """What ``claimed`` says of the pod that ``stored`` does not, resources aside."""
+    fields = (
+        ("uid", stored.uid, claimed.uid),
+        ("namespace", stored.namespace, claimed.namespace),
+        ("name", stored.name, claimed.name),
+        ("node", stored.node, claimed.node),
+        ("priority", stored.priority, claimed.priority),
+        ("preemption policy", stored.preemption_policy, claimed.preemption_policy),
+        ("owner", _owner(stored), _owner(claimed)),
+        ("annotations", _kept(stored.annotations), _kept(claimed.annotations)),
+        ("containers", _names(stored.containers), _names(claimed.containers)),
+        ("init containers", _names(stored.init_containers), _names(claimed.init_containers)),
+        ("overhead", stored.overhead, claimed.overhead),
+    )
+    out = [name for name, ours, theirs in fields if ours != theirs]
+    # The API server raises the generation once when a resize changes the spec; a review
+    # claiming another would set when the entry counts as superseded.
+    if claimed.generation not in (stored.generation, stored.generation + 1):
+        out.append("generation")
+    return out
+
+
+def resize_of(stored: Pod, claimed: Pod) -> Pod | str:
+    """The resize a review asks for, on the pod the API server stored: ``stored`` (as
+    the cluster view holds it) with the container and pod-level requests and limits of
+    ``claimed`` (the review's ``object``), and its generation. A review's body is a claim:
+    anything else it says is read from ``stored``, and a ``claimed`` pod that differs from
+    it in anything but those resources is not this pod's resize: the text says in what.
+
+    Annotations compare as far as a cached pod keeps them
+    (:data:`~webhook.core.model.KEPT_ANNOTATION_PREFIXES`): the only ones a decision reads.
+    """
+    differs = _differences(stored, claimed)
+    if differs:
+        return "the review's object differs from the stored pod in " + ", ".join(differs)
+    return replace(
+        stored,
+        containers=claimed.containers,
+        init_containers=claimed.init_containers,
+        pod_requests=claimed.pod_requests,
+        pod_limits=claimed.pod_limits,
+        generation=claimed.generation,
+    )

@@ -43,6 +43,7 @@ from webhook.core.objects import parse_pod
 from webhook.core.plan import NodeView, Plan, plan_resize
 from webhook.core.policy import PreemptionPolicy, Ranking, rank, spending
 from webhook.core.report import WARNING_LIMIT, clip, warnings_for
+from webhook.core.resize import resize_of
 from webhook.core.resources import (
     RESOURCE_NAMES,
     Resources,
@@ -665,13 +666,11 @@ class AdmissionEngine:
                 f"{self.config.max_cache_staleness:g}s); resize allowed without a plan"
             )
             return Decision(uid, verdict="error", warnings=(PREFIX + message,), error=message)
-        resolver = self.cluster.priority_resolver()
-        stored = self._stored_pod(old_obj)
-        old = stored or parse_pod(old_obj, resolver)
-        new = parse_pod(new_obj, resolver)
-        if stored is None and (mismatch := self._unverified(request, old, new)) is not None:
-            return mismatch
-        node_name = new.node or old.node
+        scene = self._claimed(request, old_obj, new_obj)
+        if isinstance(scene, Decision):
+            return scene
+        old, new = scene
+        node_name = old.node
         node = self.cluster.node(node_name) if node_name else None
         if node is None:
             if not node_name:
@@ -687,33 +686,46 @@ class AdmissionEngine:
         budgets = tuple(self.cluster.budgets(frozenset({p.namespace for p in pods})))
         return _Scene(old, new, node, pods, budgets, self._memo.of(node, pods, budgets, now))
 
-    def _unverified(self, request: AdmissionRequest, old: Pod, new: Pod) -> Decision | None:
-        """A plain allow, naming no other pod and writing nothing, unless the cache holds
-        the request's pod: same uid, namespace, name and node, and ``oldObject`` declares
-        what the cached pod does (resources, priority). None when it does.
+    def _claimed(
+        self, request: AdmissionRequest, old_obj: Mapping[str, Any], new_obj: Mapping[str, Any]
+    ) -> tuple[Pod, Pod] | Decision:
+        """The pod as the cache holds it, and its resize as the review asks for it
+        (:func:`~webhook.core.resize.resize_of`): everything but the resize's resources is
+        read from the cache. ``unverified`` - allowed, naming nobody, writing nothing -
+        when the cache holds no pod of the review's namespace, name and uid, or when
+        ``oldObject`` or ``object`` says something of it that the cache does not.
 
         The review port may be open to callers other than the API server (no
-        ``client-ca``): a review for a pod that does not exist, or not as it says, would
-        otherwise reserve room on a node - which the next real resize there would preempt
-        for - and its answer would name the node's pods. A real review the cache has not
-        caught up with yet is allowed the same way; if the kubelet defers it, the
-        reconciler plans it from the cache (docs/reconciler.md)."""
-        cached = self.cluster.pod(old.namespace, old.name)
-        if (
-            cached is not None
-            and request.get("namespace") == old.namespace == new.namespace
-            and request.get("name") == old.name == new.name
-            and cached.uid == old.uid == new.uid
-            and cached.node == old.node
-            and new.node in ("", cached.node)
-            and cached.priority == old.priority
-            and _declared(cached) == _declared(old)
-        ):
-            return None
+        ``client-ca``), so the body is a claim: planned on as it says, a review could
+        reserve room for a pod on a node it is not on, or under a namespace or priority
+        it does not have. A real review the cache has not caught up with yet is allowed
+        the same way; if the kubelet defers it, the reconciler plans it from the cache
+        (docs/reconciler.md)."""
+        namespace, name = request.get("namespace"), request.get("name")
+        cached = self.cluster.pod(str(namespace), str(name)) if namespace and name else None
+        if cached is None:
+            return self._unverified(request, "the service's cache holds no such pod")
+        resolver = self.cluster.priority_resolver()
+        stored = self._stored_pod(old_obj)
+        if stored is None or stored.uid != cached.uid:
+            old = parse_pod(old_obj, resolver)
+            if (old.uid, old.node, old.priority, _declared(old)) != (
+                cached.uid,
+                cached.node,
+                cached.priority,
+                _declared(cached),
+            ):
+                return self._unverified(request, "oldObject is not the pod as the cache holds it")
+        new = resize_of(cached, parse_pod(new_obj, resolver))
+        if isinstance(new, str):
+            return self._unverified(request, new)
+        return cached, new
+
+    def _unverified(self, request: AdmissionRequest, why: str) -> Decision:
         self.metrics.unverified_reviews.inc()
         message = "the pod is not as the service's cache holds it; resize not planned"
         return Decision(
-            request["uid"], verdict="unverified", warnings=(PREFIX + message,), error=message
+            request["uid"], verdict="unverified", warnings=(PREFIX + message,), error=why
         )
 
     def _stored_pod(self, obj: Mapping[str, Any]) -> Pod | None:
@@ -803,15 +815,14 @@ class AdmissionEngine:
         # Hostile input reaches here unparsed: read the opt-in without assuming shapes.
         meta = new_obj.get("metadata") if isinstance(new_obj, Mapping) else None
         annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
-        if (
-            not isinstance(annotations, Mapping)
-            or str(annotations.get(FIT_TO_NODE_ANNOTATION, "")).lower() != "true"
-        ):
+        if not isinstance(annotations, Mapping) or not _opted_in(annotations):
             return Decision(uid)
         now = self.clock()
         scene = self._scene(request, now)
         if isinstance(scene, Decision):
             return scene
+        if not _fits_to_node(scene.old):
+            return Decision(uid)  # the review claims an opt-in that the stored pod lacks
         entries = room_holders(self.ledger.entries(scene.node.name), scene.pods, now)
         fitted = largest_fit(
             scene.old,
@@ -835,6 +846,15 @@ class AdmissionEngine:
         return Decision(
             uid, verdict="reduced", plan=plan, warnings=(PREFIX + message,), patch=patch
         )
+
+
+def _opted_in(annotations: Mapping[str, Any]) -> bool:
+    return str(annotations.get(FIT_TO_NODE_ANNOTATION, "")).lower() == "true"
+
+
+def _fits_to_node(pod: Pod) -> bool:
+    """Whether ``pod`` opted in to the mutating endpoint (:data:`FIT_TO_NODE_ANNOTATION`)."""
+    return _opted_in(pod.annotations)
 
 
 def _declared(pod: Pod) -> tuple[object, ...]:

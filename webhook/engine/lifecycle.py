@@ -63,7 +63,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, NamedTuple, Protocol
+from typing import Final, Literal, NamedTuple, Protocol
 
 from webhook.core.accounting import active_on, holdings, node_usage, pod_requests
 from webhook.core.lending import (
@@ -83,7 +83,7 @@ from webhook.core.model import DisruptionBudget, Node, PdbMode, Pod, PodRef
 from webhook.core.plan import NodePods, Plan, plan_resize
 from webhook.core.policy import ImportanceKey, PreemptionPolicy, importance_key
 from webhook.core.resources import ZERO, Resources
-from webhook.engine.ledger import LedgerChange, LedgerEntry
+from webhook.engine.ledger import LedgerChange, LedgerEntry, desired_requests
 from webhook.engine.settings import Config
 
 State = Literal["admitted", "persisted", "actuated", "released"]
@@ -378,11 +378,38 @@ def admit(planner: Planner, pods: Sequence[Pod], now: float) -> LedgerChange[Adm
             # for it, and if the room went meanwhile the kubelet defers it.
             return None, Admitted(planned, None)
         if not planner.reserves(planned):
-            return None, Admitted(planned, None)
+            return _answered(entries, planner, planned, pods, now), Admitted(planned, None)
         new = planner.entry(planned)
         return (*to_keep(rest, pods, now), new), Admitted(planned, new)
 
     return change
+
+
+#: The verdicts of a review that need no room taken from anyone for its resize.
+_NEEDS_NO_ROOM: Final = frozenset({"fits", "not-eligible"})
+
+
+def _answered(
+    entries: tuple[LedgerEntry, ...], planner: Planner, plan: Plan, pods: Sequence[Pod], now: float
+) -> tuple[LedgerEntry, ...] | None:
+    """What a review's plan that reserves nothing writes: nothing, unless it finds room
+    taken for the very same resize of its pod (an entry of that uid admitting those
+    requests) and its verdict is that no room may or need be taken (``fits`` without a
+    reservation, or ``not-eligible``, the preemptor policy's refusal included). The
+    review, planned from the cache and the service's settings, is authoritative for its
+    pod: an entry that another writer left for that resize - a replica with other
+    settings, a caller that is not the API server - is removed, unless it owes a loan."""
+    if not planner.review or plan.verdict not in _NEEDS_NO_ROOM:
+        return None
+    pod, desired = planner.pod, dict(desired_requests(planner.pod))
+    stale = [
+        e
+        for e in entries
+        if e.pod.uid == pod.uid and dict(e.desired) == desired and not _owing(e, pods, now)
+    ]
+    if not stale:
+        return None
+    return to_keep((e for e in entries if e not in stale), pods, now)
 
 
 def _owing(entry: LedgerEntry, pods: Sequence[Pod], now: float) -> bool:

@@ -28,6 +28,7 @@ from kubernetes.client import CoreV1Api, PolicyV1Api, SchedulingV1Api
 
 from webhook.core.model import (
     ANYWHERE,
+    KEPT_ANNOTATION_PREFIXES,
     LOANS_ANNOTATION,
     Container,
     ContainerStatus,
@@ -82,11 +83,6 @@ POD_PAGE_SIZE: Final = 100
 #: ``callback(kind, event_type, old_view, new_view)``; ``event_type`` is ADDED, MODIFIED or
 #: DELETED; ``old_view`` is None for ADDED, ``new_view`` None for DELETED.
 Subscriber = Callable[[str, str, Any, Any], None]
-
-#: Annotations a cached pod keeps (the planner reads none; this project's own are kept for
-#: the worker). Others, e.g. ``kubectl.kubernetes.io/last-applied-configuration``, can be
-#: kilobytes per pod.
-KEPT_ANNOTATION_PREFIXES: Final = ("resize-preemption.io/",)
 
 #: Sets of namespaces whose budgets :meth:`ClusterCache.budgets` remembers at most (one
 #: per node, as long as its pods' namespaces stay the same); past it, it starts afresh.
