@@ -18,7 +18,8 @@ from webhook.engine.lifecycle import give_backs, to_keep
 BORROWED = replace(entry(), loans=(LOAN,), generation=1)
 HIGH_AT_6 = replace(pod("high", cpu="6", priority=1000), generation=1)
 HIGH_BACK_TO_4 = replace(pod("high", cpu="4", priority=1000), generation=2)
-LENT = pod("lender", cpu="1")
+LENT = pod("lender", cpu="1", lent=(LOAN,))
+LOAN_2 = Loan(ref("lender-2"), 500, "app", "cpu", 3000, 1000, 2000)
 MID = pod("mid", cpu="1", priority=2000)
 MID_0 = pod("mid", cpu="0", priority=2000)
 
@@ -74,19 +75,18 @@ CASES = [
     pytest.param(Case((HIGH_BACK_TO_4, pod("lender", cpu="2"), MID), ()), id="owner-changed-it"),
     pytest.param(Case((HIGH_BACK_TO_4, MID), ()), id="lender-gone"),
     pytest.param(
+        Case((HIGH_BACK_TO_4, pod("lender", cpu="1"), MID), ()),
+        id="a-loan-its-lender-holds-no-record-of-is-not-given-back",
+    ),
+    pytest.param(
         Case((HIGH_BACK_TO_4, pod("lender", cpu="3", allocated="1"), MID), ()),
         id="given-back-already",
     ),
     pytest.param(
         Case(
-            (HIGH_BACK_TO_4, LENT, pod("lender-2", cpu="1", priority=500), MID_0),
+            (HIGH_BACK_TO_4, LENT, pod("lender-2", cpu="1", priority=500, lent=(LOAN_2,)), MID_0),
             ("lender-2",),
-            entries=(
-                replace(
-                    BORROWED,
-                    loans=(LOAN, Loan(ref("lender-2"), 500, "app", "cpu", 3000, 1000, 2000)),
-                ),
-            ),
+            entries=(replace(BORROWED, loans=(LOAN, LOAN_2)),),
         ),
         id="room-for-one-the-most-important-lender-first",
     ),
@@ -101,8 +101,9 @@ def test_give_backs(case: Case) -> None:
 
 
 def test_lent_twice_returns_the_later_loan_first() -> None:
-    twice = replace(BORROWED, loans=(LOAN, replace(LOAN, before=1000, after=500, frees=500)))
-    pods = (HIGH_BACK_TO_4, pod("lender", cpu="500m"), MID_0)
+    again = replace(LOAN, before=1000, after=500, frees=500)
+    twice = replace(BORROWED, loans=(LOAN, again))
+    pods = (HIGH_BACK_TO_4, pod("lender", cpu="500m", lent=(LOAN, again)), MID_0)
 
     [give] = give_backs(NODE, pods, (twice,), NOW)
 

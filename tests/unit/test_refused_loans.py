@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.doubles import FakeEvictor, FakeResizer, InMemoryLedger
+from harness.doubles import FakeEvictor, FakeResizer, InMemoryLedger, with_records
 from tests.unit.builders import make_pod
 from tests.unit.test_worker import Clock, Cluster, make_worker
 from tests.unit.test_worker_logic import ADMITTED, CONFIG, NODE, NOW
-from webhook.core.lending import Loan, refusal_state, refused, room
+from webhook.core.lending import Loan, LoanRecord, refusal_state, refused, room
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import NodePods, plan_resize
 from webhook.core.policy import DefaultPolicy
@@ -134,6 +134,12 @@ LOAN_2 = Loan(
     2 * GI,
     2 * GI,
 )
+
+
+# batch-1 carries its own record of the loan, written before it was lent: only a loan so
+# recorded is put back or given back.
+REFUSED = with_records(REFUSED, (LoanRecord(LOAN_1, ENTRY.pod, ADMITTED),))
+RESTORING = with_records(RESTORING, (LoanRecord(LOAN_1, ENTRY.pod, ADMITTED),))
 
 
 def decide(entry: LedgerEntry, *pods: Pod) -> object:
@@ -341,7 +347,7 @@ def test_nothing_is_given_back_into_the_room_a_refused_lender_is_owed() -> None:
     # The borrower holds its 8Gi; the kubelet still reports batch-1 at the 4Gi it
     # allocated, though batch-1 asks for 6Gi again: 8 + 4 + 4 would fit, 8 + 6 + 4 does not.
     recorded = replace(ENTRY, loans=(LOAN_2,), refused=(LOAN_1,))
-    lent = batch_2(spec="2Gi")
+    lent = with_records(batch_2(spec="2Gi"), (LoanRecord(LOAN_2, ENTRY.pod, ADMITTED),))
 
     owed = give_backs(NODE, (high("8Gi"), RESTORING, lent), (recorded,), NOW)
     none_owed = give_backs(
@@ -353,10 +359,12 @@ def test_nothing_is_given_back_into_the_room_a_refused_lender_is_owed() -> None:
 
 def test_a_refused_lender_put_back_is_never_preempted_for() -> None:
     recorded = replace(ENTRY, loans=(), refused=(LOAN_1,))
+    # Without its own record: the entry alone says it is a loan put back.
+    restoring = with_records(RESTORING, ())
 
     assert (True, False) == (
-        is_give_back(RESTORING, (recorded,)),
-        is_give_back(RESTORING, (replace(recorded, refused=()),)),
+        is_give_back(restoring, (recorded,)),
+        is_give_back(restoring, (replace(recorded, refused=()),)),
     )
 
 

@@ -147,13 +147,15 @@ BORROWED = replace(entry(), loans=(LOAN,), generation=1)
 
 def test_a_loan_is_given_back_once_the_borrower_shrank_and_never_while_it_holds_the_room() -> None:
     holding = replace(pod("high", cpu="6", priority=1000), generation=1)
-    cluster = Cluster(holding, pod("lender", cpu="1"), pod("mid", cpu="1", priority=2000))
+    cluster = Cluster(
+        holding, pod("lender", cpu="1", lent=(LOAN,)), pod("mid", cpu="1", priority=2000)
+    )
     worker, log = giving_back(cluster, BORROWED)
     worker.run_once()
     assert [] == log
 
     shrunk = replace(pod("high", cpu="4", priority=1000), generation=2)
-    cluster.set(shrunk, pod("lender", cpu="1"), pod("mid", cpu="1", priority=2000))
+    cluster.set(shrunk, pod("lender", cpu="1", lent=(LOAN,)), pod("mid", cpu="1", priority=2000))
     worker.run_once()
 
     assert ["give back lender 1000->3000"] == log
@@ -161,7 +163,7 @@ def test_a_loan_is_given_back_once_the_borrower_shrank_and_never_while_it_holds_
 
 def test_a_released_entry_with_a_loan_stays_to_give_it_back() -> None:
     # The borrower is gone: its entry is released, the loan still returned.
-    cluster = Cluster(pod("lender", cpu="1"), pod("mid", cpu="1", priority=2000))
+    cluster = Cluster(pod("lender", cpu="1", lent=(LOAN,)), pod("mid", cpu="1", priority=2000))
     worker, log = giving_back(cluster, BORROWED)
 
     worker.run_once()

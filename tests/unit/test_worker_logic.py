@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import pytest
 
-from webhook.core.lending import Loan, lender_step, loan_state
-from webhook.core.model import DisruptionBudget, LabelSelector, Node, Pod, PodRef
+from webhook.core.lending import Loan, LoanRecord, lender_step, loan_state, records_text
+from webhook.core.model import (
+    FLOOR_ANNOTATION,
+    LOANS_ANNOTATION,
+    DisruptionBudget,
+    LabelSelector,
+    Node,
+    Pod,
+    PodRef,
+)
 from webhook.core.objects import parse_pod
 from webhook.core.resources import Resources
 from webhook.engine.ledger import LedgerEntry
@@ -35,15 +44,25 @@ def pod(
     phase: str = "Running",
     resize: str | None = None,
     node: str = "node-1",
+    floor: str | None = None,
+    lent: tuple[Loan, ...] = (),
 ) -> Pod:
-    """A one-container pod; ``allocated`` (default: ``cpu``) is what the kubelet admitted."""
+    """A one-container pod; ``allocated`` (default: ``cpu``) is what the kubelet admitted;
+    ``floor``: its container's cpu floor (it lends); ``lent``: the loans it records having
+    made, to "high"."""
     granted = {"cpu": allocated or cpu, "memory": "1Gi"}
     meta: dict[str, Any] = {
         "name": name,
         "namespace": "default",
         "uid": uid or f"uid-{name}",
         "labels": labels or {"app": name},
+        "annotations": {},
     }
+    if floor is not None:
+        meta["annotations"][FLOOR_ANNOTATION] = json.dumps({"app": {"cpu": floor}})
+    if lent:
+        kept = (LoanRecord(loan, ref("high"), ADMITTED) for loan in lent)
+        meta["annotations"][LOANS_ANNOTATION] = records_text(kept)
     if terminating:
         meta["deletionTimestamp"] = "2024-01-01T00:10:00Z"
     status: dict[str, Any] = {
@@ -470,8 +489,9 @@ def test_persisted_and_actuated(the_pod: Pod, in_spec: bool, actuated: bool) -> 
 # "high" asks for 6 CPUs on 8; "lender" (priority 0) holds 3 and lent 2 of them (3 -> 1),
 # "mid" holds 1: with the loan the resize fits exactly, without it it does not.
 LOAN = Loan(ref("lender"), 0, "app", "cpu", 3000, 1000, 2000)
-LENDER = pod("lender", cpu="3")
-LENT = pod("lender", cpu="1", allocated="3")  # made, the kubelet not caught up yet
+LENDER = pod("lender", cpu="3", floor="1")
+# Made, the kubelet not caught up yet.
+LENT = pod("lender", cpu="1", allocated="3", floor="1", lent=(LOAN,))
 LOAN_SCENE = (HIGH_RESIZED, LENDER, MID)
 
 

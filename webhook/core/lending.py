@@ -350,6 +350,43 @@ def refused(loan: Loan, lender: Pod | None) -> bool:
     return running is not None and running.get(loan.resource) > loan.after
 
 
+def unlendable(loan: Loan, lender: Pod | None, borrower: Pod, *, limits: bool) -> str:
+    """Why ``loan`` may not be made for ``borrower`` from ``lender`` as cached (``""``:
+    it may): the judgement of a loan that a ledger entry lists, whoever wrote it, against
+    the floors the lender's own annotation declares. ``limits``: the setting
+    ``lend-memory-limits`` (:func:`lends`).
+
+    A loan is made only from a live lender of lower priority on the borrower's node, one
+    container's request lowered from ``before`` to ``after`` at or above its floor of
+    that resource, a floor that :func:`lends`, the limit lowered with it exactly when the
+    lender is Guaranteed."""
+    if lender is None or lender.uid != loan.pod.uid or lender.leaving:
+        return f"lender {loan.pod.key} is not running under that uid"
+    if lender.node != borrower.node:
+        return f"lender {loan.pod.key} is not on {borrower.node}"
+    if lender.priority >= borrower.priority:
+        return f"lender {loan.pod.key} is not of lower priority than {borrower.key}"
+    floor = next(
+        (f for f in lender.floors if (f.container, f.resource) == (loan.container, loan.resource)),
+        None,
+    )
+    if floor is None or not lends(lender, floor, limits=limits):
+        return f"lender {loan.pod.key} lends no {loan.resource} of container {loan.container}"
+    if not floor.amount <= loan.after < loan.before:
+        return f"loan of {loan.pod.key} goes below its floor or lowers nothing"
+    if loan.limits != guaranteed(lender):
+        return f"loan of {loan.pod.key} would change its limits against its QoS class"
+    return ""
+
+
+def recorded(loan: Loan, lender: Pod | None) -> bool:
+    """Whether ``lender`` carries its own record of ``loan`` (:func:`records`): written
+    before the loan was made, so a loan without one was never made by the service, and
+    nothing raises the lender back to the loan's ``before`` for it."""
+    key = loan_key(loan)
+    return lender is not None and any(loan_key(r.loan) == key for r in records(lender))
+
+
 RefusalState = Literal["undo", "restoring", "ended"]
 
 

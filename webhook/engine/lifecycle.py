@@ -75,9 +75,11 @@ from webhook.core.lending import (
     loans_by_lender,
     lowered,
     owed_back,
+    recorded,
     records,
     refusal_state,
     refused,
+    unlendable,
 )
 from webhook.core.model import DisruptionBudget, Node, PdbMode, Pod, PodRef
 from webhook.core.plan import NodePods, Plan, plan_resize
@@ -144,11 +146,16 @@ def persisted(entry: LedgerEntry, pod: Pod) -> bool:
 
 def wanted(entry: LedgerEntry, pod: Pod | None) -> bool:
     """Whether the resize ``entry`` admitted is still asked for, by ``pod`` as cached (by
-    name): the same pod, not leaving, its spec at exactly the admitted requests. Checked
+    name): the same pod, on the entry's node, not leaving, its spec at exactly the
+    admitted requests. Checked
     before each loan and each eviction of a batch decided a moment ago: a resize patched
     back down, or its pod deleted, stops the rest."""
     return (
-        pod is not None and pod.uid == entry.pod.uid and not pod.leaving and persisted(entry, pod)
+        pod is not None
+        and pod.uid == entry.pod.uid
+        and pod.node == entry.node
+        and not pod.leaving
+        and persisted(entry, pod)
     )
 
 
@@ -260,10 +267,13 @@ def pending(entry: LedgerEntry, pods: Sequence[Pod]) -> tuple[Loan, ...]:
 
 def to_put_back(entry: LedgerEntry, pods: Sequence[Pod]) -> tuple[Loan, ...]:
     """The entry's refused loans whose lender still asks for the loan's ``after``: put
-    back to ``before``, whatever else the entry does."""
+    back to ``before``, whatever else the entry does; only loans the lender's own record
+    holds (:func:`~webhook.core.lending.recorded`): the ledger's word alone raises no pod."""
     by_uid = {p.uid: p for p in pods}
     return tuple(
-        loan for loan, p in loan_phases(replace(entry, loans=()), by_uid, True) if p == "refused"
+        loan
+        for loan, p in loan_phases(replace(entry, loans=()), by_uid, True)
+        if p == "refused" and recorded(loan, by_uid.get(loan.pod.uid))
     )
 
 
@@ -502,8 +512,14 @@ ReleaseReason = Literal[
     "infeasible-resize",
     "not-eligible",
     "replan",
+    "disallowed",
 ]
 WaitReason = Literal["not-persisted-yet", "node-unknown", "cannot-fit", "actuating"]
+
+
+#: Which rule an entry broke (:func:`disallowed`): the label of
+#: ``resize_preemption_entries_disallowed_total``.
+Rule = Literal["node", "preemptor-policy", "victim-policy", "lending"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -515,6 +531,8 @@ class Release:
     reason: ReleaseReason
     detail: str
     write: bool = False
+    #: For ``disallowed``: the rule the entry broke.
+    rule: Rule | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,6 +630,8 @@ class Scene:
     others: tuple[LedgerEntry, ...]
     now: float
     config: Config
+    #: The labels of the resizing pod's namespace (``None``: not known).
+    labels: Mapping[str, str] | None = None
 
     def victims(self) -> tuple[tuple[PodRef, ...], tuple[PodRef, ...]]:
         """The entry's pending victims, (live, leaving): leaving when handled by any
@@ -642,14 +662,17 @@ def next_action(
     config: Config,
     budgets: Sequence[DisruptionBudget] = (),
     others: Iterable[LedgerEntry] = (),
+    labels: Mapping[str, str] | None = None,
 ) -> Action:
     """What the worker does next with ``entry``, by its :func:`phase`; pure.
 
     ``pod`` is the resizing pod as cached (looked up by namespace/name; ``None`` when not
     cached); ``node`` its node; ``pods`` the pods bound to ``entry.node``; ``others`` the
-    node's other ledger entries (those holding room count, this entry's own does not).
+    node's other ledger entries (those holding room count, this entry's own does not);
+    ``labels`` those of the pod's namespace (``None``: not known).
 
-    1. released: expired, pod gone or leaving (:func:`_gone`);
+    1. released: expired, pod gone or leaving (:func:`_gone`); disallowed: the cache and
+       the settings do not bear the entry out (:func:`_disallowed`);
     2. admitted: wait for the resize to persist, at most ``persist_timeout``
        (:func:`_until_persisted`);
     3. a loan the kubelet refused is recorded with a plan made again without its lender
@@ -658,10 +681,11 @@ def next_action(
     5. persisted: make the room (:func:`_making_room`).
     """
     held = room_holders((o for o in others if o.review_uid != entry.review_uid), pods, now)
-    scene = Scene(entry, pod, node, pods, budgets, held, now, config)
+    scene = Scene(entry, pod, node, pods, budgets, held, now, config, labels)
     now_in = phase(entry, pod, now)
     return (
         _gone(scene, now_in)
+        or _disallowed(scene)
         or _until_persisted(scene, now_in)
         or _refusal(scene)
         or _done(scene, now_in)
@@ -683,6 +707,66 @@ def _gone(s: Scene, now_in: Phase) -> Release | None:
         return Release("pod-gone", detail, write=True)
     if now_in.why == "pod-leaving":
         return Release("pod-gone", f"pod {entry.pod.key} is terminating or finished")
+    return None
+
+
+def _disallowed(s: Scene) -> Release | None:
+    """1b. Whoever wrote an entry - this service, a replica with other settings, anyone
+    with rights on the node's Lease - it is acted on only as the cache and this service's
+    own settings allow (:func:`disallowed`); one they do not bear out is removed."""
+    assert s.pod is not None  # released by _gone otherwise
+    found = disallowed(s.entry, s.pod, s.pods, s.config, s.labels)
+    if found is None:
+        return None
+    return Release("disallowed", found.detail, write=True, rule=found.rule)
+
+
+class Disallowed(NamedTuple):
+    rule: Rule
+    detail: str
+
+
+def disallowed(
+    entry: LedgerEntry,
+    pod: Pod,
+    pods: Sequence[Pod],
+    config: Config,
+    labels: Mapping[str, str] | None,
+) -> Disallowed | None:
+    """Which rule of the settings and the cache ``entry`` breaks for ``pod`` (its
+    resizing pod as cached) on its node, whose cached pods are ``pods``; ``None`` when
+    none. Judged before every step, so a setting changed since the admission, or an
+    entry this service never wrote, takes nothing:
+
+    - ``node``: the pod runs on the entry's node;
+    - ``preemptor-policy``: an entry taking from others (victims, loans to make) is the
+      preemptor policy's to allow (namespace selector, minimum priority);
+    - ``victim-policy``: no pending victim or lender is one the victim policy keeps out
+      (a protected namespace);
+    - ``lending``: lending is on, and every loan still to make is one the lender's
+      floors allow (:func:`~webhook.core.lending.unlendable`).
+
+    That the resize is the pod's persisted one is :func:`phase`'s to say."""
+    if pod.node != entry.node:
+        return Disallowed(
+            "node", f"pod {pod.key} runs on {pod.node or 'no node'}, not {entry.node}"
+        )
+    by_uid = {p.uid: p for p in pods}
+    to_lend = pending(entry, pods)
+    refs = (*entry.pending_victims, *(loan.pod for loan in to_lend))
+    taken = [p for p in (by_uid.get(r.uid) for r in refs) if p is not None and not p.leaving]
+    if taken and (refusal := config.preemptors().refusal(pod, labels)):
+        return Disallowed("preemptor-policy", refusal)
+    policy = config.policy()
+    for p in taken:
+        if not policy.may_preempt(p, pod):
+            return Disallowed("victim-policy", f"{p.key} may not give up room for {pod.key}")
+    if to_lend and not policy.lending:
+        return Disallowed("lending", "lending is off")
+    for loan in to_lend:
+        why = unlendable(loan, by_uid.get(loan.pod.uid), pod, limits=policy.lend_memory_limits)
+        if why:
+            return Disallowed("lending", why)
     return None
 
 
@@ -970,7 +1054,7 @@ def give_backs(
         loan = give.loan
         returned = lowered(view[loan.pod.uid], loan.container, loan.resource, loan.before)
         trial = {**view, loan.pod.uid: returned}
-        if _fits(node, trial.values(), holders, now, loan.priority):
+        if _fits(node, trial.values(), holders, now, view[loan.pod.uid].priority):
             view = trial
             out.append(give)
     return tuple(out)
@@ -995,6 +1079,8 @@ def _due(
             container = lender.container(loan.container)
             if container is None or container.requests.get(loan.resource) != loan.after:
                 continue  # lent again since, from what this loan left: that one first
+            if not recorded(loan, lender):
+                continue  # never made by the service: nothing to give back
             due.setdefault(loan_key(loan), GiveBack(entry.review_uid, entry.pod, loan))
     return sorted(
         due.values(),

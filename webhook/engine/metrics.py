@@ -110,9 +110,18 @@ METRICS: tuple[MetricDef, ...] = (
         "unverified_reviews",
         "resize_preemption_unverified_reviews_total",
         "counter",
-        "Reviews allowed without a plan because the cache holds no pod with their uid, "
-        "namespace, name and node, or holds it with other resources or priority: forged, "
-        "or ahead of the cache",
+        "Reviews allowed without a plan because the cache holds no pod of their "
+        "namespace, name and uid, or their object says of it anything but the resize's "
+        "resources that the cache does not: forged, or ahead of the cache",
+    ),
+    MetricDef(
+        "disallowed_entries",
+        "resize_preemption_entries_disallowed_total",
+        "counter",
+        "Ledger entries the worker removed before acting on them because the cache and the "
+        "service's settings do not allow them, by the rule broken (node, preemptor-policy, "
+        "victim-policy, lending): written by another writer, or by settings since changed",
+        ("rule",),
     ),
     MetricDef(
         "preemptions",
@@ -275,6 +284,7 @@ class Metrics:
     connections_refused: Counter
     unauthenticated: Gauge
     unverified_reviews: Counter
+    disallowed_entries: Counter
     preemptions: Counter
     victim_outcomes: Counter
     loans: Counter

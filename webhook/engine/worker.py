@@ -78,8 +78,11 @@ from dataclasses import replace
 from itertools import islice
 from math import inf
 
+import orjson
+
 from webhook.core.errors import WebhookError
 from webhook.core.model import PodRef
+from webhook.engine.decision_log import emit
 from webhook.engine.follow import Follow
 from webhook.engine.ledger import (
     ClusterView,
@@ -412,6 +415,7 @@ class PreemptionWorker:
             for e in self.ledger.entries(entry.node)
             if e.review_uid != entry.review_uid
         )
+        labels = None if pod is None else self.cluster.namespace_labels(pod.namespace)
         return next_action(
             self._with_evicted(entry),
             pod,
@@ -421,6 +425,7 @@ class PreemptionWorker:
             config=self.config,
             budgets=budgets,
             others=others,
+            labels=labels,
         )
 
     def process(self, entry: LedgerEntry, stop: threading.Event | None = None) -> Action | None:
@@ -456,12 +461,31 @@ class PreemptionWorker:
         self._released.add(entry.review_uid)
         if action.reason == "actuated":
             self._time_actuation(entry)
+        if action.rule is not None:
+            self._disallowed(entry, action)
         log.info("released %s on %s: %s", entry.pod.key, entry.node, action.detail)
         if action.reason not in ABANDONING or self.recorder is None:
             return
         left = [v for v in self._with_evicted(entry).pending_victims if self._live(v)]
         if left:
             self.recorder.abandoned(entry.pod, left, entry.node, action.detail)
+
+    def _disallowed(self, entry: LedgerEntry, action: Release) -> None:
+        """Counts an entry the settings and the cache did not allow, and writes its line
+        in the decision log (endpoint ``worker``, docs/service.md)."""
+        assert action.rule is not None
+        self.metrics.disallowed_entries.labels(action.rule).inc()
+        record = {
+            "endpoint": "worker",
+            "uid": entry.review_uid,
+            "pod": entry.pod.key,
+            "node": entry.node,
+            "verdict": "disallowed",
+            "reason": action.rule,
+            "error": action.detail,
+            "victims": [v.key for v in entry.pending_victims],
+        }
+        emit([orjson.dumps(record)])
 
     def _time_actuation(self, entry: LedgerEntry) -> None:
         """Observes admission to actuation once per entry, for entries this worker saw
