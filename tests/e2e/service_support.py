@@ -7,13 +7,17 @@ lines), the API server's audit log and the service's ``/metrics``.
 
 from __future__ import annotations
 
+import copy
 import json
+import secrets
+import ssl
 import subprocess
 import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.kubeapi import ApiError
@@ -246,3 +250,52 @@ def sample(
     samples: Mapping[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
 ) -> float | None:
     return samples.get((name, tuple(sorted(labels.items()))))
+
+
+# -- reviews from callers other than the API server -------------------------------------
+
+
+def forged_review(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """An AdmissionReview of ``pods/resize`` as kube-apiserver would send it, made by
+    someone else: whatever ``old`` and ``new`` say (its namespace and name ``old``'s, the
+    stored pod's, as the API server's would be)."""
+    meta = old["metadata"]
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": f"forged-{secrets.token_hex(4)}",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "resize",
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "operation": "UPDATE",
+            "userInfo": {"username": "system:serviceaccount:default:default"},
+            "object": new,
+            "oldObject": old,
+            "dryRun": False,
+        },
+    }
+
+
+def post_review(url: str, context: ssl.SSLContext, body: Mapping[str, Any]) -> dict[str, Any]:
+    """POST ``body`` to the review port at ``url`` as any caller on the pod network may;
+    the AdmissionReview answered."""
+    request = urllib.request.Request(
+        f"{url}/validate-resize",
+        data=orjson.dumps(body),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, context=context, timeout=5) as response:
+        answer: dict[str, Any] = orjson.loads(response.read())
+    return answer
+
+
+def with_cpu(pod: Mapping[str, Any], cpu: str) -> dict[str, Any]:
+    out = copy.deepcopy(dict(pod))
+    for c in out["spec"]["containers"]:
+        c["resources"] = {**c["resources"], "requests": {**c["resources"]["requests"], "cpu": cpu}}
+        c["resources"]["limits"] = {**c["resources"]["limits"], "cpu": cpu}
+    return out

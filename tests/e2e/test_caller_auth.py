@@ -15,11 +15,9 @@ import secrets
 import socket
 import ssl
 import threading
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import orjson
 import pytest
 
 from harness.kubeapi import ApiError
@@ -29,61 +27,22 @@ from tests.e2e.service_support import (
     LEASES,
     actual_cpu,
     events,
+    forged_review,
     kubectl_warnings,
     ledger_entries,
     pod_manifest,
+    post_review,
     read_pod,
     resize,
     run_pods,
     sample,
     scrape,
     terminating,
+    with_cpu,
 )
 from webhook.kube.ledger import lease_name
 
 pytestmark = pytest.mark.e2e
-
-
-def _review(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """An AdmissionReview of ``pods/resize`` as kube-apiserver would send it."""
-    meta = new["metadata"]
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": f"forged-{secrets.token_hex(4)}",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "subResource": "resize",
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "operation": "UPDATE",
-            "userInfo": {"username": "system:serviceaccount:default:default"},
-            "object": new,
-            "oldObject": old,
-            "dryRun": False,
-        },
-    }
-
-
-def _post(url: str, context: ssl.SSLContext, body: Mapping[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(
-        f"{url}/validate-resize",
-        data=orjson.dumps(body),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, context=context, timeout=5) as response:
-        answer: dict[str, Any] = orjson.loads(response.read())
-    return answer
-
-
-def _with_cpu(pod: Mapping[str, Any], cpu: str) -> dict[str, Any]:
-    out = copy.deepcopy(dict(pod))
-    for c in out["spec"]["containers"]:
-        c["resources"] = {**c["resources"], "requests": {**c["resources"]["requests"], "cpu": cpu}}
-        c["resources"]["limits"] = {**c["resources"]["limits"], "cpu": cpu}
-    return out
 
 
 def _forgeries(high: Mapping[str, Any], low: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -92,7 +51,7 @@ def _forgeries(high: Mapping[str, Any], low: Mapping[str, Any]) -> list[tuple[st
     it would preempt, and its reservation would make the next real resize preempt too."""
 
     def growing(old: dict[str, Any], cpu: str = "7") -> dict[str, Any]:
-        return _review(old, _with_cpu(old, cpu))
+        return forged_review(old, with_cpu(old, cpu))
 
     ghost = copy.deepcopy(dict(high))
     ghost["metadata"] = {
@@ -103,7 +62,7 @@ def _forgeries(high: Mapping[str, Any], low: Mapping[str, Any]) -> list[tuple[st
     }
     other_uid = copy.deepcopy(dict(high))
     other_uid["metadata"] = {**other_uid["metadata"], "uid": secrets.token_hex(16)}
-    smaller = _with_cpu(high, "100m")
+    smaller = with_cpu(high, "100m")
     smaller["metadata"] = {**smaller["metadata"], "resourceVersion": "1"}
     higher = copy.deepcopy(dict(low))
     higher["spec"] = {**higher["spec"], "priority": 2_000_000_000}
@@ -179,7 +138,8 @@ def test_with_authentication_only_the_api_servers_certificate_gets_past_the_hand
         no_certificate.wrap_socket(raw, server_hostname="127.0.0.1")
     # The control: the same request with kube-apiserver's certificate is answered.
     assert (
-        forged["request"]["uid"] == _post(service.url, service.context(), forged)["response"]["uid"]
+        forged["request"]["uid"]
+        == post_review(service.url, service.context(), forged)["response"]["uid"]
     )
     assert 0 == sample(scrape(service.metrics_port), "resize_preemption_webhook_unauthenticated")
 
@@ -219,7 +179,7 @@ def test_without_authentication_forged_reviews_write_nothing_name_nobody_and_evi
     assert version is not None
 
     for what, forged in _forgeries(high, low):
-        answer = _post(service.url, anyone, forged)["response"]
+        answer = post_review(service.url, anyone, forged)["response"]
         assert answer["allowed"] is True, what
         named = " ".join(answer.get("warnings", []))
         assert "low-priority-pod" not in named and NODE not in named, what
@@ -234,7 +194,7 @@ def test_without_authentication_forged_reviews_write_nothing_name_nobody_and_evi
         forgeries = _forgeries(high, low)
         while not stop.is_set():
             for _, forged in forgeries:
-                _post(service.url, anyone, forged)
+                post_review(service.url, anyone, forged)
                 sent.append(1)
 
     streamer = threading.Thread(target=stream, daemon=True)
