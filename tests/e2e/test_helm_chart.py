@@ -226,6 +226,10 @@ CLUSTER_SCOPED = {
 }
 
 
+def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
 def test_release_name_and_namespace_name_every_object() -> None:
     objects = render({"namespace.name": "", "namespace.create": False},
                      release="edge", extra=["--namespace", "tools"])  # fmt: skip
@@ -240,11 +244,22 @@ def test_release_name_and_namespace_name_every_object() -> None:
                "path": "/validate-resize", "port": 443}  # fmt: skip
     assert service == webhook["clientConfig"]["service"]
     assert ["tools", "kube-system"] == webhook["namespaceSelector"]["matchExpressions"][0]["values"]
-    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
-    (condition,) = policy["spec"]["matchConditions"]
-    assert "'system:serviceaccount:tools:edge-resize-preemption-webhook'" in condition["expression"]
-    (binding,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
-    assert policy["metadata"]["name"] == binding["spec"]["policyName"]
+    policies = by_kind(objects, "ValidatingAdmissionPolicy")
+    lending, leases = (
+        policies["edge-resize-preemption-webhook-lending"],
+        policies["edge-resize-preemption-webhook-leases"],
+    )
+    (condition,) = lending["spec"]["matchConditions"]
+    account = "'system:serviceaccount:tools:edge-resize-preemption-webhook'"
+    assert account in condition["expression"]
+    assert account in leases["spec"]["validations"][0]["expression"]
+    assert {"kubernetes.io/metadata.name": "tools"} == leases["spec"]["matchConstraints"][
+        "namespaceSelector"
+    ]["matchLabels"]
+    bindings = by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    assert {name: name for name in policies} == {
+        name: b["spec"]["policyName"] for name, b in bindings.items()
+    }
 
 
 # --- every service setting is a value ---------------------------------------------------
