@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import orjson
 import yaml
 
+from webhook import __version__
 from webhook.core.errors import InputError, LookupFailed, WebhookError
 from webhook.core.objects import parse_time
 from webhook.core.report import human_report, plan_to_dict
@@ -43,6 +44,7 @@ VIEWER_ROLE = "resize-preemption-webhook-viewer"
 PROG = "python -m webhook"
 #: How kubectl names the plugin (the console script ``kubectl-resize_preemption``).
 KUBECTL_PLUGIN = "kubectl resize-preemption"
+CONSOLE_SCRIPT = "resize-preemption-webhook"
 
 _V = TypeVar("_V")
 
@@ -160,11 +162,14 @@ PLAN_SETTINGS = (
 
 
 def _settings(args: argparse.Namespace, names: Sequence[str] = PLAN_SETTINGS) -> Config:
-    """The service's settings as the command line gives them, read by the settings
-    table's own rules (the same as ``serve``'s)."""
+    """The service's settings as ``serve`` reads them, through the one settings table:
+    flags over ``RPW_*`` variables over the ``--config`` file."""
+    import os
+
     from webhook.engine.settings import load_config
 
-    return load_config(flags={name: getattr(args, _dest(name)) for name in names})
+    flags = {name: getattr(args, _dest(name)) for name in names}
+    return load_config(file=args.config, env=os.environ, flags=flags)
 
 
 def _dest(setting: str) -> str:
@@ -184,7 +189,7 @@ def _errno_text(message: str) -> str:
     return found[-1].strip() if found else message
 
 
-def _ask_cluster(args: argparse.Namespace, read: Any) -> Any:
+def _ask_cluster(args: argparse.Namespace, config: Config, read: Any) -> Any:
     """``read(api_client)`` against the cluster of ``--kubeconfig``/``--context``, its
     failures turned into :class:`ClusterUnusable` with a one-line message."""
     from webhook.kube.client import make_api_client
@@ -205,7 +210,7 @@ def _ask_cluster(args: argparse.Namespace, read: Any) -> Any:
     except Forbidden as e:
         raise ClusterUnusable(
             f"the cluster refused: {e} (a viewer needs the {VIEWER_ROLE} ClusterRole and "
-            f"its Role in namespace {args.service_namespace}, docs/operations.md)",
+            f"its Role in namespace {config.namespace}, docs/operations.md)",
             EXIT_FORBIDDEN,
         ) from None
     except Unavailable as e:
@@ -238,7 +243,7 @@ def _live_plan(args: argparse.Namespace, config: Config, key: str, patch: dict[s
         everywhere = config.victim_order == "movable-first"
         return read_live(api, namespace=config.namespace, node=None if everywhere else node)
 
-    live = _ask_cluster(args, read)
+    live = _ask_cluster(args, config, read)
     snapshot = load_snapshot(live.objects)
     now = _now(args)
     pod = next((p for p in snapshot.pods if p.key == key), None)
@@ -270,9 +275,9 @@ def _pause(config: Config, abilities: Mapping[str, Any]) -> Any:
 def cmd_plan(args: argparse.Namespace) -> int:
     key, patch = _pod_key(args.pod, args.namespace), _read_patch(args.resize)
     config = _settings(args)
-    live = args.kubeconfig is not None or (args.live_by_default and args.snapshot is None)
-    if (args.snapshot is not None) == live:
-        raise UsageError("plan needs one of --snapshot FILE and --kubeconfig FILE")
+    live = args.snapshot is None
+    if not live and args.kubeconfig is not None:
+        raise UsageError("plan takes one of --snapshot FILE and --kubeconfig FILE")
     if live:
         plan = _live_plan(args, config, key, patch)
     else:
@@ -499,7 +504,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     config = _settings(args)
     live = _ask_cluster(
-        args, lambda api: read_live(api, namespace=config.namespace, node=args.node)
+        args, config, lambda api: read_live(api, namespace=config.namespace, node=args.node)
     )
     status = service_status(
         load_snapshot(live.objects),
@@ -516,7 +521,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_return_loans(args: argparse.Namespace) -> int:
     from webhook.kube.resizer import Returned, return_loans
 
-    returned = _ask_cluster(args, lambda api: return_loans(api, node=args.node))
+    config = _settings(args, ["service-namespace"])
+    returned = _ask_cluster(args, config, lambda api: return_loans(api, node=args.node))
 
     def as_dict(items: tuple[Returned, ...]) -> list[dict[str, Any]]:
         return [
@@ -579,11 +585,17 @@ def _cluster_arguments(parser: argparse.ArgumentParser, *, kubeconfig_help: str)
     parser.add_argument("--context", metavar="NAME", help="kubeconfig context")
 
 
+def _config_argument(parser: Any) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML file of settings, as serve reads it")
+
+
 def _policy_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
-        "the service's settings, to plan as it would (spelled as serve takes them)"
+        "the service's settings, to plan as it would (spelled as serve takes them; "
+        "flags > RPW_* environment > --config file)"
     )
     _setting_arguments(group, PLAN_SETTINGS)
+    _config_argument(group)
     parser.add_argument("--now", metavar="RFC3339", help="evaluate as of this time")
 
 
@@ -597,14 +609,14 @@ def _output_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _plan_parser(sub: Any, live_by_default: bool) -> None:
+def _plan_parser(sub: Any) -> None:
     plan = sub.add_parser(
         "plan",
         help="plan a resize against a snapshot of cluster objects or the live cluster",
         description=(
             "Plan a resize: which lower-priority pods would have to go. Against a snapshot "
-            "(--snapshot) or, read-only, the live cluster and the webhook's ledger "
-            + ("(the default)." if live_by_default else "(--kubeconfig).")
+            "(--snapshot) or, read-only, the live cluster and the webhook's ledger (the "
+            "default, as kubectl asks the cluster of $KUBECONFIG, else ~/.kube/config)."
         ),
     )
     plan.add_argument(
@@ -627,12 +639,9 @@ def _plan_parser(sub: Any, live_by_default: bool) -> None:
         help="the JSON given to kubectl patch --subresource resize (or @file)",
     )
     _output_argument(plan)
-    kubeconfig_help = "plan against the cluster of this kubeconfig"
-    if live_by_default:
-        kubeconfig_help += " (default: $KUBECONFIG, ~/.kube/config)"
-    _cluster_arguments(plan, kubeconfig_help=kubeconfig_help)
+    _cluster_arguments(plan, kubeconfig_help="default: $KUBECONFIG, ~/.kube/config")
     _policy_arguments(plan)
-    plan.set_defaults(func=cmd_plan, live_by_default=live_by_default)
+    plan.set_defaults(func=cmd_plan)
 
 
 def _status_parser(sub: Any) -> None:
@@ -656,7 +665,7 @@ def _status_parser(sub: Any) -> None:
 def _return_loans_parser(sub: Any) -> None:
     cmd = sub.add_parser(
         "return-loans",
-        help="give every loan back to its lender, before uninstalling",
+        help="give every loan back to its lender, after uninstalling",
         description=(
             "Every loan recorded on a lender (annotation resize-preemption.io/loans) is given "
             "back: the lender's spec back to its size before, then the record removed. Run it "
@@ -666,6 +675,7 @@ def _return_loans_parser(sub: Any) -> None:
     )
     _cluster_arguments(cmd, kubeconfig_help="default: $KUBECONFIG, ~/.kube/config")
     _setting_arguments(cmd, ["service-namespace"])
+    _config_argument(cmd)
     cmd.add_argument("--node", metavar="NAME", help="one node only")
     _output_argument(cmd)
     cmd.set_defaults(func=cmd_return_loans)
@@ -928,14 +938,14 @@ def _node_agent_parser(sub: Any) -> None:
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    """The command line; as the kubectl plugin (``prog`` ``kubectl resize-preemption``),
-    ``plan`` asks the live cluster unless given a snapshot, as kubectl's own commands do."""
+    """The command line, named ``prog`` in its usage and ``--version``."""
     parser = _Parser(
         prog=prog,
         description="Make room for in-place pod resizes by preempting lower-priority pods.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _plan_parser(sub, live_by_default=prog == KUBECTL_PLUGIN)
+    _plan_parser(sub)
     _status_parser(sub)
     _return_loans_parser(sub)
     _serve_parser(sub)
@@ -943,6 +953,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     _metrics_parser(sub)
     _node_agent_parser(sub)
     return parser
+
+
+def console_script(argv: Sequence[str] | None = None) -> int:
+    """The console script ``resize-preemption-webhook``: ``main`` under its own name."""
+    return main(argv, prog=CONSOLE_SCRIPT)
 
 
 def kubectl_plugin(argv: Sequence[str] | None = None) -> int:

@@ -694,7 +694,7 @@ def unreachable_kubeconfig(tmp_path: Path) -> Path:
         ),
         pytest.param(
             2,
-            "plan needs one of --snapshot FILE and --kubeconfig FILE",
+            "plan takes one of --snapshot FILE and --kubeconfig FILE",
             ["plan", "--pod", "default/p", "--resize", WALKTHROUGH_PATCH, "--snapshot", "-"],
             id="plan-with-both",
         ),

@@ -19,7 +19,7 @@ def stored() -> dict[str, Any]:
     return (
         make_pod("web")
         .requests(cpu="1", memory="1Gi")
-        .limits(cpu="2", memory="1Gi")
+        .limits(cpu="8", memory="1Gi")
         .requests(cpu="100m", container="log")
         .sidecar("proxy", cpu="100m", memory="64Mi")
         .admitted()
@@ -36,7 +36,7 @@ def test_requests_merge_key_by_key() -> None:
 
     assert {
         "requests": {"cpu": "3", "memory": "1Gi"},
-        "limits": {"cpu": "2", "memory": "1Gi"},
+        "limits": {"cpu": "8", "memory": "1Gi"},
     } == containers(patched)["app"]
     assert {"requests": {"cpu": "100m"}} == containers(patched)["log"]
 
@@ -56,7 +56,7 @@ def test_limits_and_requests_together() -> None:
 
     assert {
         "requests": {"cpu": "1", "memory": "2Gi"},
-        "limits": {"cpu": "2", "memory": "2Gi"},
+        "limits": {"cpu": "8", "memory": "2Gi"},
     } == containers(patched)["app"]
 
 
@@ -213,7 +213,47 @@ def test_patch_must_be_an_object() -> None:
 
 
 def test_bad_quantity_in_a_patch_fails_when_parsed() -> None:
-    patched = apply_resize(stored(), resize_patch("app", cpu="a lot"))
+    patched = apply_resize(
+        make_pod("web").requests(cpu="1").obj(), resize_patch("app", cpu="a lot")
+    )
 
     with pytest.raises(InputError, match=r"spec.containers\[0\].resources.requests.cpu: 'a lot'"):
         parse_pod(patched)
+
+
+@pytest.mark.parametrize(
+    ("patch", "words"),
+    [
+        pytest.param(
+            resize_patch("app", cpu="9"),
+            "container 'app': requests.cpu 9 is above limits.cpu 8",
+            id="request-above-the-limit",
+        ),
+        pytest.param(
+            {
+                "spec": {
+                    "containers": [{"name": "app", "resources": {"limits": {"memory": "512Mi"}}}]
+                }
+            },
+            "container 'app': requests.memory 1Gi is above limits.memory 512Mi",
+            id="limit-below-the-request",
+        ),
+        pytest.param(
+            {"spec": {"resources": {"requests": {"cpu": "3"}, "limits": {"cpu": "2"}}}},
+            "the pod's spec.resources: requests.cpu 3 is above limits.cpu 2",
+            id="pod-level",
+        ),
+        pytest.param(
+            resize_patch("app", cpu="a lot"),
+            "container 'app' requests.cpu: 'a lot' is not a valid quantity",
+            id="a-quantity-that-does-not-read",
+        ),
+    ],
+)
+def test_a_resize_the_api_server_would_refuse_is_refused_in_one_line(
+    patch: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(InputError) as refused:
+        apply_resize(stored(), patch)
+
+    assert words in str(refused.value) and "\n" not in str(refused.value)

@@ -15,6 +15,7 @@ from typing import Any
 
 from webhook.core.errors import ResizeError
 from webhook.core.model import KEPT_ANNOTATION_PREFIXES, Container, Pod
+from webhook.core.resources import parse_quantity
 
 _CONTAINER_FIELDS = frozenset({"name", "resources", "resizePolicy"})
 _SPEC_FIELDS = frozenset({"containers", "initContainers", "resources"})
@@ -36,6 +37,20 @@ def _merge_resources(target: dict[str, Any], patch: object, where: str) -> None:
                 raise ResizeError(f"{where}.{kind}.{resource}: only cpu and memory can be resized")
             merged[resource] = quantity
         target[kind] = merged
+
+
+def _within_limits(resources: Mapping[str, Any], whose: str) -> None:
+    """Refuse, as the API server's validation does, a request above its limit."""
+    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+    for name in ("cpu", "memory"):
+        if name not in requests or name not in limits:
+            continue
+        asked = parse_quantity(requests[name], where=f"{whose} requests.{name}")
+        if asked > parse_quantity(limits[name], where=f"{whose} limits.{name}"):
+            raise ResizeError(
+                f"{whose}: requests.{name} {requests[name]} is above limits.{name} "
+                f"{limits[name]}; the API server refuses a request above its limit"
+            )
 
 
 def _resources_of(target: dict[str, Any], where: str) -> dict[str, Any]:
@@ -70,6 +85,7 @@ def _patch_containers(pod_spec: dict[str, Any], field: str, patches: object) -> 
         if "resources" in patch:
             resources = _resources_of(target, f"{where}.resources")
             _merge_resources(resources, patch["resources"], f"{where}.resources")
+            _within_limits(resources, f"{field[:-1]} {name!r}")
         if "resizePolicy" in patch:
             target["resizePolicy"] = copy.deepcopy(patch["resizePolicy"])
 
@@ -99,9 +115,9 @@ def apply_resize(pod: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, 
         if field in spec_patch:
             _patch_containers(spec, field, spec_patch[field])
     if "resources" in spec_patch:
-        _merge_resources(
-            _resources_of(spec, "spec.resources"), spec_patch["resources"], "spec.resources"
-        )
+        resources = _resources_of(spec, "spec.resources")
+        _merge_resources(resources, spec_patch["resources"], "spec.resources")
+        _within_limits(resources, "the pod's spec.resources")
     return result
 
 
