@@ -8,7 +8,7 @@ trusts. The service, started as the chart starts it (``serve --tls-secret ...
 --tls-client-secret ... --client-ca FILE``):
 
 * writes its client Secret: a CA, and a clientAuth certificate for
-  ``kube-apiserver-webhook-client`` it signed; the ``client-ca`` file holds that CA;
+  ``kube-apiserver`` (its default ``client-cn``) it signed; the ``client-ca`` file holds that CA;
 * completes a handshake only with a caller presenting that certificate: one presenting
   none is refused at the handshake;
 * is reached by kube-apiserver once the Secret's ``tls.crt`` and ``tls.key`` are copied
@@ -63,6 +63,7 @@ from tests.e2e.service_support import kubectl_warnings, pod_manifest, read_pod, 
 from tests.e2e.test_caller_auth import _post, _review
 from webhook import pki
 from webhook.cli import _managed_tls, build_parser
+from webhook.engine.settings import DEFAULT_CLIENT_CN
 from webhook.kube.certs import ensure_client
 from webhook.kube.client import make_api_client
 
@@ -287,7 +288,7 @@ def test_the_service_issues_kube_apiservers_client_certificate_and_trusts_only_i
     (ca,) = x509.load_pem_x509_certificates(client["ca.crt"])
     certificate.verify_directly_issued_by(ca)
     usages = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    assert ([ExtendedKeyUsageOID.CLIENT_AUTH], "kube-apiserver-webhook-client") == (
+    assert ([ExtendedKeyUsageOID.CLIENT_AUTH], DEFAULT_CLIENT_CN) == (
         list(usages),
         certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value,
     )

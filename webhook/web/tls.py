@@ -20,7 +20,10 @@ How a new handshake gets it, whatever the server does with contexts:
 **Client certificates.** Given a ``client_ca`` file, every connection must present a
 certificate that CA signed, or the handshake fails: this is how kube-apiserver
 authenticates to webhooks (its AdmissionConfiguration's ``kubeConfigFile``,
-docs/deploy.md). The CA file rotates with the pair. :meth:`CertificateReloader.context`
+docs/deploy.md). The certificate must also bear the Common Name ``client_cn``
+(:meth:`CertificateReloader.accepts`, checked once the handshake is done): the CA may be
+the cluster's, which signs many more clients than kube-apiserver. The CA file rotates with
+the pair. :meth:`CertificateReloader.context`
 with ``probes=True`` is the context of the probe port, which asks for no certificate: the
 kubelet's HTTPS probes present none, and that port serves the probes only
 (:mod:`webhook.web.worker`).
@@ -40,10 +43,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+
+from webhook.engine.settings import DEFAULT_CLIENT_CN
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +65,14 @@ _Stat = tuple[int, int, int, int]
 #: (st_dev, st_ino, st_size, st_mtime_ns) of the certificate, the key and the client CA file
 #: (None without one).
 _Signature = tuple[_Stat, _Stat, _Stat | None]
+
+
+def peer_common_names(conn: ssl.SSLSocket) -> list[str]:
+    """The Common Names of the subject of the certificate ``conn``'s peer presented and
+    the handshake verified (none without one)."""
+    cert = conn.getpeercert() or {}
+    subject: Any = cert.get("subject", ())
+    return [value for rdn in subject for key, value in rdn if key == "commonName"]
 
 
 class TLSConfigError(Exception):
@@ -138,10 +151,12 @@ class CertificateReloader:
         check_interval: float = DEFAULT_CHECK_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
         client_ca: str | None = None,
+        client_cn: str = DEFAULT_CLIENT_CN,
     ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
         self.client_ca = client_ca or None
+        self.client_cn = client_cn
         self.check_interval = check_interval
         self._clock = clock
         self._lock = threading.Lock()
@@ -168,6 +183,14 @@ class CertificateReloader:
     def authenticates(self) -> bool:
         """Whether review connections must present a client certificate."""
         return self.client_ca is not None
+
+    def accepts(self, conn: ssl.SSLSocket) -> bool:
+        """Whether a review connection, its handshake done, is from the caller the
+        service serves: anyone without ``client_ca``; else a certificate whose subject's
+        Common Name is ``client_cn`` and nothing else."""
+        if self.client_ca is None:
+            return True
+        return [self.client_cn] == peer_common_names(conn)
 
     def loaded(self) -> bool:
         """For readiness: a pair is in service and its certificate has not expired."""
