@@ -494,6 +494,11 @@ def test_prometheus_rule_holds_the_rules_file_and_the_dashboard_the_json_file() 
     assert [{"port": "metrics", "path": "/metrics", "scheme": "http", "interval": "30s"}] == (
         monitor["spec"]["endpoints"]
     )
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    # By default the metrics port listens on the pod's IP, which the Service's endpoints
+    # (and so the ServiceMonitor's scrapes) address.
+    assert "$(POD_IP)" == container["args"][container["args"].index("--metrics-host") + 1]
     (service,) = [o for o in objects if o["kind"] == "Service"]
     assert service["spec"]["selector"] == monitor["spec"]["selector"]["matchLabels"]
 
@@ -722,3 +727,25 @@ def test_the_metrics_port_can_bind_the_pod_ip_and_serve_tls() -> None:
     assert "--metrics-tls" in args
     (pod_ip,) = [e for e in container["env"] if e["name"] == "POD_IP"]
     assert {"fieldRef": {"fieldPath": "status.podIP"}} == pod_ip["valueFrom"]
+
+
+def test_a_service_monitor_scrapes_tls_metrics_verifying_the_serving_ca() -> None:
+    objects = render({"server.metricsTLS": True, "metrics.serviceMonitor.enabled": True})
+    (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert "https" == endpoint["scheme"]
+    name = monitor["metadata"]["name"]
+    namespace = monitor["metadata"]["namespace"]
+    assert {
+        "serverName": f"{name}.{namespace}.svc",
+        "ca": {"secret": {"name": f"{name}-tls", "key": "ca.crt"}},
+    } == endpoint["tlsConfig"]
+
+
+def test_the_metrics_port_on_every_address_is_a_choice() -> None:
+    (deployment,) = [
+        o for o in render({"server.metricsOnPodIP": False}) if o["kind"] == "Deployment"
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-host" not in container["args"]
+    assert "POD_IP" not in {e["name"] for e in container["env"]}
