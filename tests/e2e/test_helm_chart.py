@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from cryptography import x509
-from cryptography.x509.oid import ExtendedKeyUsageOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from harness.binaries import ensure_binaries
 from tests.e2e.helm_tools import (
@@ -626,6 +626,11 @@ def test_a_self_signed_client_certificate_is_for_client_auth_signed_by_the_ca_it
     cert.verify_directly_issued_by(ca)
     usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert ExtendedKeyUsageOID.CLIENT_AUTH in usages
+    # The name the review port asks for (clientAuth.commonName, passed as --client-cn).
+    (name,) = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    assert "kube-apiserver" == name.value
+    args = deployment_of(objects)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "kube-apiserver" == args[args.index("--client-cn") + 1]
 
 
 CLIENT_SECRET = f"{NAME}-apiserver-client"
