@@ -172,7 +172,9 @@ def test_a_caller_without_the_api_servers_certificate_is_refused_at_the_handshak
         _exchange(port, context, _post_review())
 
 
-@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
+@pytest.mark.parametrize(
+    "version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3], ids=["tls1.2", "tls1.3"]
+)
 def test_a_certificate_the_ca_signed_for_another_name_than_client_cn_is_refused(
     served: tuple[TLSFiles, Callers, int, int], version: ssl.TLSVersion
 ) -> None:
