@@ -23,10 +23,9 @@ authenticates to webhooks (its AdmissionConfiguration's ``kubeConfigFile``,
 docs/deploy.md). The certificate must also bear the Common Name ``client_cn``
 (:meth:`CertificateReloader.accepts`, checked once the handshake is done): the CA may be
 the cluster's, which signs many more clients than kube-apiserver. The CA file rotates with
-the pair. :meth:`CertificateReloader.context`
-with ``probes=True`` is the context of the probe port, which asks for no certificate: the
-kubelet's HTTPS probes present none, and that port serves the probes only
-(:mod:`webhook.web.worker`).
+the pair. :meth:`CertificateReloader.context` with ``probes=True`` is the context of the
+probe port, which asks for no certificate: the kubelet's HTTPS probes present none, and
+that port serves the probes only (:mod:`webhook.web.worker`).
 
 File checks are rate-limited (``check_interval``) so a handshake costs at most two
 ``stat`` calls a second. A pair that does not load (half-written, key and certificate not
@@ -135,9 +134,8 @@ class CertificateReloader:
     """A server-side TLS context for ``cert_file``/``key_file`` that follows rotation.
 
     TLS 1.2 with AEAD suites (:data:`TLS12_CIPHERS`) or 1.3, a client certificate signed
-    by ``client_ca`` required when given,
-    ALPN ``http/1.1``. Thread-safe:
-    handshakes on many threads may call :meth:`context` at once; one of them reloads.
+    by ``client_ca`` required when given, ALPN ``http/1.1``. Thread-safe: handshakes on
+    many threads may call :meth:`context` at once; one of them reloads.
 
     Raises :class:`TLSConfigError` when the first pair cannot be loaded: a server must
     not start without a certificate. Later failures keep the pair in service.
