@@ -240,11 +240,17 @@ def test_release_name_and_namespace_name_every_object() -> None:
                "path": "/validate-resize", "port": 443}  # fmt: skip
     assert service == webhook["clientConfig"]["service"]
     assert ["tools", "kube-system"] == webhook["namespaceSelector"]["matchExpressions"][0]["values"]
-    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
-    (condition,) = policy["spec"]["matchConditions"]
-    assert "'system:serviceaccount:tools:edge-resize-preemption-webhook'" in condition["expression"]
-    (binding,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
-    assert policy["metadata"]["name"] == binding["spec"]["policyName"]
+    account = "'system:serviceaccount:tools:edge-resize-preemption-webhook'"
+    policies = {
+        o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
+    }
+    (condition,) = policies["edge-resize-preemption-webhook-lending"]["spec"]["matchConditions"]
+    assert account in condition["expression"]
+    protection = policies["edge-resize-preemption-webhook-webhook-configurations"]["spec"]
+    (service,) = [v for v in protection["variables"] if v["name"] == "service"]
+    assert account in service["expression"]
+    bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert sorted(policies) == sorted(b["spec"]["policyName"] for b in bindings)
 
 
 # --- every service setting is a value ---------------------------------------------------
@@ -304,7 +310,8 @@ def test_unset_settings_are_left_to_the_service_defaults() -> None:
 def test_server_options_become_flags() -> None:
     objects = render({"server.workers": 1, "server.logLevel": "debug"})
     args = deployment_of(objects)["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert ["--workers", "1", "--log-level", "debug"] == args[-4:]
+    at = args.index("--workers")
+    assert ["--workers", "1", "--log-level", "debug"] == args[at : at + 4]
 
 
 @pytest.mark.parametrize(
