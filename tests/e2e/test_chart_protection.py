@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import secrets
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,7 +33,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import Cluster, Kubectl
-from tests.e2e.helm_tools import render
+from tests.e2e.helm_tools import CHART, helm_binary, render, set_args
 from tests.e2e.service_support import account_kubeconfig
 from webhook import pki
 from webhook.kube.webhookconfig import patch_webhook_ca_bundles
@@ -309,3 +311,47 @@ def test_the_managers_are_the_values() -> None:
         'request.userInfo.username in ["alice"] || '
         'request.userInfo.?groups.orValue([]).exists(g, g in ["ops"])'
     ) == manager["expression"]
+
+
+def test_helm_installs_upgrades_and_uninstalls_the_default_chart_under_its_policy(
+    cluster: Cluster,
+) -> None:
+    """The policy does not stand in the installer's way: helm, run by the cluster's admin,
+    installs the default chart (mode service, the policy with it), upgrades a field of its
+    webhook configuration and uninstalls it."""
+    suffix = secrets.token_hex(3)
+    release, namespace = f"rpw-prot-helm-{suffix}", f"rpw-prot-helm-{suffix}"
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+
+    def helm(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(helm_binary()), "--namespace", namespace, *args],
+            capture_output=True, text=True, timeout=180, env=env, check=False,
+        )  # fmt: skip
+
+    # No namespace selected: no review is sent while the release exists.
+    # Installed into a namespace made beforehand, as an operator does with
+    # --create-namespace; no namespace selected: no review is sent meanwhile.
+    values = {"namespace.create": False, "namespace.name": "",
+              "webhook.namespaceSelector": {"matchLabels": {"rpw-protection": "none"}}}  # fmt: skip
+    admin = Kubectl(cluster.binaries.kubectl, cluster.kubeconfig)
+    admin("create", "namespace", namespace)
+    try:
+        installed = helm("install", release, str(CHART), *set_args(values))
+        assert 0 == installed.returncode, installed.stderr
+        name = f"{release}-resize-preemption-webhook"
+        policy = admin("get", "validatingadmissionpolicy", f"{name}-webhook-configurations")
+        assert 0 == policy.returncode
+        upgraded = helm(
+            "upgrade", release, str(CHART), "--reuse-values",
+            *set_args({"webhook.timeoutSeconds": 7}),
+        )  # fmt: skip
+        assert 0 == upgraded.returncode, upgraded.stderr
+        config = json.loads(admin("get", VALIDATING, name, "-o", "json").stdout)
+        assert [7] == [w["timeoutSeconds"] for w in config["webhooks"]]
+        uninstalled = helm("uninstall", release, "--wait")
+        assert 0 == uninstalled.returncode, uninstalled.stderr
+        assert 0 != admin("get", VALIDATING, name, check=False).returncode
+    finally:
+        helm("uninstall", release, "--ignore-not-found")
+        admin("delete", "namespace", namespace, "--ignore-not-found", "--wait=false", check=False)
