@@ -273,6 +273,18 @@ def _answered_with(service: Service, client: dict[str, bytes], pod: dict[str, An
     return bool(review["request"]["uid"] == _post(url, context, review)["response"]["uid"])
 
 
+def _refused_with_another_name(
+    service: Service, client: dict[str, bytes], pod: dict[str, Any]
+) -> None:
+    """A certificate the service's client CA signed for another Common Name than
+    ``client-cn`` (a kubelet's name): its handshake completes, the connection closes
+    unanswered."""
+    authority = pki.CertificateAuthority(cert_pem=client["ca.crt"], key_pem=client["ca.key"])
+    other = harness_pki.make_client_cert(authority, "system:node:node-1", groups=["system:nodes"])
+    with pytest.raises(OSError):  # urllib's URLError and the connection's end alike
+        _answered_with(service, {"tls.crt": other.cert_pem, "tls.key": other.key_pem}, pod)
+
+
 def test_the_service_issues_kube_apiservers_client_certificate_and_trusts_only_it(
     cluster: Cluster,
     namespace: str,
@@ -298,6 +310,7 @@ def test_the_service_issues_kube_apiservers_client_certificate_and_trusts_only_i
     pod = read_pod(cluster, namespace, "high-priority-pod")
     assert pod is not None
     _refused_without_a_certificate(service)
+    _refused_with_another_name(service, client, pod)
     assert _answered_with(service, client, pod)
 
     # kube-apiserver presents a certificate of another CA: refused, the resize unchecked.
