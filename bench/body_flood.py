@@ -90,6 +90,7 @@ def _hold(
 def run(clients: int, seconds: float, memory_limit: int, body_bytes: int) -> dict[str, Any]:
     from harness.pki import make_client_cert
     from webhook import pki
+    from webhook.engine.settings import DEFAULT_CLIENT_CN
     from webhook.web.server import connections_within, memory_needed
 
     per_worker = connections_within(memory_limit, WORKERS, body_bytes)
@@ -97,7 +98,7 @@ def run(clients: int, seconds: float, memory_limit: int, body_bytes: int) -> dic
         ca = pki.make_ca("body flood CA")
         pair = pki.make_serving_cert(ca, ip_addresses=["127.0.0.1"])
         client_ca = pki.make_ca("body flood client CA")
-        client = make_client_cert(client_ca, "kube-apiserver-webhook-client")
+        client = make_client_cert(client_ca, DEFAULT_CLIENT_CN)
         files = {
             "ca.crt": ca.cert_pem,
             "tls.crt": pair.cert_pem,

@@ -796,6 +796,7 @@ def run(
 ) -> dict[str, Any]:
     from harness.pki import make_client_cert
     from webhook import pki
+    from webhook.engine.settings import DEFAULT_CLIENT_CN
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="review-bench-") as tmp:
@@ -808,7 +809,7 @@ def run(
         # Only callers with a certificate this CA signed, as kube-apiserver with its
         # AdmissionConfiguration (the clients find it beside ca.crt).
         client_ca = pki.make_ca("review bench client CA")
-        client = make_client_cert(client_ca, "kube-apiserver-webhook-client")
+        client = make_client_cert(client_ca, DEFAULT_CLIENT_CN)
         if client_auth:
             files["client-ca.crt"] = Path(tmp, "client-ca.crt")
             files["client-ca.crt"].write_bytes(client_ca.cert_pem)

@@ -40,6 +40,7 @@ from harness.binaries import Binaries
 from harness.kubeapi import Credentials, KubeClient
 from harness.processes import ManagedProcess, spawn
 from webhook import pki
+from webhook.engine.settings import DEFAULT_CLIENT_CN
 
 SERVICE_CIDR = "10.0.0.0/24"
 #: What a Deployment needs to get pods: its ReplicaSets, and their pods. No garbage
@@ -372,7 +373,8 @@ class ControlPlane:
         ``--client-ca`` that CA answers only kube-apiserver."""
         paths = webhook_client_files(self.state_dir)
         ca = pki.make_ca("rpw-webhook-client-ca")
-        client = harness_pki.make_client_cert(ca, "kube-apiserver-webhook-client")
+        # The name a service's client-cn asks for by default.
+        client = harness_pki.make_client_cert(ca, DEFAULT_CLIENT_CN)
         for path, data in (
             (paths.ca, ca.cert_pem),
             (paths.cert, client.cert_pem),

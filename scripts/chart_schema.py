@@ -8,7 +8,8 @@ for Helm.
 Generated: ``properties.settings`` (every setting but those the pod itself gives),
 ``properties.server.properties.port`` and ``.metricsPort``, the certificate lifetimes the
 Deployment passes to ``serve --tls-*`` (``certificates.duration``, ``.renewBefore``,
-``.caDuration``, ``clientAuth.duration``, ``.renewBefore``), and the node agent's settings
+``.caDuration``, ``clientAuth.duration``, ``.renewBefore``), ``clientAuth.commonName`` (the
+``client-cn`` setting), and the node agent's settings
 under ``properties.checkpoint`` (webhook/agent/settings.py); everything else in the file is
 written by hand. tests/unit/test_chart_schema.py fails when the file and the table differ.
 Two rules JSON Schema (draft-07) cannot say are the chart template's ``fail``: the
@@ -67,9 +68,15 @@ REGISTRY_KEYS = {"repository": "registry"}
 #: Settings the Deployment takes from the pod (downward API), not from values.
 FROM_THE_POD = frozenset({"service-namespace", "identity"})
 #: Settings the Deployment sets from its own objects, not from values: the container's
-#: memory limit (downward API), the client CA its clientAuth mounts, checkpoints from
-#: ``checkpoint.enabled`` (with the node agent) and the kubelets' CA it mounts.
-FROM_THE_DEPLOYMENT = frozenset({"memory-limit", "client-ca", "checkpoints", "kubelet-ca"})
+#: memory limit (downward API), the client CA its clientAuth mounts and the name it asks
+#: of its certificate (``clientAuth.commonName``, which the chart's certificates bear
+#: too), checkpoints from ``checkpoint.enabled`` (with the node agent) and the kubelets'
+#: CA it mounts.
+FROM_THE_DEPLOYMENT = frozenset(
+    {"memory-limit", "client-ca", "client-cn", "checkpoints", "kubelet-ca"}
+)
+#: The chart's key under ``clientAuth`` -> the service's setting it gives.
+CLIENT_AUTH_KEYS = {"commonName": "client-cn"}
 
 
 def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
@@ -100,6 +107,15 @@ def port_schemas() -> dict[str, dict[str, Any]]:
             **METRICS_PORT.schema(),
             "description": "the plain HTTP /metrics port; not the HTTPS port",
         },
+    }
+
+
+def client_auth_schemas() -> dict[str, dict[str, Any]]:
+    """``clientAuth``'s keys that are settings: never null, the chart's certificates
+    bear the name."""
+    return {
+        key: {**SETTINGS[name].parse.schema(), "description": SETTINGS[name].help}
+        for key, name in CLIENT_AUTH_KEYS.items()
     }
 
 
@@ -151,6 +167,7 @@ def generated(schema: dict[str, Any]) -> dict[str, Any]:
     _with(checkpoint, "registry", registry_schemas())
     properties["settings"] = settings_schema()
     _with(properties, "server", port_schemas())
+    _with(properties, "clientAuth", client_auth_schemas())
     for key, flags in DURATIONS.items():
         _with(properties, key, {v: duration_schema(f) for v, f in flags.items()})
     return {**schema, "properties": properties}

@@ -409,13 +409,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         max_body_bytes=config.max_body_bytes,
         client_ca=config.client_ca or None,
+        client_cn=config.client_cn,
         probe_port=args.probe_port or None,
     )
     try:
         options.validate()
     except ValueError as e:
         raise UsageError(f"cannot serve: {e}") from None
-    managed = _managed_tls(args, config.namespace, config.client_ca)
+    managed = _managed_tls(args, config.namespace, config.client_ca, config.client_cn)
     if managed is not None:
         _bootstrap_certificates(managed, args.kubeconfig)
     try:
@@ -433,7 +434,9 @@ def _duration(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _managed_tls(args: argparse.Namespace, namespace: str, client_ca: str = "") -> Any:
+def _managed_tls(
+    args: argparse.Namespace, namespace: str, client_ca: str = "", client_cn: str = ""
+) -> Any:
     """``--tls-secret``'s options (a :class:`webhook.rotation.ManagedTLS`), or None."""
     from webhook import rotation
 
@@ -457,11 +460,11 @@ def _managed_tls(args: argparse.Namespace, namespace: str, client_ca: str = "") 
         policy=policy,
         cert_file=args.tls_cert,
         key_file=args.tls_key,
-        client=_managed_client(args, policy, client_ca),
+        client=_managed_client(args, policy, client_ca, client_cn),
     )
 
 
-def _managed_client(args: argparse.Namespace, serving: Any, client_ca: str) -> Any:
+def _managed_client(args: argparse.Namespace, serving: Any, client_ca: str, client_cn: str) -> Any:
     """``--tls-client-secret``'s options (a :class:`webhook.rotation.ManagedClient`), or
     None."""
     from webhook import rotation
@@ -474,6 +477,7 @@ def _managed_client(args: argparse.Namespace, serving: Any, client_ca: str) -> A
         validity=args.tls_client_validity or rotation.DEFAULT_CLIENT_VALIDITY,
         renew_before=args.tls_client_renew_before or rotation.DEFAULT_RENEW_BEFORE,
         ca_validity=serving.ca_validity,
+        name=client_cn or rotation.CLIENT_NAME,
     )
     problem = policy.problem()
     if problem:

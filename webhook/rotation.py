@@ -43,7 +43,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from webhook import pki
-from webhook.engine.settings import DURATION
+from webhook.engine.settings import DEFAULT_CLIENT_CN, DURATION
 
 CA_CERT: Final = "ca.crt"
 CA_KEY: Final = "ca.key"
@@ -102,8 +102,9 @@ class RotationPolicy:
         return min(MAX_PERIOD, max(MIN_PERIOD, self.renew_before.total_seconds() / 6))
 
 
-#: kube-apiserver's client certificate: its subject and its CA's.
-CLIENT_NAME: Final = "kube-apiserver-webhook-client"
+#: kube-apiserver's client certificate: its subject (the ``client-cn`` the review port
+#: asks for by default) and its CA's.
+CLIENT_NAME: Final = DEFAULT_CLIENT_CN
 CLIENT_CA_NAME: Final = "resize-preemption-webhook-apiserver-client-ca"
 DEFAULT_CLIENT_VALIDITY: Final = dt.timedelta(days=365)
 
@@ -112,15 +113,17 @@ def client_policy(
     validity: dt.timedelta = DEFAULT_CLIENT_VALIDITY,
     renew_before: dt.timedelta = DEFAULT_RENEW_BEFORE,
     ca_validity: dt.timedelta = DEFAULT_CA_VALIDITY,
+    name: str = CLIENT_NAME,
 ) -> RotationPolicy:
-    """The policy of kube-apiserver's client certificate."""
+    """The policy of kube-apiserver's client certificate, issued for ``name`` (the
+    ``client-cn`` the review port asks for)."""
     return RotationPolicy(
         dns_names=(),
         validity=validity,
         renew_before=renew_before,
         ca_validity=ca_validity,
         ca_name=CLIENT_CA_NAME,
-        client_name=CLIENT_NAME,
+        client_name=name,
     )
 
 

@@ -8,7 +8,7 @@ trusts. The service, started as the chart starts it (``serve --tls-secret ...
 --tls-client-secret ... --client-ca FILE``):
 
 * writes its client Secret: a CA, and a clientAuth certificate for
-  ``kube-apiserver-webhook-client`` it signed; the ``client-ca`` file holds that CA;
+  ``kube-apiserver`` (its default ``client-cn``) it signed; the ``client-ca`` file holds that CA;
 * completes a handshake only with a caller presenting that certificate: one presenting
   none is refused at the handshake;
 * is reached by kube-apiserver once the Secret's ``tls.crt`` and ``tls.key`` are copied
@@ -63,6 +63,7 @@ from tests.e2e.service_support import kubectl_warnings, pod_manifest, read_pod, 
 from tests.e2e.test_caller_auth import _post, _review
 from webhook import pki
 from webhook.cli import _managed_tls, build_parser
+from webhook.engine.settings import DEFAULT_CLIENT_CN
 from webhook.kube.certs import ensure_client
 from webhook.kube.client import make_api_client
 
@@ -272,6 +273,18 @@ def _answered_with(service: Service, client: dict[str, bytes], pod: dict[str, An
     return bool(review["request"]["uid"] == _post(url, context, review)["response"]["uid"])
 
 
+def _refused_with_another_name(
+    service: Service, client: dict[str, bytes], pod: dict[str, Any]
+) -> None:
+    """A certificate the service's client CA signed for another Common Name than
+    ``client-cn`` (a kubelet's name): its handshake completes, the connection closes
+    unanswered."""
+    authority = pki.CertificateAuthority(cert_pem=client["ca.crt"], key_pem=client["ca.key"])
+    other = harness_pki.make_client_cert(authority, "system:node:node-1", groups=["system:nodes"])
+    with pytest.raises(OSError):  # urllib's URLError and the connection's end alike
+        _answered_with(service, {"tls.crt": other.cert_pem, "tls.key": other.key_pem}, pod)
+
+
 def test_the_service_issues_kube_apiservers_client_certificate_and_trusts_only_it(
     cluster: Cluster,
     namespace: str,
@@ -287,7 +300,7 @@ def test_the_service_issues_kube_apiservers_client_certificate_and_trusts_only_i
     (ca,) = x509.load_pem_x509_certificates(client["ca.crt"])
     certificate.verify_directly_issued_by(ca)
     usages = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    assert ([ExtendedKeyUsageOID.CLIENT_AUTH], "kube-apiserver-webhook-client") == (
+    assert ([ExtendedKeyUsageOID.CLIENT_AUTH], DEFAULT_CLIENT_CN) == (
         list(usages),
         certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value,
     )
@@ -297,6 +310,7 @@ def test_the_service_issues_kube_apiservers_client_certificate_and_trusts_only_i
     pod = read_pod(cluster, namespace, "high-priority-pod")
     assert pod is not None
     _refused_without_a_certificate(service)
+    _refused_with_another_name(service, client, pod)
     assert _answered_with(service, client, pod)
 
     # kube-apiserver presents a certificate of another CA: refused, the resize unchecked.

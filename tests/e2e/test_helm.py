@@ -42,6 +42,7 @@ MUTATING = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 CONTAINER_ARGS = [
     "serve", "--tls-cert", "/etc/rpw/tls/tls.crt", "--tls-key", "/etc/rpw/tls/tls.key",
     "--port", "8443", "--metrics-port", "9090", "--workers", "2",
+    "--metrics-host", "$(POD_IP)",
 ]  # fmt: skip
 
 

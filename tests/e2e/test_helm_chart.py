@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from cryptography import x509
-from cryptography.x509.oid import ExtendedKeyUsageOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from harness.binaries import ensure_binaries
 from tests.e2e.helm_tools import (
@@ -256,6 +256,9 @@ def test_release_name_and_namespace_name_every_object() -> None:
     assert {"kubernetes.io/metadata.name": "tools"} == leases["spec"]["matchConstraints"][
         "namespaceSelector"
     ]["matchLabels"]
+    protection = policies["edge-resize-preemption-webhook-webhook-configurations"]["spec"]
+    (service,) = [v for v in protection["variables"] if v["name"] == "service"]
+    assert account in service["expression"]
     bindings = by_kind(objects, "ValidatingAdmissionPolicyBinding")
     assert {name: name for name in policies} == {
         name: b["spec"]["policyName"] for name, b in bindings.items()
@@ -319,7 +322,8 @@ def test_unset_settings_are_left_to_the_service_defaults() -> None:
 def test_server_options_become_flags() -> None:
     objects = render({"server.workers": 1, "server.logLevel": "debug"})
     args = deployment_of(objects)["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert ["--workers", "1", "--log-level", "debug"] == args[-4:]
+    at = args.index("--workers")
+    assert ["--workers", "1", "--log-level", "debug"] == args[at : at + 4]
 
 
 @pytest.mark.parametrize(
@@ -509,6 +513,11 @@ def test_prometheus_rule_holds_the_rules_file_and_the_dashboard_the_json_file() 
     assert [{"port": "metrics", "path": "/metrics", "scheme": "http", "interval": "30s"}] == (
         monitor["spec"]["endpoints"]
     )
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    # By default the metrics port listens on the pod's IP, which the Service's endpoints
+    # (and so the ServiceMonitor's scrapes) address.
+    assert "$(POD_IP)" == container["args"][container["args"].index("--metrics-host") + 1]
     (service,) = [o for o in objects if o["kind"] == "Service"]
     assert service["spec"]["selector"] == monitor["spec"]["selector"]["matchLabels"]
 
@@ -636,6 +645,11 @@ def test_a_self_signed_client_certificate_is_for_client_auth_signed_by_the_ca_it
     cert.verify_directly_issued_by(ca)
     usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert ExtendedKeyUsageOID.CLIENT_AUTH in usages
+    # The name the review port asks for (clientAuth.commonName, passed as --client-cn).
+    (name,) = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    assert "kube-apiserver" == name.value
+    args = deployment_of(objects)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "kube-apiserver" == args[args.index("--client-cn") + 1]
 
 
 CLIENT_SECRET = f"{NAME}-apiserver-client"
@@ -737,3 +751,25 @@ def test_the_metrics_port_can_bind_the_pod_ip_and_serve_tls() -> None:
     assert "--metrics-tls" in args
     (pod_ip,) = [e for e in container["env"] if e["name"] == "POD_IP"]
     assert {"fieldRef": {"fieldPath": "status.podIP"}} == pod_ip["valueFrom"]
+
+
+def test_a_service_monitor_scrapes_tls_metrics_verifying_the_serving_ca() -> None:
+    objects = render({"server.metricsTLS": True, "metrics.serviceMonitor.enabled": True})
+    (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert "https" == endpoint["scheme"]
+    name = monitor["metadata"]["name"]
+    namespace = monitor["metadata"]["namespace"]
+    assert {
+        "serverName": f"{name}.{namespace}.svc",
+        "ca": {"secret": {"name": f"{name}-tls", "key": "ca.crt"}},
+    } == endpoint["tlsConfig"]
+
+
+def test_the_metrics_port_on_every_address_is_a_choice() -> None:
+    (deployment,) = [
+        o for o in render({"server.metricsOnPodIP": False}) if o["kind"] == "Deployment"
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-host" not in container["args"]
+    assert "POD_IP" not in {e["name"] for e in container["env"]}

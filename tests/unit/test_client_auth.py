@@ -1,5 +1,5 @@
-"""Client certificates on the review port (``client-ca``), the probe port beside it, and
-the warning and metric while any caller is accepted."""
+"""Client certificates on the review port (``client-ca``, ``client-cn``), the probe port
+beside it, and the warning and metric while any caller is accepted."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from harness.processes import ManagedProcess, spawn
 from tests.unit.web_fixtures import TLSFiles, client_context, dumps, make_tls_files
 from tests.unit.web_fixtures import walkthrough_review as review
 from webhook import pki
+from webhook.engine.settings import DEFAULT_CLIENT_CN
 from webhook.web.tls import CertificateReloader, TLSConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,26 +27,32 @@ REPO = Path(__file__).resolve().parents[2]
 
 @dataclass(frozen=True)
 class Callers:
-    """The CA the server is given, a client certificate it signed, and one another CA
-    signed."""
+    """The CA the server is given, a client certificate it signed for the default
+    ``client-cn``, one another CA signed for that name, and one the CA signed for another
+    name (a kubelet's, as a cluster CA signs)."""
 
     ca_file: Path
     cert: Path
     key: Path
     stranger_cert: Path
     stranger_key: Path
+    other_name_cert: Path
+    other_name_key: Path
 
 
 def _callers(directory: Path) -> Callers:
     ca, other = pki.make_ca("callers"), pki.make_ca("strangers")
-    good = harness_pki.make_client_cert(ca, "kube-apiserver-webhook-client")
-    bad = harness_pki.make_client_cert(other, "kube-apiserver-webhook-client")
+    good = harness_pki.make_client_cert(ca, DEFAULT_CLIENT_CN)
+    bad = harness_pki.make_client_cert(other, DEFAULT_CLIENT_CN)
+    named = harness_pki.make_client_cert(ca, "system:node:node-1", groups=["system:nodes"])
     files = Callers(
         directory / "client-ca.crt",
         directory / "client.crt",
         directory / "client.key",
         directory / "stranger.crt",
         directory / "stranger.key",
+        directory / "other-name.crt",
+        directory / "other-name.key",
     )
     for path, data in (
         (files.ca_file, ca.cert_pem),
@@ -53,6 +60,8 @@ def _callers(directory: Path) -> Callers:
         (files.key, good.key_pem),
         (files.stranger_cert, bad.cert_pem),
         (files.stranger_key, bad.key_pem),
+        (files.other_name_cert, named.cert_pem),
+        (files.other_name_key, named.key_pem),
     ):
         path.write_bytes(data)
     return files
@@ -161,6 +170,36 @@ def test_a_caller_without_the_api_servers_certificate_is_refused_at_the_handshak
     # certificate; the server's alert (or the closed connection) comes instead of an answer.
     with pytest.raises(OSError):
         _exchange(port, context, _post_review())
+
+
+@pytest.mark.parametrize(
+    "version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3], ids=["tls1.2", "tls1.3"]
+)
+def test_a_certificate_the_ca_signed_for_another_name_than_client_cn_is_refused(
+    served: tuple[TLSFiles, Callers, int, int], version: ssl.TLSVersion
+) -> None:
+    tls_files, callers, port, _ = served
+    context = _with_cert(tls_files, callers.other_name_cert, callers.other_name_key)
+    context.minimum_version = context.maximum_version = version
+    # The handshake completes (the CA signed it); the server closes before any answer.
+    try:
+        answer = _exchange(port, context, _post_review())
+    except OSError:
+        answer = b""
+    assert b"" == answer
+
+
+def test_client_cn_is_the_name_a_certificate_must_bear(tmp_path: Path) -> None:
+    tls_files, callers = make_tls_files(tmp_path), _callers(tmp_path)
+    reloader = CertificateReloader(
+        str(tls_files.cert_file),
+        str(tls_files.key_file),
+        client_ca=str(callers.ca_file),
+        client_cn="system:node:node-1",
+    )
+    assert "system:node:node-1" == reloader.client_cn
+    open_door = CertificateReloader(str(tls_files.cert_file), str(tls_files.key_file))
+    assert DEFAULT_CLIENT_CN == open_door.client_cn
 
 
 def test_the_probe_port_answers_probes_without_a_certificate_and_nothing_else(

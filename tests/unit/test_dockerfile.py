@@ -293,7 +293,8 @@ def test_deployment_runs_the_image_command(
     cmd = single(final_stage, "CMD").exec_form()
 
     assert container.get("command", entrypoint) == entrypoint
-    assert container["args"] == cmd
+    # Then what only a pod can give: its IP (downward API) for the metrics port.
+    assert container["args"] == [*cmd, "--metrics-host", "$(POD_IP)"]
 
 
 def test_deployment_ports_are_the_exposed_ones(

@@ -294,7 +294,10 @@ def test_container_command_serves_tls_from_the_mounted_secret(
         "--port": "8443",
         "--metrics-port": "9090",
         "--workers": "2",
+        "--metrics-host": "$(POD_IP)",
     }
+    (pod_ip,) = [e for e in container["env"] if e["name"] == "POD_IP"]
+    assert {"fieldRef": {"fieldPath": "status.podIP"}} == pod_ip["valueFrom"]
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert mounts["tls"]["mountPath"] == TLS_DIR and mounts["tls"]["readOnly"] is True
@@ -318,7 +321,8 @@ def test_environment_names_the_pod_and_its_namespace_and_is_valid(
     assert (
         env["RPW_SERVICE_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     )
-    known = {env_name(s) for s in SETTINGS}
+    # POD_IP is no setting: the metrics port's --metrics-host reads it.
+    known = {env_name(s) for s in SETTINGS} | {"POD_IP"}
     assert set(env) <= known, f"unknown settings: {set(env) - known}"
     literal = {k: e["value"] for k, e in env.items() if "value" in e}
     config = load_config(

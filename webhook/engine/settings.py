@@ -31,6 +31,9 @@ from webhook.core.policy import SYSTEM_NAMESPACES, DefaultPolicy, Preemptors, Vi
 log = logging.getLogger(__name__)
 
 Mode = Literal["enforce", "warn", "deny-infeasible"]
+#: The name kube-apiserver's webhook client certificate bears by default: Gatekeeper's
+#: ``--client-cn-name`` default, and what every certificate the project issues for it says.
+DEFAULT_CLIENT_CN: Final = "kube-apiserver"
 EvictionMethod = Literal["evict", "delete"]
 
 
@@ -93,6 +96,10 @@ class Config:
     #: of them signed (kube-apiserver's). Empty: any caller is accepted, and the service
     #: says so at start and in ``resize_preemption_webhook_unauthenticated``.
     client_ca: str = ""
+    #: With :attr:`client_ca`: the Common Name the client certificate must bear. A CA may
+    #: sign certificates for more than kube-apiserver (a cluster's CA signs every
+    #: kubelet's and user's); the name keeps those from posting reviews.
+    client_cn: str = DEFAULT_CLIENT_CN
     #: Bytes the replica may use (its container's memory limit; the chart passes it). The
     #: review port then holds no more connections than their bodies fit in it
     #: (:func:`webhook.web.server.connections_within`); None: not checked.
@@ -600,6 +607,13 @@ SETTINGS: Final[dict[str, Setting]] = {
         "signed (kube-apiserver's)",
         metavar="FILE",
         default_text="none: any caller",
+    ),
+    "client-cn": Setting(
+        "client_cn",
+        Text(required=True),
+        "with client-ca: the Common Name a caller's client certificate must bear; "
+        "another name signed by the CA is refused",
+        metavar="NAME",
     ),
     "checkpoints": Setting(
         "checkpoints",

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 from gunicorn.app.base import BaseApplication
 from prometheus_client import CollectorRegistry
 
-from webhook.engine.settings import Config
+from webhook.engine.settings import DEFAULT_CLIENT_CN, Config
 from webhook.web import shared_metrics
 from webhook.web.shared_metrics import MetricsServer, start_metrics_server
 from webhook.web.tls import DEFAULT_CHECK_INTERVAL, CertificateReloader
@@ -166,6 +166,8 @@ class ServerOptions:
     #: A file of CA certificates: review connections must present a client certificate
     #: one of them signed (kube-apiserver's, docs/deploy.md). None: anyone may connect.
     client_ca: str | None = None
+    #: With ``client_ca``: the Common Name the client certificate must bear.
+    client_cn: str = DEFAULT_CLIENT_CN
     #: A second port, on ``host``, serving only ``/livez`` and ``/readyz`` without a client
     #: certificate (the kubelet's probes present none); None: no such port.
     probe_port: int | None = None
@@ -396,6 +398,7 @@ def serve(app_factory: AppFactory, options: ServerOptions) -> NoReturn:
         options.key_file,
         check_interval=options.tls_check_interval,
         client_ca=options.client_ca,
+        client_cn=options.client_cn,
     )
     if not tls.authenticates:
         log.warning(UNAUTHENTICATED_WARNING)

@@ -20,10 +20,12 @@ How a new handshake gets it, whatever the server does with contexts:
 **Client certificates.** Given a ``client_ca`` file, every connection must present a
 certificate that CA signed, or the handshake fails: this is how kube-apiserver
 authenticates to webhooks (its AdmissionConfiguration's ``kubeConfigFile``,
-docs/deploy.md). The CA file rotates with the pair. :meth:`CertificateReloader.context`
-with ``probes=True`` is the context of the probe port, which asks for no certificate: the
-kubelet's HTTPS probes present none, and that port serves the probes only
-(:mod:`webhook.web.worker`).
+docs/deploy.md). The certificate must also bear the Common Name ``client_cn``
+(:meth:`CertificateReloader.accepts`, checked once the handshake is done): the CA may be
+the cluster's, which signs many more clients than kube-apiserver. The CA file rotates with
+the pair. :meth:`CertificateReloader.context` with ``probes=True`` is the context of the
+probe port, which asks for no certificate: the kubelet's HTTPS probes present none, and
+that port serves the probes only (:mod:`webhook.web.worker`).
 
 File checks are rate-limited (``check_interval``) so a handshake costs at most two
 ``stat`` calls a second. A pair that does not load (half-written, key and certificate not
@@ -40,21 +42,36 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+
+from webhook.engine.settings import DEFAULT_CLIENT_CN
 
 log = logging.getLogger(__name__)
 
 #: The API server speaks TLS 1.2 and 1.3; nothing older is accepted.
 MINIMUM_VERSION: Final = ssl.TLSVersion.TLSv1_2
+#: TLS 1.2's suites (OpenSSL's cipher list; TLS 1.3's are all AEAD and set apart): forward
+#: secret key exchange and authenticated encryption only. CBC suites are the ones with
+#: padding-oracle and timing attacks (Lucky13, POODLE's kin); every TLS 1.2 client of the
+#: service - Go's crypto/tls in kube-apiserver, Prometheus, OpenSSL - offers these.
+TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20"
 DEFAULT_CHECK_INTERVAL: Final = 1.0
 
 _Stat = tuple[int, int, int, int]
 #: (st_dev, st_ino, st_size, st_mtime_ns) of the certificate, the key and the client CA file
 #: (None without one).
 _Signature = tuple[_Stat, _Stat, _Stat | None]
+
+
+def peer_common_names(conn: ssl.SSLSocket) -> list[str]:
+    """The Common Names of the subject of the certificate ``conn``'s peer presented and
+    the handshake verified (none without one)."""
+    cert = conn.getpeercert() or {}
+    subject: Any = cert.get("subject", ())
+    return [value for rdn in subject for key, value in rdn if key == "commonName"]
 
 
 class TLSConfigError(Exception):
@@ -116,9 +133,9 @@ def _stat(path: str) -> _Stat:
 class CertificateReloader:
     """A server-side TLS context for ``cert_file``/``key_file`` that follows rotation.
 
-    TLS 1.2 minimum, a client certificate signed by ``client_ca`` required when given,
-    ALPN ``http/1.1``. Thread-safe:
-    handshakes on many threads may call :meth:`context` at once; one of them reloads.
+    TLS 1.2 with AEAD suites (:data:`TLS12_CIPHERS`) or 1.3, a client certificate signed
+    by ``client_ca`` required when given, ALPN ``http/1.1``. Thread-safe: handshakes on
+    many threads may call :meth:`context` at once; one of them reloads.
 
     Raises :class:`TLSConfigError` when the first pair cannot be loaded: a server must
     not start without a certificate. Later failures keep the pair in service.
@@ -132,10 +149,12 @@ class CertificateReloader:
         check_interval: float = DEFAULT_CHECK_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
         client_ca: str | None = None,
+        client_cn: str = DEFAULT_CLIENT_CN,
     ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
         self.client_ca = client_ca or None
+        self.client_cn = client_cn
         self.check_interval = check_interval
         self._clock = clock
         self._lock = threading.Lock()
@@ -162,6 +181,14 @@ class CertificateReloader:
     def authenticates(self) -> bool:
         """Whether review connections must present a client certificate."""
         return self.client_ca is not None
+
+    def accepts(self, conn: ssl.SSLSocket) -> bool:
+        """Whether a review connection, its handshake done, is from the caller the
+        service serves: anyone without ``client_ca``; else a certificate whose subject's
+        Common Name is ``client_cn`` and nothing else."""
+        if self.client_ca is None:
+            return True
+        return [self.client_cn] == peer_common_names(conn)
 
     def loaded(self) -> bool:
         """For readiness: a pair is in service and its certificate has not expired."""
@@ -250,6 +277,7 @@ class CertificateReloader:
     def _new_context(self, client_ca: str | None) -> ssl.SSLContext:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.minimum_version = MINIMUM_VERSION
+        context.set_ciphers(TLS12_CIPHERS)
         if client_ca is None:
             context.verify_mode = ssl.CERT_NONE
         else:

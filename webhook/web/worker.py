@@ -19,6 +19,11 @@ app is called only once a request is complete - headers and body in memory:
   byte past the limit; either way the connection closes after the answer instead of
   draining the rest.
 
+**The caller's name.** With client certificates required (``--client-ca``), a
+certificate the CA signed for another Common Name than ``client-cn`` closes the
+connection once its handshake is done, before any request is read
+(:meth:`~webhook.web.tls.CertificateReloader.accepts`).
+
 **The probe port.** With client certificates required (``--client-ca``), the kubelet's
 HTTPS probes, which present none, go to a port of their own (``--probe-port``): its
 handshakes ask for no certificate, and a request there for anything but
@@ -74,6 +79,7 @@ from gevent.local import local
 from gunicorn.workers.ggevent import GeventWorker
 
 from webhook.web.app import OVERLOADED
+from webhook.web.tls import peer_common_names
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -154,12 +160,22 @@ class HandshakeDeadline:
         try:
             with gevent.Timeout(self.timeout):
                 conn.do_handshake()
-            return conn
         except (OSError, gevent.Timeout) as e:
             # Old protocol versions, plain HTTP, scanners, silent peers: not the API server.
             log.debug("TLS handshake with %s failed: %r", _peer(sock), e)
             conn.close()
             raise gevent.GreenletExit from None
+        if not probes and not self.tls.accepts(conn):
+            # The CA signed it, for someone else: a caller this port does not serve.
+            log.warning(
+                "refused a client certificate for %s from %s: client-cn is %r",
+                peer_common_names(conn) or "no Common Name",
+                _peer(sock),
+                self.tls.client_cn,
+            )
+            conn.close()
+            raise gevent.GreenletExit
+        return conn
 
 
 def reset(sock: socket.socket) -> None:
