@@ -296,7 +296,7 @@ def test_a_policy_is_rendered_where_its_object_is_the_charts(
 ) -> None:
     # cert-manager's injector, not the service, sets caBundle there: the service holds no
     # right on the configurations. Without caBundle there is no client-ca ConfigMap.
-    assert protected == _policy_names(values) - {"lending"}
+    assert protected == _policy_names(values) - {"lending", "leases"}
 
 
 def test_the_managers_are_the_values() -> None:

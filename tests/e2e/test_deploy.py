@@ -201,8 +201,8 @@ def test_base_passes_server_dry_run(
             "Deployment",
             "PodDisruptionBudget",
             "ValidatingWebhookConfiguration",
-            "ValidatingAdmissionPolicy",
-            "ValidatingAdmissionPolicyBinding",
+            # lending's and the Leases'
+            *["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2,
         ]
     )
     server_dry_run(admin, base_objects)
@@ -550,7 +550,12 @@ def admission_policy(
 ) -> Iterator[None]:
     """The base's ValidatingAdmissionPolicy and its binding, applied for real, and the
     resize readers' right to read pods/resize; all removed afterwards."""
-    policy = [o for o in base_objects if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    policy = [
+        o
+        for o in base_objects
+        if o["kind"].startswith("ValidatingAdmissionPolicy")
+        and o["metadata"]["name"].endswith("-lending")
+    ]
     assert 2 == len(policy)
     readers = [
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
