@@ -24,7 +24,7 @@ from webhook.engine.settings import Config
 from webhook.engine.worker import PreemptionWorker
 from webhook.kube.cache import BUDGETS, PODS, ClusterCache
 from webhook.kube.certs import CertificateFollower, CertificateRotator
-from webhook.kube.checkpoints import ConfigMapCheckpoints, KubeletCheckpointer, PodCreator
+from webhook.kube.checkpoints import KubeletCheckpointer, PodCheckpoints, PodCreator
 from webhook.kube.client import make_api_client
 from webhook.kube.events import EventRecorder
 from webhook.kube.evictor import Evictor
@@ -117,13 +117,13 @@ def _pausing(
     recorder: EventRecorder,
     metrics: Metrics,
     config: Config,
-) -> tuple[Pauses, Restorer | None, ConfigMapCheckpoints | None]:
+) -> tuple[Pauses, Restorer | None, PodCheckpoints | None]:
     """Who is checkpointed, the restores, and the store they read; without the setting
     ``checkpoints`` the opt-in is only judged (plans say such victims are evicted) and
     nothing is read."""
     if not config.checkpoints:
         return Pauses(None, False), None, None
-    store = ConfigMapCheckpoints(api, config.namespace)
+    store = PodCheckpoints(api, config.namespace)
     restorer = Restorer(cache, ledger, store, PodCreator(api), recorder, metrics)
     return Pauses(store, True), restorer, store
 
@@ -168,7 +168,7 @@ def _readiness(
     cache: ClusterCache,
     ledger: LeaseLedger,
     config: Config,
-    checkpoints: ConfigMapCheckpoints | None,
+    checkpoints: PodCheckpoints | None,
 ) -> Callable[[], dict[str, bool]]:
     def ready() -> dict[str, bool]:
         checks = {
@@ -270,7 +270,7 @@ def build(
     return factory
 
 
-def _keep_abilities(runnables: Runnables, checkpoints: ConfigMapCheckpoints | None) -> None:
+def _keep_abilities(runnables: Runnables, checkpoints: PodCheckpoints | None) -> None:
     """Every replica answers reviews: each lists the agents' abilities every second."""
     if checkpoints is not None:
         store = checkpoints

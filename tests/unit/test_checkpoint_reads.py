@@ -1,7 +1,7 @@
-"""How :class:`webhook.kube.checkpoints.ConfigMapCheckpoints` reads: abilities, read by
+"""How :class:`webhook.kube.checkpoints.PodCheckpoints` reads: abilities, read by
 reviews, answer the last list the replica's loop took and never wait on one; records, read
 by the leader's worker, are listed again when old or written since. The list is a stand-in
-the test holds and releases; the ConfigMaps' contract against the real API server is
+the test holds and releases; the store's contract against the real API server is
 tests/e2e/test_checkpoint_store_contract.py.
 """
 
@@ -16,7 +16,7 @@ import pytest
 
 from webhook.core.checkpoint import NodeCheckpointing, Phase
 from webhook.kube import checkpoints
-from webhook.kube.checkpoints import ConfigMapCheckpoints
+from webhook.kube.checkpoints import PodCheckpoints
 from webhook.kube.errors import ClusterError
 
 NODE = "node-1"
@@ -25,21 +25,19 @@ NODE = "node-1"
 def _ability(node: str, able: bool) -> dict[str, Any]:
     value = "true" if able else "false"
     return {
-        "metadata": {"name": f"rpw-node-{node}", "labels": {"resize-preemption.io/node": node}},
-        "data": {"checkpoint": value, "restore": value},
+        "kind": "CheckpointNode",
+        "metadata": {"name": node},
+        "spec": {"node": node},
+        "status": {"checkpoint": value, "restore": value},
     }
 
 
 def _record(uid: str) -> dict[str, Any]:
     return {
-        "metadata": {
-            "name": f"rpw-checkpoint-{uid}",
-            "labels": {
-                "resize-preemption.io/checkpoint": "true",
-                "resize-preemption.io/node": NODE,
-            },
-        },
-        "data": {"phase": "imaged", "pod": "{}"},
+        "kind": "PodCheckpoint",
+        "metadata": {"name": f"rpw-checkpoint-{uid}"},
+        "spec": {"uid": uid, "node": NODE, "pod": {}, "archives": {}},
+        "status": {"phase": "imaged"},
     }
 
 
@@ -79,8 +77,8 @@ def lister() -> Iterator[Lister]:
     found.released.set()  # never leave a list thread waiting
 
 
-def _store(lister: Lister, clock: Clock) -> ConfigMapCheckpoints:
-    return ConfigMapCheckpoints(None, "rpw", max_age=1.0, clock=clock, lister=lister)
+def _store(lister: Lister, clock: Clock) -> PodCheckpoints:
+    return PodCheckpoints(None, "rpw", max_age=1.0, clock=clock, lister=lister)
 
 
 def _timed(read: Any) -> tuple[Any, float]:
@@ -89,7 +87,7 @@ def _timed(read: Any) -> tuple[Any, float]:
     return value, time.monotonic() - start
 
 
-def _refreshing(store: ConfigMapCheckpoints) -> threading.Thread:
+def _refreshing(store: PodCheckpoints) -> threading.Thread:
     """The replica's loop, one pass, in a thread of its own (the test may hold the list)."""
     thread = threading.Thread(target=store.refresh, daemon=True)
     thread.start()
