@@ -124,6 +124,42 @@ def test_a_record_naming_no_archive_of_the_directory_fails(
     assert rfc3339(NOW) == store.items[name]["status"]["failedAt"]
 
 
+OTHER_UID = "9a8b7c6d-0000-4000-8000-00000000beef"
+
+
+@pytest.mark.parametrize(
+    ("owner_of_archive", "message"),
+    [
+        (owner(OTHER_UID, "victim2", "main"), "holds container main of pod team-a/victim2"),
+        (owner(OTHER_UID, "worker", "main"), f"({OTHER_UID}), not main of team-a/worker"),
+        (owner(UID, "worker", "sidecar"), "holds container sidecar of pod team-a/worker"),
+        ({}, "holds container ? of pod ?/? (no uid)"),
+    ],
+    ids=["another-pod", "same-name-another-uid", "another-container", "no-annotations"],
+)
+def test_an_archive_of_another_pod_is_never_imaged_nor_deleted(
+    tmp_path: Path, owner_of_archive: dict[str, str], message: str
+) -> None:
+    """The archive swap: a record naming an archive that is not its own pod's."""
+    name, data = record(tmp_path)
+    theirs = tmp_path / "checkpoint-victim2_team-a-main-2027-01-15T08:00:00Z.tar"
+    make_archive(theirs, {"spec.dump": spec(["sh"], owner_of_archive), "pages": b"y" * 100})
+    data["spec"]["archives"] = {"main": str(theirs)}
+    store, runtime = Store({name: data}), RuntimeInMemory()
+    clock = Clock(NOW)
+    agent = make_agent(tmp_path, store, runtime, clock)
+    agent.step()
+    assert ("failed", set()) == (store.items[name]["status"]["phase"], runtime.image_names())
+    assert message in store.items[name]["status"]["message"]
+
+    clock.now = NOW + 301  # past the failed record's retention: it is cleaned up
+    os.utime(theirs, (NOW + 300, NOW + 300))  # young: not the stray sweep's yet
+    agent.step()
+
+    assert name not in store.items
+    assert theirs.exists()
+
+
 def test_a_failed_import_removes_what_was_imported_and_says_why(tmp_path: Path) -> None:
     name, data = record(tmp_path, containers=("main", "sidecar"))
     runtime = RuntimeInMemory(fail_import_of=image_reference("team-a", "worker", "sidecar", UID))
