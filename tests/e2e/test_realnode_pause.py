@@ -24,6 +24,7 @@ from harness.realcluster import RealCluster
 from harness.realdemo import resize_patch, scaled_walkthrough
 from harness.realnode import NODE_NAME
 from tests.e2e.conftest import Waiter
+from tests.e2e.records_support import nodes_path, records_path
 from tests.e2e.test_realnode import (
     classes,  # noqa: F401 - the module's PriorityClasses
     cpu_running,
@@ -71,7 +72,7 @@ def checkpointing(real_cluster: RealCluster) -> Iterator[None]:
     finally:
         real_cluster.uninstall_chart()
         real_cluster.install_chart()
-        path = f"/api/v1/namespaces/{SERVICE_NAMESPACE}/configmaps/rpw-node-{NODE_NAME}"
+        path = f"{nodes_path(SERVICE_NAMESPACE)}/{NODE_NAME}"
         if real_cluster.client.get_or_none(path) is not None:
             real_cluster.client.delete(path)
 
@@ -109,12 +110,7 @@ def count(cluster: RealCluster, namespace: str) -> int:
 
 
 def records(cluster: RealCluster) -> list[dict[str, Any]]:
-    return list(
-        cluster.client.get(
-            f"/api/v1/namespaces/{SERVICE_NAMESPACE}/configmaps",
-            labelSelector="resize-preemption.io/checkpoint=true",
-        )["items"]
-    )
+    return list(cluster.client.get(records_path(SERVICE_NAMESPACE))["items"])
 
 
 def start_walkthrough(

@@ -384,6 +384,20 @@ HOME_FULL = _room(NODE, 500)
             id="its-own-node-first-when-it-fits",
         ),
         pytest.param(
+            replace(_portable(), images=_record().images),
+            _room(NODE, 8000, taints=(Taint("node-role.kubernetes.io/control-plane", "",
+                                            "NoSchedule"),)),
+            [], (), None,
+            Return("", "no room on node-1 yet; its images are in node-1's runtime only"),
+            id="never-its-own-node-when-it-does-not-tolerate-its-taints",
+        ),
+        pytest.param(
+            _portable(), _room(NODE, 8000, taints=(Taint("gpu", "", "NoExecute"),)),
+            [_room(OTHER, 2000)], (OTHER,), None,
+            Return(OTHER, "no room on node-1; node-2 has room and can restore"),
+            id="another-node-when-its-own-has-a-taint-it-does-not-tolerate",
+        ),
+        pytest.param(
             _portable(), HOME_FULL, [_room(OTHER, 2000)], (OTHER,), None,
             Return(OTHER, "no room on node-1; node-2 has room and can restore"),
             id="registry-images-elsewhere-at-once",
