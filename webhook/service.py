@@ -31,6 +31,7 @@ from webhook.kube.evictor import Evictor
 from webhook.kube.leader import LEADER_LEASE, LeaderElector
 from webhook.kube.ledger import LeaseLedger
 from webhook.kube.resizer import Resizer
+from webhook.kube.sealing import process_sealer
 from webhook.rotation import ManagedTLS
 from webhook.web.app import create_app
 from webhook.web.server import WorkerApp
@@ -124,7 +125,8 @@ def _pausing(
     if not config.checkpoints:
         return Pauses(None, False), None, None
     store = PodCheckpoints(api, config.namespace)
-    restorer = Restorer(cache, ledger, store, PodCreator(api), recorder, metrics)
+    creator = PodCreator(api, process_sealer())
+    restorer = Restorer(cache, ledger, store, creator, recorder, metrics)
     return Pauses(store, True), restorer, store
 
 
@@ -139,7 +141,10 @@ def _checkpointing(
 ) -> VictimEvictor:
     """``evictor`` checkpointing first the victims ``pauses`` says to."""
     kubelet = KubeletCheckpointer(
-        api, kubelet_ca=config.kubelet_ca, grace_period_cap=config.grace_period_cap
+        api,
+        kubelet_ca=config.kubelet_ca,
+        grace_period_cap=config.grace_period_cap,
+        sealer=process_sealer(),
     )
     return PausingEvictor(evictor, cache, pauses, kubelet, recorder, metrics)
 

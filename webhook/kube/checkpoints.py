@@ -54,6 +54,7 @@ from webhook.engine.pauses import Checkpointed
 from webhook.kube.errors import ClusterError, Conflict, NotFound
 from webhook.kube.evictor import grace_of
 from webhook.kube.jsonapi import pod_path, request_json
+from webhook.kube.sealing import EnvSealer, SealError
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +75,12 @@ class KubeletCheckpointer:
         kubelet_ca: str = "",
         grace_period_cap: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sealer: EnvSealer | None = None,
     ) -> None:
         self._api = api_client
         self._cap = grace_period_cap
+        #: Literal env values go into the record sealed (webhook.kube.sealing).
+        self._sealer = sealer
         self._clock = clock
         cfg = api_client.configuration
         self._http = urllib3.PoolManager(
@@ -101,7 +105,8 @@ class KubeletCheckpointer:
             grace = grace_of(pod) if self._cap is None else min(grace_of(pod), self._cap)
             kubelet = self._kubelet(node)
             archives = self._each_container(victim, pod, kubelet, grace, start)
-            return Checkpointed(_as_stored(pod), archives, grace, self._clock() - start)
+            kept = _as_stored(pod) if self._sealer is None else self._sealer.seal(_as_stored(pod))
+            return Checkpointed(kept, archives, grace, self._clock() - start)
         except (ClusterError, CheckpointError) as e:
             return Checkpointed(_as_stored(pod), {}, grace, self._clock() - start, str(e))
         except Exception as e:  # never raise into the worker: evict instead
@@ -470,13 +475,20 @@ def _name(item: Mapping[str, Any]) -> str:
 
 
 class PodCreator:
-    """Creates a restored pod (:class:`~webhook.engine.pauses.PodCreator`)."""
+    """Creates a restored pod (:class:`~webhook.engine.pauses.PodCreator`), its sealed
+    env values opened first (:mod:`webhook.kube.sealing`)."""
 
-    def __init__(self, api_client: Any) -> None:
+    def __init__(self, api_client: Any, sealer: EnvSealer | None = None) -> None:
         self._api = api_client
+        self._sealer = sealer
 
     def create(self, manifest: Mapping[str, Any]) -> str:
         namespace = str((manifest.get("metadata") or {}).get("namespace") or "default")
+        if self._sealer is not None:
+            try:
+                manifest = self._sealer.open(manifest)
+            except SealError as e:
+                return str(e)
         try:
             request_json(
                 self._api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=manifest, timeout=10
