@@ -388,7 +388,7 @@ HOME_FULL = _room(NODE, 500)
             _room(NODE, 8000, taints=(Taint("node-role.kubernetes.io/control-plane", "",
                                             "NoSchedule"),)),
             [], (), None,
-            Return("", "no room on node-1 yet; its images are in node-1's runtime only"),
+            Return("", "node-1 does not allow it now; its images are in node-1's runtime only"),
             id="never-its-own-node-when-it-does-not-tolerate-its-taints",
         ),
         pytest.param(

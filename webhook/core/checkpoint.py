@@ -515,11 +515,13 @@ def comes_back_on(
     moves, and its image may be there already."""
     taken = taken or {}
     needs = pod_requests(pod)
-    if home is not None and allows(pod.placement, home) and needs.fits_in(_free(home, taken)):
+    barred = home is not None and not allows(pod.placement, home)
+    if home is not None and not barred and needs.fits_in(_free(home, taken)):
         return Return(record.node, f"its node {record.node} has room")
     refused = only_its_node(record, pod)
     if refused:
-        return Return("", f"no room on {record.node} yet; {refused}")
+        held = f"{record.node} does not allow it now" if barred else f"no room on {record.node} yet"
+        return Return("", f"{held}; {refused}")
     fitting = [
         (-free.cpu, -free.memory, room.node)
         for room in rooms
