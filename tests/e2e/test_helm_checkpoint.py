@@ -81,7 +81,7 @@ def test_its_rights_are_records_and_reports_of_the_webhooks_namespace_only() -> 
          "verbs": ["get", "list", "delete"]},
         {"apiGroups": [group], "resources": ["checkpointnodes"], "verbs": ["create"]},
         {"apiGroups": [group], "resources": ["podcheckpoints/status", "checkpointnodes/status"],
-         "verbs": ["patch"]},
+         "verbs": ["get", "patch"]},
     ] == role["rules"]  # fmt: skip
     assert [{"kind": "ServiceAccount", "name": AGENT, "namespace": AGENT_NAMESPACE}] == (
         binding["subjects"]
