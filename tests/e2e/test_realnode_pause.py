@@ -13,6 +13,7 @@ agent from the chart's DaemonSet, both with ``checkpoint.enabled``.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -77,10 +78,15 @@ def checkpointing(real_cluster: RealCluster) -> Iterator[None]:
             real_cluster.client.delete(path)
 
 
+SECRET = {"name": "SECRET_WORD", "value": "hunter2"}
+
+
 def opted_in(pod: dict[str, Any]) -> dict[str, Any]:
     pod["metadata"]["labels"] = {"app": "counter"}
     pod["metadata"]["annotations"] = {ON_PREEMPT_ANNOTATION: "checkpoint", "team": "ml"}
     pod["spec"]["terminationGracePeriodSeconds"] = 5
+    # A literal value: its record holds it sealed, its restored pod as it was.
+    pod["spec"]["containers"][0].setdefault("env", []).append(SECRET)
     return pod
 
 
@@ -166,6 +172,10 @@ def test_a_checkpointed_victim_comes_back_with_its_memory_when_room_returns(
     assert 1 == len(events(real_cluster, ns, VICTIM, "Preempted"))
     (record,) = records(real_cluster)
     assert f"rpw-checkpoint-{old_uid}" == record["metadata"]["name"]
+    assert SECRET["value"] not in json.dumps(record)
+    (kept,) = [e for e in record["spec"]["pod"]["spec"]["containers"][0]["env"]
+               if e["name"] == SECRET["name"]]  # fmt: skip
+    assert kept["value"].startswith("rpw-sealed:v1:")
 
     # Room returns: the preemptor back to its size. The victim comes back on node-1.
     resize(real_cluster, ns, walk.high)
@@ -173,6 +183,7 @@ def test_a_checkpointed_victim_comes_back_with_its_memory_when_room_returns(
     pod, _ = restored_counting_on(real_cluster, ns, old_uid, before, wait_until)
     assert NODE_NAME == pod["spec"]["nodeName"]
     assert {"app": "counter"} == pod["metadata"]["labels"]
+    assert SECRET in pod["spec"]["containers"][0]["env"]
     assert {
         **old["metadata"]["annotations"],  # kubectl's last-applied-configuration too
         RESTORED_FROM_ANNOTATION: f"rpw-checkpoint-{old_uid}",

@@ -98,3 +98,23 @@ def test_the_key_given_is_the_one_used() -> None:
             "value"
         ]
     )
+
+
+def test_kubectls_copy_of_the_manifest_is_sealed_too() -> None:
+    pod = _pod()
+    applied = json.dumps(pod)
+    pod["metadata"]["annotations"] = {
+        "kubectl.kubernetes.io/last-applied-configuration": applied,
+        "team": "ml",
+    }
+    sealer = EnvSealer(KEY)
+
+    sealed = sealer.seal(pod)
+
+    assert "hunter2" not in json.dumps(sealed)
+    assert "ml" == sealed["metadata"]["annotations"]["team"]
+    opened = sealer.open(_restored(sealed))
+    assert (
+        applied
+        == opened["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
+    )

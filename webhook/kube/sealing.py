@@ -8,9 +8,11 @@ Secret reference). So a record holds them sealed: each value encrypted with AES-
 the checkpoint key, which the chart hands the service's pods alone (a Secret read by the
 kubelet into the environment variable :data:`KEY_VARIABLE`; no account is granted it), and
 bound to the record, the pod's namespace and name, the container and the variable, so that
-a sealed value moved elsewhere does not open. The pod creator opens them again just
-before the restored pod is created. ``valueFrom`` references stay as they are: they hold
-no value.
+a sealed value moved elsewhere does not open. ``kubectl apply``'s
+``kubectl.kubernetes.io/last-applied-configuration`` annotation is a copy of the whole
+manifest, those values included: it is sealed the same way. The pod creator opens them
+again just before the restored pod is created. ``valueFrom`` references stay as they
+are: they hold no value.
 
 A service given no key (a process run outside the chart) makes one at its start: what it
 sealed only that process can open, and a restore after it is gone says why it fails.
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: The service's environment variable holding the key: 32 bytes, base64.
 KEY_VARIABLE: Final = "RESIZE_PREEMPTION_CHECKPOINT_KEY"
+#: Annotations holding a copy of the pod's manifest, its literal values with it.
+COPIES: Final = ("kubectl.kubernetes.io/last-applied-configuration",)
 #: A sealed value starts so; a value that does not is left as it is.
 PREFIX: Final = "rpw-sealed:v1:"
 _NONCE: Final = 12
@@ -63,24 +67,25 @@ class EnvSealer:
         meta = manifest.get("metadata") or {}
         record = str((meta.get("annotations") or {}).get(RESTORED_FROM_ANNOTATION) or "")
         where = _where(record, meta)
-        return _each_value(manifest, lambda c, n, v: self._open(f"{where}/{c}/{n}", v))
+        return _each_value(manifest, lambda c, n, v: self._open(where, c, n, v))
 
     def _seal(self, bound: str, value: str) -> str:
         nonce = self._random(_NONCE)
         sealed = self._aead.encrypt(nonce, value.encode(), bound.encode())
         return PREFIX + base64.b64encode(nonce + sealed).decode()
 
-    def _open(self, bound: str, value: str) -> str:
+    def _open(self, where: str, container: str, name: str, value: str) -> str:
         if not value.startswith(PREFIX):
             return value
         try:
             raw = base64.b64decode(value.removeprefix(PREFIX), validate=True)
-            return self._aead.decrypt(raw[:_NONCE], raw[_NONCE:], bound.encode()).decode()
+            bound = f"{where}/{container}/{name}".encode()
+            return self._aead.decrypt(raw[:_NONCE], raw[_NONCE:], bound).decode()
         except (binascii.Error, InvalidTag, UnicodeDecodeError, ValueError):
-            name = bound.rsplit("/", 2)
+            place = f"in container {container}" if container else "of the annotation"
             raise SealError(
-                f"the value of {name[-1]} in container {name[-2]} does not open with this "
-                "service's checkpoint key (sealed by another key, or for another pod)"
+                f"the value of {name} {place} does not open with this service's "
+                "checkpoint key (sealed by another key, or for another pod)"
             ) from None
 
 
@@ -90,8 +95,13 @@ def _where(record: str, meta: Mapping[str, Any]) -> str:
 
 def _each_value(pod: Mapping[str, Any], change: Callable[[str, str, str], str]) -> dict[str, Any]:
     """A copy of ``pod`` with ``change(container, variable, value)`` of each literal
-    value of its containers' and init containers' ``env``."""
+    value of its containers' ``env`` (``change("", annotation, value)`` of the
+    annotations that copy the manifest)."""
     out = copy.deepcopy(dict(pod))
+    annotations = (out.get("metadata") or {}).get("annotations") or {}
+    for key in COPIES:
+        if isinstance(annotations.get(key), str) and annotations[key]:
+            annotations[key] = change("", key, annotations[key])
     spec = out.get("spec") or {}
     for kind in ("initContainers", "containers", "ephemeralContainers"):
         for container in spec.get(kind) or ():
