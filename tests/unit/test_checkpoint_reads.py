@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from webhook.core.checkpoint import NodeCheckpointing, Phase
+from webhook.core.checkpoint import CheckpointRecord, NodeCheckpointing, Phase
 from webhook.kube import checkpoints
 from webhook.kube.checkpoints import PodCheckpoints
 from webhook.kube.errors import ClusterError
@@ -227,3 +227,22 @@ def _eventually(check: Any, timeout: float = 5.0) -> bool:
     while not check() and time.monotonic() < deadline:
         time.sleep(0.01)
     return bool(check())
+
+
+def test_a_record_created_whose_status_failed_is_deleted_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The caller evicts the victim as never checkpointed: no record of it may stay."""
+    calls: list[str] = []
+
+    def request(api: Any, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        calls.append(f"{method} {path.rsplit('/', 1)[-1]}")
+        if method == "PATCH":
+            raise ClusterError("the API server went away")
+        return {}
+
+    monkeypatch.setattr(checkpoints, "request_json", request)
+    record = CheckpointRecord("u-1", NODE, Phase.ARCHIVED, {}, {"main": "/a.tar"})
+
+    assert False is PodCheckpoints(None, "rpw", lister=lambda: []).write(record)
+    assert ["POST podcheckpoints", "PATCH status", "DELETE rpw-checkpoint-u-1"] == calls

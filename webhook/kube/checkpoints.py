@@ -333,12 +333,17 @@ class PodCheckpoints:
 
     def write(self, record: CheckpointRecord) -> bool:
         """Create ``record`` (its spec, once: the API server refuses a change of it), then
-        write its status."""
+        write its status. A record this call created whose status was not written is
+        deleted again: the caller takes the write as failed and evicts the victim as if
+        never checkpointed, so no record of it may stay to be imaged and restored."""
         path = records_path(self.namespace)
+        created = False
         try:
-            # Written before, it conflicts: only its status changes.
-            with contextlib.suppress(Conflict):
+            try:
                 request_json(self._api, "POST", path, body=record_object(record), timeout=10)
+                created = True
+            except Conflict:
+                pass  # written before: only its status changes
             request_json(
                 self._api,
                 "PATCH",
@@ -349,6 +354,9 @@ class PodCheckpoints:
             )
         except ClusterError as e:
             log.warning("could not write %s: %s", record.name, e)
+            if created:
+                with contextlib.suppress(ClusterError):
+                    request_json(self._api, "DELETE", f"{path}/{quote(record.name)}", timeout=10)
             return False
         finally:
             self._forget()
