@@ -53,10 +53,12 @@ from harness.realcluster import RealCluster, RealClusterOptions, millicores
 from harness.realdemo import Walkthrough, resize_patch, scaled_walkthrough
 from harness.realnode import NODE_NAME, check_machine, ensure_images, ensure_node_stack
 from webhook.core.checkpoint import (
-    CHECKPOINT_LABEL,
+    GROUP,
+    NODES,
     ON_PREEMPT_ANNOTATION,
-    PHASE_LABEL,
+    RECORDS,
     RESTORED_FROM_ANNOTATION,
+    VERSION,
     Phase,
 )
 from webhook.core.resources import memory_bytes
@@ -177,10 +179,9 @@ def _events(cluster: RealCluster, uid: str, reason: str) -> list[dict[str, Any]]
 
 def _records(cluster: RealCluster) -> list[dict[str, Any]]:
     return list(
-        cluster.client.get(
-            f"/api/v1/namespaces/{SERVICE_NAMESPACE}/configmaps",
-            labelSelector=f"{CHECKPOINT_LABEL}=true",
-        )["items"]
+        cluster.client.get(f"/apis/{GROUP}/{VERSION}/namespaces/{SERVICE_NAMESPACE}/{RECORDS}")[
+            "items"
+        ]
     )
 
 
@@ -251,7 +252,7 @@ def _checkpoint_and_restore(
         raise RuntimeError(f"no time in the Checkpointed event: {event['message']}")
 
     def imaged() -> bool:
-        phases = [r["metadata"].get("labels", {}).get(PHASE_LABEL) for r in _records(cluster)]
+        phases = [(r.get("status") or {}).get("phase") for r in _records(cluster)]
         return phases == [Phase.IMAGED.value]
 
     _wait("the checkpoint imaged", imaged, 0.1)
@@ -312,10 +313,10 @@ def _prepare(cluster: RealCluster) -> Walkthrough:
     """The chart with checkpoints on, the node agent's abilities published, the namespace
     and the PriorityClasses; the walkthrough scaled to what node-1 has left."""
     cluster.install_chart(cluster.checkpoint_values())
-    path = f"/api/v1/namespaces/{SERVICE_NAMESPACE}/configmaps/rpw-node-{NODE_NAME}"
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{SERVICE_NAMESPACE}/{NODES}/{NODE_NAME}"
 
     def able() -> bool:
-        data = (cluster.client.get_or_none(path) or {}).get("data", {})
+        data = (cluster.client.get_or_none(path) or {}).get("status", {})
         return (data.get("checkpoint"), data.get("restore")) == ("true", "true")
 
     _wait("the node agent's abilities", able, 0.5)

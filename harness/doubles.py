@@ -24,13 +24,7 @@ from typing import Any
 
 from webhook.agent.oci import IMAGE_NAME_ANNOTATION, REF_NAME_ANNOTATION
 from webhook.agent.runtime import RuntimeFacts, RuntimeFailure, restore_enabled, version_tuple
-from webhook.core.checkpoint import (
-    RECORD_OPTIONAL_KEYS,
-    CheckpointRecord,
-    NodeCheckpointing,
-    capability_name,
-    record_name,
-)
+from webhook.core.checkpoint import CheckpointRecord, NodeCheckpointing
 from webhook.core.lending import Loan, LoanRecord, lender_step, loan_key, records, records_text
 from webhook.core.model import (
     LOANS_ANNOTATION,
@@ -440,7 +434,7 @@ class MemoryCheckpoints:
     """The checkpoint store in memory, both sides of it: the service's
     (:class:`~webhook.engine.pauses.CheckpointStore`) and a node agent's
     (:class:`~webhook.agent.records.CheckpointStore`). Every write gives the record a new
-    version, as the API server gives a ConfigMap a new resourceVersion."""
+    version, as the API server gives a record a new resourceVersion."""
 
     def __init__(
         self,
@@ -475,24 +469,33 @@ class MemoryCheckpoints:
     def write(self, record: CheckpointRecord) -> bool:
         if self.refuse_writes:
             return False
+        before = self.stored.get(record.uid)
+        if before is not None:  # its spec is written once: only the status changes
+            record = replace(
+                record,
+                node=before.node,
+                pod=before.pod,
+                archives=before.archives,
+                checkpointed_at=before.checkpointed_at,
+            )
         self.stored[record.uid] = self._stamp(record)
         self.writes.append(record)
         return True
 
 
-class ConfigMapsInMemory:
-    """A node agent's :class:`~webhook.agent.records.CheckpointStore` over ConfigMap data
-    kept in memory, as the API server keeps it: each record's ``data`` map by name, its
-    node and a version that every update changes; the abilities as published ``data``.
-    ``stale`` names records an update finds changed meanwhile; a record put in ``items``
-    directly is ``node``'s."""
+class PodCheckpointsInMemory:
+    """A node agent's :class:`~webhook.agent.records.CheckpointStore` over
+    ``PodCheckpoint`` objects kept in memory, as the API server keeps them: each record's
+    ``spec`` (never changed after its creation) and ``status`` by name, and a version that
+    every update changes; the abilities as published ``status`` by node. ``stale`` names
+    records an update finds changed meanwhile; the agent reads its node's records only
+    (by ``spec.node``)."""
 
-    def __init__(
-        self, items: Mapping[str, Mapping[str, str]] | None = None, node: str = "node-1"
-    ) -> None:
-        self.node = node
-        self.items = {name: dict(data) for name, data in (items or {}).items()}
-        self.nodes: dict[str, str] = {}
+    def __init__(self, items: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        self.items = {
+            name: {"spec": dict(o.get("spec") or {}), "status": dict(o.get("status") or {})}
+            for name, o in (items or {}).items()
+        }
         self._versions = itertools.count(1)
         self.versions = {name: str(next(self._versions)) for name in self.items}
         self.capabilities: dict[str, dict[str, str]] = {}
@@ -500,19 +503,17 @@ class ConfigMapsInMemory:
 
     def put(self, record: CheckpointRecord) -> None:
         """What the service does: writes ``record`` (a new version)."""
-        self.items[record.name] = record.data()
-        self.nodes[record.name] = record.node
+        self.items[record.name] = {"spec": record.spec(), "status": _set(record.status())}
         self.versions[record.name] = str(next(self._versions))
 
     def records_on(self, node: str) -> list[CheckpointRecord]:
         found = []
         for name in sorted(self.items):
-            if self.nodes.get(name, self.node) != node:
+            if self.items[name]["spec"].get("node") != node:
                 continue
-            uid = name.removeprefix(record_name(""))
-            version = self.versions.get(name, "")
+            meta = {"name": name, "resourceVersion": self.versions.get(name, "")}
             with contextlib.suppress(ValueError):  # as the API server's store, left out
-                found.append(CheckpointRecord.from_data(uid, node, self.items[name], version))
+                found.append(CheckpointRecord.from_object({**self.items[name], "metadata": meta}))
         return found
 
     def update(self, record: CheckpointRecord) -> bool:
@@ -521,18 +522,21 @@ class ConfigMapsInMemory:
             return False
         if record.version and record.version != self.versions.get(name):
             return False
-        kept = {k: v for k, v in self.items[name].items() if k not in RECORD_OPTIONAL_KEYS}
-        self.items[name] = {**kept, **record.data()}
-        self.nodes[name] = record.node
+        self.items[name]["status"] = _set(record.status())  # the status subresource only
         self.versions[name] = str(next(self._versions))
         return True
 
     def delete(self, name: str) -> None:
-        for held in (self.items, self.nodes, self.versions):
+        for held in (self.items, self.versions):
             held.pop(name, None)
 
     def publish(self, ability: NodeCheckpointing, now: float) -> None:
-        self.capabilities[capability_name(ability.node)] = ability.data(now)
+        self.capabilities[ability.node] = ability.status(now)
+
+
+def _set(status: Mapping[str, Any]) -> dict[str, Any]:
+    """A status as the API server keeps it after a merge patch: ``None`` removes."""
+    return {k: v for k, v in status.items() if v is not None}
 
 
 @dataclass

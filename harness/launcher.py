@@ -37,6 +37,7 @@ import yaml
 
 from harness import pki as harness_pki
 from harness.binaries import Binaries
+from harness.crds import PROJECT_CRDS, install_crds
 from harness.kubeapi import Credentials, KubeClient
 from harness.processes import ManagedProcess, spawn
 from webhook import pki
@@ -220,6 +221,9 @@ class ControlPlane:
             self._start_etcd()
             self._start_apiserver()
             self._wait_apiserver_ready()
+            # The project's own kinds, as helm installs them from the chart: a service
+            # run as a process with checkpoints on stores its records there.
+            install_crds(self.client, PROJECT_CRDS)
             if self.config.controller_manager:
                 self._start_controller_manager()
             if self.config.scheduler:

@@ -24,7 +24,7 @@ from harness.demo import PRIORITY_CLASSES, Terminal
 from harness.realcluster import RealCluster
 from harness.realdemo import Walkthrough, resize_patch, scaled_walkthrough
 from harness.realnode import NODE_NAME
-from webhook.core.checkpoint import CHECKPOINT_LABEL, RESTORED_FROM_ANNOTATION
+from webhook.core.checkpoint import RESTORED_FROM_ANNOTATION
 
 #: Counts in a shell variable (the process's memory) and writes the count each second.
 COUNTER = "trap 'exit 0' TERM; n=0; while true; do n=$((n+1)); echo $n > /tmp/count; sleep 1; done"
@@ -71,7 +71,7 @@ def run(cluster: RealCluster, term: Terminal) -> int:
     cluster.install_chart(cluster.checkpoint_values())
     if not _wait(lambda: _ability(term), "the node agent to say what node-1 can do"):
         return 1
-    term.run("-n", NAMESPACE, "get", "configmap", f"rpw-node-{NODE_NAME}", "-o", "jsonpath={.data}")
+    term.run("-n", NAMESPACE, "get", "checkpointnode", NODE_NAME, "-o", "jsonpath={.status}")
     walk = scaled_walkthrough(cluster.allocatable_millicores(), cluster.requested_millicores())
     term.run("apply", "-f", "-", stdin=manifests(walk, cluster.image("workload")))
     term.run("wait", "--for=condition=Ready", "pod/low-priority-pod", "pod/high-priority-pod")
@@ -85,9 +85,7 @@ def run(cluster: RealCluster, term: Terminal) -> int:
     term.run("get", "events", "--field-selector", "involvedObject.name=low-priority-pod")
     _status(cluster)
     print("# room returns: high-priority-pod shrinks back\n", flush=True)
-    listed = term.quiet(
-        "get", "configmap", "-n", NAMESPACE, "-o", "json", "-l", f"{CHECKPOINT_LABEL}=true"
-    )
+    listed = term.quiet("get", "podcheckpoints", "-n", NAMESPACE, "-o", "json")
     recorded = json.loads(listed or "{}")
     term.run("patch", "pod", "high-priority-pod", "--subresource", "resize",
              "--patch", resize_patch(walk.high))  # fmt: skip
@@ -118,8 +116,8 @@ def _wait(condition: Any, what: str) -> bool:
 
 
 def _ability(term: Terminal) -> bool:
-    out = term.quiet("-n", NAMESPACE, "get", "configmap", f"rpw-node-{NODE_NAME}",
-                     "-o", "jsonpath={.data.checkpoint}")  # fmt: skip
+    out = term.quiet("-n", NAMESPACE, "get", "checkpointnode", NODE_NAME,
+                     "-o", "jsonpath={.status.checkpoint}")  # fmt: skip
     return out.strip() == "true"
 
 

@@ -33,6 +33,7 @@ import yaml
 
 from harness import pki as harness_pki
 from harness.binaries import REPO_ROOT
+from harness.crds import install_crds
 from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import ControlPlane, free_port
 from harness.processes import ManagedProcess, spawn
@@ -41,7 +42,6 @@ from webhook import pki
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-vpa.sh"
 UPDATER = "vpa-updater"
 CRD_FILE = "vpa-v1-crd-gen.yaml"
-CRDS_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 API = "/apis/autoscaling.k8s.io/v1"
 #: The updater's user name in the API server (its client certificate's common name).
 USER = "vpa-updater"
@@ -149,36 +149,6 @@ def updater_argv(
         argv.append(f"--feature-gates={gates}")
     argv += list(options.extra_args)
     return argv
-
-
-def install_crds(client: KubeClient, manifest: Path, *, timeout: float = 30.0) -> list[str]:
-    """Create the CustomResourceDefinitions of ``manifest`` (those that exist are left as
-    they are) and wait until each is Established; returns their names."""
-    names = []
-    for crd in yaml.safe_load_all(manifest.read_text()):
-        if not crd or crd.get("kind") != "CustomResourceDefinition":
-            continue
-        name = crd["metadata"]["name"]
-        names.append(name)
-        try:
-            client.create(CRDS_PATH, crd)
-        except ApiError as e:
-            if e.status != 409:
-                raise
-    deadline = time.monotonic() + timeout
-    for name in names:
-        while not _established(client.get(f"{CRDS_PATH}/{name}")):
-            if time.monotonic() > deadline:
-                raise VpaError(f"CustomResourceDefinition {name} not established in {timeout} s")
-            time.sleep(0.1)
-    return names
-
-
-def _established(crd: Mapping[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Established" and c.get("status") == "True"
-        for c in crd.get("status", {}).get("conditions") or []
-    )
 
 
 class VpaUpdater:

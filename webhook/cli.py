@@ -900,7 +900,7 @@ def cmd_node_agent(args: argparse.Namespace) -> int:
 
     from webhook.agent.command import build_agent, run_agent
     from webhook.agent.settings import AGENT_SETTINGS, load_agent_settings
-    from webhook.kube.checkpoints import ConfigMapCheckpoints
+    from webhook.kube.checkpoints import PodCheckpoints
     from webhook.kube.client import make_api_client
     from webhook.kube.kubeconfig import client_source
 
@@ -909,7 +909,7 @@ def cmd_node_agent(args: argparse.Namespace) -> int:
     settings = load_agent_settings(env=os.environ, flags=flags)
     client_source(args.kubeconfig)
     api = make_api_client(args.kubeconfig, context=args.context)
-    store = ConfigMapCheckpoints(api, settings.namespace)
+    store = PodCheckpoints(api, settings.namespace)
     return run_agent(build_agent(settings, store), settings.poll_interval, once=args.once)
 
 

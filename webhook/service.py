@@ -24,13 +24,14 @@ from webhook.engine.settings import Config
 from webhook.engine.worker import PreemptionWorker
 from webhook.kube.cache import BUDGETS, PODS, ClusterCache
 from webhook.kube.certs import CertificateFollower, CertificateRotator
-from webhook.kube.checkpoints import ConfigMapCheckpoints, KubeletCheckpointer, PodCreator
+from webhook.kube.checkpoints import KubeletCheckpointer, PodCheckpoints, PodCreator
 from webhook.kube.client import make_api_client
 from webhook.kube.events import EventRecorder
 from webhook.kube.evictor import Evictor
 from webhook.kube.leader import LEADER_LEASE, LeaderElector
 from webhook.kube.ledger import LeaseLedger
 from webhook.kube.resizer import Resizer
+from webhook.kube.sealing import process_sealer
 from webhook.rotation import ManagedTLS
 from webhook.web.app import create_app
 from webhook.web.server import WorkerApp
@@ -117,14 +118,15 @@ def _pausing(
     recorder: EventRecorder,
     metrics: Metrics,
     config: Config,
-) -> tuple[Pauses, Restorer | None, ConfigMapCheckpoints | None]:
+) -> tuple[Pauses, Restorer | None, PodCheckpoints | None]:
     """Who is checkpointed, the restores, and the store they read; without the setting
     ``checkpoints`` the opt-in is only judged (plans say such victims are evicted) and
     nothing is read."""
     if not config.checkpoints:
         return Pauses(None, False), None, None
-    store = ConfigMapCheckpoints(api, config.namespace)
-    restorer = Restorer(cache, ledger, store, PodCreator(api), recorder, metrics)
+    store = PodCheckpoints(api, config.namespace)
+    creator = PodCreator(api, process_sealer())
+    restorer = Restorer(cache, ledger, store, creator, recorder, metrics)
     return Pauses(store, True), restorer, store
 
 
@@ -139,7 +141,10 @@ def _checkpointing(
 ) -> VictimEvictor:
     """``evictor`` checkpointing first the victims ``pauses`` says to."""
     kubelet = KubeletCheckpointer(
-        api, kubelet_ca=config.kubelet_ca, grace_period_cap=config.grace_period_cap
+        api,
+        kubelet_ca=config.kubelet_ca,
+        grace_period_cap=config.grace_period_cap,
+        sealer=process_sealer(),
     )
     return PausingEvictor(evictor, cache, pauses, kubelet, recorder, metrics)
 
@@ -168,7 +173,7 @@ def _readiness(
     cache: ClusterCache,
     ledger: LeaseLedger,
     config: Config,
-    checkpoints: ConfigMapCheckpoints | None,
+    checkpoints: PodCheckpoints | None,
 ) -> Callable[[], dict[str, bool]]:
     def ready() -> dict[str, bool]:
         checks = {
@@ -270,7 +275,7 @@ def build(
     return factory
 
 
-def _keep_abilities(runnables: Runnables, checkpoints: ConfigMapCheckpoints | None) -> None:
+def _keep_abilities(runnables: Runnables, checkpoints: PodCheckpoints | None) -> None:
     """Every replica answers reviews: each lists the agents' abilities every second."""
     if checkpoints is not None:
         store = checkpoints

@@ -6,7 +6,9 @@ ValidatingAdmissionPolicy: only the service's account creates a pod from a check
 image, only the pod the checkpoint was taken of, and that account creates no pod but a
 restored one. Here the policy is rendered by helm, applied for real (renamed into a
 namespace of this module's own), and tried by the cluster's admin and by a token of the
-service's account, each on pods bound to a node nobody serves (nothing runs).
+service's account, each on pods bound to a node nobody serves (nothing runs). The service
+creates a pod only from the images of the checkpoint its annotation names (tagged with
+that checkpoint's uid), every container from its own.
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ pytestmark = pytest.mark.e2e
 
 PREFIX = "localhost/resize-preemption-checkpoint"
 RESTORED_FROM = "resize-preemption.io/restored-from"
+#: The uid of the pods the checkpoints here were taken of; images are tagged with its
+#: first 12 characters.
+UID = "0123456789ab-cdef-4000-8000-000000000001"
 
 
 def pod(name: str, image: str, *, restored: bool = False) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name}
     if restored:
-        meta["annotations"] = {RESTORED_FROM: f"rpw-checkpoint-{name}"}
+        meta["annotations"] = {RESTORED_FROM: f"rpw-checkpoint-{UID}"}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -157,9 +162,21 @@ def switch_refused(callers: dict[str, Any], repository: str) -> None:
         ),
         pytest.param(
             "service",
-            pod("c", f"{PREFIX}/{{ns}}/c/main:1", restored=True),
+            pod("c", f"{PREFIX}/{{ns}}/c/main:0123456789ab", restored=True),
             "",
             id="service-restores",
+        ),
+        pytest.param(
+            "service",
+            pod("g", f"{PREFIX}/{{ns}}/g/main:fedcba987654", restored=True),
+            "the service creates a pod only from its own checkpoint",
+            id="service-another-checkpoints-image",
+        ),
+        pytest.param(
+            "service",
+            pod("h", "busybox", restored=True),
+            "the service creates a pod only from its own checkpoint",
+            id="service-a-plain-image",
         ),
         pytest.param(
             "service",

@@ -2,21 +2,22 @@
 and its implementation against the API server.
 
 Every test runs on :class:`harness.doubles.MemoryCheckpoints` ("memory") and on
-:class:`webhook.kube.checkpoints.ConfigMapCheckpoints` against the real API server
-("configmaps", a fresh namespace each). Both:
+:class:`webhook.kube.checkpoints.PodCheckpoints` against the real API server ("api", the
+chart's ``PodCheckpoint`` and ``CheckpointNode`` kinds, a fresh namespace each). Both:
 
 * read back a record exactly as it was written, through ``record`` and ``records``, and
   again after a write that moves it to another phase and drops what it no longer holds;
 * know no record and no node they were not told of;
-* read a node's abilities as its agent published them (the ConfigMap ``rpw-node-<node>``
-  of docs/checkpoint.md; the double's ``publish``), within a few seconds (a review reads
-  the last list and never waits for the next), and tell records from abilities.
+* read a node's abilities as its agent published them (the ``CheckpointNode`` named after
+  the node, docs/checkpoint.md; the double's ``publish``), within a few seconds (a review
+  reads the last list and never waits for the next), and tell records from abilities.
 
-The node agent's side of the same store (:class:`harness.doubles.ConfigMapsInMemory`,
-"agent-memory", and ``ConfigMapCheckpoints``, "agent-configmaps") lists its node's records
-only, each as written with a version; updates a record only as it was read (a second
-update from the same read finds it changed, an update of a deleted record finds it gone);
-deletes (twice is fine); and publishes abilities the service reads back.
+The node agent's side of the same store (:class:`harness.doubles.PodCheckpointsInMemory`,
+"agent-memory", and ``PodCheckpoints``, "agent-api") lists its node's records only, each
+as written with a version; updates a record's status only, only as it was read (a second
+update from the same read finds it changed, an update of a deleted record finds it gone;
+what it says of the spec is not written); deletes (twice is fine); and publishes abilities
+the service reads back.
 
 The pod creator (:class:`harness.doubles.FakeCreator` over a cluster view, and
 :class:`webhook.kube.checkpoints.PodCreator`) creates a pod once, says a second pod of
@@ -34,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from harness.doubles import ConfigMapsInMemory, FakeCreator, MemoryCheckpoints
+from harness.doubles import FakeCreator, MemoryCheckpoints, PodCheckpointsInMemory
 from webhook.agent.records import CheckpointStore as AgentStore
 from webhook.core.checkpoint import CheckpointRecord, NodeCheckpointing, Phase
 from webhook.core.model import Namespace
@@ -50,15 +51,15 @@ class Store:
     publish: Callable[[NodeCheckpointing], None]
 
 
-def _configmaps(cluster: Any, namespace: str) -> Iterator[Store]:
-    from webhook.kube.checkpoints import ConfigMapCheckpoints
+def _api_store(cluster: Any, namespace: str) -> Iterator[Store]:
+    from webhook.kube.checkpoints import PodCheckpoints
     from webhook.kube.client import make_api_client
 
     api = make_api_client(str(cluster.kubeconfig))
     # max_age 0: each read is a list, as a reader a second later sees it.
-    store = ConfigMapCheckpoints(api, namespace, max_age=0.0)
+    store = PodCheckpoints(api, namespace, max_age=0.0)
     # What a node agent writes (docs/checkpoint.md, "Node abilities"), by its own store.
-    agent = ConfigMapCheckpoints(api, namespace)
+    agent = PodCheckpoints(api, namespace)
 
     def publish(ability: NodeCheckpointing) -> None:
         agent.publish(ability, time.time())
@@ -69,14 +70,14 @@ def _configmaps(cluster: Any, namespace: str) -> Iterator[Store]:
 
 
 @pytest.fixture(
-    params=[pytest.param("memory"), pytest.param("configmaps", marks=pytest.mark.e2e)],
+    params=[pytest.param("memory"), pytest.param("api", marks=pytest.mark.e2e)],
 )
 def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     if request.param == "memory":
         memory = MemoryCheckpoints()
         yield Store(memory, memory.publish)
         return
-    yield from _configmaps(request.getfixturevalue("cluster"), request.getfixturevalue("namespace"))
+    yield from _api_store(request.getfixturevalue("cluster"), request.getfixturevalue("namespace"))
 
 
 def _record(uid: str = "u-1", **kw: Any) -> CheckpointRecord:
@@ -177,12 +178,12 @@ class AgentSide:
     ability: Callable[[str], NodeCheckpointing | None]
 
 
-def _agent_configmaps(cluster: Any, namespace: str) -> Iterator[AgentSide]:
-    from webhook.kube.checkpoints import ConfigMapCheckpoints
+def _agent_api(cluster: Any, namespace: str) -> Iterator[AgentSide]:
+    from webhook.kube.checkpoints import PodCheckpoints
     from webhook.kube.client import make_api_client
 
     api = make_api_client(str(cluster.kubeconfig))
-    service = ConfigMapCheckpoints(api, namespace, max_age=0.0)
+    service = PodCheckpoints(api, namespace, max_age=0.0)
 
     def seed(record: CheckpointRecord) -> None:
         assert service.write(record)
@@ -191,28 +192,30 @@ def _agent_configmaps(cluster: Any, namespace: str) -> Iterator[AgentSide]:
         service.refresh()  # what every replica's loop does each second
         return service.capability(node)
 
-    yield AgentSide(ConfigMapCheckpoints(api, namespace), seed, ability)
+    yield AgentSide(PodCheckpoints(api, namespace), seed, ability)
     api.close()  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture(
     params=[
         pytest.param("agent-memory"),
-        pytest.param("agent-configmaps", marks=pytest.mark.e2e),
+        pytest.param("agent-api", marks=pytest.mark.e2e),
     ],
 )
 def agent(request: pytest.FixtureRequest) -> Iterator[AgentSide]:
     if request.param == "agent-memory":
-        memory = ConfigMapsInMemory()
+        memory = PodCheckpointsInMemory()
 
         def ability(node: str) -> NodeCheckpointing | None:
-            data = memory.capabilities.get(f"rpw-node-{node}")
-            return None if data is None else NodeCheckpointing.from_data(node, data)
+            status = memory.capabilities.get(node)
+            if status is None:
+                return None
+            return NodeCheckpointing.from_object({"spec": {"node": node}, "status": status})
 
         yield AgentSide(memory, memory.put, ability)
         return
     cluster, namespace = request.getfixturevalue("cluster"), request.getfixturevalue("namespace")
-    yield from _agent_configmaps(cluster, namespace)
+    yield from _agent_api(cluster, namespace)
 
 
 def test_the_agent_lists_its_nodes_records_as_written(agent: AgentSide) -> None:
@@ -238,6 +241,23 @@ def test_the_agent_updates_a_record_only_as_it_was_read(agent: AgentSide) -> Non
     abandoned = replace(again, phase=Phase.ABANDONED, images={}, commands={}, sizes={})
     assert True is agent.store.update(abandoned)
     assert [abandoned] == agent.store.records_on(NODE)
+
+
+def test_the_agent_writes_a_records_status_only(agent: AgentSide) -> None:
+    written = _record()
+    agent.seed(written)
+    (read,) = agent.store.records_on(NODE)
+    other = {"count": "/var/lib/kubelet/checkpoints/checkpoint-other_team-c-app-1.tar"}
+    pod = {**written.pod, "metadata": {**written.pod["metadata"], "namespace": "kube-system"}}
+    swapped = replace(read, **IMAGED, archives=other, pod=pod, checkpointed_at="")
+    assert True is agent.store.update(swapped)
+    (after,) = agent.store.records_on(NODE)
+    assert (written.pod, written.archives, written.checkpointed_at) == (
+        after.pod,
+        after.archives,
+        after.checkpointed_at,
+    )
+    assert (Phase.IMAGED, IMAGED["images"]) == (after.phase, after.images)
 
 
 def test_the_agent_deletes_a_record_and_then_cannot_update_it(agent: AgentSide) -> None:

@@ -1,7 +1,8 @@
 """The chart's node agent of checkpoint and restore (``checkpoint.enabled``), rendered by the
 real helm: off by default; when on, a DaemonSet in a namespace of its own with no more host
-access than docs/checkpoint.md "Security" says, a Role on ConfigMaps of the webhook's
-namespace only, and a command line the agent accepts. No cluster."""
+access than docs/checkpoint.md "Security" says, a Role on the checkpoint records and node
+reports of the webhook's namespace only (no ConfigMap), and a command line the agent
+accepts; the CustomResourceDefinitions of those in the chart's ``crds/``. No cluster."""
 
 from __future__ import annotations
 
@@ -39,6 +40,22 @@ def pod_spec(values: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+def test_the_chart_ships_the_records_kinds_with_their_status_apart() -> None:
+    crds = [
+        o for o in render({}, extra=["--include-crds"]) if o["kind"] == "CustomResourceDefinition"
+    ]
+    assert ["checkpointnodes.resize-preemption.io", "podcheckpoints.resize-preemption.io"] == (
+        sorted(c["metadata"]["name"] for c in crds)
+    )
+    for crd in crds:
+        (version,) = crd["spec"]["versions"]
+        assert {"status": {}} == version["subresources"]
+        spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        assert [{"rule": "self == oldSelf"}] == [
+            {"rule": r["rule"]} for r in spec["x-kubernetes-validations"]
+        ]
+
+
 def test_the_agent_is_off_by_default() -> None:
     assert {} == agent_objects({})
 
@@ -54,13 +71,17 @@ def test_the_agent_runs_in_its_own_privileged_namespace() -> None:
     assert "Namespace" not in agent_objects({**ON, "checkpoint.createNamespace": False})
 
 
-def test_its_rights_are_configmaps_of_the_webhooks_namespace_only() -> None:
+def test_its_rights_are_records_and_reports_of_the_webhooks_namespace_only() -> None:
     objects = agent_objects(ON)
     role, binding = objects["Role"], objects["RoleBinding"]
     assert NAMESPACE == role["metadata"]["namespace"] == binding["metadata"]["namespace"]
+    group = "resize-preemption.io"
     assert [
-        {"apiGroups": [""], "resources": ["configmaps"],
-         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}
+        {"apiGroups": [group], "resources": ["podcheckpoints"],
+         "verbs": ["get", "list", "delete"]},
+        {"apiGroups": [group], "resources": ["checkpointnodes"], "verbs": ["create"]},
+        {"apiGroups": [group], "resources": ["podcheckpoints/status", "checkpointnodes/status"],
+         "verbs": ["get", "patch"]},
     ] == role["rules"]  # fmt: skip
     assert [{"kind": "ServiceAccount", "name": AGENT, "namespace": AGENT_NAMESPACE}] == (
         binding["subjects"]

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +31,15 @@ from harness.kubectl import Kubectl
 from harness.realcluster import RealCluster
 from harness.realnode import NODE_IP, NODE_NAME
 from tests.e2e.conftest import Waiter
+from tests.e2e.records_support import nodes_path, put_record, records_path
 from tests.e2e.service_support import account_kubeconfig
 from webhook.agent.runtime import Containerd
 from webhook.core.checkpoint import (
     RESTORED_FROM_ANNOTATION,
+    CheckpointRecord,
     Phase,
     image_reference,
-    record_labels,
+    record_object,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
@@ -124,23 +126,36 @@ def running(cluster: RealCluster, namespace: str) -> bool:
     return bool(pod) and pod["status"].get("phase") == "Running"
 
 
-def write_record(cluster: RealCluster, namespace: str, pod: dict[str, Any], archive: str) -> str:
-    """The record as the service writes it after the checkpoint (phase ``archived``)."""
+def write_record(
+    cluster: RealCluster,
+    namespace: str,
+    pod: dict[str, Any],
+    archive: str,
+    service: Kubectl | None = None,
+) -> str:
+    """The record as the service writes it after the checkpoint (phase ``archived``), as
+    ``service`` (its account, which alone may under the chart's policy) or as the admin."""
     uid = pod["metadata"]["uid"]
-    name = f"rpw-checkpoint-{uid}"
-    cluster.client.create(
-        f"/api/v1/namespaces/{namespace}/configmaps",
-        {
-            "metadata": {"name": name, "labels": record_labels(NODE_NAME, Phase.ARCHIVED)},
-            "data": {
-                "pod": json.dumps({"metadata": pod["metadata"], "spec": pod["spec"]}),
-                "archives": json.dumps({CONTAINER: archive}),
-                "checkpointedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "phase": "archived",
-            },
-        },
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    taken = {"metadata": pod["metadata"], "spec": pod["spec"]}
+    record = CheckpointRecord(
+        uid, NODE_NAME, Phase.ARCHIVED, taken, {CONTAINER: archive}, checkpointed_at=at
     )
-    return name
+    if service is None:
+        put_record(cluster.client, namespace, record)
+    else:
+        service("create", "-f", "-", input=json.dumps(record_object(record)))
+        status = json.dumps({"status": {"phase": "archived"}})
+        service(
+            "patch",
+            "podcheckpoint",
+            record.name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            status,
+        )
+    return record.name
 
 
 def pause_and_resume(
@@ -149,12 +164,14 @@ def pause_and_resume(
     records: str,
     wait_until: Waiter,
     agent: str,
-    create: Callable[[dict[str, Any]], object] | None = None,
+    service: Kubectl | None = None,
 ) -> None:
     """The whole round on the node, the service's part played here: a counting pod of
     ``ns`` checkpointed, its record written to ``records`` (where the agent reads them),
     imaged by the agent, the pod made again from the image, going on counting; then the
-    record says ``restored`` and the agent removes the image, the archive and the record."""
+    record says ``restored`` and the agent removes the image, the archive and the record.
+    With ``service`` (the service's account, the chart's service running) the test writes
+    the record and creates the pod as that account, and the service ends the record."""
     client, node = cluster.client, cluster.node
     assert node is not None
     checkpoints = node.paths.kubelet_root / "checkpoints"
@@ -167,19 +184,19 @@ def pause_and_resume(
     pod = client.get(f"{pods}/{POD}")
     client.delete(f"{pods}/{POD}", {"gracePeriodSeconds": 0})
     assert checkpoints == Path(archive).parent
-    name = write_record(cluster, records, pod, archive)
-    record_path = f"/api/v1/namespaces/{records}/configmaps/{name}"
+    name = write_record(cluster, records, pod, archive, service)
+    record_path = f"{records_path(records)}/{name}"
 
-    def imaged() -> dict[str, str] | None:
-        data: dict[str, str] = client.get(record_path)["data"]
-        assert "failed" != data["phase"], data.get("message")
-        return data if data["phase"] == "imaged" else None
+    def imaged() -> dict[str, Any] | None:
+        data: dict[str, Any] = client.get(record_path).get("status") or {}
+        assert "failed" != data.get("phase"), data.get("message")
+        return data if data.get("phase") == "imaged" else None
 
     data = wait_until(imaged, timeout=120, interval=0.5, what=f"the record imaged ({agent})")
     reference = image_reference(ns, POD, CONTAINER, pod["metadata"]["uid"])
-    assert {CONTAINER: reference} == json.loads(data["images"])
-    assert {CONTAINER: ["sh", "-c", COUNTER]} == json.loads(data["commands"])
-    assert 0 < json.loads(data["sizes"])[CONTAINER]
+    assert {CONTAINER: reference} == data["images"]
+    assert {CONTAINER: ["sh", "-c", COUNTER]} == data["commands"]
+    assert 0 < data["sizes"][CONTAINER]
     assert not Path(archive).exists()
     runtime = Containerd(ctr=str(node.stack.path("ctr")), address=str(node.paths.containerd_socket))
     digests = runtime.image_digests()
@@ -189,12 +206,12 @@ def pause_and_resume(
     # Deleted with no grace period, but the kubelet confirms it on its own sync: under load
     # (and with the agent importing the image meanwhile) that took more than 30 s once.
     wait_until(lambda: client.get_or_none(f"{pods}/{POD}") is None, timeout=90, what="pod gone")
-    restored = counter_pod(reference, json.loads(data["commands"])[CONTAINER], pull="Never")
+    restored = counter_pod(reference, data["commands"][CONTAINER], pull="Never")
     restored["metadata"]["annotations"] = {RESTORED_FROM_ANNOTATION: name}
-    if create is None:
+    if service is None:
         client.create(pods, restored)
     else:
-        create(restored)
+        service("create", "-n", ns, "-f", "-", input=json.dumps(restored))
     wait_until(lambda: running(cluster, ns), timeout=60, what="the restored pod to run")
     # /tmp/count comes back with the writable layer too: only a count past it, written by
     # the process after the restore, shows the process kept its memory. A process started
@@ -204,12 +221,8 @@ def pause_and_resume(
     assert before < first <= before + 20, (before, first)
     wait_until(lambda: count(cluster, ns) > first, timeout=10, what="the count to go on")
 
-    if create is None:
-        client.patch(
-            record_path,
-            {"metadata": {"labels": record_labels(NODE_NAME, Phase.RESTORED)},
-             "data": {"phase": "restored"}},
-        )  # fmt: skip
+    if service is None:
+        client.patch(f"{record_path}/status", {"status": {"phase": "restored"}})
     # else the chart's service runs with checkpoints on: it takes the pod made from the
     # record as its restore and ends the record itself once the pod runs.
     wait_until(lambda: client.get_or_none(record_path) is None, timeout=30, what="record gone")
@@ -221,10 +234,8 @@ def pause_and_resume(
 
 
 def capability_of(cluster: RealCluster, namespace: str) -> dict[str, str] | None:
-    found = cluster.client.get_or_none(
-        f"/api/v1/namespaces/{namespace}/configmaps/rpw-node-{NODE_NAME}"
-    )
-    return found["data"] if found else None
+    found = cluster.client.get_or_none(f"{nodes_path(namespace)}/{NODE_NAME}")
+    return (found.get("status") or None) if found else None
 
 
 def terminating(cluster: RealCluster) -> list[str]:
@@ -270,22 +281,20 @@ def test_the_charts_daemonset_runs_the_agent_on_the_node(
         # With checkpoint.enabled the chart's admission policy lets only the service's
         # account create a pod from a checkpoint image: the test plays the service with it.
         account = account_kubeconfig(real_cluster, CHART_NAMESPACE, FULLNAME, tmp_path)
-        as_service = Kubectl(real_cluster.binaries.kubectl, account, real_namespace)
+        as_service = Kubectl(real_cluster.binaries.kubectl, account, CHART_NAMESPACE)
         pause_and_resume(
             real_cluster,
             real_namespace,
             CHART_NAMESPACE,
             wait_until,
             "the DaemonSet's agent",
-            lambda pod: as_service("create", "-f", "-", input=json.dumps(pod)),
+            as_service,
         )
     finally:
         real_cluster.uninstall_chart()
         real_cluster.install_chart()
         if capability_of(real_cluster, CHART_NAMESPACE) is not None:
-            real_cluster.client.delete(
-                f"/api/v1/namespaces/{CHART_NAMESPACE}/configmaps/rpw-node-{NODE_NAME}"
-            )
+            real_cluster.client.delete(f"{nodes_path(CHART_NAMESPACE)}/{NODE_NAME}")
 
 
 def test_without_criu_the_node_says_it_cannot_checkpoint(
@@ -295,7 +304,7 @@ def test_without_criu_the_node_says_it_cannot_checkpoint(
     command[command.index("--criu") + 1] = "/nonexistent/criu"
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert 0 == result.returncode, result.stderr
-    path = f"/api/v1/namespaces/{real_namespace}/configmaps/rpw-node-{NODE_NAME}"
-    data = real_cluster.client.get(path)["data"]
+    data = capability_of(real_cluster, real_namespace)
+    assert data is not None
     assert ("false", "false", "") == (data["checkpoint"], data["restore"], data["criu"])
     assert "CRIU: /nonexistent/criu not found" == data["message"]

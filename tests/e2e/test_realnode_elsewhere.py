@@ -27,6 +27,7 @@ from harness.realcluster import RealCluster
 from harness.realnode import NODE_NAME, RealNode
 from harness.registry import TestRegistry
 from tests.e2e.conftest import Waiter
+from tests.e2e.records_support import nodes_path
 from tests.e2e.test_realnode import (
     classes,  # noqa: F401 - the module's PriorityClasses
     cpu_running,
@@ -57,10 +58,8 @@ OTHER = "node-2"
 
 
 def abilities(cluster: RealCluster, node: str) -> dict[str, str] | None:
-    found = cluster.client.get_or_none(
-        f"/api/v1/namespaces/{SERVICE_NAMESPACE}/configmaps/rpw-node-{node}"
-    )
-    return dict(found["data"]) if found else None
+    found = cluster.client.get_or_none(f"{nodes_path(SERVICE_NAMESPACE)}/{node}")
+    return dict(found.get("status") or {}) or None if found else None
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +82,7 @@ def elsewhere(
                 real_cluster.client.delete(agent)
     finally:
         try:
-            path = f"/api/v1/namespaces/{SERVICE_NAMESPACE}/configmaps/rpw-node-{OTHER}"
+            path = f"{nodes_path(SERVICE_NAMESPACE)}/{OTHER}"
             if real_cluster.client.get_or_none(path) is not None:
                 real_cluster.client.delete(path)
             real_cluster.remove_real_node(OTHER)

@@ -13,6 +13,7 @@ agent from the chart's DaemonSet, both with ``checkpoint.enabled``.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +25,7 @@ from harness.realcluster import RealCluster
 from harness.realdemo import resize_patch, scaled_walkthrough
 from harness.realnode import NODE_NAME
 from tests.e2e.conftest import Waiter
+from tests.e2e.records_support import nodes_path, records_path
 from tests.e2e.test_realnode import (
     classes,  # noqa: F401 - the module's PriorityClasses
     cpu_running,
@@ -71,15 +73,20 @@ def checkpointing(real_cluster: RealCluster) -> Iterator[None]:
     finally:
         real_cluster.uninstall_chart()
         real_cluster.install_chart()
-        path = f"/api/v1/namespaces/{SERVICE_NAMESPACE}/configmaps/rpw-node-{NODE_NAME}"
+        path = f"{nodes_path(SERVICE_NAMESPACE)}/{NODE_NAME}"
         if real_cluster.client.get_or_none(path) is not None:
             real_cluster.client.delete(path)
+
+
+SECRET = {"name": "SECRET_WORD", "value": "hunter2"}
 
 
 def opted_in(pod: dict[str, Any]) -> dict[str, Any]:
     pod["metadata"]["labels"] = {"app": "counter"}
     pod["metadata"]["annotations"] = {ON_PREEMPT_ANNOTATION: "checkpoint", "team": "ml"}
     pod["spec"]["terminationGracePeriodSeconds"] = 5
+    # A literal value: its record holds it sealed, its restored pod as it was.
+    pod["spec"]["containers"][0].setdefault("env", []).append(SECRET)
     return pod
 
 
@@ -109,12 +116,7 @@ def count(cluster: RealCluster, namespace: str) -> int:
 
 
 def records(cluster: RealCluster) -> list[dict[str, Any]]:
-    return list(
-        cluster.client.get(
-            f"/api/v1/namespaces/{SERVICE_NAMESPACE}/configmaps",
-            labelSelector="resize-preemption.io/checkpoint=true",
-        )["items"]
-    )
+    return list(cluster.client.get(records_path(SERVICE_NAMESPACE))["items"])
 
 
 def start_walkthrough(
@@ -170,6 +172,10 @@ def test_a_checkpointed_victim_comes_back_with_its_memory_when_room_returns(
     assert 1 == len(events(real_cluster, ns, VICTIM, "Preempted"))
     (record,) = records(real_cluster)
     assert f"rpw-checkpoint-{old_uid}" == record["metadata"]["name"]
+    assert SECRET["value"] not in json.dumps(record)
+    (kept,) = [e for e in record["spec"]["pod"]["spec"]["containers"][0]["env"]
+               if e["name"] == SECRET["name"]]  # fmt: skip
+    assert kept["value"].startswith("rpw-sealed:v1:")
 
     # Room returns: the preemptor back to its size. The victim comes back on node-1.
     resize(real_cluster, ns, walk.high)
@@ -177,6 +183,7 @@ def test_a_checkpointed_victim_comes_back_with_its_memory_when_room_returns(
     pod, _ = restored_counting_on(real_cluster, ns, old_uid, before, wait_until)
     assert NODE_NAME == pod["spec"]["nodeName"]
     assert {"app": "counter"} == pod["metadata"]["labels"]
+    assert SECRET in pod["spec"]["containers"][0]["env"]
     assert {
         **old["metadata"]["annotations"],  # kubectl's last-applied-configuration too
         RESTORED_FROM_ANNOTATION: f"rpw-checkpoint-{old_uid}",

@@ -31,6 +31,7 @@ from harness.realcluster import RealCluster
 from harness.realnode import NODE_IP, NODE_NAME
 from harness.registry import TestRegistry
 from tests.e2e.conftest import Waiter
+from tests.e2e.records_support import nodes_path
 from tests.e2e.test_realnode import (
     classes,  # noqa: F401 - the module's PriorityClasses
     cpu_running,
@@ -123,7 +124,7 @@ def chart_pushing_to(
     finally:
         cluster.uninstall_chart()
         for path in (
-            f"/api/v1/namespaces/{SERVICE_NAMESPACE}/configmaps/rpw-node-{NODE_NAME}",
+            f"{nodes_path(SERVICE_NAMESPACE)}/{NODE_NAME}",
             f"{secrets}/{AUTH_SECRET}",
         ):
             if client.get_or_none(path) is not None:
@@ -187,13 +188,14 @@ def test_a_checkpoint_pushed_to_the_registry_is_pulled_back_and_goes_on_counting
     ]
     assert 1 == [reason for reason, _ in story].count("Checkpointed"), story
 
-    def imaged() -> dict[str, str] | None:
+    def imaged() -> dict[str, Any] | None:
         (record,) = records(real_cluster)
-        return dict(record["data"]) if record["data"].get("phase") == "imaged" else None
+        status: dict[str, Any] = record.get("status") or {}
+        return status if status.get("phase") == "imaged" else None
 
     data = wait_until(imaged, timeout=60, interval=0.5, what="the record imaged")
     reference = f"{pushing}/{ns}/{VICTIM}/main:{old_uid[:12]}"
-    assert {"main": reference} == json.loads(data["images"])
+    assert {"main": reference} == data["images"]
     assert 200 == registry.manifest_status(reference)
     image_id = registry.manifest(reference)["config"]["digest"]
     # Pushed, not imported: the node holds no image of it until a kubelet pulls it.

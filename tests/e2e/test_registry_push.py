@@ -172,8 +172,8 @@ def test_the_agent_pushes_an_archived_record_and_deletes_it_when_restored(
         c: f"{registry.host}/rpw-checkpoints/team-a/worker/{c}:{UID[:12]}"
         for c in ("main", "sidecar")
     }
-    assert ("imaged", expected) == (store.items[name]["phase"],
-                                    json.loads(store.items[name]["images"]))  # fmt: skip
+    assert ("imaged", expected) == (store.items[name]["status"]["phase"],
+                                    store.items[name]["status"]["images"])  # fmt: skip
     assert [200, 200] == [registry.manifest_status(r) for r in expected.values()]
     assert set() == runtime.image_names()  # nothing imported into the node's runtime
     assert [] == sorted(p.name for p in tmp_path.glob("checkpoint-*.tar"))
@@ -190,7 +190,7 @@ def test_the_agent_pushes_an_archived_record_and_deletes_it_when_restored(
     name_of_main = expected["main"].rpartition(":")[0]
     pulled = {expected["main"], f"{name_of_main}@{digest}", main["config"]["digest"]}
     runtime.images |= dict.fromkeys(pulled, digest) | {"busybox:latest": BUSYBOX}
-    store.items[name]["phase"] = "restored"
+    store.items[name]["status"]["phase"] = "restored"
     agent.step()
 
     assert name not in store.items
@@ -206,7 +206,7 @@ def test_pushed_checkpoints_count_in_the_nodes_bounds(
     agent = make_agent(tmp_path, store, runtime, Clock(), max_checkpoints=1)
     agent.images = agent_images(registry, runtime)
     agent.step()
-    (pushed,) = json.loads(store.items[old_name]["images"]).values()
+    (pushed,) = store.items[old_name]["status"]["images"].values()
     assert 200 == registry.manifest_status(pushed)
 
     # Written after that pass: its sweep deletes archives no record names.
@@ -215,7 +215,7 @@ def test_pushed_checkpoints_count_in_the_nodes_bounds(
     agent.step()
 
     assert [new_name] == sorted(store.items)
-    assert "imaged" == store.items[new_name]["phase"]
+    assert "imaged" == store.items[new_name]["status"]["phase"]
     assert 404 == registry.manifest_status(pushed)
 
 
@@ -231,9 +231,9 @@ def test_a_push_the_registry_refuses_fails_the_record_with_one_line(
 
     agent.step()
 
-    assert "failed" == store.items[name]["phase"]
-    assert store.items[name]["message"].startswith("imaging failed: ")
-    assert store.items[name]["message"].endswith(refused(registry))
+    assert "failed" == store.items[name]["status"]["phase"]
+    assert store.items[name]["status"]["message"].startswith("imaging failed: ")
+    assert store.items[name]["status"]["message"].endswith(refused(registry))
 
 
 def test_copies_pulled_here_of_images_another_nodes_agent_deleted_are_swept(

@@ -2,8 +2,8 @@
 API server and two hollow kubelets.
 
 node-1 (8 CPU) is full: ``full`` holds 7500m of it. node-2 (4 CPU) is empty. Both nodes'
-agents published that they can checkpoint and restore (the ConfigMaps ``rpw-node-<node>``
-an agent writes, docs/checkpoint.md). Each test writes a checkpoint record as the node
+agents published that they can checkpoint and restore (the ``CheckpointNode`` of each,
+docs/checkpoint.md). Each test writes a checkpoint record as the node
 agent leaves it (phase ``imaged``, with images, commands and sizes) for a bare pod of
 1 CPU checkpointed on node-1, then watches what the service (``serve --checkpoints
 true``, its worker's restorer) does with it:
@@ -33,29 +33,32 @@ from typing import Any
 
 import pytest
 
-from harness.kubeapi import ApiError
 from harness.manifests import PAUSE_IMAGE
 from harness.nodes import NodeSpec
 from harness.webhook_process import NAMESPACE
 from tests.e2e.conftest import NODE, Cluster, Kubectl, StartService, Waiter
+from tests.e2e.records_support import (
+    nodes_path,
+    publish,
+    put_record,
+    records_path,
+    remove,
+    status_of,
+)
 from tests.e2e.service_support import events, sample, scrape
 from tests.e2e.test_status import run_cli
 from webhook.core.checkpoint import (
-    CAPABILITY_LABEL,
-    CAPABILITY_PREFIX,
-    CHECKPOINT_LABEL,
     IMAGE_REPOSITORY,
-    MANAGED_BY,
-    NODE_LABEL,
-    PHASE_LABEL,
     RESTORED_FROM_ANNOTATION,
+    CheckpointRecord,
+    NodeCheckpointing,
+    Phase,
     record_name,
 )
 
 pytestmark = pytest.mark.e2e
 
 OTHER = "node-2"
-CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
 UID = "0123456789ab-cdef-4000-8000-000000000001"
 
 
@@ -66,36 +69,15 @@ def node_2(cluster: Cluster) -> Iterator[str]:
     cluster.nodes.remove_node(OTHER)
 
 
-def _put(cluster: Cluster, name: str, labels: dict[str, str], data: dict[str, str]) -> None:
-    body = {"metadata": {"name": name, "labels": {**MANAGED_BY, **labels}}, "data": data}
-    try:
-        cluster.client.create(CONFIGMAPS, body)
-    except ApiError as e:
-        if e.status != 409:
-            raise
-        cluster.client.replace(f"{CONFIGMAPS}/{name}", body)
-
-
 def _publish_able(cluster: Cluster, node: str) -> None:
     """What the node agent of ``node`` publishes on a node with CRIU and containerd 2.3."""
-    _put(
-        cluster,
-        CAPABILITY_PREFIX + node,
-        {CAPABILITY_LABEL: "true", NODE_LABEL: node},
-        {
-            "checkpoint": "true",
-            "restore": "true",
-            "criu": "4.1.1",
-            "runtime": "containerd v2.3.7",
-            "message": "",
-            "updatedAt": "2026-12-06T07:00:00Z",
-        },
-    )
+    ability = NodeCheckpointing(node, True, True, "4.1.1", "containerd v2.3.7")
+    publish(cluster.client, NAMESPACE, ability, time.time())
 
 
-def _write_imaged(cluster: Cluster, namespace: str, image: str) -> None:
+def _write_imaged(cluster: Cluster, namespace: str, image: str, **pod_spec: Any) -> None:
     """The record of pod ``paused`` (1 CPU, bare) checkpointed on node-1, as its agent
-    leaves it once the archive is an image."""
+    leaves it once the archive is an image (``image``, ``{tag}`` the uid's)."""
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -116,24 +98,22 @@ def _write_imaged(cluster: Cluster, namespace: str, image: str) -> None:
                     "resources": {"requests": {"cpu": "1", "memory": "256Mi"}},
                 }
             ],
+            **pod_spec,
         },
     }
-    _put(
-        cluster,
-        record_name(UID),
-        {CHECKPOINT_LABEL: "true", NODE_LABEL: NODE, PHASE_LABEL: "imaged"},
-        {
-            "pod": json.dumps(pod),
-            "archives": json.dumps({"app": "/var/lib/kubelet/checkpoints/checkpoint-paused.tar"}),
-            "phase": "imaged",
-            "checkpointedAt": "2026-12-06T07:01:00Z",
-            "images": json.dumps({"app": image}),
-            "commands": json.dumps({"app": ["/pause"]}),
-            "sizes": json.dumps({"app": 270336}),
-            "imagedAt": "2026-12-06T07:01:02Z",
-            "message": "",
-        },
+    record = CheckpointRecord(
+        UID,
+        NODE,
+        Phase.IMAGED,
+        pod,
+        {"app": "/var/lib/kubelet/checkpoints/checkpoint-paused.tar"},
+        {"app": image.replace("{tag}", UID[:12])},
+        {"app": ["/pause"]},
+        {"app": 270336},
+        "2026-12-06T07:01:00Z",
+        imaged_at="2026-12-06T07:01:02Z",
     )
+    put_record(cluster.client, NAMESPACE, record)
 
 
 def _full_pod(namespace: str) -> dict[str, Any]:
@@ -171,7 +151,7 @@ def scene(
     start_service: StartService,
 ) -> Iterator[Scene]:
     """node-1 full, both nodes able, the service running with checkpoints on; the
-    ConfigMaps written here are removed when the test ends."""
+    records and reports written here are removed when the test ends."""
     kubectl("apply", "-f", "-", input=json.dumps(_full_pod(namespace)))
     kubectl("wait", "--for=condition=Ready", "pod/full", "--timeout=30s")
     service = start_service("--checkpoints", "true")  # makes the service's namespace
@@ -180,12 +160,9 @@ def scene(
     try:
         yield Scene(cluster, service.metrics_port)
     finally:
-        for name in (record_name(UID), CAPABILITY_PREFIX + NODE, CAPABILITY_PREFIX + node_2):
-            try:
-                cluster.client.delete(f"{CONFIGMAPS}/{name}")
-            except ApiError as e:
-                if e.status != 404:
-                    raise
+        remove(cluster.client, f"{records_path(NAMESPACE)}/{record_name(UID)}")
+        for node in (NODE, node_2):
+            remove(cluster.client, f"{nodes_path(NAMESPACE)}/{node}")
 
 
 def _leading(metrics_port: int) -> bool:
@@ -201,8 +178,7 @@ def _pod(cluster: Cluster, namespace: str) -> dict[str, Any] | None:
 
 
 def _phase(cluster: Cluster) -> str:
-    record = cluster.client.get(f"{CONFIGMAPS}/{record_name(UID)}")
-    return str(record["data"]["phase"])
+    return str(status_of(cluster.client, NAMESPACE, record_name(UID)).get("phase", ""))
 
 
 def _comes_back_on(cluster: Cluster, namespace: str) -> dict[str, Any]:
@@ -305,3 +281,57 @@ def test_a_checkpoint_in_a_registry_waits_for_room_somewhere_then_takes_it(
 
     pod = wait_until(lambda: _pod(cluster, namespace), timeout=20, what="the restored pod")
     assert (OTHER, image, "IfNotPresent", record_name(UID)) == _shape(pod)
+
+
+@pytest.mark.parametrize(
+    ("image", "pod_spec", "why"),
+    [
+        pytest.param(
+            "registry.example:5000/rpw/{ns}/victim2/app:{tag}",
+            {},
+            "container app's image registry.example:5000/rpw/{ns}/victim2/app:0123456789ab "
+            "is not its checkpoint's",
+            id="another-pods-image",
+        ),
+        pytest.param(
+            "registry.example:5000/rpw/{ns}/paused/app:{tag}",
+            {"nodeName": OTHER},
+            f"its pod did not run on its node {NODE}",
+            id="a-pod-of-another-node",
+        ),
+    ],
+)
+def test_a_record_that_is_not_what_was_taken_is_abandoned_and_no_pod_made(
+    scene: Scene, namespace: str, wait_until: Waiter, image: str, pod_spec: dict[str, Any], why: str
+) -> None:
+    cluster = scene.cluster
+
+    _write_imaged(cluster, namespace, image.replace("{ns}", namespace), **pod_spec)
+
+    wait_until(lambda: _phase(cluster) == "abandoned", timeout=20, what="the record abandoned")
+    message = status_of(cluster.client, NAMESPACE, record_name(UID))["message"]
+    assert f"not restored: {why.replace('{ns}', namespace)}" == message
+    time.sleep(2)  # two more passes of the worker
+    assert None is _pod(cluster, namespace)
+
+
+def test_a_restore_never_goes_to_a_node_whose_taints_it_does_not_tolerate(
+    scene: Scene, namespace: str, kubectl: Kubectl, wait_until: Waiter
+) -> None:
+    cluster = scene.cluster
+    taint = {"key": "dedicated", "value": "control-plane", "effect": "NoSchedule"}
+    image = f"{IMAGE_REPOSITORY}/{namespace}/paused/app:0123456789ab"
+    kubectl("delete", "pod", "full", "--wait=true")  # node-1 has room
+    cluster.client.patch(f"/api/v1/nodes/{NODE}", {"spec": {"taints": [taint]}})
+    try:
+        wait_until(lambda: _leading(scene.metrics_port), timeout=30, what="the service leading")
+        _write_imaged(cluster, namespace, image)
+        time.sleep(5)  # five passes
+
+        assert None is _pod(cluster, namespace)
+        assert "imaged" == _phase(cluster)
+    finally:
+        cluster.client.patch(f"/api/v1/nodes/{NODE}", {"spec": {"taints": None}})
+
+    pod = wait_until(lambda: _pod(cluster, namespace), timeout=20, what="the restored pod")
+    assert (NODE, image, "Never", record_name(UID)) == _shape(pod)

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from harness.doubles import ConfigMapsInMemory, RuntimeInMemory
-from tests.unit.test_agent_oci import make_archive, spec
+from harness.doubles import PodCheckpointsInMemory, RuntimeInMemory
+from tests.unit.test_agent_oci import make_archive, owner, spec
 from webhook.agent.loop import LAYOUT_PREFIX, Agent, AgentConfig
 from webhook.agent.oci import CHECKPOINT_ANNOTATION
 from webhook.agent.runtime import (
@@ -29,7 +29,7 @@ NOW = 1_800_000_000.0
 UID = "0f3c2a9e-1b2c-4d5e-8f90-123456789abc"
 
 
-Store = ConfigMapsInMemory
+Store = PodCheckpointsInMemory
 
 
 @dataclass
@@ -56,24 +56,25 @@ def make_agent(
     return Agent(config, store, runtime, usable_criu, clock)
 
 
-def archive(tmp_path: Path, pod: str, container: str, args: list[str] | None = None) -> Path:
+def archive(
+    tmp_path: Path, pod: str, container: str, args: list[str] | None = None, uid: str = UID
+) -> Path:
+    """An archive as containerd writes it of ``container`` of pod ``uid``."""
     path = tmp_path / f"checkpoint-{pod}_team-a-{container}-2027-01-15T08:00:00Z.tar"
-    return make_archive(
-        path, {"spec.dump": spec(args or ["sh", "-c", container]), "pages": b"x" * 100}
-    )
+    dump = spec(args or ["sh", "-c", container], owner(uid, pod, container))
+    return make_archive(path, {"spec.dump": dump, "pages": b"x" * 100})
 
 
 def record(
     tmp_path: Path, pod: str = "worker", uid: str = UID, containers: tuple[str, ...] = ("main",),
-    phase: str = "archived", at: float = NOW - 60, **extra: str,
-) -> tuple[str, dict[str, str]]:  # fmt: skip
-    archives = {c: str(archive(tmp_path, pod, c)) for c in containers}
+    phase: str = "archived", at: float = NOW - 60, **status: Any,
+) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    """A ``PodCheckpoint`` of ``pod`` on this node, as the service writes it."""
+    archives = {c: str(archive(tmp_path, pod, c, uid=uid)) for c in containers}
     pod_json = {"metadata": {"namespace": "team-a", "name": pod, "uid": uid}, "spec": {}}
-    data = {
-        "pod": json.dumps(pod_json), "archives": json.dumps(archives), "phase": phase,
-        "checkpointedAt": rfc3339(at), **extra,
-    }  # fmt: skip
-    return f"rpw-checkpoint-{uid}", data
+    spec = {"uid": uid, "node": NODE, "pod": pod_json, "archives": archives,
+            "checkpointedAt": rfc3339(at)}  # fmt: skip
+    return f"rpw-checkpoint-{uid}", {"spec": spec, "status": {"phase": phase, **status}}
 
 
 def test_an_archived_record_becomes_imaged_and_its_archives_go(tmp_path: Path) -> None:
@@ -81,14 +82,12 @@ def test_an_archived_record_becomes_imaged_and_its_archives_go(tmp_path: Path) -
     store, runtime = Store({name: data}), RuntimeInMemory()
     make_agent(tmp_path, store, runtime, Clock()).step()
     images = {c: image_reference("team-a", "worker", c, UID) for c in ("main", "sidecar")}
-    after = store.items[name]
+    after = store.items[name]["status"]
     assert "imaged" == after["phase"]
-    assert images == json.loads(after["images"])
-    assert {"main": ["sh", "-c", "main"], "sidecar": ["sh", "-c", "sidecar"]} == json.loads(
-        after["commands"]
-    )
+    assert images == after["images"]
+    assert {"main": ["sh", "-c", "main"], "sidecar": ["sh", "-c", "sidecar"]} == after["commands"]
     # Each archive tar here is 10240 bytes (tar's blocking).
-    assert {"main": 10240, "sidecar": 10240} == json.loads(after["sizes"])
+    assert {"main": 10240, "sidecar": 10240} == after["sizes"]
     assert rfc3339(NOW) == after["imagedAt"]
     assert set(images.values()) == listed_by_name(runtime)
     # Each image is a checkpoint image of its container, as containerd restores from it.
@@ -117,12 +116,48 @@ def test_a_record_naming_no_archive_of_the_directory_fails(
     tmp_path: Path, archives: dict[str, str], message: str
 ) -> None:
     name, data = record(tmp_path)
-    data["archives"] = json.dumps(archives)
+    data["spec"]["archives"] = archives
     store, runtime = Store({name: data}), RuntimeInMemory()
     make_agent(tmp_path, store, runtime, Clock()).step()
-    assert ("failed", set()) == (store.items[name]["phase"], runtime.image_names())
-    assert message in store.items[name]["message"]
-    assert rfc3339(NOW) == store.items[name]["failedAt"]
+    assert ("failed", set()) == (store.items[name]["status"]["phase"], runtime.image_names())
+    assert message in store.items[name]["status"]["message"]
+    assert rfc3339(NOW) == store.items[name]["status"]["failedAt"]
+
+
+OTHER_UID = "9a8b7c6d-0000-4000-8000-00000000beef"
+
+
+@pytest.mark.parametrize(
+    ("owner_of_archive", "message"),
+    [
+        (owner(OTHER_UID, "victim2", "main"), "holds container main of pod team-a/victim2"),
+        (owner(OTHER_UID, "worker", "main"), f"({OTHER_UID}), not main of team-a/worker"),
+        (owner(UID, "worker", "sidecar"), "holds container sidecar of pod team-a/worker"),
+        ({}, "holds container ? of pod ?/? (no uid)"),
+    ],
+    ids=["another-pod", "same-name-another-uid", "another-container", "no-annotations"],
+)
+def test_an_archive_of_another_pod_is_never_imaged_nor_deleted(
+    tmp_path: Path, owner_of_archive: dict[str, str], message: str
+) -> None:
+    """The archive swap: a record naming an archive that is not its own pod's."""
+    name, data = record(tmp_path)
+    theirs = tmp_path / "checkpoint-victim2_team-a-main-2027-01-15T08:00:00Z.tar"
+    make_archive(theirs, {"spec.dump": spec(["sh"], owner_of_archive), "pages": b"y" * 100})
+    data["spec"]["archives"] = {"main": str(theirs)}
+    store, runtime = Store({name: data}), RuntimeInMemory()
+    clock = Clock(NOW)
+    agent = make_agent(tmp_path, store, runtime, clock)
+    agent.step()
+    assert ("failed", set()) == (store.items[name]["status"]["phase"], runtime.image_names())
+    assert message in store.items[name]["status"]["message"]
+
+    clock.now = NOW + 301  # past the failed record's retention: it is cleaned up
+    os.utime(theirs, (NOW + 300, NOW + 300))  # young: not the stray sweep's yet
+    agent.step()
+
+    assert name not in store.items
+    assert theirs.exists()
 
 
 def test_a_failed_import_removes_what_was_imported_and_says_why(tmp_path: Path) -> None:
@@ -130,10 +165,10 @@ def test_a_failed_import_removes_what_was_imported_and_says_why(tmp_path: Path) 
     runtime = RuntimeInMemory(fail_import_of=image_reference("team-a", "worker", "sidecar", UID))
     store = Store({name: data})
     make_agent(tmp_path, store, runtime, Clock()).step()
-    assert "failed" == store.items[name]["phase"]
+    assert "failed" == store.items[name]["status"]["phase"]
     assert (
         "imaging failed: `ctr images import` failed: no space left on device"
-        == (store.items[name]["message"])
+        == (store.items[name]["status"]["message"])
     )
     assert set() == runtime.image_names()
     # The archives stay until the record is cleaned up, and no image layout is left.
@@ -146,7 +181,7 @@ def test_a_record_changed_meanwhile_is_not_overwritten_and_its_images_go(tmp_pat
     store, runtime = Store({name: data}), RuntimeInMemory()
     store.stale.add(name)
     make_agent(tmp_path, store, runtime, Clock()).step()
-    assert ("archived", set()) == (store.items[name]["phase"], runtime.image_names())
+    assert ("archived", set()) == (store.items[name]["status"]["phase"], runtime.image_names())
     assert 1 == len(list(tmp_path.glob("checkpoint-*.tar")))
 
 
@@ -156,7 +191,7 @@ def test_a_finished_record_is_cleaned_up(tmp_path: Path, phase: str) -> None:
     store, runtime = Store({name: data}), RuntimeInMemory()
     agent = make_agent(tmp_path, store, runtime, Clock())
     agent.step()
-    store.items[name]["phase"] = phase
+    store.items[name]["status"]["phase"] = phase
     leftover = archive(tmp_path, "worker", "main")  # an archive the record still names
     agent.step()
     assert ({}, set(), False) == (store.items, runtime.image_names(), leftover.exists())
@@ -193,9 +228,7 @@ def test_the_oldest_pending_records_over_the_bounds_are_abandoned_and_cleaned(
     runtime = RuntimeInMemory()
     make_agent(tmp_path, store, runtime, Clock(), **limits).step()
     # Each archive tar here is 10240 bytes.
-    assert {10240} == {
-        int(s) for d in store.items.values() for s in json.loads(d["sizes"]).values()
-    }
+    assert {10240} == {int(s) for d in store.items.values() for s in d["status"]["sizes"].values()}
     assert sorted(f"rpw-checkpoint-{p}-uid" for p in "abc" if p not in gone) == sorted(store.items)
     assert sorted(
         image_reference("team-a", p, "main", f"{p}-uid") for p in "abc" if p not in gone
@@ -203,8 +236,8 @@ def test_the_oldest_pending_records_over_the_bounds_are_abandoned_and_cleaned(
 
 
 def test_stray_archives_go_once_old_named_ones_stay(tmp_path: Path) -> None:
-    name, data = record(tmp_path, phase="imaged", images="{}", sizes="{}")
-    named = Path(json.loads(data["archives"])["main"])
+    name, data = record(tmp_path, phase="imaged", images={}, sizes={})
+    named = Path(data["spec"]["archives"]["main"])
     old, young = archive(tmp_path, "old", "main"), archive(tmp_path, "young", "main")
     layout = tmp_path / f"{LAYOUT_PREFIX}x-main.tar"
     layout.write_bytes(b"left by a pass that died")
@@ -240,7 +273,7 @@ def test_the_capability_says_what_the_node_can_do(
         AgentConfig(NODE, tmp_path), store, RuntimeInMemory(facts=runtime), lambda: criu, Clock()
     )
     agent.step()
-    published = store.capabilities["rpw-node-node-1"]
+    published = store.capabilities["node-1"]
     assert {**expected, "runtime": runtime.version, "updatedAt": rfc3339(NOW)} == published
 
 

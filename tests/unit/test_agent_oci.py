@@ -36,8 +36,23 @@ def make_archive(path: Path, files: dict[str, bytes], *, gzipped: bool = False) 
     return path
 
 
-def spec(args: Any) -> bytes:
-    return json.dumps({"ociVersion": "1.2.0", "process": {"args": args, "cwd": "/"}}).encode()
+def spec(args: Any, annotations: dict[str, str] | None = None) -> bytes:
+    """A ``spec.dump``: the OCI runtime spec containerd saved, with its CRI annotations."""
+    doc = {"ociVersion": "1.2.0", "process": {"args": args, "cwd": "/"}}
+    if annotations is not None:
+        doc["annotations"] = annotations
+    return json.dumps(doc).encode()
+
+
+def owner(uid: str, pod: str, container: str, namespace: str = "team-a") -> dict[str, str]:
+    """The annotations containerd gives a pod's container (``DefaultCRIAnnotations``)."""
+    return {
+        "io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.sandbox-uid": uid,
+        "io.kubernetes.cri.sandbox-name": pod,
+        "io.kubernetes.cri.sandbox-namespace": namespace,
+        "io.kubernetes.cri.container-name": container,
+    }
 
 
 def read_layout(path: Path) -> dict[str, bytes]:

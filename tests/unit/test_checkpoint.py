@@ -143,8 +143,14 @@ def _record(**kw: Any) -> CheckpointRecord:
         "node": NODE,
         "phase": Phase.IMAGED,
         "pod": pod,
-        "archives": {"count": "/var/lib/kubelet/checkpoints/a.tar"},
-        "images": {"count": "localhost/resize-preemption-checkpoint/team-b/low/count:u-1"},
+        "archives": {
+            "count": "/var/lib/kubelet/checkpoints/a.tar",
+            "side": "/var/lib/kubelet/checkpoints/b.tar",
+        },
+        "images": {
+            "count": "localhost/resize-preemption-checkpoint/team-b/low/count:u-1",
+            "side": "localhost/resize-preemption-checkpoint/team-b/low/side:u-1",
+        },
         "commands": {"count": ["sh", "-c", "loop"]},
         "sizes": {"count": 270336},
         "checkpointed_at": "2026-12-06T07:01:00Z",
@@ -155,21 +161,31 @@ def _record(**kw: Any) -> CheckpointRecord:
 def test_a_record_reads_back_as_written() -> None:
     record = _record(message="one line")
 
-    assert record == CheckpointRecord.from_data(record.uid, record.node, record.data())
+    status = {k: v for k, v in record.status().items() if v is not None}
+    item = {"metadata": {"name": record.name}, "spec": record.spec(), "status": status}
+    assert record == CheckpointRecord.from_object(item)
+
+
+SPEC = {"uid": "u-1", "node": NODE, "pod": {}, "archives": {}}
 
 
 @pytest.mark.parametrize(
-    "data",
+    ("spec", "status"),
     [
-        pytest.param({"phase": "sleeping"}, id="unknown-phase"),
-        pytest.param({"phase": "imaged", "pod": "{"}, id="pod-not-json"),
-        pytest.param({"phase": "imaged", "images": "[]"}, id="images-not-an-object"),
-        pytest.param({"phase": "imaged", "sizes": '{"c": "x"}'}, id="size-not-a-number"),
+        pytest.param(SPEC, {"phase": "sleeping"}, id="unknown-phase"),
+        pytest.param({**SPEC, "pod": "{"}, {"phase": "imaged"}, id="pod-not-an-object"),
+        pytest.param(SPEC, {"phase": "imaged", "images": []}, id="images-not-an-object"),
+        pytest.param(SPEC, {"phase": "imaged", "sizes": {"c": "x"}}, id="size-not-a-number"),
+        pytest.param({**SPEC, "uid": "u-2"}, {"phase": "imaged"}, id="another-uid"),
+        pytest.param({"node": NODE}, {"phase": "imaged"}, id="no-uid"),
     ],
 )
-def test_a_record_that_does_not_parse_is_a_value_error(data: dict[str, str]) -> None:
+def test_a_record_that_does_not_parse_is_a_value_error(
+    spec: dict[str, Any], status: dict[str, Any]
+) -> None:
+    item = {"metadata": {"name": "rpw-checkpoint-u-1"}, "spec": spec, "status": status}
     with pytest.raises(ValueError, match="rpw-checkpoint-u-1"):
-        CheckpointRecord.from_data("u-1", NODE, data)
+        CheckpointRecord.from_object(item)
 
 
 def test_the_restored_pod_keeps_its_identity_and_starts_from_its_images() -> None:
@@ -194,7 +210,13 @@ def test_the_restored_pod_keeps_its_identity_and_starts_from_its_images() -> Non
             "command": ["sh", "-c", "loop"],
             "args": [],
         },
-        {"name": "side", "image": "busybox", "command": ["sleep", "inf"]},
+        {
+            "name": "side",
+            "image": "localhost/resize-preemption-checkpoint/team-b/low/side:u-1",
+            "imagePullPolicy": "Never",
+            "command": ["sleep", "inf"],
+            "args": [],
+        },
     ] == restored["spec"]["containers"]
 
 
@@ -298,7 +320,8 @@ def test_one_step_of_a_checkpoint(
     ("record", "where"),
     [
         pytest.param(_record(), NODE, id="local-images-on-its-node"),
-        pytest.param(_record(images={"count": "registry.example:5000/rpw/c:u-1"}), "node-2",
+        pytest.param(_record(images={c: f"registry.example:5000/rpw/team-b/low/{c}:u-1"
+                                     for c in ("count", "side")}), "node-2",
                      id="registry-images-elsewhere"),
     ],
 )  # fmt: skip
@@ -359,6 +382,20 @@ HOME_FULL = _room(NODE, 500)
             _portable(), _room(NODE, 1000), [_room(OTHER, 8000)], (OTHER,), None,
             Return(NODE, "its node node-1 has room"),
             id="its-own-node-first-when-it-fits",
+        ),
+        pytest.param(
+            replace(_portable(), images=_record().images),
+            _room(NODE, 8000, taints=(Taint("node-role.kubernetes.io/control-plane", "",
+                                            "NoSchedule"),)),
+            [], (), None,
+            Return("", "node-1 does not allow it now; its images are in node-1's runtime only"),
+            id="never-its-own-node-when-it-does-not-tolerate-its-taints",
+        ),
+        pytest.param(
+            _portable(), _room(NODE, 8000, taints=(Taint("gpu", "", "NoExecute"),)),
+            [_room(OTHER, 2000)], (OTHER,), None,
+            Return(OTHER, "no room on node-1; node-2 has room and can restore"),
+            id="another-node-when-its-own-has-a-taint-it-does-not-tolerate",
         ),
         pytest.param(
             _portable(), HOME_FULL, [_room(OTHER, 2000)], (OTHER,), None,

@@ -1,7 +1,7 @@
-"""How :class:`webhook.kube.checkpoints.ConfigMapCheckpoints` reads: abilities, read by
+"""How :class:`webhook.kube.checkpoints.PodCheckpoints` reads: abilities, read by
 reviews, answer the last list the replica's loop took and never wait on one; records, read
 by the leader's worker, are listed again when old or written since. The list is a stand-in
-the test holds and releases; the ConfigMaps' contract against the real API server is
+the test holds and releases; the store's contract against the real API server is
 tests/e2e/test_checkpoint_store_contract.py.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from webhook.core.checkpoint import NodeCheckpointing, Phase
+from webhook.core.checkpoint import CheckpointRecord, NodeCheckpointing, Phase
 from webhook.kube import checkpoints
-from webhook.kube.checkpoints import ConfigMapCheckpoints
+from webhook.kube.checkpoints import PodCheckpoints
 from webhook.kube.errors import ClusterError
 
 NODE = "node-1"
@@ -25,21 +25,19 @@ NODE = "node-1"
 def _ability(node: str, able: bool) -> dict[str, Any]:
     value = "true" if able else "false"
     return {
-        "metadata": {"name": f"rpw-node-{node}", "labels": {"resize-preemption.io/node": node}},
-        "data": {"checkpoint": value, "restore": value},
+        "kind": "CheckpointNode",
+        "metadata": {"name": node},
+        "spec": {"node": node},
+        "status": {"checkpoint": value, "restore": value},
     }
 
 
 def _record(uid: str) -> dict[str, Any]:
     return {
-        "metadata": {
-            "name": f"rpw-checkpoint-{uid}",
-            "labels": {
-                "resize-preemption.io/checkpoint": "true",
-                "resize-preemption.io/node": NODE,
-            },
-        },
-        "data": {"phase": "imaged", "pod": "{}"},
+        "kind": "PodCheckpoint",
+        "metadata": {"name": f"rpw-checkpoint-{uid}"},
+        "spec": {"uid": uid, "node": NODE, "pod": {}, "archives": {}},
+        "status": {"phase": "imaged"},
     }
 
 
@@ -79,8 +77,8 @@ def lister() -> Iterator[Lister]:
     found.released.set()  # never leave a list thread waiting
 
 
-def _store(lister: Lister, clock: Clock) -> ConfigMapCheckpoints:
-    return ConfigMapCheckpoints(None, "rpw", max_age=1.0, clock=clock, lister=lister)
+def _store(lister: Lister, clock: Clock) -> PodCheckpoints:
+    return PodCheckpoints(None, "rpw", max_age=1.0, clock=clock, lister=lister)
 
 
 def _timed(read: Any) -> tuple[Any, float]:
@@ -89,7 +87,7 @@ def _timed(read: Any) -> tuple[Any, float]:
     return value, time.monotonic() - start
 
 
-def _refreshing(store: ConfigMapCheckpoints) -> threading.Thread:
+def _refreshing(store: PodCheckpoints) -> threading.Thread:
     """The replica's loop, one pass, in a thread of its own (the test may hold the list)."""
     thread = threading.Thread(target=store.refresh, daemon=True)
     thread.start()
@@ -229,3 +227,22 @@ def _eventually(check: Any, timeout: float = 5.0) -> bool:
     while not check() and time.monotonic() < deadline:
         time.sleep(0.01)
     return bool(check())
+
+
+def test_a_record_created_whose_status_failed_is_deleted_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The caller evicts the victim as never checkpointed: no record of it may stay."""
+    calls: list[str] = []
+
+    def request(api: Any, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        calls.append(f"{method} {path.rsplit('/', 1)[-1]}")
+        if method == "PATCH":
+            raise ClusterError("the API server went away")
+        return {}
+
+    monkeypatch.setattr(checkpoints, "request_json", request)
+    record = CheckpointRecord("u-1", NODE, Phase.ARCHIVED, {}, {"main": "/a.tar"})
+
+    assert False is PodCheckpoints(None, "rpw", lister=lambda: []).write(record)
+    assert ["POST podcheckpoints", "PATCH status", "DELETE rpw-checkpoint-u-1"] == calls

@@ -22,6 +22,7 @@ from webhook.core.checkpoint import (
     CheckpointRecord,
     NodeCheckpointing,
     Phase,
+    image_reference,
     restored_pod,
 )
 from webhook.core.model import Node, Pod, PodRef
@@ -162,7 +163,7 @@ def _imaged(victim: Pod) -> CheckpointRecord:
         Phase.IMAGED,
         pod,
         {"main": "/a.tar"},
-        {"main": "localhost/resize-preemption-checkpoint/default/low/main:uid"},
+        {"main": image_reference(victim.namespace, victim.name, "main", victim.uid)},
         {"main": ["sh"]},
         {"main": 4096},
     )
@@ -229,13 +230,15 @@ def test_a_restored_pod_that_runs_ends_its_record() -> None:
 # -- restored on another node -------------------------------------------------------------------
 
 OTHER = "node-2"
-REGISTRY = "registry.example:5000/rpw/default/low/main:0123456789ab"
+REGISTRY = "registry.example:5000/rpw"
 
 
 def _in_registry(victim: Pod, name: str = "low", uid: str = "") -> CheckpointRecord:
     record = _imaged(victim)
-    pod = {**record.pod, "metadata": {**record.pod["metadata"], "name": name}}
-    return replace(record, uid=uid or record.uid, pod=pod, images={"main": REGISTRY})
+    uid = uid or record.uid
+    pod = {**record.pod, "metadata": {**record.pod["metadata"], "name": name, "uid": uid}}
+    image = f"{REGISTRY}/{victim.namespace}/{name}/main:{uid[:12]}"
+    return replace(record, uid=uid, pod=pod, images={"main": image})
 
 
 def _full() -> Pod:

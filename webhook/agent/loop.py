@@ -5,7 +5,9 @@ record store (:class:`~webhook.agent.records.CheckpointStore`), the runtime
 A pass:
 
 1. publishes the node's capability every ``probe_interval`` seconds;
-2. turns each ``archived`` record into images: per container an OCI image layout written
+2. turns each ``archived`` record into images, each archive only when it holds that
+   container of the record's own pod (containerd's annotations, the pod's uid): per
+   container an OCI image layout written
    beside the archive (:func:`~webhook.agent.oci.write_image_layout`), stored (imported
    into the runtime, or pushed to a registry: :class:`~webhook.agent.runtime.ImageStore`),
    removed; the command read from the archive; then the archives are deleted and the record says
@@ -29,7 +31,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from webhook.agent.oci import ArchiveError, process_args, write_image_layout
+from webhook.agent.oci import (
+    ArchiveError,
+    Owner,
+    owner_of,
+    process_args,
+    spec_dump,
+    write_image_layout,
+)
 from webhook.agent.records import CheckpointStore, one_line
 from webhook.agent.runtime import (
     CriuFacts,
@@ -156,8 +165,7 @@ class Agent:
 
     def archive_path(self, path: str) -> Path:
         """The archive the record names, which must be a file directly in the checkpoint
-        directory: a record is data anyone with write access to ConfigMaps may write, and
-        the agent runs as root."""
+        directory: the agent runs as root, and acts on no path it did not check."""
         candidate = Path(path)
         directory = self.config.checkpoint_dir.resolve()
         if not candidate.is_absolute() or candidate.resolve().parent != directory:
@@ -175,7 +183,7 @@ class Agent:
             for container, path in sorted(archives.items()):
                 archive = self.archive_path(path)
                 reference = self.images.reference(namespace, pod, container, uid)
-                commands[container] = process_args(archive)
+                commands[container] = self._args_of(record, container, archive)
                 sizes[container] = archive.stat().st_size
                 self._import(archive, reference, container, uid)
                 imported.append(reference)
@@ -207,6 +215,22 @@ class Agent:
             self._unlink(Path(path))
         log.info("checkpoint %s imaged: %s", record.name, ", ".join(sorted(images.values())))
 
+    @staticmethod
+    def _args_of(record: CheckpointRecord, container: str, archive: Path) -> list[str]:
+        """The process arguments of ``container``'s archive, which must hold that
+        container of the record's own pod (its uid, as containerd annotated the process):
+        an archive of another pod never becomes this record's image."""
+        spec = spec_dump(archive)
+        found = owner_of(spec)
+        wanted = Owner(record.namespace, record.pod_name, record.uid, container)
+        if found != wanted:
+            raise ArchiveError(
+                f"{archive.name} holds container {found.container or '?'} of pod "
+                f"{found.namespace or '?'}/{found.pod or '?'} ({found.uid or 'no uid'}), "
+                f"not {container} of {record.key} ({record.uid})"
+            )
+        return process_args(archive, spec)
+
     def _import(self, archive: Path, reference: str, container: str, uid: str) -> None:
         layout = archive.parent / f"{LAYOUT_PREFIX}{uid}-{container}.tar"
         try:
@@ -226,11 +250,16 @@ class Agent:
         except RuntimeFailure as e:
             log.warning("checkpoint %s: images not removed yet: %s", record.name, e)
             return
-        for path in record.archives.values():
+        for container, path in record.archives.items():
             try:
-                self._unlink(self.archive_path(path))
-            except ArchiveError:
+                archive = self.archive_path(path)
+                if archive.exists():
+                    self._args_of(record, container, archive)
+            except (ArchiveError, OSError) as e:
+                # Another pod's archive stays: the sweep takes it once no record names it.
+                log.warning("checkpoint %s: archive kept: %s", record.name, e)
                 continue
+            self._unlink(archive)
         self.store.delete(record.name)
         log.info("checkpoint %s (%s) cleaned up", record.name, record.phase)
 

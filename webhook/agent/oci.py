@@ -179,9 +179,8 @@ def _member(tar: tarfile.TarFile, name: str) -> IO[bytes] | None:
     return None
 
 
-def process_args(archive: Path) -> list[str]:
-    """The container's process arguments, ``process.args`` of the archive's ``spec.dump``
-    (the OCI runtime spec containerd saved): the restored pod's ``command``."""
+def spec_dump(archive: Path) -> dict[str, Any]:
+    """The archive's ``spec.dump``: the OCI runtime spec containerd saved of the container."""
     with _open_archive(archive) as tar:
         member = _member(tar, SPEC_DUMP)
         if member is None:
@@ -190,7 +189,39 @@ def process_args(archive: Path) -> list[str]:
             spec = json.load(member)
         except ValueError:
             raise ArchiveError(f"{SPEC_DUMP} in {archive} is not JSON") from None
-    args = spec.get("process", {}).get("args") if isinstance(spec, dict) else None
+    if not isinstance(spec, dict):
+        raise ArchiveError(f"{SPEC_DUMP} in {archive} is not a JSON object")
+    return spec
+
+
+def process_args(archive: Path, spec: Mapping[str, Any] | None = None) -> list[str]:
+    """The container's process arguments, ``process.args`` of the archive's ``spec.dump``
+    (the OCI runtime spec containerd saved): the restored pod's ``command``."""
+    spec = spec_dump(archive) if spec is None else spec
+    args = (spec.get("process") or {}).get("args")
     if not isinstance(args, list) or not args or not all(isinstance(a, str) for a in args):
         raise ArchiveError(f"{SPEC_DUMP} in {archive} has no process.args")
     return list(args)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose container an archive holds, as containerd annotated its runtime spec
+    (``DefaultCRIAnnotations``)."""
+
+    namespace: str
+    pod: str
+    uid: str
+    container: str
+
+
+def owner_of(spec: Mapping[str, Any]) -> Owner:
+    """The pod and container the checkpointed process ran in, from ``spec.dump``'s
+    annotations; empty fields where containerd wrote none."""
+    notes = spec.get("annotations") or {}
+    if not isinstance(notes, Mapping):
+        notes = {}
+    return Owner(*(str(notes.get(f"io.kubernetes.cri.{k}") or "") for k in _OWNER_KEYS))
+
+
+_OWNER_KEYS = ("sandbox-namespace", "sandbox-name", "sandbox-uid", "container-name")

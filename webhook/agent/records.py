@@ -1,8 +1,9 @@
 """The node agent's port to the records it shares with the service (docs/checkpoint.md):
 a victim's checkpoint record :class:`~webhook.core.checkpoint.CheckpointRecord` and its
-node's abilities :class:`~webhook.core.checkpoint.NodeCheckpointing`, both ConfigMaps of
-the service's namespace, kept by :class:`webhook.kube.checkpoints.ConfigMapCheckpoints`
-for the service and the agents alike."""
+node's abilities :class:`~webhook.core.checkpoint.NodeCheckpointing`: ``PodCheckpoint``
+and ``CheckpointNode`` objects of the service's namespace, kept by
+:class:`webhook.kube.checkpoints.PodCheckpoints` for the service and the agents alike. An
+agent writes only their status, only of its own node's (the chart's admission policy)."""
 
 from __future__ import annotations
 
@@ -50,12 +51,14 @@ class CheckpointStore(Protocol):
     """Where records and abilities live, as the agent of one node reads and writes them."""
 
     def records_on(self, node: str) -> list[CheckpointRecord]:
-        """Every checkpoint record of ``node``, read now, each with its version."""
+        """Every checkpoint record of ``node`` (no other node's), read now, each with its
+        version."""
         ...
 
     def update(self, record: CheckpointRecord) -> bool:
-        """Write ``record`` over the record as it was read (``record.version``); False
-        when it changed or went since (the next pass reads it again)."""
+        """Write ``record``'s status over the record as it was read (``record.version``);
+        False when it changed or went since (the next pass reads it again). Its spec is
+        the service's and stays as written."""
         ...
 
     def delete(self, name: str) -> None:
@@ -63,5 +66,6 @@ class CheckpointStore(Protocol):
         ...
 
     def publish(self, ability: NodeCheckpointing, now: float) -> None:
-        """Create or replace ``rpw-node-<node>`` with ``ability`` as of ``now``."""
+        """Write ``ability`` as of ``now`` into the status of the node's ``CheckpointNode``
+        (created, named after the node, when there is none)."""
         ...

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import json
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,13 +43,24 @@ CHECKPOINT: Final = "checkpoint"
 #: Set on a restored pod: the name of the checkpoint record it was made from.
 RESTORED_FROM_ANNOTATION: Final = "resize-preemption.io/restored-from"
 RECORD_PREFIX: Final = "rpw-checkpoint-"
-CAPABILITY_PREFIX: Final = "rpw-node-"
-#: Labels of both kinds of ConfigMap (docs/checkpoint.md).
+#: The records and the nodes' abilities are objects of the service's own API group
+#: (deploy/helm/resize-preemption-webhook/crds/): a ``PodCheckpoint`` per checkpointed
+#: victim, modelled on KEP-5823's, and a ``CheckpointNode`` per node. Their ``spec`` is
+#: written once by its creator; the node agents write ``status`` only (docs/checkpoint.md,
+#: "Security").
+GROUP: Final = "resize-preemption.io"
+VERSION: Final = "v1alpha1"
+RECORD_KIND: Final = "PodCheckpoint"
+RECORDS: Final = "podcheckpoints"
+NODE_KIND: Final = "CheckpointNode"
+NODES: Final = "checkpointnodes"
+#: Labels of the records, to select them by phase in kubectl; the agents select theirs by
+#: the field ``spec.node``, which no one can change once written.
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "resize-preemption-webhook"}
-CHECKPOINT_LABEL: Final = "resize-preemption.io/checkpoint"
-CAPABILITY_LABEL: Final = "resize-preemption.io/node-capability"
 NODE_LABEL: Final = "resize-preemption.io/node"
-PHASE_LABEL: Final = "resize-preemption.io/phase"
+#: The label of the ConfigMaps an older release kept its records in (read once, for
+#: migration only).
+CHECKPOINT_LABEL: Final = "resize-preemption.io/checkpoint"
 #: Where checkpoint images kept in their node's runtime are named:
 #: ``<repository>/<ns>/<pod>/<container>:<uid[:12]>``. Any other reference is in a
 #: registry, which every node may pull from.
@@ -98,8 +108,8 @@ class NodeCheckpointing:
     def able(self) -> bool:
         return self.checkpoint and self.restore
 
-    def data(self, now: float) -> dict[str, str]:
-        """The ConfigMap's ``data`` as the agent publishes it at ``now``."""
+    def status(self, now: float) -> dict[str, str]:
+        """The ``CheckpointNode``'s ``status`` as the agent publishes it at ``now``."""
         return {
             "checkpoint": str(self.checkpoint).lower(),
             "restore": str(self.restore).lower(),
@@ -110,14 +120,18 @@ class NodeCheckpointing:
         }
 
     @classmethod
-    def from_data(cls, node: str, data: Mapping[str, str]) -> NodeCheckpointing:
+    def from_object(cls, item: Mapping[str, Any]) -> NodeCheckpointing:
+        """The abilities of a ``CheckpointNode``: the node its ``spec`` names (never its
+        status), what its agent's ``status`` says."""
+        node = str((item.get("spec") or {}).get("node") or "")
+        status = item.get("status") or {}
         return cls(
             node,
-            data.get("checkpoint") == "true",
-            data.get("restore") == "true",
-            data.get("criu", ""),
-            data.get("runtime", ""),
-            data.get("message", ""),
+            status.get("checkpoint") == "true",
+            status.get("restore") == "true",
+            str(status.get("criu") or ""),
+            str(status.get("runtime") or ""),
+            str(status.get("message") or ""),
         )
 
 
@@ -165,7 +179,8 @@ def remaining_grace(grace: int, spent: float) -> int:
 class CheckpointRecord:
     """One checkpointed victim: its pod as it was, where its archives and images are.
 
-    ``data``/:meth:`from_data` are the ConfigMap's ``data`` (docs/checkpoint.md)."""
+    :meth:`spec`, :meth:`status` and :meth:`from_object` are its ``PodCheckpoint``
+    (docs/checkpoint.md)."""
 
     uid: str
     node: str
@@ -180,7 +195,7 @@ class CheckpointRecord:
     #: When the agent made the images, or gave up on them (RFC 3339; the agent's).
     imaged_at: str = ""
     failed_at: str = ""
-    #: The ConfigMap's resourceVersion as read (not part of ``data``): an update of the
+    #: The object's resourceVersion as read (in neither spec nor status): an update of the
     #: record as read fails when it changed since, instead of overwriting the other side.
     version: str = field(default="", compare=False)
 
@@ -210,53 +225,66 @@ class CheckpointRecord:
         back there. A record without images (not imaged yet) is not."""
         return bool(self.images) and not any(local_image(i) for i in self.images.values())
 
-    def data(self) -> dict[str, str]:
-        out = {
-            "pod": json.dumps(self.pod, sort_keys=True, separators=(",", ":")),
-            "archives": json.dumps(dict(self.archives), sort_keys=True),
-            "phase": self.phase.value,
+    def spec(self) -> dict[str, Any]:
+        """The record's ``spec``: what the service took, written once by the service."""
+        return {
+            "uid": self.uid,
+            "node": self.node,
+            "pod": dict(self.pod),
+            "archives": dict(self.archives),
             "checkpointedAt": self.checkpointed_at,
         }
+
+    def status(self) -> dict[str, Any]:
+        """The record's ``status``: its phase and what the agent made of the archives;
+        every key present, ``None`` for one it does not hold (a merge patch removes it)."""
+        out: dict[str, Any] = dict.fromkeys(RECORD_OPTIONAL_KEYS)
+        out["phase"] = self.phase.value
         if self.images:
-            out["images"] = json.dumps(dict(self.images), sort_keys=True)
-            out["commands"] = json.dumps({k: list(v) for k, v in self.commands.items()})
-            out["sizes"] = json.dumps(dict(self.sizes), sort_keys=True)
-        if self.message:
-            out["message"] = self.message
-        if self.imaged_at:
-            out["imagedAt"] = self.imaged_at
-        if self.failed_at:
-            out["failedAt"] = self.failed_at
+            out["images"] = dict(self.images)
+            out["commands"] = {k: list(v) for k, v in self.commands.items()}
+            out["sizes"] = dict(self.sizes)
+        for key, value in (
+            ("message", self.message),
+            ("imagedAt", self.imaged_at),
+            ("failedAt", self.failed_at),
+        ):
+            if value:
+                out[key] = value
         return out
 
     @classmethod
-    def from_data(
-        cls, uid: str, node: str, data: Mapping[str, str], version: str = ""
-    ) -> CheckpointRecord:
-        """The record of ConfigMap ``data`` (``version`` its resourceVersion); raises
-        ``ValueError`` for a record that does not parse."""
+    def from_object(cls, item: Mapping[str, Any]) -> CheckpointRecord:
+        """The record of a ``PodCheckpoint`` object as the API server returned it; raises
+        ``ValueError`` for one that does not parse, or whose name is not its uid's."""
+        meta = item.get("metadata") or {}
+        name = str(meta.get("name") or "")
         try:
+            spec, status = item.get("spec") or {}, item.get("status") or {}
+            uid = str(spec["uid"])
+            if record_name(uid) != name:
+                raise ValueError(f"its spec names uid {uid}")
             return cls(
                 uid,
-                node,
-                Phase(data.get("phase", "")),
-                _object(data.get("pod", "{}")),
-                _object(data.get("archives", "{}")),
-                _object(data.get("images", "{}")),
-                _object(data.get("commands", "{}")),
-                {k: int(v) for k, v in _object(data.get("sizes", "{}")).items()},
-                data.get("checkpointedAt", ""),
-                data.get("message", ""),
-                data.get("imagedAt", ""),
-                data.get("failedAt", ""),
-                version,
+                str(spec["node"]),
+                Phase(status.get("phase") or Phase.ARCHIVED.value),
+                _mapping(spec.get("pod")),
+                {str(k): str(v) for k, v in _mapping(spec.get("archives")).items()},
+                {str(k): str(v) for k, v in _mapping(status.get("images")).items()},
+                {str(k): [str(a) for a in v] for k, v in _mapping(status.get("commands")).items()},
+                {str(k): int(v) for k, v in _mapping(status.get("sizes")).items()},
+                str(spec.get("checkpointedAt") or ""),
+                str(status.get("message") or ""),
+                str(status.get("imagedAt") or ""),
+                str(status.get("failedAt") or ""),
+                str(meta.get("resourceVersion") or ""),
             )
-        except (TypeError, AttributeError, ValueError) as e:
-            raise ValueError(f"checkpoint record {record_name(uid)}: {e}") from None
+        except (TypeError, AttributeError, ValueError, KeyError) as e:
+            raise ValueError(f"checkpoint record {name}: {e}") from None
 
 
-#: The record's keys :meth:`CheckpointRecord.data` leaves out when empty: a write of a
-#: record removes those it does not carry, so that it reads back exactly as written.
+#: The status keys :meth:`CheckpointRecord.status` sets to ``None`` when the record does
+#: not hold them: a write of a record removes them, so that it reads back as written.
 RECORD_OPTIONAL_KEYS: Final = (
     "images",
     "commands",
@@ -267,14 +295,12 @@ RECORD_OPTIONAL_KEYS: Final = (
 )
 
 
-def _object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON: {e.msg}") from None
-    if not isinstance(value, dict):
-        raise ValueError("not a JSON object")
-    return value
+def _mapping(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError("not an object")
+    return dict(value)
 
 
 def rfc3339(moment: float) -> str:
@@ -286,17 +312,25 @@ def record_name(uid: str) -> str:
     return RECORD_PREFIX + uid
 
 
-def capability_name(node: str) -> str:
-    return CAPABILITY_PREFIX + node
+def record_object(record: CheckpointRecord) -> dict[str, Any]:
+    """The ``PodCheckpoint`` the service creates for ``record`` (its status is written
+    next, through the status subresource)."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": RECORD_KIND,
+        "metadata": {"name": record.name, "labels": {**MANAGED_BY, NODE_LABEL: record.node}},
+        "spec": record.spec(),
+    }
 
 
-def record_labels(node: str, phase: Phase) -> dict[str, str]:
-    """The labels of a record's ConfigMap: its node and phase, selectable."""
-    return {**MANAGED_BY, CHECKPOINT_LABEL: "true", NODE_LABEL: node, PHASE_LABEL: phase.value}
-
-
-def capability_labels(node: str) -> dict[str, str]:
-    return {**MANAGED_BY, CAPABILITY_LABEL: "true", NODE_LABEL: node}
+def node_object(node: str) -> dict[str, Any]:
+    """The ``CheckpointNode`` an agent creates for its node, named after it."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": NODE_KIND,
+        "metadata": {"name": node, "labels": {**MANAGED_BY, NODE_LABEL: node}},
+        "spec": {"node": node},
+    }
 
 
 def image_reference(namespace: str, pod: str, container: str, uid: str) -> str:
@@ -316,6 +350,39 @@ def local_image(image: str) -> bool:
     """Whether ``image`` is a checkpoint image its agent kept in its node's runtime, which
     no other node has and no registry serves."""
     return image.startswith(IMAGE_REPOSITORY + "/")
+
+
+def own_image(image: str, namespace: str, pod: str, container: str, uid: str) -> bool:
+    """Whether ``image`` is the checkpoint image of ``container`` of pod ``uid``, as its
+    agent names it: in its node's runtime (:func:`image_reference`) or under a registry
+    repository, ``<repository>/<ns>/<pod>/<container>:<uid[:12]>``. Which registries a pod
+    may name is the chart's pod policy's to say (the service has no such setting)."""
+    local = image_reference(namespace, pod, container, uid)
+    if image == local:
+        return True
+    path = local.removeprefix(IMAGE_REPOSITORY)
+    return not local_image(image) and image.endswith(path) and len(image) > len(path) + 1
+
+
+def restore_refusal(record: CheckpointRecord) -> str:
+    """Why ``record`` must not be restored; ``""`` when it may. A record is restored
+    only as the service took it: its pod's uid is the record's, its pod was on the
+    record's node, and every container has an archive and comes back from its own
+    checkpoint image, none other (an agent writes ``status.images``; what it names is
+    checked here, not trusted)."""
+    meta = record.pod.get("metadata") or {}
+    spec = record.pod.get("spec") or {}
+    if not (record.namespace and record.pod_name) or meta.get("uid") != record.uid:
+        return f"its pod is not the pod {record.uid} it was taken of"
+    if spec.get("nodeName") != record.node:
+        return f"its pod did not run on its node {record.node}"
+    names = [str(c.get("name", "")) for c in spec.get("containers") or () if isinstance(c, Mapping)]
+    if not names or set(names) != set(record.archives) or set(names) != set(record.images):
+        return "not every container of its pod has a checkpoint archive and image"
+    for name in names:
+        if not own_image(record.images[name], record.namespace, record.pod_name, name, record.uid):
+            return f"container {name}'s image {record.images[name]} is not its checkpoint's"
+    return ""
 
 
 def pull_policy(image: str) -> str:
@@ -430,7 +497,8 @@ def comes_back_on(
     says they can checkpoint and restore (:attr:`NodeCheckpointing.able`); ``taken`` what
     restores already decided in this pass hold on each node, beyond its room.
 
-    1. Its own node, whenever the pod's requests fit there: no other node is looked at.
+    1. Its own node, whenever its placement still allows it there (taints it does not
+       tolerate never) and the pod's requests fit: no other node is looked at.
     2. Else, only when no :func:`only_its_node` reason holds (every image in a registry,
        a placement judged from the node alone, no host ports): among ``rooms`` of nodes
        other than its own, in ``able``, that its placement allows
@@ -447,11 +515,13 @@ def comes_back_on(
     moves, and its image may be there already."""
     taken = taken or {}
     needs = pod_requests(pod)
-    if home is not None and needs.fits_in(_free(home, taken)):
+    barred = home is not None and not allows(pod.placement, home)
+    if home is not None and not barred and needs.fits_in(_free(home, taken)):
         return Return(record.node, f"its node {record.node} has room")
     refused = only_its_node(record, pod)
     if refused:
-        return Return("", f"no room on {record.node} yet; {refused}")
+        held = f"{record.node} does not allow it now" if barred else f"no room on {record.node} yet"
+        return Return("", f"{held}; {refused}")
     fitting = [
         (-free.cpu, -free.memory, room.node)
         for room in rooms

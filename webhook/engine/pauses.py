@@ -41,6 +41,7 @@ from webhook.core.checkpoint import (
     comes_back_on,
     pause_of,
     remaining_grace,
+    restore_refusal,
     restored_pod,
     rfc3339,
 )
@@ -258,8 +259,10 @@ def step(
     seconds since the record's phase began.
 
     archived -> abandoned (agent too slow); imaged -> restoring (created) or abandoned
-    (the name is taken); restoring -> restored (it runs, or gave up waiting) or abandoned
-    (the restored pod was deleted). The other phases are the agent's to end."""
+    (the name is taken, or the record is not restored as it stands:
+    :func:`~webhook.core.checkpoint.restore_refusal`); restoring -> restored (it runs,
+    or gave up waiting) or abandoned (the restored pod was deleted). The other phases
+    are the agent's to end."""
     if record.phase is Phase.ARCHIVED:
         if age > IMAGING_PATIENCE:
             return Advance(Phase.ABANDONED, "no image of the checkpoint was made in time")
@@ -272,6 +275,9 @@ def step(
             if now_pod.uid == record.uid:
                 return Wait()  # the victim is still on its way out
             return Advance(Phase.ABANDONED, f"another pod {record.key} exists")
+        refused = restore_refusal(record)
+        if refused:
+            return Advance(Phase.ABANDONED, f"not restored: {refused}")
         node = where()
         return Create(restored_pod(record, node), node) if node else Wait()
     if record.phase is Phase.RESTORING:

@@ -1,19 +1,22 @@
 """The cluster's side of checkpoints: the kubelet's checkpoint API, the records and node
-abilities (ConfigMaps in the service's namespace), and creating a pod again.
+abilities (objects of the service's own API group), and creating a pod again.
 
 * :class:`KubeletCheckpointer` asks the victim's kubelet, directly on its own port
   (``POST /checkpoint/{namespace}/{pod}/{container}``, authorized as ``create`` on
   ``nodes/checkpoint``: the API server's node proxy would need ``nodes/proxy``, which
   also grants exec), for a checkpoint of each container, within the victim's grace
   period. The kubelet writes each archive under its root and answers its path.
-* :class:`ConfigMapCheckpoints` reads and writes the records
-  (:class:`~webhook.core.checkpoint.CheckpointRecord`) and the abilities the node
-  agents publish (:class:`~webhook.core.checkpoint.NodeCheckpointing`), one list of the
-  namespace's labelled ConfigMaps per second at most. Reviews read abilities only, from
-  what the last list left, and never wait on the API server for long.
-  The node agents use it too, on their side of the same records: their node's records
-  read fresh, each updated only as it was read (its resourceVersion), their abilities
-  published (:mod:`webhook.agent.records`).
+* :class:`PodCheckpoints` reads and writes the records
+  (:class:`~webhook.core.checkpoint.CheckpointRecord`, ``PodCheckpoint`` objects) and the
+  abilities the node agents publish (:class:`~webhook.core.checkpoint.NodeCheckpointing`,
+  the status of ``CheckpointNode`` objects), one list of each per second at most.
+  Reviews read abilities only, from what the last list left, and never wait on the API
+  server for long. The node agents use it too, on their side of the same records: their
+  node's records read fresh (selected by ``spec.node``), each one's status updated only
+  as it was read (its resourceVersion), their node's abilities published
+  (:mod:`webhook.agent.records`). Who may write what is the chart's admission policy's
+  to enforce (docs/checkpoint.md, "Security"); the restorer checks what it reads anyway
+  (:func:`~webhook.core.checkpoint.restore_refusal`).
 * :class:`PodCreator` creates the restored pod.
 
 The service's calls never raise: failures are answers (a message, ``False``), logged by
@@ -22,6 +25,7 @@ the caller. The agent's raise ``ClusterError``, and its pass is tried again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -33,27 +37,31 @@ import orjson
 import urllib3
 
 from webhook.core.checkpoint import (
-    CAPABILITY_PREFIX,
     CHECKPOINT_LABEL,
-    MANAGED_BY,
-    NODE_LABEL,
-    RECORD_OPTIONAL_KEYS,
+    GROUP,
+    NODE_KIND,
+    NODES,
+    RECORD_KIND,
+    RECORDS,
+    VERSION,
     CheckpointRecord,
     NodeCheckpointing,
-    capability_labels,
-    capability_name,
-    record_labels,
-    record_name,
+    node_object,
+    record_object,
 )
 from webhook.core.model import PodRef
 from webhook.engine.pauses import Checkpointed
 from webhook.kube.errors import ClusterError, Conflict, NotFound
 from webhook.kube.evictor import grace_of
 from webhook.kube.jsonapi import pod_path, request_json
+from webhook.kube.sealing import EnvSealer, SealError
 
 log = logging.getLogger(__name__)
 
-SELECTOR: Final = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
+#: The ConfigMaps an older release kept its records and abilities in.
+LEGACY_SELECTOR: Final = f"{CHECKPOINT_LABEL}=true"
+LEGACY_ABILITY_SELECTOR: Final = "resize-preemption.io/node-capability=true"
+MERGE_PATCH: Final = "application/merge-patch+json"
 DEFAULT_KUBELET_PORT: Final = 10250
 
 
@@ -67,9 +75,12 @@ class KubeletCheckpointer:
         kubelet_ca: str = "",
         grace_period_cap: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sealer: EnvSealer | None = None,
     ) -> None:
         self._api = api_client
         self._cap = grace_period_cap
+        #: Literal env values go into the record sealed (webhook.kube.sealing).
+        self._sealer = sealer
         self._clock = clock
         cfg = api_client.configuration
         self._http = urllib3.PoolManager(
@@ -94,7 +105,8 @@ class KubeletCheckpointer:
             grace = grace_of(pod) if self._cap is None else min(grace_of(pod), self._cap)
             kubelet = self._kubelet(node)
             archives = self._each_container(victim, pod, kubelet, grace, start)
-            return Checkpointed(_as_stored(pod), archives, grace, self._clock() - start)
+            kept = _as_stored(pod) if self._sealer is None else self._sealer.seal(_as_stored(pod))
+            return Checkpointed(kept, archives, grace, self._clock() - start)
         except (ClusterError, CheckpointError) as e:
             return Checkpointed(_as_stored(pod), {}, grace, self._clock() - start, str(e))
         except Exception as e:  # never raise into the worker: evict instead
@@ -169,10 +181,11 @@ def _as_stored(pod: Mapping[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod.get("spec") or {}}
 
 
-class ConfigMapCheckpoints:
-    """The :class:`~webhook.engine.pauses.CheckpointStore` of ConfigMaps in ``namespace``.
+class PodCheckpoints:
+    """The :class:`~webhook.engine.pauses.CheckpointStore` of ``PodCheckpoint`` and
+    ``CheckpointNode`` objects in ``namespace``.
 
-    Two kinds of read, on one list of the namespace's labelled ConfigMaps:
+    Two kinds of read, on one list of each kind:
 
     * records (:meth:`records`, :meth:`record`): the leader's worker only. Older than
       ``max_age``, they are listed again before the answer, so that a record the worker
@@ -182,7 +195,8 @@ class ConfigMapCheckpoints:
       API server: every replica's loop calls :meth:`refresh` each second, and the replica
       is ready only once one list came (:meth:`synced`).
 
-    A list that fails is logged and keeps the last one."""
+    A list that fails is logged and keeps the last one. The first :meth:`refresh` also
+    takes the ConfigMaps an older release kept its records in (:meth:`migrate`)."""
 
     def __init__(
         self,
@@ -207,6 +221,8 @@ class ConfigMapCheckpoints:
         #: Set while no list is in flight; a waiting read waits on it.
         self._idle = threading.Event()
         self._idle.set()
+        #: Whether the older release's ConfigMaps were taken (a test's lister has none).
+        self._migrated = lister is not None
 
     def _start_list(self) -> int | None:
         """Claims the one list in flight: the writes it will have seen; ``None`` when
@@ -234,8 +250,8 @@ class ConfigMapCheckpoints:
             self._idle.set()
 
     def _fresh(self) -> list[dict[str, Any]]:
-        """The ConfigMaps, listed again first when older than ``max_age`` or than the
-        last write."""
+        """The objects, listed again first when older than ``max_age`` or than the last
+        write."""
         for _ in range(2):
             with self._lock:
                 if self._clock() - self._read_at <= self._max_age:
@@ -251,10 +267,45 @@ class ConfigMapCheckpoints:
     def refresh(self) -> None:
         """Lists now unless a list is in flight: every replica's loop calls it each
         ``max_age`` seconds, so that the abilities a review reads are about that old."""
+        if not self._migrated:
+            self.migrate()
         with self._lock:
             writes = self._start_list()
         if writes is not None:
             self._run_list(writes)
+
+    def migrate(self) -> None:
+        """Reads, reports and deletes the ConfigMaps an older release kept its records and
+        abilities in; none is acted on. Their writer cannot be told: any account with
+        ConfigMap rights in this namespace (every node agent had them) could have written
+        one, that release signed nothing, and a ConfigMap's managed fields name the
+        manager its writer chose. A record taken here is not restored; its node agent's
+        sweep deletes its archives (docs/checkpoint.md, "Upgrading")."""
+        try:
+            for selector in (LEGACY_SELECTOR, LEGACY_ABILITY_SELECTOR):
+                for item in list_items_of(self._api, self.namespace, selector):
+                    self._retire(item)
+        except ClusterError as e:
+            log.warning("older checkpoint ConfigMaps not read yet: %s", e)
+            return
+        self._migrated = True
+
+    def _retire(self, item: Mapping[str, Any]) -> None:
+        meta = item.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        node = ((meta.get("labels") or {}).get("resize-preemption.io/node")) or "?"
+        log.warning(
+            "ConfigMap %s/%s (node %s) was left by an older release: not restored, deleted; "
+            "its writer cannot be told from its content",
+            *(self.namespace, name, node),
+        )
+        with contextlib.suppress(NotFound):
+            request_json(
+                self._api,
+                "DELETE",
+                f"/api/v1/namespaces/{quote(self.namespace)}/configmaps/{quote(name)}",
+                timeout=10,
+            )
 
     def synced(self) -> bool:
         """Whether the abilities were listed once: the service's readiness, so that no
@@ -264,7 +315,7 @@ class ConfigMapCheckpoints:
             return self._listed_at != float("-inf")
 
     def _cached(self) -> list[dict[str, Any]]:
-        """The ConfigMaps of the last list, as :meth:`refresh` left them."""
+        """The objects of the last list, as :meth:`refresh` left them."""
         with self._lock:
             return self._items
 
@@ -281,28 +332,31 @@ class ConfigMapCheckpoints:
         return next((r for r in self.records() if r.uid == uid), None)
 
     def write(self, record: CheckpointRecord) -> bool:
-        labels, data = record_labels(record.node, record.phase), record.data()
-        body = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": record.name, "namespace": self.namespace, "labels": labels},
-            "data": data,
-        }
-        path = f"/api/v1/namespaces/{self.namespace}/configmaps"
+        """Create ``record`` (its spec, once: the API server refuses a change of it), then
+        write its status. A record this call created whose status was not written is
+        deleted again: the caller takes the write as failed and evicts the victim as if
+        never checkpointed, so no record of it may stay to be imaged and restored."""
+        path = records_path(self.namespace)
+        created = False
         try:
             try:
-                request_json(self._api, "POST", path, body=body, timeout=10)
+                request_json(self._api, "POST", path, body=record_object(record), timeout=10)
+                created = True
             except Conflict:
-                request_json(
-                    self._api,
-                    "PATCH",
-                    f"{path}/{record.name}",
-                    body={"metadata": {"labels": labels}, "data": {**_CLEARED, **data}},
-                    content_type="application/merge-patch+json",
-                    timeout=10,
-                )
+                pass  # written before: only its status changes
+            request_json(
+                self._api,
+                "PATCH",
+                f"{path}/{quote(record.name)}/status",
+                body={"status": record.status()},
+                content_type=MERGE_PATCH,
+                timeout=10,
+            )
         except ClusterError as e:
             log.warning("could not write %s: %s", record.name, e)
+            if created:
+                with contextlib.suppress(ClusterError):
+                    request_json(self._api, "DELETE", f"{path}/{quote(record.name)}", timeout=10)
             return False
         finally:
             self._forget()
@@ -317,28 +371,27 @@ class ConfigMapCheckpoints:
     # -- the node agent's side (webhook.agent.records.CheckpointStore) --------------------
 
     def records_on(self, node: str) -> list[CheckpointRecord]:
-        """Every record of ``node``, listed now, each with its resourceVersion; raises
-        ``ClusterError``."""
-        selector = f"{CHECKPOINT_LABEL}=true,{NODE_LABEL}={node}"
-        return records_in(list_items(self._api, self.namespace, selector))
+        """Every record of ``node`` (its ``spec.node``), listed now, each with its
+        resourceVersion; raises ``ClusterError``."""
+        listed = request_json(
+            self._api,
+            "GET",
+            records_path(self.namespace),
+            query={"fieldSelector": f"spec.node={node}"},
+            timeout=5,
+        )
+        items = [i for i in listed.get("items") or () if isinstance(i, dict)]
+        return [r for r in records_in(items) if r.node == node]
 
     def update(self, record: CheckpointRecord) -> bool:
-        """Write ``record`` over its ConfigMap as it was read (``record.version``): False
-        when the ConfigMap changed or went since; raises ``ClusterError`` otherwise."""
-        labels = record_labels(record.node, record.phase)
-        metadata: dict[str, Any] = {"labels": labels}
+        """Write ``record``'s status over the record as it was read (``record.version``):
+        False when it changed or went since; raises ``ClusterError`` otherwise."""
+        body: dict[str, Any] = {"status": record.status()}
         if record.version:
-            metadata["resourceVersion"] = record.version
-        path = f"/api/v1/namespaces/{self.namespace}/configmaps/{record.name}"
+            body["metadata"] = {"resourceVersion": record.version}
+        path = f"{records_path(self.namespace)}/{quote(record.name)}/status"
         try:
-            request_json(
-                self._api,
-                "PATCH",
-                path,
-                body={"metadata": metadata, "data": {**_CLEARED, **record.data()}},
-                content_type="application/merge-patch+json",
-                timeout=10,
-            )
+            request_json(self._api, "PATCH", path, body=body, content_type=MERGE_PATCH, timeout=10)
         except (Conflict, NotFound):
             return False
         finally:
@@ -347,66 +400,79 @@ class ConfigMapCheckpoints:
 
     def delete(self, name: str) -> None:
         """Delete record ``name``; gone already is fine. Raises ``ClusterError``."""
-        path = f"/api/v1/namespaces/{self.namespace}/configmaps/{name}"
         try:
-            request_json(self._api, "DELETE", path, timeout=10)
+            request_json(
+                self._api, "DELETE", f"{records_path(self.namespace)}/{quote(name)}", timeout=10
+            )
         except NotFound:
             pass
         finally:
             self._forget()
 
     def publish(self, ability: NodeCheckpointing, now: float) -> None:
-        """Create or replace ``rpw-node-<node>`` with what the node can do; raises
-        ``ClusterError``."""
-        name = capability_name(ability.node)
-        body = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": name, "labels": capability_labels(ability.node)},
-            "data": ability.data(now),
-        }
-        path = f"/api/v1/namespaces/{self.namespace}/configmaps"
+        """Write what the node can do into the status of its ``CheckpointNode``, created
+        first when there is none; raises ``ClusterError``."""
+        path = nodes_path(self.namespace)
+        status = {"status": ability.status(now)}
+        target = f"{path}/{quote(ability.node)}/status"
         try:
-            request_json(self._api, "PUT", f"{path}/{name}", body=body, timeout=10)
+            request_json(
+                self._api, "PATCH", target, body=status, content_type=MERGE_PATCH, timeout=10
+            )
         except NotFound:
-            request_json(self._api, "POST", path, body=body, timeout=10)
+            with contextlib.suppress(Conflict):
+                request_json(self._api, "POST", path, body=node_object(ability.node), timeout=10)
+            request_json(
+                self._api, "PATCH", target, body=status, content_type=MERGE_PATCH, timeout=10
+            )
 
 
-#: The record's optional keys, removed by a write that does not carry them (JSON merge
-#: patch: null deletes), so that a record reads back exactly as it was written.
-_CLEARED: Final[dict[str, None]] = dict.fromkeys(RECORD_OPTIONAL_KEYS)
+def records_path(namespace: str) -> str:
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{RECORDS}"
 
 
-def list_items(api: Any, namespace: str, selector: str = SELECTOR) -> list[dict[str, Any]]:
-    """The service's labelled ConfigMaps in ``namespace`` (those ``selector`` selects);
+def nodes_path(namespace: str) -> str:
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{NODES}"
+
+
+def list_items(api: Any, namespace: str) -> list[dict[str, Any]]:
+    """The records and the nodes' abilities in ``namespace``, each with its ``kind``;
     raises ``ClusterError``."""
+    found = []
+    for path, kind in ((records_path(namespace), RECORD_KIND), (nodes_path(namespace), NODE_KIND)):
+        listed = request_json(api, "GET", path, timeout=5)
+        found += [{**i, "kind": kind} for i in listed.get("items") or () if isinstance(i, dict)]
+    return found
+
+
+def list_items_of(api: Any, namespace: str, selector: str) -> list[dict[str, Any]]:
+    """The ConfigMaps of ``namespace`` that ``selector`` selects; raises ``ClusterError``."""
     path = f"/api/v1/namespaces/{quote(namespace)}/configmaps"
     listed = request_json(api, "GET", path, query={"labelSelector": selector}, timeout=5)
     return [i for i in listed.get("items") or () if isinstance(i, dict)]
 
 
 def abilities_in(items: Sequence[Mapping[str, Any]]) -> list[NodeCheckpointing]:
-    """The node abilities among the ConfigMaps ``items``."""
+    """The node abilities among ``items``: each ``CheckpointNode`` whose name is the node
+    its spec names."""
     found = []
     for item in items:
-        if _name(item).startswith(CAPABILITY_PREFIX):
-            node = _labels(item).get(NODE_LABEL) or _name(item)[len(CAPABILITY_PREFIX) :]
-            found.append(NodeCheckpointing.from_data(node, item.get("data") or {}))
+        if item.get("kind") == NODE_KIND:
+            ability = NodeCheckpointing.from_object(item)
+            if ability.node and ability.node == _name(item):
+                found.append(ability)
     return found
 
 
 def records_in(items: Sequence[Mapping[str, Any]]) -> list[CheckpointRecord]:
-    """The checkpoint records among the ConfigMaps ``items``; one that does not parse is
-    logged and left out."""
+    """The checkpoint records among ``items``; one that does not parse is logged and left
+    out."""
     found = []
     for item in items:
-        if _labels(item).get(CHECKPOINT_LABEL) != "true":
+        if item.get("kind", RECORD_KIND) != RECORD_KIND:
             continue
-        uid = _name(item).removeprefix(record_name(""))
-        node = _labels(item).get(NODE_LABEL, "")
-        version = str((item.get("metadata") or {}).get("resourceVersion") or "")
         try:
-            found.append(CheckpointRecord.from_data(uid, node, item.get("data") or {}, version))
+            found.append(CheckpointRecord.from_object(item))
         except ValueError as e:
             log.warning("%s", e)
     return found
@@ -416,18 +482,21 @@ def _name(item: Mapping[str, Any]) -> str:
     return str((item.get("metadata") or {}).get("name") or "")
 
 
-def _labels(item: Mapping[str, Any]) -> Mapping[str, str]:
-    return (item.get("metadata") or {}).get("labels") or {}
-
-
 class PodCreator:
-    """Creates a restored pod (:class:`~webhook.engine.pauses.PodCreator`)."""
+    """Creates a restored pod (:class:`~webhook.engine.pauses.PodCreator`), its sealed
+    env values opened first (:mod:`webhook.kube.sealing`)."""
 
-    def __init__(self, api_client: Any) -> None:
+    def __init__(self, api_client: Any, sealer: EnvSealer | None = None) -> None:
         self._api = api_client
+        self._sealer = sealer
 
     def create(self, manifest: Mapping[str, Any]) -> str:
         namespace = str((manifest.get("metadata") or {}).get("namespace") or "default")
+        if self._sealer is not None:
+            try:
+                manifest = self._sealer.open(manifest)
+            except SealError as e:
+                return str(e)
         try:
             request_json(
                 self._api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=manifest, timeout=10
@@ -442,7 +511,7 @@ class PodCreator:
 
 
 __all__ = [
-    "ConfigMapCheckpoints",
     "KubeletCheckpointer",
+    "PodCheckpoints",
     "PodCreator",
 ]

@@ -121,10 +121,10 @@ def _checkpoints(
     api: ApiClient, namespace: str
 ) -> tuple[tuple[CheckpointRecord, ...], dict[str, NodeCheckpointing]]:
     """The checkpoint records and node abilities in ``namespace``; none when the reader
-    may not list its ConfigMaps (the viewer Role grants it)."""
+    may not list them (the viewer Role grants it) or the cluster has not their kinds."""
     try:
         items = list_items(api, namespace)
-    except Forbidden:
+    except (Forbidden, NotFound):
         return (), {}
     return tuple(records_in(items)), {a.node: a for a in abilities_in(items)}
 
