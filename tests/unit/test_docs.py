@@ -130,3 +130,40 @@ def test_no_doc_rule_or_code_uses_a_metric_name_from_before_the_rename() -> None
         for name in old.findall(line)
     }
     assert set() == found
+
+
+RELIABILITY_DOC = SERVICE_DOC.with_name("reliability.md")
+REPO = SERVICE_DOC.parents[1]
+
+
+def _threat_rows() -> list[list[str]]:
+    text = RELIABILITY_DOC.read_text(encoding="utf-8")
+    section = text.split("\n## Threat model\n", 1)[1].split("\n## ", 1)[0]
+    return [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in section.splitlines()
+        if line.startswith("|") and not set(line) <= set("|-: ")
+    ][1:]
+
+
+def _named_tests(cell: str) -> list[Path]:
+    """The test files a cell names: full paths, and bare names after one in its folder."""
+    named: list[Path] = []
+    folder = REPO / "tests"
+    for word in re.findall(r"`([^`]+\.py)`", cell):
+        path = REPO / word if "/" in word else folder / word
+        folder = path.parent
+        named.append(path)
+    return named
+
+
+def test_every_threat_names_tests_that_exist_and_every_metric_it_names_is_exported() -> None:
+    exported = {d.name for d in METRICS}
+    rows = _threat_rows()
+    assert rows
+    for who, misuse, stops, tested, _ in rows:
+        files = _named_tests(tested)
+        assert files or misuse == "-", f"no test named for {who!r}"
+        assert [] == [str(f) for f in files if not f.is_file()], who
+        for metric in re.findall(r"`(resize_preemption_\w+?)(?:\{[^`]*\})?`", stops):
+            assert metric in exported, (who, metric)
