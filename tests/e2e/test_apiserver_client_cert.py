@@ -59,8 +59,15 @@ from harness.webhook_process import (
     webhook_configuration,
 )
 from tests.e2e.conftest import GRACE_CAP, NODE, Cluster, Waiter
-from tests.e2e.service_support import kubectl_warnings, pod_manifest, read_pod, resize, run_pods
-from tests.e2e.test_caller_auth import _post, _review
+from tests.e2e.service_support import (
+    forged_review,
+    kubectl_warnings,
+    pod_manifest,
+    post_review,
+    read_pod,
+    resize,
+    run_pods,
+)
 from webhook import pki
 from webhook.cli import _managed_tls, build_parser
 from webhook.engine.settings import DEFAULT_CLIENT_CN
@@ -268,9 +275,9 @@ def _answered_with(service: Service, client: dict[str, bytes], pod: dict[str, An
     cert.write_bytes(client["tls.crt"])
     key.write_bytes(client["tls.key"])
     context.load_cert_chain(str(cert), str(key))
-    review = _review(pod, pod)
+    review = forged_review(pod, pod)
     url = f"https://localhost:{service.port}"
-    return bool(review["request"]["uid"] == _post(url, context, review)["response"]["uid"])
+    return bool(review["request"]["uid"] == post_review(url, context, review)["response"]["uid"])
 
 
 def _refused_with_another_name(
