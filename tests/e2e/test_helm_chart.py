@@ -354,6 +354,8 @@ GOOD_VALUES = [
         "client-certificate-lifetime",
         {"clientAuth.duration": "17520h", "clientAuth.renewBefore": "1440h"},
     ),
+    ("umbrella-global", {"global.imageRegistry": "registry.example"}),
+    ("quantities", {"resources.limits.cpu": 1.5, "resources.requests.memory": "300Mi"}),
 ]
 
 
@@ -401,6 +403,10 @@ BAD_VALUES = [
      "at '/server/metricsPort': minimum: got 0, want 1"),
     ("bad-log-level", {"server.logLevel": "verbose"},
      "at '/server/logLevel': value must be one of 'debug', 'info', 'warning', 'error'"),
+    ("cpu-not-a-quantity", {"resources.limits.cpu": "lots"},
+     "at '/resources/limits/cpu': 'lots' does not match pattern"),
+    ("unknown-resources-key", {"resources.request.cpu": "1"},
+     "at '/resources': additional properties 'request' not allowed"),
 ]  # fmt: skip
 
 
