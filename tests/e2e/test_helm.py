@@ -29,7 +29,7 @@ from harness.launcher import free_port
 from harness.webhook_process import launch
 from tests.e2e.conftest import Cluster, Kubectl, Waiter, _remove_namespace
 from tests.e2e.helm_tools import CHART, helm_binary, set_args
-from tests.e2e.service_support import resize
+from tests.e2e.service_support import account_kubeconfig, resize
 from tests.e2e.test_service import expect_preempted_and_actuated, walkthrough
 
 pytestmark = pytest.mark.e2e
@@ -167,8 +167,11 @@ def test_install_walkthrough_upgrade_and_uninstall(
     assert [
         "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
         "Deployment", "MutatingWebhookConfiguration", "PodDisruptionBudget", "Role", "Role",
-        "RoleBinding", "Secret", "Service", "ServiceAccount", "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding", "ValidatingWebhookConfiguration",
+        "RoleBinding", "Secret", "Service", "ServiceAccount",
+        # lending's and the Leases'
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding",
+        "ValidatingWebhookConfiguration",
     ] == kinds  # fmt: skip
     config = get(cluster, f"{VALIDATING}/{FULLNAME}")
     assert config is not None
@@ -186,8 +189,10 @@ def test_install_walkthrough_upgrade_and_uninstall(
     for key in ("ca.crt", "tls.crt", "tls.key"):
         (cert_dir / key).write_bytes(base64.b64decode(secret["data"][key]))
     port, metrics_port = free_port(), free_port()
+    # As the chart's ServiceAccount, with the chart's RBAC and under its policies.
+    account = account_kubeconfig(cluster, release_namespace, FULLNAME, cert_dir)
     process = launch(
-        cluster.kubeconfig,
+        account,
         cert_dir,
         tmp_path / "webhook.log",
         port=port,
