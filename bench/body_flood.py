@@ -89,8 +89,8 @@ def _hold(
 
 def run(clients: int, seconds: float, memory_limit: int, body_bytes: int) -> dict[str, Any]:
     from harness.pki import make_client_cert
-    from webhook import pki
-    from webhook.engine.settings import DEFAULT_CLIENT_CN
+    from webhook.base.settings import DEFAULT_CLIENT_CN
+    from webhook.tls import pki
     from webhook.web.server import connections_within, memory_needed
 
     per_worker = connections_within(memory_limit, WORKERS, body_bytes)

@@ -78,12 +78,12 @@ def serve_main(argv: Sequence[str]) -> int:
     from bench.review_bench import cluster_objects
     from bench.shed_worker import FloodServer, ShedWorker
     from harness.doubles import InMemoryLedger, StaticClusterView
+    from webhook.base.loop import Backlog
+    from webhook.base.settings import Config
     from webhook.engine.admission import AdmissionEngine
-    from webhook.engine.loop import Backlog
-    from webhook.engine.settings import Config
+    from webhook.tls.serving import CertificateReloader
     from webhook.web.app import create_app
     from webhook.web.server import ServerOptions, WorkerApp
-    from webhook.web.tls import CertificateReloader
 
     decisions = logging.getLogger("webhook.decisions")
     decisions.setLevel(logging.INFO)
@@ -468,7 +468,7 @@ def flood(
 
 def _files(tmp: str) -> dict[str, Path]:
     from bench.review_bench import cluster_objects, review_body
-    from webhook import pki
+    from webhook.tls import pki
 
     ca = pki.make_ca("flood bench CA")
     pair = pki.make_serving_cert(ca, ip_addresses=["127.0.0.1"])

@@ -51,10 +51,10 @@ from bench.review_bench import _worker_pids, resize_review
 from harness.audit import eviction_codes
 from harness.kubeapi import KubeClient
 from harness.webhook_process import WebhookProcess
+from webhook.base.settings import Config
 from webhook.core.objects import parse_pod
 from webhook.engine.ledger import LedgerEntry, decode_entries
 from webhook.engine.lifecycle import room_holders
-from webhook.engine.settings import Config
 from webhook.kube.ledger import LEDGER_ANNOTATION, lease_name
 
 RESULTS = Path(__file__).resolve().parent / "results" / "flood-cluster.json"

@@ -1,7 +1,7 @@
 """Review round trip over HTTPS keep-alive: the webhook as the API server meets it.
 
 Three processes, as in production: the server (gunicorn with the webhook's gevent
-worker, :mod:`webhook.web.worker`, one worker process, TLS from :mod:`webhook.web.tls`)
+worker, :mod:`webhook.web.worker`, one worker process, TLS from :mod:`webhook.tls.serving`)
 answering from a warm :class:`StaticClusterView` of a node
 with 110 pods; a client process with a few threads, each holding one persistent HTTPS
 connection (a TLS socket sending a request built once, with a fresh uid spliced in, and
@@ -404,12 +404,12 @@ def serve_main(argv: Sequence[str]) -> int:
 
     from bench.noop_endpoint import add_noop_endpoint
     from harness.doubles import InMemoryLedger, StaticClusterView
+    from webhook.base.loop import Backlog
+    from webhook.base.settings import Config
     from webhook.engine.admission import AdmissionEngine
-    from webhook.engine.loop import Backlog
-    from webhook.engine.settings import Config
+    from webhook.tls.serving import CertificateReloader
     from webhook.web.app import create_app
     from webhook.web.server import ServerOptions, WorkerApp, serve
-    from webhook.web.tls import CertificateReloader
 
     # The decision log is on in production: pay for formatting and writing one line.
     decisions = logging.getLogger("webhook.decisions")
@@ -795,8 +795,8 @@ def run(
     client_auth: bool = True,
 ) -> dict[str, Any]:
     from harness.pki import make_client_cert
-    from webhook import pki
-    from webhook.engine.settings import DEFAULT_CLIENT_CN
+    from webhook.base.settings import DEFAULT_CLIENT_CN
+    from webhook.tls import pki
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="review-bench-") as tmp:

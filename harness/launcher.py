@@ -2,7 +2,7 @@
 
 * etcd runs with ``--unsafe-no-fsync`` on a data dir in the state directory;
 * kube-apiserver serves on 127.0.0.1 with RBAC, an admin client certificate
-  (O=system:masters) made with :mod:`webhook.pki`, service-account signing keys, configurable
+  (O=system:masters) made with :mod:`webhook.tls.pki`, service-account signing keys, configurable
   feature gates, ``PodResizeValidator`` enabled when the version has it and the
   ``ServiceAccount`` admission plugin disabled (no token controller runs, so it would reject
   every pod for lack of a ``default`` service account);
@@ -40,8 +40,8 @@ from harness.binaries import Binaries
 from harness.crds import PROJECT_CRDS, install_crds
 from harness.kubeapi import Credentials, KubeClient
 from harness.processes import ManagedProcess, spawn
-from webhook import pki
-from webhook.engine.settings import DEFAULT_CLIENT_CN
+from webhook.base.settings import DEFAULT_CLIENT_CN
+from webhook.tls import pki
 
 SERVICE_CIDR = "10.0.0.0/24"
 #: What a Deployment needs to get pods: its ReplicaSets, and their pods. No garbage

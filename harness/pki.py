@@ -1,5 +1,5 @@
 """Certificates only the local control plane needs: client certificates (the admin's, a
-user's) and the service-account signing key, on top of :mod:`webhook.pki`'s CA."""
+user's) and the service-account signing key, on top of :mod:`webhook.tls.pki`'s CA."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from webhook.pki import DEFAULT_VALIDITY, CertificateAuthority, KeyPair, issue, key_to_pem
+from webhook.tls.pki import DEFAULT_VALIDITY, CertificateAuthority, KeyPair, issue, key_to_pem
 
 
 def generate_private_key_pem() -> bytes:

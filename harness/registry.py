@@ -40,7 +40,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from harness.launcher import free_port
 from harness.processes import ManagedProcess, spawn
-from webhook.pki import CertificateAuthority, KeyPair, issue, make_ca, make_serving_cert
+from webhook.tls.pki import CertificateAuthority, KeyPair, issue, make_ca, make_serving_cert
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_REGISTRY = REPO_ROOT / "scripts" / "build-registry.sh"

@@ -37,7 +37,7 @@ from harness.crds import install_crds
 from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import ControlPlane, free_port
 from harness.processes import ManagedProcess, spawn
-from webhook import pki
+from webhook.tls import pki
 
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-vpa.sh"
 UPDATER = "vpa-updater"

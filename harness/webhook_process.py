@@ -35,7 +35,7 @@ from harness.binaries import REPO_ROOT
 from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import WebhookClientFiles, free_port, webhook_client_files
 from harness.processes import ManagedProcess, spawn
-from webhook import pki
+from webhook.tls import pki
 
 CONFIGURATION_NAME = "resize-preemption-webhook"
 # Webhook names must be fully qualified (three or more DNS labels); the API server prefixes

@@ -1,5 +1,5 @@
 """The chart's values schema, where it speaks of the service's settings, from the settings
-table (webhook/engine/settings.py): one rule per setting, the same for the service and
+table (webhook/base/settings.py): one rule per setting, the same for the service and
 for Helm.
 
     python scripts/chart_schema.py           # rewrite those parts of values.schema.json
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from webhook.agent.settings import AGENT_SETTINGS  # noqa: E402
-from webhook.engine.settings import DURATION, METRICS_PORT, PORT, SETTINGS  # noqa: E402
+from webhook.base.settings import DURATION, METRICS_PORT, PORT, SETTINGS  # noqa: E402
 
 SCHEMA = ROOT / "deploy" / "helm" / "resize-preemption-webhook" / "values.schema.json"
 #: The chart's key under ``settings`` -> the service's setting.

@@ -23,8 +23,8 @@ import orjson  # noqa: E402
 
 from harness.doubles import FakeEvictor, InMemoryLedger, StaticClusterView  # noqa: E402
 from tests.unit.web_fixtures import resized, walkthrough_objects, walkthrough_review  # noqa: E402
-from webhook.engine.metrics import Metrics  # noqa: E402
-from webhook.engine.settings import Config  # noqa: E402
+from webhook.base.metrics import Metrics  # noqa: E402
+from webhook.base.settings import Config  # noqa: E402
 from webhook.engine.worker import PreemptionWorker  # noqa: E402
 from webhook.web.app import create_app  # noqa: E402
 

@@ -30,8 +30,8 @@ from webhook.core.resources import format_amount
 from webhook.core.snapshot import load_snapshot, plan_snapshot_resize
 
 if TYPE_CHECKING:
+    from webhook.base.settings import Config
     from webhook.engine.hooks import Hooks
-    from webhook.engine.settings import Config
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -62,7 +62,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _rule_type(rule: Callable[[str], _V]) -> Callable[[str], _V]:
-    """A :class:`~webhook.engine.settings.Rule` as an argparse type: its message, and
+    """A :class:`~webhook.base.settings.Rule` as an argparse type: its message, and
     the value, instead of argparse's "invalid <function name> value"."""
 
     def parse(text: str) -> _V:
@@ -166,7 +166,7 @@ def _settings(args: argparse.Namespace, names: Sequence[str] = PLAN_SETTINGS) ->
     flags over ``RPW_*`` variables over the ``--config`` file."""
     import os
 
-    from webhook.engine.settings import load_config
+    from webhook.base.settings import load_config
 
     flags = {name: getattr(args, _dest(name)) for name in names}
     return load_config(file=args.config, env=os.environ, flags=flags)
@@ -317,7 +317,7 @@ def _positive_int(text: str) -> int:
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
-    from webhook import certs
+    from webhook.tls import certs
 
     made = certs.make_webhook_certs(
         service=args.service,
@@ -356,8 +356,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import logging
     import os
 
-    from webhook.engine.settings import SETTINGS, check_ports, load_config
+    from webhook.base.settings import SETTINGS, check_ports, load_config
     from webhook.kube.kubeconfig import client_source
+    from webhook.tls.serving import TLSConfigError
     from webhook.web.server import (
         DEFAULT_WORKER_CONNECTIONS,
         ServerOptions,
@@ -365,7 +366,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         connections_within,
         serve,
     )
-    from webhook.web.tls import TLSConfigError
 
     # Everything is checked before a port is bound or a process forked: each mistake is
     # one line and exit 2, not a worker's traceback in a crash loop.
@@ -426,7 +426,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _duration(text: str) -> Any:
-    from webhook.rotation import parse_duration
+    from webhook.tls.rotation import parse_duration
 
     try:
         return parse_duration(text)
@@ -437,8 +437,8 @@ def _duration(text: str) -> Any:
 def _managed_tls(
     args: argparse.Namespace, namespace: str, client_ca: str = "", client_cn: str = ""
 ) -> Any:
-    """``--tls-secret``'s options (a :class:`webhook.rotation.ManagedTLS`), or None."""
-    from webhook import rotation
+    """``--tls-secret``'s options (a :class:`webhook.tls.rotation.ManagedTLS`), or None."""
+    from webhook.tls import rotation
 
     if not args.tls_secret:
         if args.tls_client_secret:
@@ -465,9 +465,9 @@ def _managed_tls(
 
 
 def _managed_client(args: argparse.Namespace, serving: Any, client_ca: str, client_cn: str) -> Any:
-    """``--tls-client-secret``'s options (a :class:`webhook.rotation.ManagedClient`), or
+    """``--tls-client-secret``'s options (a :class:`webhook.tls.rotation.ManagedClient`), or
     None."""
-    from webhook import rotation
+    from webhook.tls import rotation
 
     if not args.tls_client_secret:
         return None
@@ -556,7 +556,7 @@ def cmd_return_loans(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from webhook.engine.metrics import METRICS, markdown_table
+    from webhook.base.metrics import METRICS, markdown_table
 
     if args.markdown:
         sys.stdout.write(markdown_table())
@@ -569,7 +569,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 def _setting_arguments(parser: Any, names: Sequence[str]) -> None:
     """``--NAME`` for each setting of ``names``, spelled, explained and read as ``serve``
     takes it (the value is checked by the setting's rule once parsed)."""
-    from webhook.engine.settings import SETTINGS, env_name
+    from webhook.base.settings import SETTINGS, env_name
 
     for name in names:
         setting = SETTINGS[name]
@@ -686,7 +686,7 @@ def _return_loans_parser(sub: Any) -> None:
 
 
 def _serve_parser(sub: Any) -> None:
-    from webhook.engine.settings import METRICS_PORT, PORT, SETTINGS
+    from webhook.base.settings import METRICS_PORT, PORT, SETTINGS
 
     srv = sub.add_parser(
         "serve",
@@ -915,7 +915,7 @@ def cmd_node_agent(args: argparse.Namespace) -> int:
 
 def _node_agent_parser(sub: Any) -> None:
     from webhook.agent.settings import AGENT_SETTINGS, AgentSettings
-    from webhook.engine.settings import env_name
+    from webhook.base.settings import env_name
 
     agent = sub.add_parser(
         "node-agent",

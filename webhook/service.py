@@ -9,6 +9,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from webhook.base.loop import Backlog, Loop, Runnables
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.model import Pod
 from webhook.core.plan import Plan
 from webhook.core.report import deferred_note
@@ -16,11 +19,8 @@ from webhook.engine.admission import AdmissionEngine
 from webhook.engine.follow import Follow
 from webhook.engine.hooks import Hooks
 from webhook.engine.ledger import VictimEvictor
-from webhook.engine.loop import Backlog, Loop, Runnables
-from webhook.engine.metrics import Metrics
 from webhook.engine.pauses import Pauses, PausingEvictor, Restorer
 from webhook.engine.reconciler import Reconciler
-from webhook.engine.settings import Config
 from webhook.engine.worker import PreemptionWorker
 from webhook.kube.cache import BUDGETS, PODS, ClusterCache
 from webhook.kube.certs import CertificateFollower, CertificateRotator
@@ -32,7 +32,7 @@ from webhook.kube.leader import LEADER_LEASE, LeaderElector
 from webhook.kube.ledger import LeaseLedger
 from webhook.kube.resizer import Resizer
 from webhook.kube.sealing import process_sealer
-from webhook.rotation import ManagedTLS
+from webhook.tls.rotation import ManagedTLS
 from webhook.web.app import create_app
 from webhook.web.server import WorkerApp
 

@@ -266,7 +266,7 @@ class ApiWorld:
     kind = "cache"
 
     def __init__(self, cluster: Any, namespace: str) -> None:
-        from webhook.engine.settings import Config
+        from webhook.base.settings import Config
         from webhook.kube.cache import ClusterCache
         from webhook.kube.client import make_api_client
 

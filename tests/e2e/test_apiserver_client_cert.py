@@ -68,11 +68,11 @@ from tests.e2e.service_support import (
     resize,
     run_pods,
 )
-from webhook import pki
+from webhook.base.settings import DEFAULT_CLIENT_CN
 from webhook.cli import _managed_tls, build_parser
-from webhook.engine.settings import DEFAULT_CLIENT_CN
 from webhook.kube.certs import ensure_client
 from webhook.kube.client import make_api_client
+from webhook.tls import pki
 
 pytestmark = pytest.mark.e2e
 

@@ -23,12 +23,12 @@ import urllib3
 
 from harness.launcher import ControlPlane, ControlPlaneConfig
 from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.errors import ObjectError
 from webhook.core.model import PodRef
 from webhook.core.resources import Resources
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config
 from webhook.kube.cache import PODS, ClusterCache
 from webhook.kube.client import ApiClient, make_api_client
 from webhook.kube.errors import NotFound

@@ -39,7 +39,7 @@ from webhook.kube.certs import ensure
 from webhook.kube.client import make_api_client
 from webhook.kube.errors import Forbidden
 from webhook.kube.jsonapi import request_json
-from webhook.rotation import ManagedTLS
+from webhook.tls.rotation import ManagedTLS
 
 pytestmark = pytest.mark.e2e
 

@@ -35,8 +35,8 @@ import yaml
 from tests.e2e.conftest import Cluster, Kubectl
 from tests.e2e.helm_tools import CHART, helm_binary, render, set_args
 from tests.e2e.service_support import account_kubeconfig
-from webhook import pki
 from webhook.kube.webhookconfig import patch_webhook_ca_bundles
+from webhook.tls import pki
 
 pytestmark = pytest.mark.e2e
 

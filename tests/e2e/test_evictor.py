@@ -17,8 +17,8 @@ from kubernetes import client as k8s
 
 from harness.kubeapi import ApiError
 from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter
+from webhook.base.metrics import Metrics
 from webhook.core.model import PodRef
-from webhook.engine.metrics import Metrics
 from webhook.kube.client import make_api_client
 from webhook.kube.events import NOTE_LIMIT, EventRecorder, rfc3339
 from webhook.kube.evictor import (

@@ -73,7 +73,7 @@ def _fake(world: World, wrap: str) -> Subject:
 
 
 def _real(world: World, wrap: str, cluster: Any, tmp: Path) -> Subject:
-    from webhook.engine.metrics import Metrics
+    from webhook.base.metrics import Metrics
     from webhook.kube.client import make_api_client
     from webhook.kube.evictor import Evictor
 

@@ -35,9 +35,9 @@ from tests.e2e.helm_tools import (
     without_helm_labels,
 )
 from tests.unit.test_chart_schema import chart_schema
+from webhook.base.settings import env_name, load_config
 from webhook.cli import _managed_tls, build_parser
 from webhook.core.errors import InputError
-from webhook.engine.settings import env_name, load_config
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client as k8s
 
 from tests.e2e.conftest import Cluster, Waiter
-from webhook.engine.metrics import Metrics
+from webhook.base.metrics import Metrics
 from webhook.kube.leader import LeaderElector
 
 pytestmark = pytest.mark.e2e

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.model import PodRef
 from webhook.core.resources import Resources
 from webhook.engine import lifecycle
 from webhook.engine.ledger import MAX_NODE_ENTRIES, LedgerEntry, LedgerFull
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config
 from webhook.kube.client import make_api_client
 from webhook.kube.ledger import LEDGER_ANNOTATION, LeaseLedger, lease_name
 

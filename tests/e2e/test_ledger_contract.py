@@ -125,8 +125,8 @@ class LeaseStore:
     calls_when_stale = 2
 
     def __init__(self, cluster: Any, namespace: str) -> None:
-        from webhook.engine.metrics import Metrics
-        from webhook.engine.settings import Config
+        from webhook.base.metrics import Metrics
+        from webhook.base.settings import Config
         from webhook.kube.client import make_api_client
         from webhook.kube.ledger import LeaseLedger
 

@@ -32,11 +32,11 @@ from tests.e2e.service_support import events as service_events
 from tests.e2e.service_support import resize, resize_patch, sample, scrape
 from tests.e2e.test_service import walkthrough
 from tests.e2e.test_worker import actual_cpu, events, get, review
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.movable import takes_pods
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.follow import Follow
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config
 from webhook.engine.worker import PreemptionWorker
 from webhook.kube.cache import BUDGETS, ClusterCache
 from webhook.kube.events import EventRecorder

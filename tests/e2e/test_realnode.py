@@ -44,9 +44,9 @@ from harness.realcluster import RealCluster, millicores
 from harness.realdemo import resize_patch, scaled_walkthrough
 from harness.realnode import NODE_NAME
 from tests.e2e.conftest import Waiter
-from webhook.certs import make_webhook_certs
 from webhook.core.model import FLOOR_ANNOTATION
 from webhook.core.resources import format_memory, memory_bytes
+from webhook.tls.certs import make_webhook_certs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 #: A process that ends on SIGTERM, as a workload does.

@@ -81,7 +81,7 @@ def _fake(world: World) -> Subject:
 
 
 def _real(world: World, api_clients: Callable[[str], Any], cluster: Any, tmp: Path) -> Subject:
-    from webhook.engine.metrics import Metrics
+    from webhook.base.metrics import Metrics
     from webhook.kube.resizer import Resizer
 
     def resizer(kubeconfig: str) -> LenderResizer:

@@ -49,11 +49,11 @@ from tests.e2e.service_support import (
     terminating,
     with_cpu,
 )
+from webhook.base.settings import Config
 from webhook.core.lending import Loan
 from webhook.core.model import PodRef
 from webhook.core.resources import Resources, memory_bytes
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.settings import Config
 from webhook.kube.ledger import LeaseLedger
 
 pytestmark = pytest.mark.e2e

@@ -20,12 +20,12 @@ from kubernetes import client as k8s
 from harness.doubles import InMemoryLedger
 from harness.manifests import guaranteed_pod
 from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter, victim_leaves
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.resize import apply_resize
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import room_holders
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config
 from webhook.engine.worker import PreemptionWorker
 from webhook.kube.cache import BUDGETS, ClusterCache
 from webhook.kube.events import EventRecorder

@@ -11,12 +11,12 @@ import pytest
 
 from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.web_fixtures import pod, resized, review, walkthrough_objects, walkthrough_view
+from webhook.base.settings import Config
 from webhook.core.lending import Loan
 from webhook.core.model import PodRef
 from webhook.core.resources import Resources
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.ledger import MAX_NODE_ENTRIES, LedgerEntry
-from webhook.engine.settings import Config
 
 GI = 1024**3
 NOW = 1000.0

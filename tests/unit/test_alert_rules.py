@@ -1,6 +1,6 @@
 """The alerting rules and the dashboard: one promtool test case per alert
 (deploy/prometheus/rules-test.yaml, run by tests/e2e/test_alert_rules_promtool.py), and
-every metric they read is one the service exports (webhook/engine/metrics.py)."""
+every metric they read is one the service exports (webhook/base/metrics.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from webhook.engine.metrics import Metrics
+from webhook.base.metrics import Metrics
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = REPO / "deploy" / "prometheus"

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from tests.unit.web_fixtures import client_context, make_tls_files
+from webhook.tls.serving import CertificateReloader
 from webhook.web.server import (
     BODY_COPIES,
     WORKER_BASELINE_BYTES,
@@ -21,7 +22,6 @@ from webhook.web.server import (
     memory_needed,
 )
 from webhook.web.shared_metrics import start_metrics_server
-from webhook.web.tls import CertificateReloader
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

@@ -22,10 +22,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from kubernetes.client.exceptions import ApiException
 
-from webhook import certs
 from webhook.cli import main
 from webhook.kube import webhookconfig
 from webhook.kube.errors import ClusterError, Forbidden
+from webhook.tls import certs
 
 SERVICE_NAMES = (
     "resize-preemption-webhook",

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from webhook.engine.settings import SETTINGS, env_name
+from webhook.base.settings import SETTINGS, env_name
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "resize-preemption-webhook"

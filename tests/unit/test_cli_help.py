@@ -1,5 +1,5 @@
 """``serve --help`` against the settings table: every flag explained, with its choices and
-its default; the settings as ``webhook/engine/settings.py`` defines them and as
+its default; the settings as ``webhook/base/settings.py`` defines them and as
 docs/service.md tables them. And the kubectl plugin's command line."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import yaml
 from cryptography import x509
 
 from tests.unit.builders import HIGH, make_node, make_pod
+from webhook.base.settings import SETTINGS, env_name
 from webhook.cli import KUBECTL_PLUGIN, PLAN_SETTINGS, kubectl_plugin, main
-from webhook.engine.settings import SETTINGS, env_name
 
 SERVICE_DOC = Path(__file__).resolve().parents[2] / "docs" / "service.md"
 

@@ -18,9 +18,9 @@ from harness.launcher import free_port
 from harness.processes import ManagedProcess, spawn
 from tests.unit.web_fixtures import TLSFiles, client_context, dumps, make_tls_files
 from tests.unit.web_fixtures import walkthrough_review as review
-from webhook import pki
-from webhook.engine.settings import DEFAULT_CLIENT_CN
-from webhook.web.tls import CertificateReloader, TLSConfigError
+from webhook.base.settings import DEFAULT_CLIENT_CN
+from webhook.tls import pki
+from webhook.tls.serving import CertificateReloader, TLSConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

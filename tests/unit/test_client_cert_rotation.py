@@ -1,7 +1,7 @@
 """kube-apiserver's client certificate in certificates mode ``service``: what its Secret
-should hold (webhook.rotation with the client policy), the CA file the service trusts
+should hold (webhook.tls.rotation with the client policy), the CA file the service trusts
 (webhook.kube.certs.write_client_ca) and the review port following that file
-(webhook.web.tls). The cluster side - the Secret written with the chart's rights, a
+(webhook.tls.serving). The cluster side - the Secret written with the chart's rights, a
 review with the certificate accepted and one without refused - is
 tests/e2e/test_apiserver_client_cert.py."""
 
@@ -17,9 +17,9 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tests.unit.web_fixtures import make_tls_files
-from webhook import pki
 from webhook.kube.certs import write_client_ca
-from webhook.rotation import (
+from webhook.tls import pki
+from webhook.tls.rotation import (
     CA_CERT,
     CA_KEY,
     CLIENT_CA_NAME,
@@ -32,7 +32,7 @@ from webhook.rotation import (
     client_policy,
     renewal,
 )
-from webhook.web.tls import CertificateReloader
+from webhook.tls.serving import CertificateReloader
 
 POLICY = client_policy(
     validity=dt.timedelta(days=365),

@@ -15,11 +15,11 @@ import pytest
 
 from harness.doubles import InMemoryLedger
 from tests.unit.web_fixtures import walkthrough_review, walkthrough_view
+from webhook.base.loop import Backlog, Job
+from webhook.base.settings import Config
 from webhook.engine import admission
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.decision_log import Facts
-from webhook.engine.loop import Backlog, Job
-from webhook.engine.settings import Config
 
 LOGGER = "webhook.decisions"
 

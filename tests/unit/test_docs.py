@@ -13,10 +13,10 @@ from prometheus_client.metrics_core import Metric
 
 from harness.doubles import InMemoryLedger
 from tests.unit.web_fixtures import walkthrough_review, walkthrough_view
+from webhook.base.metrics import METRICS, Metrics
+from webhook.base.settings import SETTINGS, Config, env_name
 from webhook.cli import main
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.metrics import METRICS, Metrics
-from webhook.engine.settings import SETTINGS, Config, env_name
 
 SERVICE_DOC = Path(__file__).resolve().parents[2] / "docs" / "service.md"
 OPERATIONS_DOC = SERVICE_DOC.with_name("operations.md")

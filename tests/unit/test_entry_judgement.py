@@ -29,12 +29,12 @@ from tests.unit.test_worker_logic import (
     entry,
     pod,
 )
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.lending import Loan
 from webhook.core.model import LabelSelector, Pod
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import Release, next_action, to_put_back
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config
 
 PROD = LabelSelector(match_labels=(("tier", "prod"),))
 

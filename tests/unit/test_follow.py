@@ -16,10 +16,10 @@ from harness.doubles import FakeEvents, FakeEvictor, InMemoryLedger, StaticClust
 from tests.unit.builders import NODE, NOW, OTHER_NODE, PodBuilder, make_pod
 from tests.unit.test_worker import CONFIG, Clock, Cluster, add
 from tests.unit.test_worker_logic import HIGH_RESIZED, LOW, MID, entry
+from webhook.base.metrics import Metrics
 from webhook.core.model import PodRef
 from webhook.engine.follow import Follow
 from webhook.engine.ledger import EvictionResult
-from webhook.engine.metrics import Metrics
 from webhook.engine.worker import PreemptionWorker
 from webhook.kube.events import EventRecorder
 

@@ -9,12 +9,12 @@ import orjson
 import pytest
 from kubernetes.client import ApiClient
 
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.errors import ObjectError
 from webhook.core.model import PodRef
 from webhook.core.resources import Resources
 from webhook.engine.ledger import LedgerEntry, encode_entries
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config
 from webhook.kube.client import RateLimiter
 from webhook.kube.ledger import (
     LATE_AFTER,

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from webhook.base.metrics import Metrics
 from webhook.core.model import PodRef
 from webhook.core.resources import Resources
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.metrics import Metrics
 from webhook.kube.ledger import LeaseLedger
 
 

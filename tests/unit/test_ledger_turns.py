@@ -12,9 +12,9 @@ import pytest
 
 from tests.unit.test_ledger_metrics import LeaseServer, add, entry
 from tests.unit.web_fixtures import walkthrough_review, walkthrough_view
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config
 from webhook.kube.errors import ClusterError
 from webhook.kube.ledger import Busy, LeaseLedger
 

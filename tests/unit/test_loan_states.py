@@ -13,6 +13,7 @@ from harness.doubles import FakeEvictor, FakeResizer, InMemoryLedger, StaticClus
 from tests.unit.test_giveback import BORROWED, HIGH_AT_6, HIGH_BACK_TO_4, MID
 from tests.unit.test_worker import Clock, make_worker
 from tests.unit.test_worker_logic import ADMITTED, LOAN, NODE, NOW, entry, pod, ref
+from webhook.base.settings import Config
 from webhook.core.lending import LoanRecord, records, records_text
 from webhook.core.model import LOANS_ANNOTATION, Pod
 from webhook.core.snapshot import Snapshot
@@ -30,7 +31,6 @@ from webhook.engine.lifecycle import (
     tidy,
     to_keep,
 )
-from webhook.engine.settings import Config
 from webhook.engine.status import service_status
 
 LENT = pod("lender", cpu="1")  # made and actuated

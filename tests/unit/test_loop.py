@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from webhook.engine.loop import Backoff, KeyedBackoff, Loop, Runnables
+from webhook.base.loop import Backoff, KeyedBackoff, Loop, Runnables
 
 T0 = 1_000.0
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from webhook import certs
+from webhook.base.settings import SETTINGS, env_name, load_config
 from webhook.core.model import FIT_TO_NODE_ANNOTATION
-from webhook.engine.settings import SETTINGS, env_name, load_config
+from webhook.tls import certs
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from webhook.engine.metrics import METRICS, MetricDef
+from webhook.base.metrics import METRICS, MetricDef
 
 #: Prometheus's and controller-runtime's naming rules, as operators read them.
 PREFIX = "resize_preemption_"

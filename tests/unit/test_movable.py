@@ -22,13 +22,13 @@ from tests.unit.builders import (
     make_pod,
     make_reservation,
 )
+from webhook.base.settings import load_config
 from webhook.core.errors import InputError
 from webhook.core.model import Node, Pod
 from webhook.core.movable import Room, claim, judge, room_on, rooms_elsewhere
 from webhook.core.plan import NodePods, Plan, plan_resize
 from webhook.core.policy import DefaultPolicy
 from webhook.core.resources import Resources
-from webhook.engine.settings import load_config
 
 Gi = 2**30
 
@@ -349,8 +349,8 @@ def _validate(engine: Any, objects: list[dict[str, Any]], name: str, uid: str) -
 )
 def test_the_service_plans_in_the_configured_order(expected: tuple[str, ...], order: Any) -> None:
     from harness.doubles import InMemoryLedger, StaticClusterView
+    from webhook.base.settings import Config
     from webhook.engine.admission import AdmissionEngine
-    from webhook.engine.settings import Config
 
     objects = _cluster("a")
     ledger = InMemoryLedger()
@@ -369,8 +369,8 @@ def test_room_elsewhere_is_not_promised_twice() -> None:
     """Two resizes each need one victim; node-2's one free core can take only one
     replacement: the second plan sees it promised and evicts as upstream would."""
     from harness.doubles import InMemoryLedger, StaticClusterView
+    from webhook.base.settings import Config
     from webhook.engine.admission import AdmissionEngine
-    from webhook.engine.settings import Config
 
     objects = _cluster("a", "b")
     ledger = InMemoryLedger()

@@ -20,8 +20,8 @@ from flask import Flask
 
 from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.web_fixtures import fit_to_node_objects, resized, review
+from webhook.base.settings import Config
 from webhook.core.model import FIT_TO_NODE_ANNOTATION
-from webhook.engine.settings import Config
 from webhook.web.app import create_app
 
 

@@ -11,10 +11,10 @@ from harness.doubles import InMemoryLedger
 from tests.unit.builders import make_pod
 from tests.unit.test_worker_logic import CONFIG, NODE, NOW, entry, pod
 from tests.unit.web_fixtures import resized, review, walkthrough_objects, walkthrough_view
+from webhook.base.settings import Config
 from webhook.core.resources import Resources
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.lifecycle import Wait, next_action
-from webhook.engine.settings import Config
 
 
 @dataclass(frozen=True)

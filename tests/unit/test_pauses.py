@@ -16,6 +16,7 @@ from harness.doubles import (
     MemoryCheckpoints,
 )
 from tests.unit.builders import NODE, make_node, make_pod
+from webhook.base.metrics import Metrics
 from webhook.core.checkpoint import (
     ON_PREEMPT_ANNOTATION,
     RESTORED_FROM_ANNOTATION,
@@ -29,7 +30,6 @@ from webhook.core.model import Node, Pod, PodRef
 from webhook.core.resources import Resources
 from webhook.engine.ledger import EvictionResult, LedgerEntry
 from webhook.engine.memory import FixedClusterView, MemoryLedger
-from webhook.engine.metrics import Metrics
 from webhook.engine.pauses import Checkpointed, Pauses, PausingEvictor, Restorer
 
 ABLE = NodeCheckpointing(NODE, checkpoint=True, restore=True)

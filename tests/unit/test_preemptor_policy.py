@@ -13,15 +13,15 @@ from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.builders import HIGH, LOW, NODE, NOW, make_node, make_pod
 from tests.unit.test_reconciler import BASE, high, low, peer
 from tests.unit.web_fixtures import walkthrough_objects, walkthrough_review
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config, load_config
 from webhook.cli import main
 from webhook.core.errors import InputError
 from webhook.core.model import LabelSelector, Namespace, Requirement
 from webhook.core.policy import Preemptors
 from webhook.core.snapshot import load_snapshot
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler
-from webhook.engine.settings import Config, load_config
 
 TEAM_A = LabelSelector(match_labels=(("team", "a"),))
 NAME = "kubernetes.io/metadata.name"

@@ -29,14 +29,14 @@ from tests.unit.builders import (
 from tests.unit.test_worker_logic import LOAN
 from tests.unit.test_worker_logic import entry as worker_entry
 from tests.unit.test_worker_logic import pod as cached_pod
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.model import NODE_OPT_OUT_ANNOTATION, DisruptionBudget, Node, Pod, PodRef
 from webhook.core.plan import Plan
 from webhook.core.resources import Resources
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import is_give_back
-from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import DEFERRED_REASONS, Reconciler, review_uid_for, skip_reason
-from webhook.engine.settings import Config
 
 CONFIG = Config(reservation_ttl=120.0)
 GI = 2**30

@@ -19,6 +19,7 @@ from harness.doubles import FakeEvictor, FakeResizer, InMemoryLedger, with_recor
 from tests.unit.builders import make_pod
 from tests.unit.test_worker import Clock, Cluster, make_worker
 from tests.unit.test_worker_logic import ADMITTED, CONFIG, NODE, NOW
+from webhook.base.metrics import Metrics
 from webhook.core.lending import Loan, LoanRecord, refusal_state, refused, room
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import NodePods, plan_resize
@@ -37,7 +38,6 @@ from webhook.engine.lifecycle import (
     to_keep,
     to_put_back,
 )
-from webhook.engine.metrics import Metrics
 
 GI = 1024**3
 REFUSAL = (

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from webhook.base.metrics import Metrics
 from webhook.core.lending import Loan, LoanRecord, records_text
 from webhook.core.model import LOANS_ANNOTATION, Pod, PodRef
 from webhook.core.objects import parse_pod
 from webhook.engine.loans import LoanResult
-from webhook.engine.metrics import Metrics
 from webhook.kube.resizer import Resizer, lent_note, refused_note, resize_patch
 
 GI = 1024**3

@@ -16,12 +16,12 @@ import pytest
 
 from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.web_fixtures import node, pod, resized, review, walkthrough_objects
+from webhook.base.settings import Config
 from webhook.core.model import FIT_TO_NODE_ANNOTATION, LabelSelector, Pod
 from webhook.core.objects import parse_pod
 from webhook.core.resize import resize_of
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.settings import Config
 
 NOW = 1000.0
 Obj = dict[str, Any]

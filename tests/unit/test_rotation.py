@@ -1,4 +1,4 @@
-"""webhook.rotation: what the service's Secret should hold, decided from what it holds and
+"""webhook.tls.rotation: what the service's Secret should hold, decided from what it holds and
 the time (the chart's certificates mode ``service``). The cluster side - the Secret, the
 caBundle, the ServiceAccount's rights - is tests/e2e/test_certificates.py and, on the real
 node, tests/e2e/test_realnode_install.py."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from webhook import pki
-from webhook.rotation import (
+from webhook.tls import pki
+from webhook.tls.rotation import (
     CA_CERT,
     CA_KEY,
     TLS_CERT,

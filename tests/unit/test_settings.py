@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from webhook.core.errors import InputError
-from webhook.engine.settings import (
+from webhook.base.settings import (
     METRICS_PORT,
     PORT,
     SETTINGS,
@@ -20,6 +19,7 @@ from webhook.engine.settings import (
     env_name,
     load_config,
 )
+from webhook.core.errors import InputError
 
 
 def test_defaults_without_any_source() -> None:

@@ -18,11 +18,11 @@ from tests.unit.test_reflector_stream import event, list_page, pod_obj
 from tests.unit.test_worker import Clock, Cluster, make_worker
 from tests.unit.test_worker_logic import HIGH_RESIZED, LOW, MID, entry
 from tests.unit.web_fixtures import resized, review, walkthrough_objects, walkthrough_view
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.objects import parse_pod
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler
-from webhook.engine.settings import Config
 from webhook.kube.cache import IndexedStore
 from webhook.kube.reflector import Reflector, Resource, parse_list_page
 

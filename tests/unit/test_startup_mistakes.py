@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from webhook import certs
+from webhook.tls import certs
 
 REPO = Path(__file__).resolve().parents[2]
 #: Stands for the test's own files, filled in per run.

@@ -11,11 +11,11 @@ import pytest
 from tests.unit.builders import NODE, NOW, OTHER_NODE, T0, PodBuilder, make_node, make_pdb
 from tests.unit.test_reconciler import BASE, entry_for, high
 from tests.unit.test_worker_logic import LOAN
+from webhook.base.settings import Config
 from webhook.core.checkpoint import CheckpointRecord, Phase
 from webhook.core.model import LabelSelector
 from webhook.core.snapshot import load_snapshot
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.settings import Config
 from webhook.engine.status import Leader, service_status, status_text, status_to_dict
 
 LIVE_LEADER = Leader("replica-a", NOW - 3, 15, 2)

@@ -10,9 +10,9 @@ import pytest
 
 from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.web_fixtures import node, pod, resized, review, walkthrough_objects
+from webhook.base.settings import Config
 from webhook.core.objects import parse_node, parse_pod
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.settings import Config
 from webhook.kube.cache import PodCompactor
 
 

@@ -36,8 +36,8 @@ from tests.unit.web_fixtures import (
     wait_for_tls,
     walkthrough_review,
 )
-from webhook import pki
-from webhook.web.tls import CertificateReloader, TLSConfigError
+from webhook.tls import pki
+from webhook.tls.serving import CertificateReloader, TLSConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ import pytest
 from harness.launcher import free_port
 from harness.processes import spawn
 from tests.unit.web_fixtures import TLSFiles, client_context, make_tls_files, wait_for_tls
-from webhook.web.tls import CertificateReloader
+from webhook.tls.serving import CertificateReloader
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -25,6 +25,8 @@ from tests.unit.web_fixtures import (
     walkthrough_review,
     walkthrough_view,
 )
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config, Mode
 from webhook.core.errors import InputError
 from webhook.engine.admission import (
     AdmissionEngine,
@@ -33,8 +35,6 @@ from webhook.engine.admission import (
     Endpoint,
     clean_audit_annotations,
 )
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config, Mode
 from webhook.web import app as app_module
 from webhook.web.app import create_app
 

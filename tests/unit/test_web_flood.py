@@ -15,9 +15,9 @@ import pytest
 from bench import flood
 from harness.doubles import InMemoryLedger
 from tests.unit.web_fixtures import dumps, walkthrough_review, walkthrough_view
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.engine.admission import response
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config
 from webhook.kube.errors import Conflict
 from webhook.web import worker
 from webhook.web.app import OVERLOADED, OVERLOADED_WARNING, create_app

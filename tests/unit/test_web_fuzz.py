@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.web_fixtures import fit_to_node_objects, review, walkthrough_review
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config, Mode
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config, Mode
 from webhook.web.app import create_app
 
 ENDPOINTS = st.sampled_from(["/validate-resize", "/mutate-resize"])

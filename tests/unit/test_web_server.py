@@ -31,10 +31,10 @@ from tests.unit.web_fixtures import (
     walkthrough_review,
 )
 from webhook.service import process_identity
+from webhook.tls.serving import CertificateReloader
 from webhook.web.app import create_app
 from webhook.web.server import ServerOptions, WebhookServer, WorkerApp
 from webhook.web.shared_metrics import start_metrics_server
-from webhook.web.tls import CertificateReloader
 from webhook.web.worker import HandshakeDeadline, ReviewWorker
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,12 +23,12 @@ from tests.unit.test_worker_logic import (
     pod,
     ref,
 )
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.model import Node, Pod, PodRef
 from webhook.engine.ledger import EvictionResult, LedgerEntry
 from webhook.engine.lifecycle import drop_victims, release, room_holders
 from webhook.engine.loans import LenderResizer
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config
 from webhook.engine.worker import PreemptionWorker
 
 CONFIG = Config(persist_timeout=10.0, reservation_ttl=120.0)

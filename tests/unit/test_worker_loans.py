@@ -19,9 +19,9 @@ from tests.unit.test_worker_logic import (
     entry,
     pod,
 )
+from webhook.base.metrics import Metrics
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.loans import LoanResult
-from webhook.engine.metrics import Metrics
 from webhook.engine.worker import PreemptionWorker
 
 # "high" 6 CPUs on 8: "lender" lends 1 (3 -> 2) and "low-b" (2 CPUs) is evicted.

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import pytest
 
+from webhook.base.settings import Config
 from webhook.core.lending import Loan, LoanRecord, lender_step, loan_state, records_text
 from webhook.core.model import (
     FLOOR_ANNOTATION,
@@ -22,7 +23,6 @@ from webhook.core.objects import parse_pod
 from webhook.core.resources import Resources
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import Act, Action, Release, Wait, next_action, persisted, phase
-from webhook.engine.settings import Config
 
 GI = 1024**3
 NODE = Node(name="node-1", allocatable=Resources(8000, 16 * GI))

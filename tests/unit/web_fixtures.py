@@ -27,8 +27,8 @@ import orjson
 
 from harness import pki as harness_pki
 from harness.doubles import StaticClusterView
-from webhook import pki
 from webhook.core.model import FIT_TO_NODE_ANNOTATION
+from webhook.tls import pki
 
 NODE = "node-1"
 START = "2025-01-01T00:00:00Z"
@@ -264,11 +264,11 @@ def _serve_main() -> None:
             (lifecycle / event).write_text(str(os.getpid()))
 
     from harness.doubles import InMemoryLedger
-    from webhook.engine.metrics import Metrics
-    from webhook.engine.settings import Config
+    from webhook.base.metrics import Metrics
+    from webhook.base.settings import Config
+    from webhook.tls.serving import CertificateReloader
     from webhook.web.app import create_app
     from webhook.web.server import ServerOptions, WorkerApp, serve
-    from webhook.web.tls import CertificateReloader
 
     def start_services() -> Callable[[], None]:
         record("started")

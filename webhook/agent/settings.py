@@ -1,5 +1,5 @@
 """The node agent's settings: :class:`AgentSettings` and :data:`AGENT_SETTINGS`, read as the
-service reads its own (:mod:`webhook.engine.settings`): one :class:`~webhook.engine.settings.Rule`
+service reads its own (:mod:`webhook.base.settings`): one :class:`~webhook.base.settings.Rule`
 per setting, ``--kebab-case`` on the command line and ``RPW_UPPER_SNAKE`` in the
 environment, flags over environment over defaults; a bad value is one line naming the
 setting, where it came from and the rule."""
@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Final
 
 from webhook.agent.records import REPOSITORY_PATTERN, valid_repository
+from webhook.base.settings import Count, Namespace, Rule, Seconds, Text, env_name
 from webhook.core.errors import InputError, QuantityError
 from webhook.core.resources import memory_bytes
-from webhook.engine.settings import Count, Namespace, Rule, Seconds, Text, env_name
 
 #: Where the kubelet writes checkpoint archives under its default root directory.
 KUBELET_CHECKPOINTS: Final = "/var/lib/kubelet/checkpoints"

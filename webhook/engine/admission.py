@@ -34,6 +34,9 @@ from typing import Any, Final, Literal, NamedTuple, NotRequired, TypedDict, cast
 import jsonpatch
 import orjson
 
+from webhook.base.loop import After, run_now
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.accounting import Holdings, holdings, pod_requests
 from webhook.core.checkpoint import Pause
 from webhook.core.errors import InputError, WebhookError
@@ -55,9 +58,6 @@ from webhook.engine.decision_log import Decision, Facts, decision_logger, emit, 
 from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.ledger import ClusterView, Ledger, LedgerEntry
 from webhook.engine.lifecycle import admit, room_holders
-from webhook.engine.loop import After, run_now
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config
 
 # -- on the wire ---------------------------------------------------------------------------
 

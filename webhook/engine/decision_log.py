@@ -2,7 +2,7 @@
 
 A review's line is built from a few facts the engine keeps (:class:`Facts`), after the
 answer: the service writes lines from a background thread, a batch at a time
-(:class:`~webhook.engine.loop.Backlog`), so the review path only queues the facts.
+(:class:`~webhook.base.loop.Backlog`), so the review path only queues the facts.
 A batch is one log record whose message holds its lines, one review each: the service
 logs messages alone (``%(message)s``), so the output is the same lines, written at once.
 

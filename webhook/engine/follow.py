@@ -42,12 +42,12 @@ from typing import Any, Final, Literal, Protocol
 
 import orjson
 
+from webhook.base.loop import Loop
+from webhook.base.metrics import Metrics
 from webhook.core.model import Pod, PodRef
 from webhook.core.movable import RECREATED_BY, judge
 from webhook.engine.decision_log import emit
 from webhook.engine.ledger import ClusterView
-from webhook.engine.loop import Loop
-from webhook.engine.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def placed(f: Followed, pod: Pod) -> Told | None:
 
 class Follow:
     """Follows evicted victims until each has an outcome; thread-safe. A
-    :class:`~webhook.engine.loop.Runnable` the service runs while this replica leads."""
+    :class:`~webhook.base.loop.Runnable` the service runs while this replica leads."""
 
     def __init__(
         self,

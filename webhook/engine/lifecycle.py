@@ -65,6 +65,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal, NamedTuple, Protocol
 
+from webhook.base.settings import Config
 from webhook.core.accounting import active_on, holdings, node_usage, pod_requests
 from webhook.core.lending import (
     Loan,
@@ -86,7 +87,6 @@ from webhook.core.plan import NodePods, Plan, plan_resize
 from webhook.core.policy import ImportanceKey, PreemptionPolicy, importance_key
 from webhook.core.resources import ZERO, Resources
 from webhook.engine.ledger import LedgerChange, LedgerEntry, desired_requests
-from webhook.engine.settings import Config
 
 State = Literal["admitted", "persisted", "actuated", "released"]
 #: States in which an entry holds room on its node: every plan counts it.

@@ -18,13 +18,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Protocol
 
+from webhook.base.loop import KeyedBackoff
+from webhook.base.metrics import RESOURCE_UNITS, Metrics, in_base_unit
 from webhook.core.lending import Loan, LoanKey, LoanRecord, loan_key, loan_state
 from webhook.core.model import Pod, PodRef
 from webhook.engine import lifecycle
 from webhook.engine.ledger import ClusterView, Ledger, LedgerEntry
 from webhook.engine.lifecycle import Refuse
-from webhook.engine.loop import KeyedBackoff
-from webhook.engine.metrics import RESOURCE_UNITS, Metrics, in_base_unit
 
 log = logging.getLogger(__name__)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
 
+from webhook.base.metrics import Metrics
 from webhook.core.accounting import Reservation, pod_requests
 from webhook.core.checkpoint import (
     ON_PREEMPT_ANNOTATION,
@@ -51,7 +52,6 @@ from webhook.core.objects import parse_pod
 from webhook.core.resources import ZERO, Resources
 from webhook.engine.ledger import ClusterView, EvictionResult, Ledger, VictimEvictor
 from webhook.engine.lifecycle import room_holders
-from webhook.engine.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -30,6 +30,9 @@ from typing import Protocol
 
 import orjson
 
+from webhook.base.loop import Loop
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.checkpoint import Pause
 from webhook.core.errors import WebhookError
 from webhook.core.model import Node, Pod
@@ -39,9 +42,6 @@ from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.ledger import ClusterView, Ledger, LedgerChange
 from webhook.engine.lifecycle import Admitted, admit, claim
-from webhook.engine.loop import Loop
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class Reconciler:
     """One pass (:meth:`reconcile`) plans for every deferred resize without a live entry.
 
     Run by the leader only, beside the preemption worker: :meth:`start` runs passes in a
-    :class:`~webhook.engine.loop.Loop`, woken (:meth:`wake`) on pod, node, PDB and ledger
+    :class:`~webhook.base.loop.Loop`, woken (:meth:`wake`) on pod, node, PDB and ledger
     changes, and every ``period`` seconds. Thread-safe as long as one thread runs passes.
     """
 

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.checkpoint import (
     RESTORED_FROM_ANNOTATION,
     CheckpointRecord,
@@ -30,9 +32,7 @@ from webhook.core.snapshot import Snapshot
 from webhook.engine.ledger import LedgerEntry
 from webhook.engine.lifecycle import orphans, room_holders
 from webhook.engine.memory import FixedClusterView, MemoryLedger
-from webhook.engine.metrics import Metrics
 from webhook.engine.reconciler import Reconciler
-from webhook.engine.settings import Config
 
 #: What each reason the reconciler gives means to a person (a plan's own reason is used
 #: when there is a plan).

@@ -2,7 +2,7 @@
 
 The admission path writes a ledger entry per admitted resize (its reservation and its
 plan) and answers at once; this worker does the slow part. It runs as a
-:class:`~webhook.engine.loop.Loop`: woken by :meth:`~PreemptionWorker.wake` (the service
+:class:`~webhook.base.loop.Loop`: woken by :meth:`~PreemptionWorker.wake` (the service
 calls it on every change of the cache or the ledger, an admission's write included), or every
 ``interval`` seconds, it walks every entry: up to ``NODE_PARALLELISM`` nodes side by side, each
 node's entries one after another, oldest admission first. A node whose resize is admitted
@@ -23,7 +23,7 @@ to do and does it:
    ``VICTIM_PARALLELISM`` calls at once for one plan): the resize waits for the slowest
    victim, not for the sum of them. A loan that fails stops the entry's turn before any
    eviction. A victim ``blocked-by-pdb`` or ``failed`` does not hold back the others; the
-   entry is retried later with exponential backoff (:class:`~webhook.engine.loop.Backoff`),
+   entry is retried later with exponential backoff (:class:`~webhook.base.loop.Backoff`),
    or at once when a PodDisruptionBudget changes (it may allow the eviction now).
 
 So a plan carried out as admitted costs no ledger write here: the admission's write is
@@ -56,7 +56,7 @@ Guarantees:
   retried; they never end the thread.
 
 Only the leader must run it: the service registers it with
-:class:`~webhook.engine.loop.Runnables` as needing leader election. It reaches the
+:class:`~webhook.base.loop.Runnables` as needing leader election. It reaches the
 cluster only through its ports (:mod:`webhook.engine.ledger`): the cache, the ledger, an
 evictor and an event sink, which ``webhook.kube`` provides. The event sink hears only of
 plans given up on with victims left (``abandoned``); a plan carried out is told by the
@@ -80,6 +80,9 @@ from math import inf
 
 import orjson
 
+from webhook.base.loop import Backoff, KeyedBackoff, Loop
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.errors import WebhookError
 from webhook.core.model import PodRef
 from webhook.engine.decision_log import emit
@@ -106,9 +109,6 @@ from webhook.engine.lifecycle import (
     wanted,
 )
 from webhook.engine.loans import LenderResizer, Lending
-from webhook.engine.loop import Backoff, KeyedBackoff, Loop
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config
 
 #: Releases that give up on a plan: victims still live then were never evicted for it,
 #: and nobody else tells the resizing pod's owner so.

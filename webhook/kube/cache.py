@@ -26,6 +26,8 @@ from typing import Any, Final, Generic, TypeVar, cast
 
 from kubernetes.client import CoreV1Api, PolicyV1Api, SchedulingV1Api
 
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.model import (
     ANYWHERE,
     KEPT_ANNOTATION_PREFIXES,
@@ -48,9 +50,7 @@ from webhook.core.objects import (
     parse_pod,
     parse_priority_class,
 )
-from webhook.engine.metrics import Metrics
 from webhook.engine.rooms import NodeRooms
-from webhook.engine.settings import Config
 from webhook.kube.errors import ClusterError
 from webhook.kube.reflector import (
     DEFAULT_PAGE_SIZE,

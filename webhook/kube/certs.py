@@ -1,8 +1,8 @@
 """The service's own certificates in the cluster (the chart's certificates mode ``service``).
 
-Three parts, each over the Secret named in :class:`webhook.rotation.ManagedTLS`:
+Three parts, each over the Secret named in :class:`webhook.tls.rotation.ManagedTLS`:
 
-* :func:`ensure` renews what :func:`webhook.rotation.renewal` says is due and keeps the
+* :func:`ensure` renews what :func:`webhook.tls.rotation.renewal` says is due and keeps the
   webhook configurations' ``caBundle`` equal to the Secret's ``ca.crt``. The ``caBundle``
   is set *before* the Secret is written: it then trusts the CA of the certificate served
   now and of the one about to be served. The Secret is written with the resourceVersion
@@ -10,7 +10,7 @@ Three parts, each over the Secret named in :class:`webhook.rotation.ManagedTLS`:
   others read its result.
 * :class:`CertificateRotator` runs :func:`ensure` every period on the leader.
 * :class:`CertificateFollower` runs on every replica and writes the Secret's current pair
-  into the files the server serves (:class:`webhook.web.tls.CertificateReloader` reloads
+  into the files the server serves (:class:`webhook.tls.serving.CertificateReloader` reloads
   them), within a period of a renewal; reading the Secret through the API rather than
   a Secret volume makes a new install serve at once, not after the kubelet's next sync.
 
@@ -49,7 +49,7 @@ from webhook.kube.client import make_api_client
 from webhook.kube.errors import ClusterError, Conflict
 from webhook.kube.jsonapi import request_json
 from webhook.kube.webhookconfig import set_ca_bundle
-from webhook.rotation import (
+from webhook.tls.rotation import (
     CA_CERT,
     KEYS,
     TLS_CERT,

@@ -35,8 +35,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
 
+from webhook.base.metrics import Metrics
 from webhook.core.model import PodRef
-from webhook.engine.metrics import Metrics
 from webhook.kube.errors import ClusterError
 from webhook.kube.jsonapi import request_json
 

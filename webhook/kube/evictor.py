@@ -45,11 +45,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from webhook.base.loop import Backoff
+from webhook.base.metrics import Metrics
+from webhook.base.settings import EvictionMethod
 from webhook.core.model import PodRef
 from webhook.engine.ledger import EvictionResult
-from webhook.engine.loop import Backoff
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import EvictionMethod
 from webhook.kube.errors import ClusterError, Conflict, NotFound, TooManyRequests
 from webhook.kube.events import EventRecorder, rfc3339
 from webhook.kube.jsonapi import patch_pod, pod_path, request_json

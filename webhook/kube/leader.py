@@ -2,7 +2,7 @@
 
 Only the leader runs the preemption worker and the reconciler: the service hands the
 elector the ``start_leading`` and ``stop_leading`` of its
-:class:`webhook.engine.loop.Runnables` as callbacks. This follows client-go's
+:class:`webhook.base.loop.Runnables` as callbacks. This follows client-go's
 ``tools/leaderelection`` (``LeaderElector`` with a ``LeaseLock`` and ``ReleaseOnCancel``):
 
 * **acquire**: every ``retry_period`` (jittered by up to 1.2x, ``wait.JitterUntil``) try
@@ -35,8 +35,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from webhook.engine.loop import Backoff
-from webhook.engine.metrics import Metrics
+from webhook.base.loop import Backoff
+from webhook.base.metrics import Metrics
 from webhook.kube.errors import ClusterError, NotFound
 from webhook.kube.events import micro_time
 from webhook.kube.jsonapi import request_json

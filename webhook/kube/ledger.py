@@ -61,6 +61,9 @@ from typing import Any, Final
 
 from kubernetes.client import CoordinationV1Api
 
+from webhook.base.loop import Backoff
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.errors import ObjectError
 from webhook.core.model import Pod
 from webhook.engine.ledger import (
@@ -74,9 +77,6 @@ from webhook.engine.ledger import (
     on_local_clock,
 )
 from webhook.engine.lifecycle import room_holders
-from webhook.engine.loop import Backoff
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config
 from webhook.kube import reflector as rf
 from webhook.kube.errors import ClusterError, Conflict, NotFound
 from webhook.kube.jsonapi import request_json

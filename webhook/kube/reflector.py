@@ -44,8 +44,8 @@ from typing import Any, Final, Generic, Literal, Protocol, TypeVar
 import orjson
 import urllib3.exceptions
 
+from webhook.base.loop import Backoff
 from webhook.core.errors import InputError
-from webhook.engine.loop import Backoff
 from webhook.kube.errors import TRANSLATABLE, ClusterError, Expired, translate
 
 log = logging.getLogger(__name__)

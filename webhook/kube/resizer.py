@@ -44,14 +44,14 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote
 
+from webhook.base.loop import Backoff
+from webhook.base.metrics import Metrics
 from webhook.core.errors import ObjectError
 from webhook.core.lending import Loan, LoanRecord, lender_step, loan_key, records, records_text
 from webhook.core.model import LOANS_ANNOTATION, Pod, PodRef
 from webhook.core.objects import parse_pod
 from webhook.core.resources import format_cpu, format_memory
 from webhook.engine.loans import LoanResult
-from webhook.engine.loop import Backoff
-from webhook.engine.metrics import Metrics
 from webhook.kube.errors import ClusterError, Conflict, NotFound
 from webhook.kube.events import EventRecorder
 from webhook.kube.jsonapi import patch_pod, pod_path, request_json

@@ -34,6 +34,8 @@ import orjson
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 
+from webhook.base.metrics import Metrics
+from webhook.base.settings import Config
 from webhook.core.errors import InputError
 from webhook.engine.admission import (
     PREFIX,
@@ -45,8 +47,6 @@ from webhook.engine.admission import (
     response,
 )
 from webhook.engine.ledger import ClusterView, Ledger
-from webhook.engine.metrics import Metrics
-from webhook.engine.settings import Config
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment

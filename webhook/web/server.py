@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 from gunicorn.app.base import BaseApplication
 from prometheus_client import CollectorRegistry
 
-from webhook.engine.settings import DEFAULT_CLIENT_CN, Config
+from webhook.base.settings import DEFAULT_CLIENT_CN, Config
+from webhook.tls.serving import DEFAULT_CHECK_INTERVAL, CertificateReloader
 from webhook.web import shared_metrics
 from webhook.web.shared_metrics import MetricsServer, start_metrics_server
-from webhook.web.tls import DEFAULT_CHECK_INTERVAL, CertificateReloader
 from webhook.web.worker import WORKER_CLASS, HandshakeDeadline
 
 if TYPE_CHECKING:
@@ -389,7 +389,7 @@ def serve(app_factory: AppFactory, options: ServerOptions) -> NoReturn:
     """Serve HTTPS as ``options`` say until SIGTERM/SIGINT; exits the process (gunicorn's
     master calls ``sys.exit``).
 
-    Raises :class:`~webhook.web.tls.TLSConfigError` before forking when the certificate
+    Raises :class:`~webhook.tls.serving.TLSConfigError` before forking when the certificate
     and key cannot be served, ``ValueError`` on bad options.
     """
     options.validate()

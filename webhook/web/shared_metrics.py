@@ -16,7 +16,7 @@ With ``workers > 1`` every worker counts into its own registry, but a scrape mus
 replica as a whole. prometheus-client's multiprocess mode does that: each process writes
 its values to memory-mapped files in one directory, and a collector in the serving
 process sums them up (gauges by their ``multiprocess_mode``, see
-:mod:`webhook.engine.metrics`). The master owns the directory and the ``/metrics``
+:mod:`webhook.base.metrics`). The master owns the directory and the ``/metrics``
 endpoint; workers only write.
 
 prometheus-client picks the mode once, when it is imported, from ``PROMETHEUS_MULTIPROC_DIR``,

@@ -22,7 +22,7 @@ app is called only once a request is complete - headers and body in memory:
 **The caller's name.** With client certificates required (``--client-ca``), a
 certificate the CA signed for another Common Name than ``client-cn`` closes the
 connection once its handshake is done, before any request is read
-(:meth:`~webhook.web.tls.CertificateReloader.accepts`).
+(:meth:`~webhook.tls.serving.CertificateReloader.accepts`).
 
 **The probe port.** With client certificates required (``--client-ca``), the kubelet's
 HTTPS probes, which present none, go to a port of their own (``--probe-port``): its
@@ -78,13 +78,13 @@ import gevent
 from gevent.local import local
 from gunicorn.workers.ggevent import GeventWorker
 
+from webhook.tls.serving import peer_common_names
 from webhook.web.app import OVERLOADED
-from webhook.web.tls import peer_common_names
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
-    from webhook.web.tls import CertificateReloader
+    from webhook.tls.serving import CertificateReloader
 
 log = logging.getLogger(__name__)
 

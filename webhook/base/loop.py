@@ -345,7 +345,7 @@ def run_now(job: Job, argument: Any) -> None:
 
 
 class Backlog:
-    """Runs submitted jobs from one background :class:`~webhook.engine.loop.Loop`, in
+    """Runs submitted jobs from one background :class:`~webhook.base.loop.Loop`, in
     batches (:meth:`submit` is an :data:`After`).
 
     :meth:`submit` is thread-safe, takes no lock and does no I/O. Work submitted before

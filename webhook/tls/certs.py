@@ -29,8 +29,8 @@ from typing import Final
 
 import yaml
 
-from webhook import pki
 from webhook.core.errors import InputError
+from webhook.tls import pki
 
 DEFAULT_SERVICE: Final = "resize-preemption-webhook"
 DEFAULT_NAMESPACE: Final = "resize-preemption-system"

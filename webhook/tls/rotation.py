@@ -42,8 +42,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from webhook import pki
-from webhook.engine.settings import DEFAULT_CLIENT_CN, DURATION
+from webhook.base.settings import DEFAULT_CLIENT_CN, DURATION
+from webhook.tls import pki
 
 CA_CERT: Final = "ca.crt"
 CA_KEY: Final = "ca.key"
@@ -61,7 +61,7 @@ MIN_PERIOD: Final = 1.0
 
 #: A certificate made on a machine whose clock is a little ahead is still good.
 _SKEW: Final = dt.timedelta(minutes=5)
-#: What a certificate's lifetime may exceed its validity by: webhook.pki backdates the
+#: What a certificate's lifetime may exceed its validity by: webhook.tls.pki backdates the
 #: start by five minutes.
 _LIFETIME_SLACK: Final = dt.timedelta(minutes=6)
 

@@ -47,7 +47,7 @@ from typing import Any, Final
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from webhook.engine.settings import DEFAULT_CLIENT_CN
+from webhook.base.settings import DEFAULT_CLIENT_CN
 
 log = logging.getLogger(__name__)
 

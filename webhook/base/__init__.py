@@ -1,0 +1,1 @@
+"""The service's foundations below the engine: settings, metrics, the loop."""

@@ -1,0 +1,1 @@
+"""Certificates and the server's TLS: making, rotating and serving them."""
