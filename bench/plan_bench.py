@@ -42,6 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from harness.provenance import Run
 from webhook.core.accounting import Reservation, active_on, node_usage
 from webhook.core.model import DisruptionBudget, Node, Pod
 from webhook.core.objects import parse_node, parse_pdb, parse_pod
@@ -579,6 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps-110", type=int, default=2000)
     parser.add_argument("--reps-1000", type=int, default=300)
     args = parser.parse_args(argv)
+    started = Run()
     if args.quick:
         sizes, warmup = [(110, 60), (1000, 12)], 5
     else:
@@ -586,8 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run(sizes, warmup)
     print(table(result))
     if not args.quick:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        started.write(RESULTS, result)
         print(f"wrote {RESULTS}")
     return 0
 

@@ -22,8 +22,8 @@ from typing import Any
 from harness.chart import NAMESPACE
 from harness.demo import PRIORITY_CLASSES, Terminal
 from harness.realcluster import RealCluster
-from harness.realdemo import Walkthrough, resize_patch, scaled_walkthrough
 from harness.realnode import NODE_NAME
+from harness.walkthrough import Walkthrough, resize_patch, scaled_walkthrough
 from webhook.core.checkpoint import RESTORED_FROM_ANNOTATION
 
 #: Counts in a shell variable (the process's memory) and writes the count each second.

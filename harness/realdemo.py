@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
 
 from harness.binaries import BinariesUnavailable, ensure_binaries
 from harness.chart import NAMESPACE, ChartError
@@ -33,10 +32,9 @@ from harness.realnode import (
     ensure_images,
     ensure_node_stack,
 )
+from harness.walkthrough import Walkthrough, resize_patch, scaled_walkthrough
 
 ACTUATION_TIMEOUT = 60.0
-#: Rounding of the scaled sizes, in millicores: figures a person reads at a glance.
-STEP = 10
 #: A real process that ends at once on SIGTERM (busybox sh: the trap runs when ``wait``
 #: returns, not after a whole ``sleep``).
 TRAPPING_COMMAND = [
@@ -44,37 +42,6 @@ TRAPPING_COMMAND = [
     "trap 'echo SIGTERM received, exiting; exit 0' TERM; "
     "echo started; while true; do sleep 1 & wait $!; done",
 ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Walkthrough:
-    """The walkthrough's sizes in millicores: the victim, the preemptor, its new size."""
-
-    low: int
-    high: int
-    target: int
-
-
-def scaled_walkthrough(allocatable: int, requested: int, step: int = STEP) -> Walkthrough:
-    """The seed walkthrough (an 8-CPU node: low 3, high 4 -> 6) scaled to the CPU the node
-    has free (``allocatable - requested`` millicores), each size rounded down to ``step``.
-
-    Keeps the story: both pods fit; the grown preemptor fits on its own; it does not fit
-    next to the victim. Raises ValueError when the node is too small for that.
-    """
-    free = allocatable - requested
-
-    def scaled(eighths: int) -> int:
-        return free * eighths // 8 // step * step
-
-    walk = Walkthrough(low=scaled(3), high=scaled(4), target=scaled(6))
-    fits = walk.low > 0 and walk.low + walk.high <= free and walk.high < walk.target <= free
-    if not fits or walk.low + walk.target <= free:
-        raise ValueError(
-            f"node has {free}m CPU free ({allocatable}m allocatable, {requested}m requested): "
-            "too little to replay the walkthrough"
-        )
-    return walk
 
 
 def manifests(walk: Walkthrough, image: str) -> str:
@@ -109,14 +76,6 @@ spec:
         + pod("low-priority-pod", "low-priority", "worker", walk.low, "500Mi")
         + pod("high-priority-pod", "high-priority", "app", walk.high, "1Gi")
     )
-
-
-def resize_patch(millicores: int) -> str:
-    cpu = f"{millicores}m"
-    return json.dumps(
-        {"spec": {"containers": [{"name": "app", "resources": {
-            "requests": {"cpu": cpu}, "limits": {"cpu": cpu}}}]}}
-    )  # fmt: skip
 
 
 def run(*, checkpoint: bool = False) -> int:

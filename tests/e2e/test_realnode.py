@@ -41,8 +41,8 @@ from harness.chart import FULLNAME, NAMESPACE, ready_endpoints, wait_ready
 from harness.kubeapi import ApiError
 from harness.manifests import workload_pod
 from harness.realcluster import RealCluster, millicores
-from harness.realdemo import resize_patch, scaled_walkthrough
 from harness.realnode import NODE_NAME
+from harness.walkthrough import resize_patch, scaled_walkthrough
 from tests.e2e.conftest import Waiter
 from webhook.core.model import FLOOR_ANNOTATION
 from webhook.core.resources import format_memory, memory_bytes

@@ -43,8 +43,8 @@ from cryptography import x509
 from harness.binaries import REPO_ROOT
 from harness.chart import CHART, helm_binary, run_helm
 from harness.realcluster import RealCluster
-from harness.realdemo import resize_patch, scaled_walkthrough
 from harness.realnode import NODE_NAME
+from harness.walkthrough import resize_patch, scaled_walkthrough
 from tests.e2e.conftest import Waiter, _remove_namespace
 from tests.e2e.test_realnode import (
     classes,  # noqa: F401 - a fixture

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.compare import scenarios as sc
-from bench.realcompare import scaled, sizes
 from harness import quantity
-from harness.realdemo import scaled_walkthrough
+from harness.compare import scenarios as sc
+from harness.compare.realnode import scaled, sizes
+from harness.walkthrough import scaled_walkthrough
 from webhook.core.model import FLOOR_ANNOTATION
 
 

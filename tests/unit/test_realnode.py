@@ -25,7 +25,7 @@ from harness.realcluster import (
     parse_cpu_quota,
     parse_memory,
 )
-from harness.realdemo import Walkthrough, manifests, scaled_walkthrough
+from harness.realdemo import manifests
 from harness.realnode import (
     NODE_IP,
     POD_BRIDGE,
@@ -43,6 +43,7 @@ from harness.realnode import (
     preflight_message,
     registry_hosts_toml,
 )
+from harness.walkthrough import Walkthrough, scaled_walkthrough
 
 CAPABLE = MachineFacts(
     root=True,

@@ -13,8 +13,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
-from bench.noop_endpoint import add_noop_endpoint
 from harness.doubles import InMemoryLedger, StaticClusterView
+from harness.noop_endpoint import add_noop_endpoint
 from tests.unit.web_fixtures import (
     fit_to_node_objects,
     node,

@@ -12,7 +12,7 @@ import gevent
 import orjson
 import pytest
 
-from bench import flood
+from harness import flood
 from harness.doubles import InMemoryLedger
 from tests.unit.web_fixtures import dumps, walkthrough_review, walkthrough_view
 from webhook.base.metrics import Metrics
