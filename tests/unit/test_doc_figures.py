@@ -23,9 +23,7 @@ def test_the_comparison_and_the_service_docs_quote_generated_figures() -> None:
 def test_every_generated_block_is_rendered_from_its_files_now(doc: Path) -> None:
     text = doc.read_text(encoding="utf-8")
     stale = [
-        " ".join(files)
-        for files, body in blocks(text)
-        if body != render([REPO / f for f in files])
+        " ".join(files) for files, body in blocks(text) if body != render([REPO / f for f in files])
     ]
 
     assert [] == stale, f"{doc.name}: blocks differ from their files; run `{COMMAND}`"
