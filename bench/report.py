@@ -50,6 +50,10 @@ def _get(data: Any, *keys: str) -> Any:
 
 
 def _number(value: Any) -> str:
+    return _plain(value).replace("|", "\\|")
+
+
+def _plain(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return "-" if value is None else ("yes" if value else "no")
     if isinstance(value, float):
@@ -145,13 +149,29 @@ def _targets(met: dict[str, Any] | None) -> str:
 
 
 def plan_figures(d: dict[str, Any]) -> Figures:
+    """Per node size: warm median, p90 and minimum; cold, one pod changed, lending and
+    movable-first medians (ms per call)."""
     rows: Figures = []
     for r in d["results"]:
-        pods = _number(r["pods"])
-        rows.append((f"{pods} pods: median, p90", f"{r['median_ms']} ms, {r['p90_ms']} ms"))
+        pods = f"{_number(r['pods'])} pods"
+        rows.append(
+            (f"{pods}: warm median, p90, min", f"{r['median_ms']}, {r['p90_ms']}, {r['min_ms']} ms")
+        )
+        for key, label in (
+            ("cold", "cold"),
+            ("one_pod_changed", "one pod changed"),
+            ("lending", "lending"),
+        ):
+            if key in r:
+                rows.append((f"{pods}: {label} median", f"{r[key]['median_ms']} ms"))
         mf = r.get("movable_first")
         if mf:
-            rows.append((f"{pods} pods, movable-first: median", f"{mf['median_ms']} ms"))
+            paired = mf.get("paired") or {}
+            rows.append((f"{pods}: movable-first median", f"{mf['median_ms']} ms"))
+            if paired:
+                rows.append(
+                    (f"{pods}: movable-first / upstream, timed in turns", f"x{paired.get('ratio')}")
+                )
     return rows
 
 
@@ -198,7 +218,7 @@ def generic_figures(d: dict[str, Any], prefix: str = "", depth: int = 0) -> Figu
         label = f"{prefix}{key}"
         if isinstance(value, dict) and depth < 2:
             rows += generic_figures(value, f"{label}.", depth + 1)
-        elif not isinstance(value, (dict, list)):
+        elif not isinstance(value, (dict, list)) and "\n" not in str(value):
             rows.append((f"`{label}`", value))
     return rows
 
@@ -232,6 +252,51 @@ def faults_figures(d: dict[str, Any]) -> Figures:
     return rows
 
 
+def realnode_figures(d: dict[str, Any]) -> Figures:
+    sizes, medians = d["sizes"], d["medians"]
+    return [
+        ("image", f"`{sizes['reference']}`"),
+        ("archive", f"{sizes['archive_bytes'] / 1e6:.1f} MB"),
+        ("in containerd", sizes["containerd_content"]),
+        ("unpacked", f"{sizes['unpacked_bytes'] / 2**20:.1f} MiB"),
+        ("cold starts", len(d["cold_starts"])),
+        *((f"median s from the POST to {stage}", medians[stage]) for stage in medians),
+    ]
+
+
+def vpa_figures(d: dict[str, Any]) -> Figures:
+    """Per case: when the resize was sent and actuated (s from the recommendation), the
+    resizes sent, restarts and victims."""
+    rows: Figures = [("VPA, Kubernetes", f"{d.get('vpa')}, {d.get('kubernetes')}")]
+    for c in d["cases"]:
+        waited = f"never (waited {c['waited']} s)"
+        actuated = waited if c["actuated_at"] is None else f"{c['actuated_at']} s"
+        evicted = f", `web` evicted at {c['evicted_web_at']} s" if c.get("evicted_web_at") else ""
+        rows.append(
+            (
+                f"`{c['case']}`",
+                f"sent {c['resized_at']} s, actuated {actuated}, {c['resizes_sent']} sent, "
+                f"{c['restarts']} restarts, victims {', '.join(c['victims']) or 'none'}{evicted}",
+            )
+        )
+    return rows
+
+
+def lender_memory_figures(d: dict[str, Any]) -> Figures:
+    """Per scenario: the resize actuated (and how soon), then what the watch saw."""
+    rows: Figures = [("kubelet, cgroup, watch", f"{d['kubelet']}, {d['cgroup']}, {d['watch_s']} s")]
+    for name, sc in d["scenarios"].items():
+        resize, outcome = sc.get("resize") or {}, sc.get("outcome") or {}
+        actuated = (
+            f"actuated in {resize['actuated_in_s']} s" if resize.get("actuated") else "not actuated"
+        )
+        oom = "OOM-killed" if outcome.get("oom_killed") else "no OOM kill of the container"
+        rows.append(
+            (f"`{name}`", f"{actuated}; {oom}, {_number(outcome.get('restarts'))} restarts")
+        )
+    return rows
+
+
 def flood_figures(d: dict[str, Any]) -> Figures:
     """The flood's settings, then each run's figures (the overload answer on, then off)."""
     rows = generic_figures({k: v for k, v in d.items() if k != "runs"})
@@ -248,6 +313,9 @@ KINDS: tuple[tuple[str, Callable[[dict[str, Any]], Figures]], ...] = (
     ("plan", plan_figures),
     ("flood.json", flood_figures),
     ("faults", faults_figures),
+    ("realnode", realnode_figures),
+    ("vpa", vpa_figures),
+    ("lender_memory", lender_memory_figures),
     ("checkpoint-overlay-diff", overlay_diff_figures),
     ("checkpoint", checkpoint_figures),
 )
