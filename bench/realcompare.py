@@ -2,7 +2,7 @@
 
 ``python -m bench.realcompare [--repeat 3] [--grace 0 5]`` (as root, after ``make node``;
 it starts its own clusters, one after the other, so not beside ``make cluster``) runs the
-scenarios of ``bench/compare`` (:mod:`harness.compare.scenarios`) on a cluster whose
+scenarios of ``make compare`` (:mod:`harness.compare.scenarios`) on a cluster whose
 ``node-1`` is the real kubelet on containerd (:class:`harness.realcluster.RealCluster`):
 
 * ``ours``: the alpha gate off everywhere; the webhook installed by its Helm chart from the
@@ -149,7 +149,7 @@ def compare(
 
 
 def rows_for(grace: int, results: dict[str, SideResult]) -> list[dict[str, Any]]:
-    """bench/compare's rows (medians of the runs) for one grace period."""
+    """The comparison's rows (medians of the runs) for one grace period."""
     combined = {
         side: {name: combine(runs) for name, runs in r.runs[grace].items()}
         for side, r in results.items()

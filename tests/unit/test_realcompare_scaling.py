@@ -1,5 +1,5 @@
-"""The real-node comparison scales bench/compare's scenarios to the CPU node-1 has free,
-as the real-node walkthrough is scaled, lending floors included."""
+"""The real-node comparison scales the comparison's scenarios (:mod:`harness.compare`) to
+the CPU node-1 has free, as the real-node walkthrough is scaled, lending floors included."""
 
 from __future__ import annotations
 
