@@ -57,7 +57,8 @@ from webhook.core.resources import (
 from webhook.engine.decision_log import Decision, Facts, decision_logger, emit, line
 from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.ledger import ClusterView, Ledger, LedgerEntry
-from webhook.engine.lifecycle import admit, room_holders
+from webhook.engine.lifecycle.changes import admit
+from webhook.engine.lifecycle.states import room_holders
 
 # -- on the wire ---------------------------------------------------------------------------
 
@@ -424,8 +425,8 @@ class _Scene(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ResizePlanner:
-    """The one :class:`~webhook.engine.lifecycle.Planner` of
-    :func:`~webhook.engine.lifecycle.admit`, for the admission path (``review``) and for
+    """The one :class:`~webhook.engine.lifecycle.changes.Planner` of
+    :func:`~webhook.engine.lifecycle.changes.admit`, for the admission path (``review``) and for
     the reconciler (a resize the kubelet deferred): ``pod``'s resize from ``old`` planned
     on ``node`` as the memo's ``view`` has it, at ``now``; in victim order
     ``movable-first``, with the room elsewhere (read only by a plan with victims, and

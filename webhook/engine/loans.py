@@ -1,7 +1,7 @@
 """Loans carried out: the lenders' port and the executor the worker calls.
 
 What a loan is and where it stands is :mod:`webhook.engine.lifecycle`'s (its states,
-:func:`~webhook.engine.lifecycle.loan_phase`, and the ledger changes); the arithmetic is
+:func:`~webhook.engine.states.loan_phase`, and the ledger changes); the arithmetic is
 :mod:`webhook.core.lending`'s. This module acts on them through a :class:`LenderResizer`
 (``pods/resize`` on the lender, ``webhook.kube.resizer``): :class:`Lending` makes an
 entry's loans before its evictions, records a refusal and puts the lenders back, gives
@@ -22,9 +22,9 @@ from webhook.base.loop import KeyedBackoff
 from webhook.base.metrics import RESOURCE_UNITS, Metrics, in_base_unit
 from webhook.core.lending import Loan, LoanKey, LoanRecord, loan_key, loan_state
 from webhook.core.model import Pod, PodRef
-from webhook.engine import lifecycle
 from webhook.engine.ledger import ClusterView, Ledger, LedgerEntry
-from webhook.engine.lifecycle import Refuse
+from webhook.engine.lifecycle import changes, give_back, states
+from webhook.engine.lifecycle.next_step import Refuse
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ class Lending:
                 None,
             )
             pod = self.cluster.pod(entry.pod.namespace, entry.pod.name)
-            if current is None or not lifecycle.wanted(entry, pod):
+            if current is None or not states.wanted(entry, pod):
                 return False  # released or cancelled meanwhile: nobody needs the room
             result = self.resizer.lend(loan, entry.pod, entry.node)
             if result is LoanResult.VOID:
@@ -209,7 +209,7 @@ class Lending:
         back; the next pass carries the new plan out. The write comes first: a lender put
         back before it would look like a loan still to make."""
         pods = tuple(self.cluster.pods_on(entry.node))
-        change = lifecycle.refuse(entry.review_uid, action, pods, self.clock())
+        change = changes.refuse(entry.review_uid, action, pods, self.clock())
         if not self.ledger.update(entry.node, change):
             return  # gone meanwhile, or recorded already (counted then)
         for loan in action.loans:
@@ -225,7 +225,7 @@ class Lending:
                 if action.plan is not None
                 else "no plan makes room without it",
             )
-        self.put_back(lifecycle.record_refusal(entry, action), action.why)
+        self.put_back(changes.record_refusal(entry, action), action.why)
         self.wake()
 
     def put_back(self, entry: LedgerEntry, why: str = "") -> None:
@@ -237,7 +237,7 @@ class Lending:
             return
         pods = tuple(self.cluster.pods_on(entry.node))
         errors = {p.uid: p.resize_error for p in pods}
-        for loan in lifecycle.to_put_back(entry, pods):
+        for loan in states.to_put_back(entry, pods):
             if not self.may_act():
                 return
             reason = why or errors.get(loan.pod.uid) or "the kubelet could not actuate it"
@@ -247,7 +247,7 @@ class Lending:
 
     def give_back(self, node_name: str, stop: threading.Event) -> int:
         """Return the loans on ``node_name`` the node has room for now
-        (:func:`~webhook.engine.lifecycle.give_backs`, orphans included), then remove the
+        (:func:`~webhook.engine.give_back.give_backs`, orphans included), then remove the
         records of loans that ended; how many were returned. No ledger write: a loan
         given back is read from the lender (its spec at ``before``), and the next write
         to the node drops the entry once the kubelet actuated it. An error is logged and
@@ -266,14 +266,14 @@ class Lending:
         entries = self.ledger.entries(node_name)
         pods = tuple(self.cluster.pods_on(node_name))
         done = 0
-        for give in lifecycle.give_backs(node, pods, entries, self.clock()):
+        for give in give_back.give_backs(node, pods, entries, self.clock()):
             if stop.is_set() or not self.may_act():
                 return done
             result = self.resizer.give_back(give.loan, give.borrower, node_name)
             if result is LoanResult.FAILED:
                 return done  # judged again on the next pass, on fresh state
             done += result is LoanResult.LENT
-        for lender, ended in lifecycle.ended_records(entries, pods, self.clock()).items():
+        for lender, ended in give_back.ended_records(entries, pods, self.clock()).items():
             if stop.is_set() or not self.may_act():
                 break
             self.resizer.forget(lender, ended)

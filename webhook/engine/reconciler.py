@@ -41,7 +41,8 @@ from webhook.engine.admission import NodeMemo, ResizePlanner
 from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.ledger import ClusterView, Ledger, LedgerChange
-from webhook.engine.lifecycle import Admitted, admit, claim
+from webhook.engine.lifecycle.changes import Admitted, admit
+from webhook.engine.lifecycle.states import claim
 
 log = logging.getLogger(__name__)
 

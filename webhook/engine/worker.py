@@ -7,13 +7,13 @@ calls it on every change of the cache or the ledger, an admission's write includ
 ``interval`` seconds, it walks every entry: up to ``NODE_PARALLELISM`` nodes side by side, each
 node's entries one after another, oldest admission first. A node whose resize is admitted
 while a pass is under way is taken up by that pass at once, not after its slowest node.
-For each entry it asks the lifecycle (:func:`webhook.engine.lifecycle.next_action`) what
+For each entry it asks the lifecycle (:func:`webhook.engine.lifecycle.next_step.next_action`) what
 to do and does it:
 
 1. ``Release`` - evict nobody; the entry is removed from the ledger only when readers
    would still count it (``Release.write``: its pod is gone from the cache, or the plan
    was given up on). An entry whose resize was actuated, superseded or refused holds no
-   room for any reader (:func:`webhook.engine.lifecycle.phase`), nor does an expired
+   room for any reader (:func:`webhook.engine.lifecycle.states.phase`), nor does an expired
    one; the next write to its node drops it;
 2. ``Wait`` - nothing;
 3. ``Act`` - take victims no longer needed off the claim first (a ledger write, only when
@@ -42,7 +42,7 @@ Guarantees:
   entry first, and only its victims may go;
 * the victims evicted together are the ones a decision on the current cache named a
   moment before, and before each loan and each eviction the resize must still be wanted
-  (:func:`~webhook.engine.lifecycle.wanted`: the pod there, its spec at the admitted
+  (:func:`~webhook.engine.lifecycle.states.wanted`: the pod there, its spec at the admitted
   size) and the entry still in the ledger with the victim pending: a resize patched back
   down, a deleted pod, a newer resize of the same pod or a release stops the rest;
 * before each eviction the replica must still lead (``may_act``): a leader that lost its
@@ -95,19 +95,9 @@ from webhook.engine.ledger import (
     PreemptionEvents,
     VictimEvictor,
 )
-from webhook.engine.lifecycle import (
-    Act,
-    Action,
-    Refuse,
-    Release,
-    Wait,
-    drop_victims,
-    next_action,
-    release,
-    room_holders,
-    tidy,
-    wanted,
-)
+from webhook.engine.lifecycle.changes import drop_victims, release, tidy
+from webhook.engine.lifecycle.next_step import Act, Action, Refuse, Release, Wait, next_action
+from webhook.engine.lifecycle.states import room_holders, wanted
 from webhook.engine.loans import LenderResizer, Lending
 
 #: Releases that give up on a plan: victims still live then were never evicted for it,
