@@ -404,7 +404,7 @@ class ClusterView(Protocol):
         """Pods bound to ``node``, terminal ones included (the planner skips them). A pod
         with a ``resource_version`` reads as that version of the stored object, nothing
         else: the node memo reuses what it computed of a version
-        (:class:`~webhook.engine.admission.NodeMemo`)."""
+        (:class:`~webhook.engine.planner.NodeMemo`)."""
         ...
 
     def node_rooms(self) -> NodeRooms:

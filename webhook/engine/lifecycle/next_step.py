@@ -337,9 +337,9 @@ def _refusal(s: Scene) -> Refuse | None:
 
 
 def _done(s: Scene, now_in: Phase) -> Release | Wait | None:
-    """4. Done (actuated), or the kubelet will never do it (Infeasible). A resize the kubelet actuated on a loan
-    it then refused is not done while that lender waits for its room back: the entry
-    makes that room, as it made the borrower's."""
+    """4. Done (actuated), or the kubelet will never do it (Infeasible). A resize the
+    kubelet actuated on a loan it then refused is not done while that lender waits for its
+    room back: the entry makes that room, as it made the borrower's."""
     if now_in.state == "actuated" and not (
         s.entry.refused and owes_lender(s.entry, {p.uid: p for p in s.pods})
     ):
