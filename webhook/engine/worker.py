@@ -74,7 +74,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import islice
 from math import inf
 
@@ -201,9 +201,7 @@ class PreemptionWorker:
             metrics,
             clock,
             resizer,
-            may_act=self._may_act,
-            backoff=self.backoff,
-            wake=self.wake,
+            _Handle(self),
         )
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -507,13 +505,19 @@ class PreemptionWorker:
         size (a resize patched back down, or the pod deleted, stops the rest of its
         batch); and the entry is still in the ledger with the victim pending (a newer
         resize of the same pod or a release stops the old plan)."""
+        current = self.current(entry)
+        return current is not None and victim in self._with_evicted(current).pending_victims
+
+    def current(self, entry: LedgerEntry) -> LedgerEntry | None:
+        """The one "still current" check before an API call for ``entry``: the entry as the
+        ledger holds it now, while the resizing pod as cached still asks for the admitted
+        size on the entry's node (:func:`~webhook.engine.lifecycle.states.wanted`)."""
         if not wanted(entry, self.cluster.pod(entry.pod.namespace, entry.pod.name)):
-            return False
-        current = next(
+            return None
+        return next(
             (e for e in self.ledger.entries(entry.node) if e.review_uid == entry.review_uid),
             None,
         )
-        return current is not None and victim in self._with_evicted(current).pending_victims
 
     def _act(self, entry: LedgerEntry, action: Act, stop: threading.Event) -> None:
         self._count_settled(entry, action.settle)
@@ -606,6 +610,29 @@ class PreemptionWorker:
             return True
         log.info("cache watches lost %.0fs ago: no eviction until they are back", stale)
         return False
+
+
+@dataclass(frozen=True, slots=True)
+class _Handle:
+    """The worker as :class:`~webhook.engine.loans.Lending` sees it
+    (:class:`~webhook.engine.loans.WorkerHandle`)."""
+
+    worker: PreemptionWorker
+
+    def may_act(self) -> bool:
+        return self.worker._may_act()
+
+    def current(self, entry: LedgerEntry) -> LedgerEntry | None:
+        return self.worker.current(entry)
+
+    def failed(self, entry: LedgerEntry) -> None:
+        self.worker.backoff.failed(entry.review_uid)
+
+    def succeeded(self, entry: LedgerEntry) -> None:
+        self.worker.backoff.succeeded(entry.review_uid)
+
+    def wake(self) -> None:
+        self.worker.wake()
 
 
 def _oldest_first(groups: dict[str, list[LedgerEntry]]) -> list[str]:
