@@ -223,7 +223,7 @@ class PausingEvictor:
 
 
 @dataclass(frozen=True, slots=True)
-class Wait:
+class Later:
     """Nothing to do yet."""
 
 
@@ -243,7 +243,7 @@ class Advance:
     message: str = ""
 
 
-Step = Wait | Create | Advance
+Step = Later | Create | Advance
 
 
 def step(
@@ -266,20 +266,20 @@ def step(
     if record.phase is Phase.ARCHIVED:
         if age > IMAGING_PATIENCE:
             return Advance(Phase.ABANDONED, "no image of the checkpoint was made in time")
-        return Wait()
+        return Later()
     ours = now_pod is not None and now_pod.annotations.get(RESTORED_FROM_ANNOTATION) == record.name
     if record.phase is Phase.IMAGED:
         if ours:
             return Advance(Phase.RESTORING)  # created before a restart of the leader
         if now_pod is not None:
             if now_pod.uid == record.uid:
-                return Wait()  # the victim is still on its way out
+                return Later()  # the victim is still on its way out
             return Advance(Phase.ABANDONED, f"another pod {record.key} exists")
         refused = restore_refusal(record)
         if refused:
             return Advance(Phase.ABANDONED, f"not restored: {refused}")
         node = where()
-        return Create(restored_pod(record, node), node) if node else Wait()
+        return Create(restored_pod(record, node), node) if node else Later()
     if record.phase is Phase.RESTORING:
         if not ours:
             return Advance(Phase.ABANDONED, "the restored pod was deleted")
@@ -288,7 +288,7 @@ def step(
             return Advance(Phase.RESTORED, f"the restored pod is {now_pod.phase}")
         if age > RESTORE_PATIENCE:
             return Advance(Phase.RESTORED, "the restored pod has not started in time")
-    return Wait()
+    return Later()
 
 
 class Restorer:

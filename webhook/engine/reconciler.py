@@ -41,7 +41,7 @@ from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.ledger import ClusterView, Ledger, LedgerChange
 from webhook.engine.lifecycle.changes import Admitted, admit
-from webhook.engine.lifecycle.states import claim
+from webhook.engine.lifecycle.states import answered_by
 from webhook.engine.planner import NodeMemo, ResizePlanner
 
 log = logging.getLogger(__name__)
@@ -264,7 +264,7 @@ class Reconciler:
             return "node-unknown", None
         pods = tuple(self.cluster.pods_on(node.name))
         # Cheap pre-check on the cached ledger; the update below decides atomically.
-        claimed = claim(pod, self.ledger.entries(node.name), pods, now)
+        claimed = answered_by(pod, self.ledger.entries(node.name), pods, now)
         if claimed == "held":
             return "preempt", None
         if claimed == "given-back":

@@ -13,7 +13,7 @@ to do and does it:
 1. ``Release`` - evict nobody; the entry is removed from the ledger only when readers
    would still count it (``Release.write``: its pod is gone from the cache, or the plan
    was given up on). An entry whose resize was actuated, superseded or refused holds no
-   room for any reader (:func:`webhook.engine.lifecycle.states.phase`), nor does an expired
+   room for any reader (:func:`webhook.engine.lifecycle.states.entry_phase`), nor does an expired
    one; the next write to its node drops it;
 2. ``Wait`` - nothing;
 3. ``Act`` - take victims no longer needed off the claim first (a ledger write, only when
