@@ -47,11 +47,12 @@ from webhook.core.checkpoint import (
     rfc3339,
 )
 from webhook.core.model import Pod, PodRef
-from webhook.core.movable import Room, room_on
+from webhook.core.movable import Room
 from webhook.core.objects import parse_pod
 from webhook.core.resources import ZERO, Resources
 from webhook.engine.ledger import ClusterView, EvictionResult, Ledger, VictimEvictor
 from webhook.engine.lifecycle.states import room_holders
+from webhook.engine.rooms import NodeRooms
 
 log = logging.getLogger(__name__)
 
@@ -379,6 +380,8 @@ class _PassRooms:
         self._rooms: dict[str, Room | None] = {}
         self._reservations: list[Reservation] | None = None
         self._able: frozenset[str] | None = None
+        #: The cluster view's index of every node's room (the one count of free room).
+        self._index: NodeRooms | None = None
 
     def take(self, node: str, asks: Resources) -> None:
         self.taken[node] = self.taken.get(node, ZERO) + asks
@@ -407,11 +410,10 @@ class _PassRooms:
         active reservations hold and what plans promised there to their victims'
         replacements."""
         if node not in self._rooms:
-            found = self.cluster.node(node)
-            self._rooms[node] = None
-            if found is not None:
-                pods = self.cluster.pods_on(node)
-                self._rooms[node] = room_on(found, pods, self.reservations(), self.now)
+            if self._index is None:
+                self._index = self.cluster.node_rooms()
+                self._index.refresh(self.cluster)
+            self._rooms[node] = self._index.room_with(node, self.reservations(), self.now)
         return self._rooms[node]
 
     def reservations(self) -> list[Reservation]:
