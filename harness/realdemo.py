@@ -146,7 +146,7 @@ def run(*, checkpoint: bool = False) -> int:
 
                 return pausedemo.run(cluster, term)
             return _walkthrough(cluster, term)
-    except (PreflightError, NodeError, ChartError) as e:
+    except (PreflightError, NodeError, ChartError, TimeoutError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 
@@ -167,6 +167,7 @@ def _show_installation(cluster: RealCluster, term: Terminal) -> None:
 
 def _walkthrough(cluster: RealCluster, term: Terminal) -> int:
     _show_installation(cluster, term)
+    cluster.settle()  # the replaced release's pods leave node-1 first
     walk = scaled_walkthrough(cluster.allocatable_millicores(), cluster.requested_millicores())
     print(
         f"# node-1: {cluster.allocatable_millicores()}m CPU allocatable, "
