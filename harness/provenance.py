@@ -38,6 +38,21 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def portable(argv: Sequence[str]) -> list[str]:
+    """``argv`` as anyone could type it in a checkout: the interpreter as ``python`` and
+    paths inside the repository relative to it, so a file names no machine's paths."""
+    out = []
+    for i, arg in enumerate(argv):
+        if i == 0 and Path(arg).name.startswith("python"):
+            out.append("python")
+            continue
+        path = Path(arg)
+        if path.is_absolute() and path.is_relative_to(REPO):
+            arg = str(path.relative_to(REPO))
+        out.append(arg)
+    return out
+
+
 def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -46,7 +61,7 @@ def load() -> list[float]:
 class Run:
     """One benchmark run, from its start: :meth:`write` puts its figures in a file."""
 
-    command: Sequence[str] = field(default_factory=lambda: list(sys.orig_argv))
+    command: Sequence[str] = field(default_factory=lambda: portable(sys.orig_argv))
     started: str = field(default_factory=now)
     load_start: list[float] = field(default_factory=load)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from harness.provenance import KEYS, Run, figures, read
+from harness.provenance import KEYS, Run, figures, portable, read
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 #: Written by ``python -m harness.matrix``, which reads its rows back as a list: not a
@@ -79,3 +79,23 @@ def test_a_part_keeps_the_provenance_of_the_other_part(tmp_path: Path) -> None:
     assert (["first"], ["second"]) == (parts["runs"]["command"], parts["actuation"]["command"])
     assert ["second"] == document["provenance"]["command"]
     assert ([1], {"added_s": 0.78}) == (document["runs"], document["actuation"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param(
+            ["/opt/venv/bin/python3.11", "-m", "bench", "plan"],
+            ["python", "-m", "bench", "plan"],
+            id="the-interpreter-as-python",
+        ),
+        pytest.param(
+            ["python", str(RESULTS.parents[1] / "bench" / "results" / "x.json")],
+            ["python", "bench/results/x.json"],
+            id="a-path-in-the-checkout-relative-to-it",
+        ),
+        pytest.param(["python", "/elsewhere/x"], ["python", "/elsewhere/x"], id="others-as-given"),
+    ],
+)
+def test_a_command_names_no_path_of_the_machine(argv: list[str], expected: list[str]) -> None:
+    assert expected == portable(argv)
