@@ -65,7 +65,9 @@ def kustomize(directory: Path) -> list[dict[str, Any]]:
 
 
 def assert_same_objects(expected: list[dict[str, Any]], rendered: list[dict[str, Any]]) -> None:
-    want = by_key(expected)
+    """The same objects but kustomize's Namespace: the chart's go into the release's
+    namespace, which helm creates (``--create-namespace``), not the chart."""
+    want = by_key([o for o in expected if o["kind"] != "Namespace"])
     got = by_key([without_helm_labels(o) for o in rendered])
     assert sorted(want) == sorted(got)
     for k in want:
@@ -230,9 +232,47 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any
     return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
 
 
+#: Every optional object on, so that each one's namespace is checked.
+EVERYTHING = {
+    "mutating.enabled": True,
+    "metrics.serviceMonitor.enabled": True,
+    "metrics.prometheusRule.enabled": True,
+    "metrics.dashboard.enabled": True,
+    "networkPolicy.enabled": True,
+    "networkPolicy.apiServerCIDRs": ["10.0.0.1/32"],
+    "checkpoint.enabled": True,
+    "clientAuth.enabled": True,
+    "settings.evictionMethod": "delete",
+}
+
+
+@pytest.mark.parametrize("mode", ["service", "cert-manager", "self-signed"])
+def test_every_object_is_in_the_release_namespace_and_none_is_a_namespace(mode: str) -> None:
+    result = template({**EVERYTHING, "certificates.mode": mode}, release="edge",
+                      namespace="tools")  # fmt: skip
+    assert 0 == result.returncode, result.stderr
+    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert [] == [o for o in objects if o["kind"] == "Namespace"]
+    assert "resize-preemption-system" not in result.stdout
+    for obj in objects:
+        assert obj["metadata"]["name"].startswith("edge-resize-preemption-webhook")
+        if obj["kind"] not in CLUSTER_SCOPED:
+            assert "tools" == obj["metadata"]["namespace"], obj["kind"]
+        for subject in obj.get("subjects", []):
+            assert "tools" == subject["namespace"], obj["metadata"]["name"]
+    (monitor,) = by_kind(objects, "ServiceMonitor").values()
+    assert ["tools"] == monitor["spec"]["namespaceSelector"]["matchNames"]
+    for config in objects:
+        if config["kind"].endswith("WebhookConfiguration"):
+            assert "tools" == config["webhooks"][0]["clientConfig"]["service"]["namespace"]
+            if mode == "cert-manager":
+                assert "tools/edge-resize-preemption-webhook" == (
+                    config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+                )
+
+
 def test_release_name_and_namespace_name_every_object() -> None:
-    objects = render({"namespace.name": "", "namespace.create": False},
-                     release="edge", extra=["--namespace", "tools"])  # fmt: skip
+    objects = render(release="edge", namespace="tools")
     assert not [o for o in objects if o["kind"] == "Namespace"]
     for obj in objects:
         assert obj["metadata"]["name"].startswith("edge-resize-preemption-webhook")
@@ -717,7 +757,7 @@ NOTES_MODES = [
 def test_the_notes_say_how_to_give_kube_apiserver_its_certificate(mode: str, renews: bool) -> None:
     # NOTES.txt is rendered by install, not by template; --dry-run=client needs no cluster.
     result = helm(
-        "install", "rpw", str(CHART), "--dry-run=client",
+        "install", "rpw", str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
         *set_args({"clientAuth.enabled": True, "certificates.mode": mode}),
     )  # fmt: skip
     assert 0 == result.returncode, result.stderr

@@ -13,8 +13,9 @@
 {{- end -}}
 {{- end -}}
 
+{{/* Every namespaced object is in the release's namespace (helm install -n). */}}
 {{- define "rpw.namespace" -}}
-{{- default .Release.Namespace .Values.namespace.name -}}
+{{- .Release.Namespace -}}
 {{- end -}}
 
 {{/* repository:tag, and @digest when pinned; the tag defaults to the chart's appVersion. */}}
