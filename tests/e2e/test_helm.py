@@ -373,9 +373,7 @@ def test_the_documented_move_from_the_old_layout_runs_as_written(
     assert [] == json.loads(old_layout("list", "-o", "json").stdout)
     found = get(cluster, f"/apis/apps/v1/namespaces/{DOCUMENTED_NAMESPACE}/deployments/{FULLNAME}")
     assert found is not None
-    assert "registry.example/you/resize-preemption-webhook:0.1.0" == (
-        container_of(found)["image"]
-    )
+    assert "registry.example/you/resize-preemption-webhook:0.1.0" == (container_of(found)["image"])
     assert get(cluster, f"{VALIDATING}/{OLD_RELEASE}") is None
     config = get(cluster, f"{VALIDATING}/{FULLNAME}")
     assert config is not None

@@ -266,8 +266,9 @@ def test_every_object_is_in_the_release_namespace_and_none_is_a_namespace(mode: 
         if config["kind"].endswith("WebhookConfiguration"):
             assert "tools" == config["webhooks"][0]["clientConfig"]["service"]["namespace"]
             if mode == "cert-manager":
-                assert "tools/edge-resize-preemption-webhook" == (
-                    config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+                assert (
+                    "tools/edge-resize-preemption-webhook"
+                    == (config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"])
                 )
 
 
