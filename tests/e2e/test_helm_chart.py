@@ -389,7 +389,30 @@ GOOD_VALUES = [
     ("fail-policy", {"webhook.failurePolicy": "Fail"}),
     ("provided-with-ca", {"certificates.mode": "provided", "certificates.caBundle": "QUJD"}),
     ("one-replica", {"replicaCount": 1}),
-    ("strict-spread", {"topologySpread.hostname": "DoNotSchedule"}),
+    (
+        "strict-spread",
+        {
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "kubernetes.io/hostname",
+                    "whenUnsatisfiable": "DoNotSchedule",
+                }
+            ]
+        },
+    ),
+    ("no-spread", {"topologySpreadConstraints": []}),
+    ("critical-priority", {"priorityClassName": "system-cluster-critical"}),
+    ("account-of-the-operator", {"serviceAccount.create": False, "serviceAccount.name": "rpw"}),
+    ("openshift-ids", {"podSecurityContext.runAsUser": None, "securityContext.runAsUser": None}),
+    (
+        "extra-args-and-env",
+        {"extraArgs": ["--log-level", "debug"], "extraEnv": [{"name": "A", "value": "1"}]},
+    ),
+    (
+        "budget-as-percentage",
+        {"podDisruptionBudget.minAvailable": None, "podDisruptionBudget.maxUnavailable": "50%"},
+    ),
     ("pinned-digest", {"image.digest": "sha256:" + "0" * 64}),
     (
         "client-certificate-lifetime",
@@ -448,6 +471,42 @@ BAD_VALUES = [
      "at '/resources/limits/cpu': 'lots' does not match pattern"),
     ("unknown-resources-key", {"resources.request.cpu": "1"},
      "at '/resources': additional properties 'request' not allowed"),
+    ("old-spread-key", {"topologySpread": {"hostname": "DoNotSchedule"}},
+     "at '': additional properties 'topologySpread' not allowed"),
+    ("spread-without-key", {"topologySpreadConstraints": [{"maxSkew": 1}]},
+     "at '/topologySpreadConstraints/0': missing properties 'topologyKey', 'whenUnsatisfiable'"),
+    ("spread-unknown-policy", {"topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "k", "whenUnsatisfiable": "Maybe"}]},
+     "at '/topologySpreadConstraints/0/whenUnsatisfiable': value must be one of"),
+    ("tolerations-as-object", {"tolerations": {"key": "a"}},
+     "at '/tolerations': got object, want array"),
+    ("affinity-as-list", {"affinity": []}, "at '/affinity': got array, want object"),
+    ("args-not-strings", {"extraArgs": [1]}, "at '/extraArgs/0': got number, want string"),
+    ("args-as-string", {"extraArgs": "--log-level debug"},
+     "at '/extraArgs': got string, want array"),
+    ("env-without-name", {"extraEnv": [{"value": "1"}]},
+     "at '/extraEnv/0': missing property 'name'"),
+    ("env-as-map", {"extraEnv": {"A": "1"}}, "at '/extraEnv': got object, want array"),
+    ("env-unknown-field", {"extraEnv": [{"name": "A", "values": "1"}]},
+     "at '/extraEnv/0': additional properties 'values' not allowed"),
+    ("env-number-value", {"extraEnv": [{"name": "A", "value": 1}]},
+     "at '/extraEnv/0/value': got number, want string"),
+    ("annotation-not-string", {"podAnnotations": {"a": 1}},
+     "at '/podAnnotations/a': got number, want string"),
+    ("label-not-string", {"podLabels": {"a": True}},
+     "at '/podLabels/a': got boolean, want string"),
+    ("account-name-not-dns", {"serviceAccount.name": "My_Account"},
+     "at '/serviceAccount/name': 'My_Account' does not match pattern"),
+    ("account-unknown-key", {"serviceAccount.automount": False},
+     "at '/serviceAccount': additional properties 'automount' not allowed"),
+    ("negative-user", {"securityContext.runAsUser": -1},
+     "at '/securityContext/runAsUser': minimum: got -1, want 0"),
+    ("user-as-name", {"podSecurityContext.runAsUser": "nobody"},
+     "at '/podSecurityContext/runAsUser': got string, want null or integer"),
+    ("budget-as-words", {"podDisruptionBudget.maxUnavailable": "half"},
+     "at '/podDisruptionBudget/maxUnavailable'"),
+    ("old-namespace-values", {"namespace.create": True},
+     "at '': additional properties 'namespace' not allowed"),
 ]  # fmt: skip
 
 
@@ -534,6 +593,179 @@ def test_one_replica_gets_no_budget_that_would_block_every_drain(
     if found:
         assert 1 == found[0]["spec"]["minAvailable"]
         assert replicas == deployment_of(objects)["spec"]["replicas"]
+
+
+@pytest.mark.parametrize(
+    ("values", "spec"),
+    [
+        ({}, {"minAvailable": 1}),
+        ({"podDisruptionBudget.minAvailable": None, "podDisruptionBudget.maxUnavailable": 1},
+         {"maxUnavailable": 1}),
+        ({"podDisruptionBudget.minAvailable": "50%"}, {"minAvailable": "50%"}),
+    ],
+    ids=["default", "max-unavailable", "percentage"],
+)  # fmt: skip
+def test_the_budget_is_min_available_or_max_unavailable(
+    values: dict[str, Any], spec: dict[str, Any]
+) -> None:
+    (budget,) = [o for o in render(values) if o["kind"] == "PodDisruptionBudget"]
+    assert spec == {k: v for k, v in budget["spec"].items() if k != "selector"}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"podDisruptionBudget.maxUnavailable": 1}, {"podDisruptionBudget.minAvailable": None}],
+    ids=["both", "neither"],
+)
+def test_the_budget_takes_exactly_one_of_them(values: dict[str, Any]) -> None:
+    result = template(values)
+    assert 0 != result.returncode
+    assert (
+        "podDisruptionBudget: set exactly one of minAvailable and maxUnavailable, the other null"
+        in result.stderr
+    )
+
+
+# --- the pod's values -------------------------------------------------------------------
+
+
+def pod_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = deployment_of(objects)["spec"]["template"]["spec"]
+    return spec
+
+
+HARDENED_POD = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+                "fsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
+HARDENED_CONTAINER = {
+    "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+    "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "privileged": False,
+    "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("values", "pod", "container"),
+    [
+        ({}, HARDENED_POD, HARDENED_CONTAINER),
+        ({"podSecurityContext.runAsUser": 1000, "securityContext.runAsUser": 1000},
+         {**HARDENED_POD, "runAsUser": 1000}, {**HARDENED_CONTAINER, "runAsUser": 1000}),
+        # OpenShift's restricted-v2 assigns the ids from the namespace's range.
+        ({"podSecurityContext.runAsUser": None, "podSecurityContext.runAsGroup": None,
+          "podSecurityContext.fsGroup": None, "securityContext.runAsUser": None,
+          "securityContext.runAsGroup": None},
+         {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+         {k: v for k, v in HARDENED_CONTAINER.items() if k not in ("runAsUser", "runAsGroup")}),
+    ],
+    ids=["hardened-default", "other-user", "ids-unset"],
+)  # fmt: skip
+def test_security_contexts_are_values_with_the_hardened_default(
+    values: dict[str, Any], pod: dict[str, Any], container: dict[str, Any]
+) -> None:
+    spec = pod_of(render(values))
+    assert pod == spec["securityContext"]
+    assert container == spec["containers"][0]["securityContext"]
+
+
+@pytest.mark.parametrize(
+    ("values", "account", "created", "annotations"),
+    [
+        ({}, NAME, True, None),
+        ({"serviceAccount.name": "webhook-sa",
+          "serviceAccount.annotations": {"iam.gke.io/gcp-service-account": "a@b.iam"}},
+         "webhook-sa", True, {"iam.gke.io/gcp-service-account": "a@b.iam"}),
+        ({"serviceAccount.create": False, "serviceAccount.name": "theirs"}, "theirs", False, None),
+    ],
+    ids=["default", "named-annotated", "operators-own"],
+)  # fmt: skip
+def test_the_service_account_is_a_value_and_every_right_and_policy_follows_it(
+    values: dict[str, Any], account: str, created: bool, annotations: dict[str, str] | None
+) -> None:
+    objects = render({**values, "settings.evictionMethod": "delete"})
+    accounts = [o for o in objects if o["kind"] == "ServiceAccount"]
+    assert ([account] if created else []) == [a["metadata"]["name"] for a in accounts]
+    if created:
+        assert annotations == accounts[0]["metadata"].get("annotations")
+    assert account == pod_of(objects)["serviceAccountName"]
+    bindings = [o for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    assert len(bindings) >= 4
+    for binding in bindings:
+        assert [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}] == (
+            binding["subjects"]
+        )
+    username = f"'system:serviceaccount:{NAMESPACE}:{account}'"
+    policies = by_kind(objects, "ValidatingAdmissionPolicy")
+    assert len(policies) >= 3
+    for policy in policies.values():
+        assert username in json.dumps(policy["spec"]), policy["metadata"]["name"]
+
+
+def test_extra_args_and_env_come_after_the_charts_own() -> None:
+    extra_env = [
+        {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "t", "key": "k"}}},
+    ]
+    container = pod_of(render({"extraArgs": ["--log-level", "debug"], "extraEnv": extra_env}))[
+        "containers"
+    ][0]
+    assert ["--log-level", "debug"] == container["args"][-2:]
+    assert extra_env == container["env"][-2:]
+    assert "POD_IP" == container["env"][-3]["name"]
+
+
+def test_pod_annotations_labels_affinity_and_tolerations_reach_the_pod() -> None:
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "pool", "operator": "In", "values": ["system"]}]}]}}}  # fmt: skip
+    tolerations = [{"key": "dedicated", "operator": "Equal", "value": "system",
+                    "effect": "NoSchedule"}]  # fmt: skip
+    objects = render({
+        "podAnnotations": {"a": "1"}, "podLabels": {"team": "platform"},
+        "affinity": affinity, "tolerations": tolerations,
+    })  # fmt: skip
+    template_ = deployment_of(objects)["spec"]["template"]
+    assert {"a": "1"} == template_["metadata"]["annotations"]
+    assert "platform" == template_["metadata"]["labels"]["team"]
+    assert (affinity, tolerations) == (
+        template_["spec"]["affinity"],
+        template_["spec"]["tolerations"],
+    )
+    selector = deployment_of(objects)["spec"]["selector"]["matchLabels"]
+    assert "team" not in selector
+
+
+@pytest.mark.parametrize(
+    ("values", "priority"),
+    [({}, None), ({"priorityClassName": "system-cluster-critical"}, "system-cluster-critical")],
+    ids=["none-by-default", "critical-when-asked"],
+)
+def test_the_priority_class_is_empty_unless_asked(
+    values: dict[str, Any], priority: str | None
+) -> None:
+    assert priority == pod_of(render(values)).get("priorityClassName")
+
+
+def test_spread_constraints_are_a_list_whose_entries_get_the_pods_selector() -> None:
+    own = {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+           "whenUnsatisfiable": "DoNotSchedule",
+           "labelSelector": {"matchLabels": {"app": "other"}}}  # fmt: skip
+    given = [{"maxSkew": 2, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}, own]
+    spread = pod_of(render({"topologySpreadConstraints": given}))["topologySpreadConstraints"]
+    selector = {"matchLabels": {"app.kubernetes.io/name": NAME,
+                                "app.kubernetes.io/component": "admission-webhook"}}  # fmt: skip
+    assert [
+        {**given[0], "labelSelector": selector, "matchLabelKeys": ["pod-template-hash"]},
+        own,
+    ] == spread
+    assert "topologySpreadConstraints" not in pod_of(render({"topologySpreadConstraints": []}))
+
+
+def test_the_webhook_port_can_be_one_a_private_control_plane_reaches() -> None:
+    objects = render({"server.port": 10250})
+    (port,) = [p for p in pod_of(objects)["containers"][0]["ports"] if p["name"] == "https"]
+    assert 10250 == port["containerPort"]
+    (service,) = [o for o in objects if o["kind"] == "Service"]
+    (https,) = [p for p in service["spec"]["ports"] if p["name"] == "https"]
+    assert (443, "https") == (https["port"], https["targetPort"])
 
 
 # --- monitoring objects -----------------------------------------------------------------

@@ -25,6 +25,11 @@
 {{- with .Values.image.digest }}@{{ . }}{{ end -}}
 {{- end -}}
 
+{{/* The service's ServiceAccount: serviceAccount.name, else <fullname>. */}}
+{{- define "rpw.serviceAccountName" -}}
+{{- default (include "rpw.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
 {{- define "rpw.tlsSecret" -}}
 {{- default (printf "%s-tls" (include "rpw.fullname" .)) .Values.certificates.secretName -}}
 {{- end -}}
