@@ -61,10 +61,11 @@ def set_args(values: Mapping[str, Any]) -> list[str]:
 
 def operator_values(pin_node: str | None, client_ca: bytes | None = None) -> dict[str, Any]:
     """What an operator sets on this cluster, and nothing more: the chart's own certificates
-    (no cert-manager here), reviews only from kube-apiserver
+    (no cert-manager here), the image built and imported locally, reviews only from kube-apiserver
     (``client_ca``: the CA of the client certificate it presents to webhooks) and - when
     some nodes run no containers - the pods pinned to the node that does."""
-    values: dict[str, Any] = {"certificates.mode": "self-signed"}
+    # The image is the local build, imported into the node's containerd by name.
+    values: dict[str, Any] = {"certificates.mode": "self-signed", "image.localBuild": True}
     if client_ca is not None:
         values["clientAuth.enabled"] = True
         values["clientAuth.caBundle"] = client_ca.decode()

@@ -17,6 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 RELEASE = "resize-preemption-webhook"
 NAMESPACE = "resize-preemption-system"
 KUBE_VERSION = "1.37.2"
+#: The local build of ``make image``, as the harness's nodes have it: every render names
+#: it unless a test says otherwise (the chart refuses an unnamed image without it).
+LOCAL_BUILD = {"image.localBuild": True}
 #: Labels only Helm puts on objects (``rpw.helmLabels``); everything else is deploy/'s.
 HELM_LABELS = frozenset(
     {
@@ -50,7 +53,7 @@ def template(
 ) -> subprocess.CompletedProcess[str]:
     return helm(
         "template", release, str(CHART), "--kube-version", KUBE_VERSION,
-        "--namespace", namespace, *set_args(values or {}), *extra,
+        "--namespace", namespace, *set_args({**LOCAL_BUILD, **(values or {})}), *extra,
     )  # fmt: skip
 
 

@@ -153,6 +153,7 @@ def test_install_walkthrough_upgrade_and_uninstall(
     tmp_path: Path,
 ) -> None:
     values = {
+        "image.localBuild": True,
         "certificates.mode": "self-signed",
         "certificates.ipAddresses": ["127.0.0.1"],
         "mutating.enabled": True,

@@ -26,6 +26,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from harness.binaries import ensure_binaries
 from tests.e2e.helm_tools import (
     CHART,
+    LOCAL_BUILD,
     REPO,
     by_key,
     helm,
@@ -116,8 +117,8 @@ def enable_mutating(overlay: Path) -> None:
     ids=["defaults", "self-signed-with-mutating", "monitoring", "client-auth-service-mode"],
 )
 def test_helm_lint_is_clean(values: dict[str, Any]) -> None:
-    args = [a for k, v in values.items() for a in ("--set-json", f"{k}={json.dumps(v)}")]
-    result = helm("lint", "--strict", str(CHART), "--kube-version", "1.37.2", *args)
+    result = helm("lint", "--strict", str(CHART), "--kube-version", "1.37.2",
+                  *set_args({**LOCAL_BUILD, **values}))  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 chart(s) failed" in result.stdout
 
@@ -461,6 +462,10 @@ BAD_VALUES = [
      "at '/certificates/duration': '90 days' does not match pattern"),
     ("client-lifetime-in-years", {"clientAuth.duration": "1y"},
      "at '/clientAuth/duration': '1y' does not match pattern"),
+    ("repository-with-tag-case", {"image.repository": "Registry.Example/You"},
+     "at '/image/repository': 'Registry.Example/You' does not match pattern"),
+    ("local-build-as-text", {"image.localBuild": "yes"},
+     "at '/image/localBuild': got string, want boolean"),
     ("bad-port", {"server.port": 70000}, "at '/server/port': maximum: got 70,000, want 65,535"),
     ("zero-port", {"server.port": 0}, "at '/server/port': minimum: got 0, want 1"),
     ("zero-metrics-port", {"server.metricsPort": 0},
@@ -801,6 +806,29 @@ def test_prometheus_rule_holds_the_rules_file_and_the_dashboard_the_json_file() 
     assert service["spec"]["selector"] == monitor["spec"]["selector"]["matchLabels"]
 
 
+BASE = "https://git.example.com/platform/rpw/blob/v0.1.0/docs/operations.md"
+
+
+@pytest.mark.parametrize(
+    ("base", "prefix"), [("", "docs/operations.md#"), (BASE, f"{BASE}#")], ids=["path", "base"]
+)
+def test_every_alert_links_its_runbook_where_the_docs_are_published(base: str, prefix: str) -> None:
+    objects = render(
+        {"metrics.prometheusRule.enabled": True, "metrics.prometheusRule.runbookBaseURL": base}
+    )  # fmt: skip
+    (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts) >= 12
+    for alert in alerts:
+        assert f"{prefix}{alert['alert'].lower()}" == alert["annotations"]["runbook_url"]
+
+
+def test_a_runbook_base_that_is_no_address_is_refused() -> None:
+    result = template({"metrics.prometheusRule.runbookBaseURL": "docs/operations.md#x"})
+    assert 0 != result.returncode
+    assert "at '/metrics/prometheusRule/runbookBaseURL'" in result.stderr
+
+
 def test_plain_files_under_deploy_prometheus_are_the_charts() -> None:
     for name, source in (("rules.yaml", RULES), ("dashboard.json", DASHBOARD)):
         assert source.read_bytes() == (DEPLOY / "prometheus" / name).read_bytes()
@@ -810,7 +838,7 @@ def test_plain_files_under_deploy_prometheus_are_the_charts() -> None:
 
 DIGEST = "sha256:" + "ab" * 32
 IMAGES = [
-    ("default", {}, "localhost/resize-preemption-webhook:0.1.0"),
+    ("local-build", {}, "localhost/resize-preemption-webhook:0.1.0"),
     ("repository-and-tag", {"image.repository": "registry.example.com/you/rpw",
                             "image.tag": "1.2.3"}, "registry.example.com/you/rpw:1.2.3"),
     ("digest", {"image.digest": DIGEST}, f"localhost/resize-preemption-webhook:0.1.0@{DIGEST}"),
@@ -821,6 +849,53 @@ IMAGES = [
 def test_the_image_is_fully_qualified_and_may_be_pinned(values: dict[str, Any], image: str) -> None:
     container = deployment_of(render(values))["spec"]["template"]["spec"]["containers"][0]
     assert image == container["image"]
+
+
+UNPUBLISHED = (
+    "image.repository is not set and no image is published: push the image `make image` "
+    "builds and --set image.repository=<your registry>/resize-preemption-webhook, or --set "
+    "image.localBuild=true where every node has localhost/resize-preemption-webhook "
+    '(docs/deploy.md "The image")'
+)
+
+
+@pytest.mark.parametrize("command", ["template", "install"])
+def test_the_unpublished_default_image_fails_the_install_at_once_in_one_line(
+    command: str,
+) -> None:
+    extra = ["--dry-run=client"] if command == "install" else ["--kube-version", "1.37.2"]
+    result = helm(command, "rpw", str(CHART), "--namespace", NAMESPACE, *extra)
+    assert 0 != result.returncode
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("Error:")]
+    assert line.endswith(UNPUBLISHED), line
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"image.repository": "registry.example.com/you/rpw"}, {"image.localBuild": True}],
+    ids=["pushed", "acknowledged-local-build"],
+)
+def test_an_image_reference_or_the_acknowledgement_installs(values: dict[str, Any]) -> None:
+    result = helm(
+        "install", "rpw", str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
+        *set_args(values),
+    )  # fmt: skip
+    assert 0 == result.returncode, result.stderr
+
+
+def test_the_notes_say_how_to_build_and_load_the_local_image() -> None:
+    result = helm(
+        "install", "rpw", str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
+        *set_args(LOCAL_BUILD),
+    )  # fmt: skip
+    notes = result.stdout.split("\nNOTES:\n", 1)[1]
+    assert "make image IMAGE=localhost/resize-preemption-webhook:0.1.0" in notes
+    assert "kind load docker-image localhost/resize-preemption-webhook:0.1.0" in notes
+    pushed = helm(
+        "install", "rpw", str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
+        *set_args({"image.repository": "registry.example.com/you/rpw"}),
+    )  # fmt: skip
+    assert "make image" not in pushed.stdout.split("\nNOTES:\n", 1)[1]
 
 
 def _rules(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -991,7 +1066,7 @@ def test_the_notes_say_how_to_give_kube_apiserver_its_certificate(mode: str, ren
     # NOTES.txt is rendered by install, not by template; --dry-run=client needs no cluster.
     result = helm(
         "install", "rpw", str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
-        *set_args({"clientAuth.enabled": True, "certificates.mode": mode}),
+        *set_args({**LOCAL_BUILD, "clientAuth.enabled": True, "certificates.mode": mode}),
     )  # fmt: skip
     assert 0 == result.returncode, result.stderr
     notes = result.stdout.split("\nNOTES:\n", 1)[1]

@@ -189,6 +189,8 @@ def test_the_agent_refuses_them_too(flag: str, value: Any) -> None:
 
 
 def test_helm_lint_is_clean_with_the_agent() -> None:
-    result = helm("lint", "--strict", str(CHART), "--kube-version", "1.37.2",
-                  "--set-json", "checkpoint.enabled=true")  # fmt: skip
+    result = helm(
+        "lint", "--strict", str(CHART), "--kube-version", "1.37.2",
+        "--set-json", "checkpoint.enabled=true", "--set", "image.localBuild=true",
+    )  # fmt: skip
     assert 0 == result.returncode, result.stdout + result.stderr

@@ -50,6 +50,40 @@ def test_every_alert_has_unit_tests_that_see_it_fire_and_stay_quiet() -> None:
         assert [c for c in mine if not c["exp_alerts"]], f"{rule['alert']} is never quiet"
 
 
+def anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a document's headings: lower case, punctuation but hyphens
+    dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", markdown, re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_alert_links_its_runbook_section_of_the_operations_doc() -> None:
+    sections = anchors((REPO / "docs" / "operations.md").read_text())
+    for rule in alert_rules():
+        url = str(rule["annotations"]["runbook_url"])  # type: ignore[index]
+        path, _, anchor = url.partition("#")
+        assert ("docs/operations.md", str(rule["alert"]).lower()) == (path, anchor)
+        assert anchor in sections, f"{rule['alert']}: no section #{anchor}"
+
+
+@pytest.mark.parametrize(
+    ("heading", "anchor"),
+    [("### ResizePreemptionNoLeader", "resizepreemptionnoleader"),
+     ('## Install with "Helm" (opt-in)', "install-with-helm-opt-in")],
+    ids=["alert", "punctuation"],
+)  # fmt: skip
+def test_anchors_are_githubs(heading: str, anchor: str) -> None:
+    assert {anchor} == anchors(heading)
+
+
+def test_the_webhook_being_gone_or_bypassed_is_an_alert() -> None:
+    exprs = {str(r["alert"]): " ".join(str(r["expr"]).split()) for r in alert_rules()}
+    assert exprs["ResizePreemptionWebhookAbsent"].startswith("absent(resize_preemption_")
+    stopped = exprs["ResizePreemptionReviewsStopped"]
+    assert 'apiserver_request_total{resource="pods",subresource="resize"' in stopped
+    assert "or vector(0)) == 0" in stopped
+
+
 def test_every_alert_has_a_severity_and_a_summary() -> None:
     for rule in alert_rules():
         assert rule["labels"]["severity"] in ("info", "warning", "critical"), rule["alert"]  # type: ignore[index]
