@@ -68,7 +68,7 @@ from harness.manifests import guaranteed_pod
 from harness.replicas import Replica, ReplicaSet, start_replicas
 from webhook.core.objects import parse_pod
 from webhook.engine.ledger import decode_entries
-from webhook.engine.lifecycle import room_holders
+from webhook.engine.lifecycle.states import room_holders
 
 RESULTS = Path(__file__).parent / "results" / "faults.json"
 NODE = "node-1"

@@ -54,7 +54,7 @@ from harness.webhook_process import WebhookProcess
 from webhook.base.settings import Config
 from webhook.core.objects import parse_pod
 from webhook.engine.ledger import LedgerEntry, decode_entries
-from webhook.engine.lifecycle import room_holders
+from webhook.engine.lifecycle.states import room_holders
 from webhook.kube.ledger import LEDGER_ANNOTATION, lease_name
 
 RESULTS = Path(__file__).resolve().parent / "results" / "flood-cluster.json"

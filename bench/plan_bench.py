@@ -11,7 +11,7 @@ Run ``python -m bench plan``. Figures are per call, in milliseconds, from
 ``time.perf_counter_ns`` after a warm-up; the machine is shared, so quote the median.
 
 Three ways of calling it. *Warm* (the headline): as the admission engine calls it, with
-its one memo (:class:`~webhook.engine.admission.NodeMemo`) of what the node's pods hold
+its one memo (:class:`~webhook.engine.planner.NodeMemo`) of what the node's pods hold
 and how they rank, with the budgets each one's eviction spends from, kept while the
 cluster view hands out the same pods and budgets. *Cold*: without it, all of that
 computed afresh (:class:`~webhook.core.plan.NodePods`). *One pod changed*: with the
@@ -49,9 +49,9 @@ from webhook.core.plan import NodePods, NodeView, Plan, plan_resize
 from webhook.core.policy import DefaultPolicy
 from webhook.core.resize import apply_resize
 from webhook.core.resources import Resources
-from webhook.engine.admission import NodeMemo
 from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.memory import FixedClusterView, MemoryLedger
+from webhook.engine.planner import NodeMemo
 
 RESULTS = Path(__file__).resolve().parent / "results" / "plan.json"
 #: Medians per call the decision core must stay under on a 110- and a 1,000-pod node.

@@ -26,18 +26,10 @@ from webhook.core.plan import NodePods, plan_resize
 from webhook.core.policy import DefaultPolicy
 from webhook.core.resources import ZERO, Resources, memory_bytes
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.lifecycle import (
-    Act,
-    Refuse,
-    Release,
-    give_backs,
-    is_give_back,
-    next_action,
-    record_refusal,
-    refuse,
-    to_keep,
-    to_put_back,
-)
+from webhook.engine.lifecycle.changes import record_refusal, refuse
+from webhook.engine.lifecycle.give_back import give_backs
+from webhook.engine.lifecycle.next_step import Act, Refuse, Release, next_action
+from webhook.engine.lifecycle.states import is_give_back, to_keep, to_put_back
 
 GI = 1024**3
 REFUSAL = (

@@ -27,7 +27,8 @@ from webhook.base.metrics import Metrics
 from webhook.base.settings import Config
 from webhook.core.model import Node, Pod, PodRef
 from webhook.engine.ledger import EvictionResult, LedgerEntry
-from webhook.engine.lifecycle import drop_victims, release, room_holders
+from webhook.engine.lifecycle.changes import drop_victims, release
+from webhook.engine.lifecycle.states import room_holders
 from webhook.engine.loans import LenderResizer
 from webhook.engine.worker import PreemptionWorker
 

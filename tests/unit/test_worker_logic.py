@@ -22,7 +22,8 @@ from webhook.core.model import (
 from webhook.core.objects import parse_pod
 from webhook.core.resources import Resources
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.lifecycle import Act, Action, Release, Wait, next_action, persisted, phase
+from webhook.engine.lifecycle.next_step import Act, Action, Release, Wait, next_action
+from webhook.engine.lifecycle.states import persisted, phase
 
 GI = 1024**3
 NODE = Node(name="node-1", allocatable=Resources(8000, 16 * GI))

@@ -51,7 +51,7 @@ from webhook.core.movable import Room, room_on
 from webhook.core.objects import parse_pod
 from webhook.core.resources import ZERO, Resources
 from webhook.engine.ledger import ClusterView, EvictionResult, Ledger, VictimEvictor
-from webhook.engine.lifecycle import room_holders
+from webhook.engine.lifecycle.states import room_holders
 
 log = logging.getLogger(__name__)
 

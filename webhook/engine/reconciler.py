@@ -37,11 +37,12 @@ from webhook.core.checkpoint import Pause
 from webhook.core.errors import WebhookError
 from webhook.core.model import Node, Pod
 from webhook.core.plan import Plan
-from webhook.engine.admission import NodeMemo, ResizePlanner
 from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.ledger import ClusterView, Ledger, LedgerChange
-from webhook.engine.lifecycle import Admitted, admit, claim
+from webhook.engine.lifecycle.changes import Admitted, admit
+from webhook.engine.lifecycle.states import claim
+from webhook.engine.planner import NodeMemo, ResizePlanner
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +285,7 @@ class Reconciler:
         self, pod: Pod, node: Node, pods: tuple[Pod, ...], now: float
     ) -> LedgerChange[Admitted]:
         """The ledger write admitting ``pod``'s deferred resize, planned as the admission
-        path plans a review (:class:`~webhook.engine.admission.ResizePlanner`)."""
+        path plans a review (:class:`~webhook.engine.planner.ResizePlanner`)."""
         budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
         view = self._memo.of(node, pods, budgets, now)
         planner = ResizePlanner(

@@ -30,7 +30,8 @@ from webhook.core.plan import Plan
 from webhook.core.resources import format_amount
 from webhook.core.snapshot import Snapshot
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.lifecycle import orphans, room_holders
+from webhook.engine.lifecycle.give_back import orphans
+from webhook.engine.lifecycle.states import room_holders
 from webhook.engine.memory import FixedClusterView, MemoryLedger
 from webhook.engine.reconciler import Reconciler
 

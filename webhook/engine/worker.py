@@ -7,13 +7,13 @@ calls it on every change of the cache or the ledger, an admission's write includ
 ``interval`` seconds, it walks every entry: up to ``NODE_PARALLELISM`` nodes side by side, each
 node's entries one after another, oldest admission first. A node whose resize is admitted
 while a pass is under way is taken up by that pass at once, not after its slowest node.
-For each entry it asks the lifecycle (:func:`webhook.engine.lifecycle.next_action`) what
+For each entry it asks the lifecycle (:func:`webhook.engine.lifecycle.next_step.next_action`) what
 to do and does it:
 
 1. ``Release`` - evict nobody; the entry is removed from the ledger only when readers
    would still count it (``Release.write``: its pod is gone from the cache, or the plan
    was given up on). An entry whose resize was actuated, superseded or refused holds no
-   room for any reader (:func:`webhook.engine.lifecycle.phase`), nor does an expired
+   room for any reader (:func:`webhook.engine.lifecycle.states.phase`), nor does an expired
    one; the next write to its node drops it;
 2. ``Wait`` - nothing;
 3. ``Act`` - take victims no longer needed off the claim first (a ledger write, only when
@@ -42,7 +42,7 @@ Guarantees:
   entry first, and only its victims may go;
 * the victims evicted together are the ones a decision on the current cache named a
   moment before, and before each loan and each eviction the resize must still be wanted
-  (:func:`~webhook.engine.lifecycle.wanted`: the pod there, its spec at the admitted
+  (:func:`~webhook.engine.lifecycle.states.wanted`: the pod there, its spec at the admitted
   size) and the entry still in the ledger with the victim pending: a resize patched back
   down, a deleted pod, a newer resize of the same pod or a release stops the rest;
 * before each eviction the replica must still lead (``may_act``): a leader that lost its
@@ -74,7 +74,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import islice
 from math import inf
 
@@ -95,19 +95,9 @@ from webhook.engine.ledger import (
     PreemptionEvents,
     VictimEvictor,
 )
-from webhook.engine.lifecycle import (
-    Act,
-    Action,
-    Refuse,
-    Release,
-    Wait,
-    drop_victims,
-    next_action,
-    release,
-    room_holders,
-    tidy,
-    wanted,
-)
+from webhook.engine.lifecycle.changes import drop_victims, release, tidy
+from webhook.engine.lifecycle.next_step import Act, Action, Refuse, Release, Wait, next_action
+from webhook.engine.lifecycle.states import wanted
 from webhook.engine.loans import LenderResizer, Lending
 
 #: Releases that give up on a plan: victims still live then were never evicted for it,
@@ -211,9 +201,7 @@ class PreemptionWorker:
             metrics,
             clock,
             resizer,
-            may_act=self._may_act,
-            backoff=self.backoff,
-            wake=self.wake,
+            _Handle(self),
         )
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -268,9 +256,6 @@ class PreemptionWorker:
         self._woken.clear()
         groups = self._groups()
         now = self.clock()
-        self.metrics.ledger_entries.set(
-            sum(len(room_holders(g, self.cluster.pods_on(n), now)) for n, g in groups.items())
-        )
         lending = {n: g for n, g in groups.items() if any(e.lends for e in g)}
         if lending or self._lending:  # once more after the last loan, to zero its figures
             self.lending.count(lending, now)
@@ -517,13 +502,19 @@ class PreemptionWorker:
         size (a resize patched back down, or the pod deleted, stops the rest of its
         batch); and the entry is still in the ledger with the victim pending (a newer
         resize of the same pod or a release stops the old plan)."""
+        current = self.current(entry)
+        return current is not None and victim in self._with_evicted(current).pending_victims
+
+    def current(self, entry: LedgerEntry) -> LedgerEntry | None:
+        """The one "still current" check before an API call for ``entry``: the entry as the
+        ledger holds it now, while the resizing pod as cached still asks for the admitted
+        size on the entry's node (:func:`~webhook.engine.lifecycle.states.wanted`)."""
         if not wanted(entry, self.cluster.pod(entry.pod.namespace, entry.pod.name)):
-            return False
-        current = next(
+            return None
+        return next(
             (e for e in self.ledger.entries(entry.node) if e.review_uid == entry.review_uid),
             None,
         )
-        return current is not None and victim in self._with_evicted(current).pending_victims
 
     def _act(self, entry: LedgerEntry, action: Act, stop: threading.Event) -> None:
         self._count_settled(entry, action.settle)
@@ -616,6 +607,29 @@ class PreemptionWorker:
             return True
         log.info("cache watches lost %.0fs ago: no eviction until they are back", stale)
         return False
+
+
+@dataclass(frozen=True, slots=True)
+class _Handle:
+    """The worker as :class:`~webhook.engine.loans.Lending` sees it
+    (:class:`~webhook.engine.loans.WorkerHandle`)."""
+
+    worker: PreemptionWorker
+
+    def may_act(self) -> bool:
+        return self.worker._may_act()
+
+    def current(self, entry: LedgerEntry) -> LedgerEntry | None:
+        return self.worker.current(entry)
+
+    def failed(self, entry: LedgerEntry) -> None:
+        self.worker.backoff.failed(entry.review_uid)
+
+    def succeeded(self, entry: LedgerEntry) -> None:
+        self.worker.backoff.succeeded(entry.review_uid)
+
+    def wake(self) -> None:
+        self.worker.wake()
 
 
 def _oldest_first(groups: dict[str, list[LedgerEntry]]) -> list[str]:

@@ -76,7 +76,7 @@ from webhook.engine.ledger import (
     encode_entries,
     on_local_clock,
 )
-from webhook.engine.lifecycle import room_holders
+from webhook.engine.lifecycle.states import room_holders
 from webhook.kube import reflector as rf
 from webhook.kube.errors import ClusterError, Conflict, NotFound
 from webhook.kube.jsonapi import request_json
