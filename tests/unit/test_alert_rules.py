@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from webhook.base.metrics import Metrics
+from webhook.base.metrics import METRICS, Metrics
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = REPO / "deploy" / "prometheus"
@@ -99,6 +99,17 @@ def test_expressions_read_only_metrics_the_service_exports(where: str, expr: str
     used = set(METRIC.findall(expr))
     assert used, f"{where} reads no resize_preemption_ metric"
     assert set() == used - exported_series(), where
+
+
+@pytest.mark.parametrize(
+    ("where", "expr"),
+    [(str(r["alert"]), str(r["expr"])) for r in alert_rules()] + dashboard_expressions(),
+    ids=lambda v: str(v)[:40],
+)
+def test_expressions_read_no_deprecated_name(where: str, expr: str) -> None:
+    deprecated = {d.deprecated for d in METRICS if d.deprecated}
+    series = {re.sub(r"_(bucket|sum|count)$", "", m) for m in METRIC.findall(expr)}
+    assert set() == series & deprecated, where
 
 
 def test_operations_doc_lists_every_alert_and_panel_with_its_expression() -> None:
