@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from harness.binaries import BinariesUnavailable, ensure_binaries
 from harness.chart import NAMESPACE, ChartError
-from harness.demo import PRIORITY_CLASSES, Terminal
+from harness.demo import PRIORITY_CLASSES, Terminal, preempted
 from harness.nodes import NodeError
 from harness.processes import install_signal_handlers
 from harness.realcluster import CPU_QUOTA_COMMAND, RealCluster, parse_cpu_quota
@@ -146,7 +146,7 @@ def run(*, checkpoint: bool = False) -> int:
 
                 return pausedemo.run(cluster, term)
             return _walkthrough(cluster, term)
-    except (PreflightError, NodeError, ChartError) as e:
+    except (PreflightError, NodeError, ChartError, TimeoutError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 
@@ -167,6 +167,7 @@ def _show_installation(cluster: RealCluster, term: Terminal) -> None:
 
 def _walkthrough(cluster: RealCluster, term: Terminal) -> int:
     _show_installation(cluster, term)
+    cluster.settle()  # the replaced release's pods leave node-1 first
     walk = scaled_walkthrough(cluster.allocatable_millicores(), cluster.requested_millicores())
     print(
         f"# node-1: {cluster.allocatable_millicores()}m CPU allocatable, "
@@ -228,6 +229,9 @@ def _verdict(
     term: Terminal,
 ) -> int:
     print(f"# CFS quota of high-priority-pod: {before}m before, {after}m after", flush=True)
+    if actuated_in is not None and not preempted(term):
+        print("# the resize fit without preempting anyone: the demo showed nothing", flush=True)
+        return 1
     if actuated_in is not None and after == walk.target:
         print(
             f"# high-priority-pod runs with {walk.target}m CPU, actuated {actuated_in:.2f} s "

@@ -171,12 +171,6 @@ def ready_replicas(cluster: RealCluster) -> list[tuple[str, str, bool]]:
     )
 
 
-def leaving_on_node(cluster: RealCluster) -> list[str]:
-    """The pods bound to node-1 that are terminating."""
-    pods = cluster.client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={NODE_NAME}")
-    return [p["metadata"]["name"] for p in pods["items"] if p["metadata"].get("deletionTimestamp")]
-
-
 def preempting_resize(
     cluster: RealCluster, namespace: str, priority: dict[str, str], wait_until: Waiter
 ) -> None:
@@ -184,7 +178,7 @@ def preempting_resize(
     preempted - kube-apiserver called the webhook through its Service."""
     # Pods an earlier test left on their way out would still count on the node, and the
     # resize would fit once they are gone instead of preempting: wait them out first.
-    wait_until(lambda: not leaving_on_node(cluster), timeout=120, what="node-1 settled")
+    wait_until(lambda: not cluster.leaving(), timeout=120, what="node-1 settled")
     walk = scaled_walkthrough(cluster.allocatable_millicores(), cluster.requested_millicores())
     image = cluster.image("workload")
     start(cluster, namespace, [

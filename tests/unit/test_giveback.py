@@ -127,7 +127,7 @@ def test_an_entry_stays_until_its_loans_are_given_back_and_actuated() -> None:
         pytest.param(
             "returning", pod("lender", cpu="3", allocated="1"), id="given-back-not-actuated"
         ),
-        pytest.param("pending", pod("lender", cpu="3"), id="given-back-and-actuated"),
+        pytest.param("to-lend", pod("lender", cpu="3"), id="given-back-and-actuated"),
         pytest.param("void", pod("lender", cpu="2"), id="owner-changed-it"),
         pytest.param("void", None, id="gone"),
     ],

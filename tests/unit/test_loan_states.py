@@ -1,4 +1,4 @@
-"""A loan's states (``lifecycle.loan_phase``), the keep rule every ledger change writes
+"""A loan's states (``lifecycle.states.loan_phase``), the keep rule every ledger change writes
 through, loans recorded on their lenders, and the orphans whose entry was lost."""
 
 # House style puts the expected value on the left of ==.

@@ -238,8 +238,8 @@ def test_recording_a_refusal_replaces_the_plan_and_is_idempotent() -> None:
 @pytest.mark.parametrize(
     ("lender", "state", "put_back"),
     [
-        pytest.param(REFUSED, "undo", True, id="still-lent"),
-        pytest.param(RESTORING, "restoring", False, id="put-back-not-admitted"),
+        pytest.param(REFUSED, "refused", True, id="still-lent"),
+        pytest.param(RESTORING, "putting-back", False, id="put-back-not-admitted"),
         pytest.param(batch_1("6Gi", generation=3), "ended", False, id="back-at-its-spec"),
         pytest.param(batch_1("5Gi", generation=3), "ended", False, id="owner-changed-it"),
     ],

@@ -224,7 +224,7 @@ PREFIX = "resize-preemption: "
 log = logging.getLogger(__name__)
 
 
-class _Scene(NamedTuple):
+class _Inputs(NamedTuple):
     """Everything a decision reads, taken from the cache once, at one time."""
 
     old: Pod
@@ -405,7 +405,7 @@ class AdmissionEngine:
 
     # -- reading the request ----------------------------------------------------------
 
-    def _scene(self, request: AdmissionRequest, now: float) -> _Scene | Decision:
+    def _scene(self, request: AdmissionRequest, now: float) -> _Inputs | Decision:
         uid = request["uid"]
         new_obj, old_obj = request.get("object"), request.get("oldObject")
         # Decoded JSON is plain dicts: told apart before the (slower) ABC check.
@@ -442,7 +442,7 @@ class AdmissionEngine:
             )
         pods = tuple(self.cluster.pods_on(node.name))
         budgets = tuple(self.cluster.budgets(frozenset({p.namespace for p in pods})))
-        return _Scene(old, new, node, pods, budgets, self._memo.of(node, pods, budgets, now))
+        return _Inputs(old, new, node, pods, budgets, self._memo.of(node, pods, budgets, now))
 
     def _claimed(
         self, request: AdmissionRequest, old_obj: Mapping[str, Any], new_obj: Mapping[str, Any]
@@ -510,7 +510,7 @@ class AdmissionEngine:
             return None
         return pod
 
-    def _planner(self, s: _Scene, uid: str, now: float) -> ResizePlanner:
+    def _planner(self, s: _Inputs, uid: str, now: float) -> ResizePlanner:
         config = self.config
         labels = self.cluster.namespace_labels(s.new.namespace)
         return ResizePlanner(

@@ -99,7 +99,7 @@ class LedgerEntry:
     API server bumps it on every spec change, before validating admission sees the
     object); 0 when unknown. ``persist_by``: when a resize still not in the pod's spec is
     taken as refused by a later admission step (0: no deadline). Where the entry stands
-    is read, never written: :func:`webhook.engine.lifecycle.states.phase`.
+    is read, never written: :func:`webhook.engine.lifecycle.states.entry_phase`.
     ``loans``: the plan's loans in the order taken. Whether one is carried out is read
     from the cluster (the lender's spec at or below the loan's ``after``), never written,
     so a restart neither repeats a loan nor forgets one. ``refused``: loans the kubelet

@@ -41,7 +41,7 @@ from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.ledger import ClusterView, Ledger, LedgerChange
 from webhook.engine.lifecycle.changes import Admitted, admit
-from webhook.engine.lifecycle.states import HOLDS_ROOM, claim, phase
+from webhook.engine.lifecycle.states import HOLDS_ROOM, answered_by, entry_phase
 from webhook.engine.planner import NodeMemo, ResizePlanner
 
 log = logging.getLogger(__name__)
@@ -242,7 +242,7 @@ class Reconciler:
             pods = on_node.get(entry.node)
             if pods is None:
                 pods = on_node[entry.node] = {p.uid: p for p in self.cluster.pods_on(entry.node)}
-            state = phase(entry, pods.get(entry.pod.uid), now).state
+            state = entry_phase(entry, pods.get(entry.pod.uid), now).state
             if state in HOLDS_ROOM:
                 counts[state] = counts.get(state, 0) + 1
         return counts
@@ -285,7 +285,7 @@ class Reconciler:
             return "node-unknown", None
         pods = tuple(self.cluster.pods_on(node.name))
         # Cheap pre-check on the cached ledger; the update below decides atomically.
-        claimed = claim(pod, self.ledger.entries(node.name), pods, now)
+        claimed = answered_by(pod, self.ledger.entries(node.name), pods, now)
         if claimed == "held":
             return "preempt", None
         if claimed == "given-back":

@@ -76,7 +76,8 @@ class LoanStatus:
 
 
 def _shown(state: str) -> str:
-    return "pending" if state == "returning" else state
+    """A loan's state as ``status`` prints it: one not made (again) yet is pending."""
+    return "pending" if state in ("to-lend", "returning") else state
 
 
 @dataclass(frozen=True, slots=True)

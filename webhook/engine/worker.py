@@ -1,68 +1,22 @@
-"""The preemption worker: carries out admitted plans from the ledger. Leader only.
+"""The preemption worker: carries out the ledger's admitted plans. Leader only.
 
-The admission path writes a ledger entry per admitted resize (its reservation and its
-plan) and answers at once; this worker does the slow part. It runs as a
-:class:`~webhook.base.loop.Loop`: woken by :meth:`~PreemptionWorker.wake` (the service
-calls it on every change of the cache or the ledger, an admission's write included), or every
-``interval`` seconds, it walks every entry: up to ``NODE_PARALLELISM`` nodes side by side, each
-node's entries one after another, oldest admission first. A node whose resize is admitted
-while a pass is under way is taken up by that pass at once, not after its slowest node.
-For each entry it asks the lifecycle (:func:`webhook.engine.lifecycle.next_step.next_action`) what
-to do and does it:
+A :class:`~webhook.base.loop.Loop`, woken on every change of the cache or the ledger and
+every ``interval`` seconds. A pass walks the ledger: up to ``NODE_PARALLELISM`` nodes side
+by side, each node's entries oldest admission first. For each entry it asks the lifecycle
+what to do (:func:`~webhook.engine.lifecycle.next_step.next_action`) and does it:
 
-1. ``Release`` - evict nobody; the entry is removed from the ledger only when readers
-   would still count it (``Release.write``: its pod is gone from the cache, or the plan
-   was given up on). An entry whose resize was actuated, superseded or refused holds no
-   room for any reader (:func:`webhook.engine.lifecycle.states.phase`), nor does an expired
-   one; the next write to its node drops it;
-2. ``Wait`` - nothing;
-3. ``Act`` - take victims no longer needed off the claim first (a ledger write, only when
-   room appeared), then make the plan's pending loans (:class:`~webhook.engine.loans.Lending`
-   does all a loan needs: made, refused and put back, given back), then evict the listed
-   victims together, as kube-scheduler's executor removes a candidate's victims (at most
-   ``VICTIM_PARALLELISM`` calls at once for one plan): the resize waits for the slowest
-   victim, not for the sum of them. A loan that fails stops the entry's turn before any
-   eviction. A victim ``blocked-by-pdb`` or ``failed`` does not hold back the others; the
-   entry is retried later with exponential backoff (:class:`~webhook.base.loop.Backoff`),
-   or at once when a PodDisruptionBudget changes (it may allow the eviction now).
+1. ``Release``: evict nobody; remove the entry only when readers would still count it;
+2. ``Wait``: nothing;
+3. ``Refuse``: record the kubelet's refusal of a loan and put the lender back;
+4. ``Act``: drop victims no longer needed, make the pending loans
+   (:class:`~webhook.engine.loans.Lending`), then evict the listed victims together, at
+   most ``VICTIM_PARALLELISM`` at once, as kube-scheduler's executor does.
 
-So a plan carried out as admitted costs no ledger write here: the admission's write is
-the only one. Which victims are done is read from the cluster (terminating, gone, or
-another uid), not written: the victims this worker evicted are remembered in memory only
-until its cache shows them leaving, a watch delay later.
-
-Guarantees:
-
-* never evicts a victim twice: victims terminating or gone in the cache, or evicted by
-  this worker and not yet seen leaving, are skipped; the eviction carries the victim's
-  uid as a precondition;
-* never evicts a pod the admitted plan did not name (``next_action`` re-plans restricted
-  to the entry's own pending victims, and evicts fewer when room appeared), except after
-  a loan the kubelet refused: the plan made again without its lender is written into the
-  entry first, and only its victims may go;
-* the victims evicted together are the ones a decision on the current cache named a
-  moment before, and before each loan and each eviction the resize must still be wanted
-  (:func:`~webhook.engine.lifecycle.states.wanted`: the pod there, its spec at the admitted
-  size) and the entry still in the ledger with the victim pending: a resize patched back
-  down, a deleted pod, a newer resize of the same pod or a release stops the rest;
-* before each eviction the replica must still lead (``may_act``): a leader that lost its
-  Lease stops acting before another can have taken over (renew deadline < lease
-  duration);
-* a crash at any point loses nothing: the ledger is the state; on restart the leader
-  resumes from it, and a victim evicted before the crash is found terminating (a new
-  leader acts only after the old one's Lease ran out, seconds after its last eviction
-  reached every watch);
-* errors are logged, counted (``resize_preemption_errors_total{where="worker"}``) and
-  retried; they never end the thread.
-
-Only the leader must run it: the service registers it with
-:class:`~webhook.base.loop.Runnables` as needing leader election. It reaches the
-cluster only through its ports (:mod:`webhook.engine.ledger`): the cache, the ledger, an
-evictor and an event sink, which ``webhook.kube`` provides. The event sink hears only of
-plans given up on with victims left (``abandoned``); a plan carried out is told by the
-victims' ``Preempted`` events, as upstream's. Each eviction is also told to
-:class:`~webhook.engine.follow.Follow` (before and after the call, memory only), which
-follows where the victim's work goes on its own thread.
+Guarantees: it evicts only pods the admitted plan names, never twice (the victim's uid is
+a precondition); before each loan and each eviction the replica still leads, its cache is
+current, and the entry is still current (:meth:`PreemptionWorker.current`); the ledger is
+the state, so a crash loses nothing; errors are logged, counted and retried. A plan
+carried out as admitted costs no ledger write here.
 """
 
 from __future__ import annotations

@@ -24,7 +24,13 @@ from webhook.core.plan import NodePods, Plan, plan_resize
 from webhook.core.policy import ImportanceKey, PreemptionPolicy
 from webhook.core.resources import ZERO
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.lifecycle.states import Phase, owes_lender, pending, phase, room_holders
+from webhook.engine.lifecycle.states import (
+    EntryPhase,
+    entry_phase,
+    owes_lender,
+    room_holders,
+    to_lend,
+)
 
 ReleaseReason = Literal[
     "expired",
@@ -187,7 +193,7 @@ def next_action(
     others: Iterable[LedgerEntry] = (),
     labels: Mapping[str, str] | None = None,
 ) -> Action:
-    """What the worker does next with ``entry``, by its :func:`phase`; pure.
+    """What the worker does next with ``entry``, by its :func:`entry_phase`; pure.
 
     ``pod`` is the resizing pod as cached (looked up by namespace/name; ``None`` when not
     cached); ``node`` its node; ``pods`` the pods bound to ``entry.node``; ``others`` the
@@ -205,7 +211,7 @@ def next_action(
     """
     held = room_holders((o for o in others if o.review_uid != entry.review_uid), pods, now)
     scene = Scene(entry, pod, node, pods, budgets, held, now, config, labels)
-    now_in = phase(entry, pod, now)
+    now_in = entry_phase(entry, pod, now)
     return (
         _gone(scene, now_in)
         or _disallowed(scene)
@@ -216,7 +222,7 @@ def next_action(
     )
 
 
-def _gone(s: Scene, now_in: Phase) -> Release | None:
+def _gone(s: Scene, now_in: EntryPhase) -> Release | None:
     """1. An expired reservation protects nothing any more; nor does one whose pod is gone,
     replaced or leaving. Only a pod the cache no longer has needs the entry removed: a
     reservation of a pod not seen is kept by every reader (the cache may lag)."""
@@ -270,14 +276,14 @@ def disallowed(
     - ``lending``: lending is on, and every loan still to make is one the lender's
       floors allow (:func:`~webhook.core.lending.unlendable`).
 
-    That the resize is the pod's persisted one is :func:`phase`'s to say."""
+    That the resize is the pod's persisted one is :func:`entry_phase`'s to say."""
     if pod.node != entry.node:
         return Disallowed(
             "node", f"pod {pod.key} runs on {pod.node or 'no node'}, not {entry.node}"
         )
     by_uid = {p.uid: p for p in pods}
-    to_lend = pending(entry, pods)
-    refs = (*entry.pending_victims, *(loan.pod for loan in to_lend))
+    lends = to_lend(entry, pods)
+    refs = (*entry.pending_victims, *(loan.pod for loan in lends))
     taken = [p for p in (by_uid.get(r.uid) for r in refs) if p is not None and not p.leaving]
     if taken and (refusal := config.preemptors().refusal(pod, labels)):
         return Disallowed("preemptor-policy", refusal)
@@ -285,16 +291,16 @@ def disallowed(
     for p in taken:
         if not policy.may_preempt(p, pod):
             return Disallowed("victim-policy", f"{p.key} may not give up room for {pod.key}")
-    if to_lend and not policy.lending:
+    if lends and not policy.lending:
         return Disallowed("lending", "lending is off")
-    for loan in to_lend:
+    for loan in lends:
         why = unlendable(loan, by_uid.get(loan.pod.uid), pod, limits=policy.lend_memory_limits)
         if why:
             return Disallowed("lending", why)
     return None
 
 
-def _until_persisted(s: Scene, now_in: Phase) -> Release | Wait | None:
+def _until_persisted(s: Scene, now_in: EntryPhase) -> Release | Wait | None:
     """2. Wait until the resize is in the pod's spec; another spec at a later generation
     (or, for an entry written persisted, any other spec) superseded it."""
     if now_in.why not in ("not-persisted-yet", "superseded", "not-persisted"):
@@ -336,7 +342,7 @@ def _refusal(s: Scene) -> Refuse | None:
     return Refuse(refusing, keep, why)
 
 
-def _done(s: Scene, now_in: Phase) -> Release | Wait | None:
+def _done(s: Scene, now_in: EntryPhase) -> Release | Wait | None:
     """4. Done (actuated), or the kubelet will never do it (Infeasible). A resize the
     kubelet actuated on a loan it then refused is not done while that lender waits for its
     room back: the entry makes that room, as it made the borrower's."""
@@ -357,7 +363,7 @@ def _making_room(s: Scene) -> Action:
     appeared."""
     live, settle = s.victims()
     plan = replan(s, (), listed=True)
-    lend = pending(s.entry, s.pods)
+    lend = to_lend(s.entry, s.pods)
     if plan.code == "no-growth":
         # Judged by its code, whatever verdict the core gives it: the kubelet is catching
         # up, and the entry's victims stay claimed until it has.

@@ -2,7 +2,7 @@
 
 An admitted resize is one ledger entry. Its state is never written: it is read from the
 entry, the resizing pod as the cache shows it, and the time, by one function,
-:func:`phase`. Every reader asks it: the admission path and the reconciler (which entries
+:func:`entry_phase`. Every reader asks it: the admission path and the reconciler (which entries
 hold room), a write to the node (which entries it keeps), the worker (what to do next).
 
 ::
@@ -67,9 +67,9 @@ from webhook.core.model import Pod
 from webhook.core.resources import Resources
 from webhook.engine.ledger import LedgerEntry
 
-State = Literal["admitted", "persisted", "actuated", "released"]
+EntryState = Literal["admitted", "persisted", "actuated", "released"]
 #: States in which an entry holds room on its node: every plan counts it.
-HOLDS_ROOM: frozenset[State] = frozenset({"admitted", "persisted"})
+HOLDS_ROOM: frozenset[EntryState] = frozenset({"admitted", "persisted"})
 
 Why = Literal[
     "unseen",
@@ -85,40 +85,40 @@ Why = Literal[
 ]
 
 
-class Phase(NamedTuple):
+class EntryPhase(NamedTuple):
     """An entry's state, and why it is in it."""
 
-    state: State
+    state: EntryState
     why: Why
 
 
-def phase(entry: LedgerEntry, pod: Pod | None, now: float) -> Phase:
+def entry_phase(entry: LedgerEntry, pod: Pod | None, now: float) -> EntryPhase:
     """The state of ``entry`` given its pod as cached (``None``: not cached) at ``now``:
     the one transition function of an admitted resize (the module's docstring says why
     each transition happens). Stable: once released, a later resize of the pod raises its
     generation past the entry's (or comes after ``persist_by``), so it never holds room
     again."""
     if entry.deadline <= now:
-        return Phase("released", "expired")
+        return EntryPhase("released", "expired")
     if pod is None:
-        return Phase("admitted", "unseen")
+        return EntryPhase("admitted", "unseen")
     if pod.uid != entry.pod.uid:
-        return Phase("admitted", "replaced")
+        return EntryPhase("admitted", "replaced")
     if pod.leaving:
-        return Phase("released", "pod-leaving")
+        return EntryPhase("released", "pod-leaving")
     if not persisted(entry, pod):
         # The generation tells a superseded spec apart at once (the spec alone cannot:
         # before persisting it differs too).
         if entry.generation and pod.generation > entry.generation:
-            return Phase("released", "superseded")
+            return EntryPhase("released", "superseded")
         if entry.persist_by and now >= entry.persist_deadline:
-            return Phase("released", "not-persisted")
-        return Phase("admitted", "not-persisted-yet")
+            return EntryPhase("released", "not-persisted")
+        return EntryPhase("admitted", "not-persisted-yet")
     if _allocated(entry.desired, pod):
-        return Phase("actuated", "actuated")
+        return EntryPhase("actuated", "actuated")
     if pod.resize == "infeasible":
-        return Phase("released", "infeasible-resize")
-    return Phase("persisted", "persisted")
+        return EntryPhase("released", "infeasible-resize")
+    return EntryPhase("persisted", "persisted")
 
 
 def persisted(entry: LedgerEntry, pod: Pod) -> bool:
@@ -166,7 +166,7 @@ def _allocated(desired: Iterable[tuple[str, Resources]], pod: Pod) -> bool:
 
 def holds_room(entry: LedgerEntry, pods: Mapping[str, Pod], now: float) -> bool:
     """Whether ``entry`` holds room, its pod looked up by uid in the cached ``pods``."""
-    return phase(entry, pods.get(entry.pod.uid), now).state in HOLDS_ROOM
+    return entry_phase(entry, pods.get(entry.pod.uid), now).state in HOLDS_ROOM
 
 
 def room_holders(
@@ -198,12 +198,11 @@ def loan_phase(loan: Loan, lender: Pod | None, *, refused: bool, holding: bool) 
     each transition happens). Read from the lender, never written: a restart neither
     repeats a loan nor forgets one."""
     if refused:
-        undo = refusal_state(loan, lender)
-        return "refused" if undo == "undo" else "putting-back" if undo == "restoring" else "ended"
+        return refusal_state(loan, lender)
     state = loan_state(loan, lender)
     if state == "lent":
         return "lent" if holding else "due"
-    if state == "pending":
+    if state == "to-lend":
         return "to-lend" if holding else "ended"
     return "returning" if state == "returning" else "ended"
 
@@ -234,7 +233,7 @@ def owes(entry: LedgerEntry, pods: Mapping[str, Pod], now: float) -> bool:
     return any(p in owed for _, p in loan_phases(entry, pods, True))
 
 
-def pending(entry: LedgerEntry, pods: Sequence[Pod]) -> tuple[Loan, ...]:
+def to_lend(entry: LedgerEntry, pods: Sequence[Pod]) -> tuple[Loan, ...]:
     """The entry's loans still to make, in the order taken: ``to-lend``, or given back
     and taken again before the kubelet actuated the return (``returning``)."""
     if not entry.loans:
@@ -286,7 +285,7 @@ def to_keep(
     return tuple(e for e in entries if holds_room(e, by_uid, now) or owes(e, by_uid, now))
 
 
-def claim(
+def answered_by(
     pod: Pod, entries: Sequence[LedgerEntry], pods: Sequence[Pod], now: float
 ) -> Literal["held", "given-back", ""]:
     """What already answers for ``pod``'s pending resize on its node: ``held``, an entry
