@@ -308,9 +308,6 @@ class RealCluster:
         assert node is not None and node.stack.criu_dir is not None
         return {
             "checkpoint.enabled": True,
-            # No namespace controller runs here to finish a namespace the chart would remove.
-            "checkpoint.createNamespace": False,
-            "checkpoint.namespace": chart.NAMESPACE,
             "checkpoint.checkpointDir": str(node.paths.kubelet_root / "checkpoints"),
             "checkpoint.containerdConfig": str(node.paths.containerd_config),
             "checkpoint.containerdAddress": str(node.paths.containerd_socket),

@@ -41,7 +41,7 @@ import pytest
 from cryptography import x509
 
 from harness.binaries import REPO_ROOT
-from harness.chart import CHART, helm_binary, run_helm
+from harness.chart import CHART, NAME, helm_binary, run_helm
 from harness.realcluster import RealCluster
 from harness.realnode import NODE_NAME
 from harness.walkthrough import resize_patch, scaled_walkthrough
@@ -59,10 +59,10 @@ from tests.e2e.test_realnode import (
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 
 README = REPO_ROOT / "README.md"
-#: What the README installs: the chart's default names.
-RELEASE = "resize-preemption-webhook"
+#: What the README installs: the release rpw in resize-preemption-system.
+RELEASE = "rpw"
 NAMESPACE = "resize-preemption-system"
-FULLNAME = RELEASE
+FULLNAME = f"{RELEASE}-{NAME}"
 SECRET = f"/api/v1/namespaces/{NAMESPACE}/secrets/{FULLNAME}-tls"
 VALIDATING = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{FULLNAME}"
 WEBHOOK_PORT = 8443
@@ -99,8 +99,11 @@ def readme_release(real_cluster: RealCluster) -> Iterator[None]:
     """No release installed at the start, and the session's release back at the end."""
     real_cluster.uninstall_chart()
     yield
-    run_helm(real_cluster.kubeconfig, "uninstall", RELEASE, "--ignore-not-found")
-    # No namespace controller here: the namespace the chart made is finished by hand.
+    run_helm(
+        real_cluster.kubeconfig, "uninstall", RELEASE, "--namespace", NAMESPACE,
+        "--ignore-not-found",
+    )  # fmt: skip
+    # No namespace controller here: the namespace helm made is finished by hand.
     _remove_namespace(real_cluster, NAMESPACE)
     real_cluster.install_chart()
 
@@ -119,7 +122,7 @@ def release_pods(cluster: RealCluster, *, stopping: bool = False) -> list[dict[s
     """The release's pods; ``stopping``: those being deleted too."""
     pods = cluster.client.get(
         f"/api/v1/namespaces/{NAMESPACE}/pods",
-        labelSelector=f"app.kubernetes.io/name={FULLNAME}",
+        labelSelector=f"app.kubernetes.io/name={NAME}",
     )["items"]
     return [p for p in pods if stopping or not p["metadata"].get("deletionTimestamp")]
 
@@ -278,7 +281,8 @@ def test_helm_upgrade_keeps_the_certificate_and_the_ca_bundle(
     assert before, "the README install made the certificate"
     pods_before = {p["metadata"]["name"] for p in release_pods(real_cluster)}
     run_helm(
-        real_cluster.kubeconfig, "upgrade", RELEASE, str(CHART), "--reuse-values",
+        real_cluster.kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE,
+        "--reuse-values",
         "--set", "settings.maxVictims=5",
     )  # fmt: skip
     rollout(real_cluster, wait_until)
@@ -307,7 +311,8 @@ def test_the_certificate_is_renewed_as_it_nears_expiry_and_served_without_a_rest
 ) -> None:
     long_lived = secret_data(real_cluster)
     run_helm(
-        real_cluster.kubeconfig, "upgrade", RELEASE, str(CHART), "--reuse-values",
+        real_cluster.kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE,
+        "--reuse-values",
         *(a for k, v in SHORT.items() for a in ("--set", f"{k}={v}")),
     )  # fmt: skip
     rollout(real_cluster, wait_until)

@@ -369,6 +369,8 @@ def test_operator_values_pin_to_the_real_node_only_beside_hollow_ones() -> None:
     assert "nodeSelector" not in operator_values(None)
     assert {"kubernetes.io/hostname": "node-1"} == operator_values("node-1")["nodeSelector"]
     assert "self-signed" == operator_values(None)["certificates.mode"]
+    # The product image is the local build the node imported, run by its name.
+    assert operator_values(None)["image.localBuild"] is True
 
 
 def test_operator_values_require_the_api_servers_client_certificate_given_its_ca() -> None:

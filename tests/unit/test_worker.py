@@ -610,8 +610,8 @@ def test_ledger_changes_are_pure_and_report_presence() -> None:
 
 
 def actuation_times(metrics: Metrics) -> tuple[float | None, float | None]:
-    """(count, sum) of ``resize_preemption_time_to_actuation_seconds``."""
-    name = "resize_preemption_time_to_actuation_seconds"
+    """(count, sum) of ``resize_preemption_actuation_duration_seconds``."""
+    name = "resize_preemption_actuation_duration_seconds"
     return (
         metrics.registry.get_sample_value(f"{name}_count"),
         metrics.registry.get_sample_value(f"{name}_sum"),

@@ -359,6 +359,7 @@ class AdmissionEngine:
         counts: dict[tuple[str, str], int] = {}
         latencies: dict[str, list[float]] = {}
         victims: list[int] = []
+        attempts: dict[str, int] = {}
         logging_on = decision_logger.isEnabledFor(logging.INFO)
         lines: list[bytes] = []
         for facts in batch:
@@ -366,6 +367,8 @@ class AdmissionEngine:
             key = (facts.endpoint, d.verdict)
             counts[key] = counts.get(key, 0) + 1
             latencies.setdefault(facts.endpoint, []).append(facts.elapsed)
+            if d.plan is not None:
+                attempts[d.plan.verdict] = attempts.get(d.plan.verdict, 0) + 1
             entry = d.admitted
             if entry is not None and entry.victims:
                 victims.append(len(entry.victims))
@@ -383,6 +386,8 @@ class AdmissionEngine:
             latency = metrics.review_latency.labels(endpoint)
             for amount in amounts:
                 latency.observe(amount)
+        for verdict, n in attempts.items():
+            metrics.count_attempt(verdict, n)
         if victims:
             metrics.victims_planned.inc(sum(victims))
             for n in victims:

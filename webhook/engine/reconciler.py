@@ -41,7 +41,7 @@ from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.ledger import ClusterView, Ledger, LedgerChange
 from webhook.engine.lifecycle.changes import Admitted, admit
-from webhook.engine.lifecycle.states import answered_by
+from webhook.engine.lifecycle.states import HOLDS_ROOM, answered_by, entry_phase
 from webhook.engine.planner import NodeMemo, ResizePlanner
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,7 @@ class Reconciler:
         self._loop.stop(timeout)
         # Another replica counts them now; a gauge left set would be counted twice.
         self._count_deferred({})
+        self.metrics.set_pending({})
 
     def wake(self) -> None:
         """Ask for a pass soon (cheap, thread-safe)."""
@@ -184,7 +185,8 @@ class Reconciler:
         outcomes = []
         seen: set[tuple[str, int]] = set()
         waiting: dict[str, list[Pod]] = {}
-        for pod in sorted(self.cluster.pending_resizes(), key=_kubelet_order):
+        pending = sorted(self.cluster.pending_resizes(), key=_kubelet_order)
+        for pod in pending:
             planned = not skip_reason(pod)
             reason, outcome = self.consider(pod)
             if pod.resize == "deferred":
@@ -198,6 +200,7 @@ class Reconciler:
         for key in set(self._last) - seen:
             del self._last[key]
         self._count_deferred(waiting)
+        self.metrics.set_pending(self._pending_counts(pending))
         return outcomes
 
     def consider(self, pod: Pod) -> tuple[str, Outcome | None]:
@@ -227,6 +230,23 @@ class Reconciler:
             longest = max(0.0, now - min(since)) if since else 0.0
             self.metrics.deferred_longest_wait.labels(reason).set(longest)
 
+    def _pending_counts(self, pending: Sequence[Pod]) -> dict[str, int]:
+        """Resizes not yet actuated (``resize_preemption_pending_resizes``): the kubelet's
+        pending verdicts as cached, and the ledger's entries that hold room by phase."""
+        counts: dict[str, int] = {}
+        for pod in pending:
+            counts[pod.resize] = counts.get(pod.resize, 0) + 1
+        now = self.clock()
+        on_node: dict[str, dict[str, Pod]] = {}
+        for entry in self.ledger.all_entries():
+            pods = on_node.get(entry.node)
+            if pods is None:
+                pods = on_node[entry.node] = {p.uid: p for p in self.cluster.pods_on(entry.node)}
+            state = entry_phase(entry, pods.get(entry.pod.uid), now).state
+            if state in HOLDS_ROOM:
+                counts[state] = counts.get(state, 0) + 1
+        return counts
+
     def _count_error(self) -> None:
         # The series appears with the first error, not before.
         self.metrics.errors.labels("reconciler").inc()
@@ -241,6 +261,7 @@ class Reconciler:
         plan = outcome.plan
         if plan is None:
             return
+        self.metrics.count_attempt(plan.verdict)
         if outcome.admitted and plan.victims:
             self.metrics.victims_planned.inc(len(plan.victims))
             self.metrics.victims_per_plan.observe(len(plan.victims))
