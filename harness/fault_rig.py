@@ -638,9 +638,9 @@ class FaultRig:
                 text = response.read().decode()
             for family in text_string_to_metric_families(text):
                 for s in family.samples:
-                    if s.name == "resize_preemption_webhook_requests_total":
+                    if s.name == "resize_preemption_reviews_total":
                         verdicts[s.labels["verdict"]] += int(s.value)
-                    elif s.name == "resize_preemption_webhook_latency_seconds_bucket" and (
+                    elif s.name == "resize_preemption_review_duration_seconds_bucket" and (
                         s.labels.get("endpoint") == "validate"
                     ):
                         buckets[float(s.labels["le"])] += s.value

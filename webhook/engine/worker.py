@@ -51,7 +51,7 @@ from webhook.engine.ledger import (
 )
 from webhook.engine.lifecycle.changes import drop_victims, release, tidy
 from webhook.engine.lifecycle.next_step import Act, Action, Refuse, Release, Wait, next_action
-from webhook.engine.lifecycle.states import wanted
+from webhook.engine.lifecycle.states import room_holders, wanted
 from webhook.engine.loans import LenderResizer, Lending
 
 #: Releases that give up on a plan: victims still live then were never evicted for it,
@@ -210,6 +210,12 @@ class PreemptionWorker:
         self._woken.clear()
         groups = self._groups()
         now = self.clock()
+        # Set here, the one place, on every pass: expired and spent entries leave the
+        # count without anyone writing the Lease, and a plain set reaches every scrape,
+        # whichever process serves it.
+        self.metrics.ledger_entries.set(
+            sum(len(room_holders(g, self.cluster.pods_on(n), now)) for n, g in groups.items())
+        )
         lending = {n: g for n, g in groups.items() if any(e.lends for e in g)}
         if lending or self._lending:  # once more after the last loan, to zero its figures
             self.lending.count(lending, now)
