@@ -354,3 +354,67 @@ def test_the_certificate_is_renewed_as_it_nears_expiry_and_served_without_a_rest
     }
     preempting_resize(real_cluster, real_namespace, classes, wait_until)
     assert [first["ca.crt"]] == ca_bundles(real_cluster)
+
+
+def lending_uninstall_block() -> list[str]:
+    """The command lines of docs/lending.md's uninstall block, as an operator runs them."""
+    text = (REPO_ROOT / "docs" / "lending.md").read_text()
+    block = re.search(r"uninstall is two steps:\n\n```sh\n(.*?)```", text, re.S)
+    assert block is not None, "docs/lending.md has its two-step uninstall block"
+    return [line.split("#")[0].strip() for line in block.group(1).splitlines() if line.strip()]
+
+
+#: Kinds the chart makes, by their API path; each listed for the release's label.
+RELEASE_KINDS = (
+    "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+    "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+    "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments",
+    f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets",
+    f"/api/v1/namespaces/{NAMESPACE}/services",
+    f"/api/v1/namespaces/{NAMESPACE}/secrets",
+    f"/api/v1/namespaces/{NAMESPACE}/configmaps",
+    f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
+    f"/api/v1/namespaces/{NAMESPACE}/pods",
+    f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles",
+    f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/rolebindings",
+    f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets",
+)
+
+
+def left_of_release(cluster: RealCluster) -> list[str]:
+    """Every object the release's label still names, as ``path/name``."""
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    return [
+        f"{path.rsplit('/', 1)[1]}/{item['metadata']['name']}"
+        for path in RELEASE_KINDS
+        for item in cluster.client.get(path, labelSelector=selector)["items"]
+    ]
+
+
+def test_the_documented_uninstall_leaves_nothing_of_the_release(
+    real_cluster: RealCluster, readme_release: None, wait_until: Waiter
+) -> None:
+    """docs/lending.md's two steps, as written: `helm uninstall`, then every loan given
+    back; nothing the release labels is left (the ledger Leases are the service's, and
+    documented as such)."""
+    helm, give_back = lending_uninstall_block()
+    assert helm == f"helm uninstall {RELEASE} -n {NAMESPACE}", helm
+    assert give_back == "kubectl resize-preemption return-loans", give_back
+    run_helm(real_cluster.kubeconfig, *helm.split()[1:])
+    # The plugin is the console script of the same command.
+    returned = subprocess.run(
+        [sys.executable, "-m", "webhook", "return-loans", "--kubeconfig",
+         str(real_cluster.kubeconfig)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert 0 == returned.returncode, returned.stderr
+    # Pods and what they own leave as the garbage collector gets to them.
+    wait_until(
+        lambda: not left_of_release(real_cluster),
+        timeout=120, interval=1, what="nothing of the release left",
+    )  # fmt: skip
+    assert [] == left_of_release(real_cluster)
