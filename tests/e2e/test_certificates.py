@@ -30,7 +30,7 @@ import yaml
 from cryptography import x509
 
 from tests.e2e.conftest import Cluster
-from tests.e2e.helm_tools import CHART, set_args
+from tests.e2e.helm_tools import CHART, LOCAL_BUILD, set_args
 from tests.e2e.test_helm import FULLNAME, MUTATING, RELEASE, VALIDATING, Helm, deployment
 from tests.e2e.test_helm import helm as helm  # a fixture
 from tests.e2e.test_helm import release_namespace as release_namespace  # a fixture
@@ -44,8 +44,7 @@ from webhook.tls.rotation import ManagedTLS
 pytestmark = pytest.mark.e2e
 
 VALUES = {
-    "namespace.create": False,
-    "namespace.name": "",
+    **LOCAL_BUILD,
     "mutating.enabled": True,
     # No namespace: no review of other tests' resizes reaches this release.
     "webhook.namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "nowhere"}},

@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import Cluster, Kubectl
-from tests.e2e.helm_tools import CHART, helm_binary, render, set_args
+from tests.e2e.helm_tools import CHART, LOCAL_BUILD, helm_binary, render, set_args
 from tests.e2e.service_support import account_kubeconfig
 from webhook.kube.webhookconfig import patch_webhook_ca_bundles
 from webhook.tls import pki
@@ -99,18 +99,17 @@ def _protects(obj: dict[str, Any]) -> bool:
 
 
 def _chart_objects(release: str, namespace: str) -> list[dict[str, Any]]:
-    """The chart's objects this module applies: its namespace, webhook configuration
+    """The chart's objects this module applies: its webhook configuration
     (selecting no namespace), client CA, service account with its ClusterRole, and the
     protection policies."""
     ca = pki.make_ca("protection test").cert_pem.decode()
-    values = {"namespace.name": namespace, "clientAuth.enabled": True,
-              "clientAuth.caBundle": ca}  # fmt: skip
-    wanted = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+    values = {"clientAuth.enabled": True, "clientAuth.caBundle": ca}
+    wanted = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding",
               "ValidatingWebhookConfiguration", "ConfigMap",
               "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}  # fmt: skip
     objects = [
         o
-        for o in render(values, release=release)
+        for o in render(values, release=release, namespace=namespace)
         if o["kind"] in wanted
         and not (o["kind"].startswith("ValidatingAdmission") and not _protects(o))
     ]
@@ -146,8 +145,9 @@ def scene(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     admin = Kubectl(cluster.binaries.kubectl, cluster.kubeconfig, namespace)
     rights = _intruders_rights(namespace)
     policies = [o for o in objects if o["kind"].startswith("ValidatingAdmission")]
-    spaces = [o for o in objects if o["kind"] == "Namespace"]
-    rest = [o for o in objects if o not in policies and o not in spaces]
+    # The release namespace is the operator's (helm --create-namespace), not the chart's.
+    spaces = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}]
+    rest = [o for o in objects if o not in policies]
     # Policies last: everything else is in place before they judge.
     admin("apply", "-f", "-", input=yaml.safe_dump_all([*spaces, *rights, *rest, *policies]))
     service_config = account_kubeconfig(
@@ -332,7 +332,7 @@ def test_helm_installs_upgrades_and_uninstalls_the_default_chart_under_its_polic
     # No namespace selected: no review is sent while the release exists.
     # Installed into a namespace made beforehand, as an operator does with
     # --create-namespace; no namespace selected: no review is sent meanwhile.
-    values = {"namespace.create": False, "namespace.name": "",
+    values = {**LOCAL_BUILD,
               "webhook.namespaceSelector": {"matchLabels": {"rpw-protection": "none"}}}  # fmt: skip
     admin = Kubectl(cluster.binaries.kubectl, cluster.kubeconfig)
     admin("create", "namespace", namespace)

@@ -63,10 +63,10 @@ def policy_in_force(
     {"admin": Kubectl, "service": Kubectl} in that namespace."""
     suffix = secrets.token_hex(3)
     service_ns, release, ns = f"rpw-cp-{suffix}", f"rpw-cp-{suffix}", f"team-{suffix}"
-    given = {"checkpoint.enabled": True, "namespace.name": service_ns, **values}
+    given = {"checkpoint.enabled": True, **values}
     policy = [
         d
-        for d in render(given, release=release)
+        for d in render(given, release=release, namespace=service_ns)
         if d["kind"].startswith("ValidatingAdmissionPolicy")
         and d["metadata"]["name"].endswith("-checkpoint-images")
     ]

@@ -15,6 +15,7 @@ webhook may be registered under the same name.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 import re
@@ -311,13 +312,26 @@ def test_cert_manager_overlay_builds_and_the_rest_passes_server_dry_run(
     server_dry_run(admin, [o for o in objects if group_of(o) != CERT_MANAGER_GROUP])
 
 
-def test_pod_template_passes_restricted_pod_security_and_gets_critical_priority(
-    admin: Kubectl, rbac: None, base_objects: list[dict[str, Any]]
+@pytest.mark.parametrize(
+    ("priority_class", "priority"),
+    [(None, 0), ("system-cluster-critical", 2_000_000_000)],
+    ids=["no-class-by-default", "class-an-operator-sets"],
+)
+def test_pod_template_passes_restricted_pod_security_and_takes_its_priority(
+    admin: Kubectl,
+    rbac: None,
+    base_objects: list[dict[str, Any]],
+    priority_class: str | None,
+    priority: int,
 ) -> None:
     """PodSecurity enforces only on pods: create one from the template (dry run) in the
-    namespace that enforces "restricted"; the Priority plugin resolves its class."""
+    namespace that enforces "restricted"; the Priority plugin resolves the class an
+    operator sets, and none is set by default."""
     (deployment,) = [o for o in base_objects if o["kind"] == "Deployment"]
-    template = deployment["spec"]["template"]
+    template = copy.deepcopy(deployment["spec"]["template"])
+    assert "priorityClassName" not in template["spec"]
+    if priority_class is not None:
+        template["spec"]["priorityClassName"] = priority_class
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -331,7 +345,7 @@ def test_pod_template_passes_restricted_pod_security_and_gets_critical_priority(
     assert result.returncode == 0, result.stderr
     assert "PodSecurity" not in result.stderr
     created = yaml.safe_load(result.stdout)
-    assert created["spec"]["priority"] == 2_000_000_000
+    assert created["spec"].get("priority", 0) == priority
 
 
 # --- the ServiceAccount's rights --------------------------------------------------------

@@ -40,7 +40,7 @@ def callers(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     service_ns = release = f"rpw-lp-{suffix}"
     policy = [
         d
-        for d in render({"namespace.name": service_ns}, release=release)
+        for d in render({}, release=release, namespace=service_ns)
         if d["kind"].startswith("ValidatingAdmissionPolicy")
         and d["metadata"]["name"].endswith("-leases")
     ]
