@@ -52,6 +52,7 @@ def at(cluster: Cluster, namespace: str, name: str, cpu: str) -> Callable[[], An
     return check
 
 
+@pytest.mark.service_modes
 def test_walkthrough_with_a_floor_lends_instead_of_evicting_and_gets_it_back(
     cluster: Cluster,
     namespace: str,
@@ -278,6 +279,7 @@ def test_dry_run_and_warn_say_what_they_would_borrow_and_change_nothing(
     assert [] == events(kubectl, "low-priority-pod", "Lent")
 
 
+@pytest.mark.service_modes
 def test_a_restart_between_the_loan_and_the_give_back_neither_repeats_nor_forgets_it(
     cluster: Cluster,
     namespace: str,
