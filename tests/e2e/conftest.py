@@ -88,6 +88,21 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("service_mode", modes, indirect=True)
 
 
+#: How much later than a 1.34+ kubelet a 1.33 one may retry a Deferred resize once room
+#: appears. From 1.34 the allocation manager retries pending resizes when a pod is removed
+#: or shrinks; 1.33 decides in ``Kubelet.canResizePod`` and leaves the retry to the pod's
+#: next sync ("Let the next sync iteration retry the resize", pkg/kubelet/kubelet.go), which
+#: comes syncFrequency (10 s in harness/node/main.go) plus up to 50% jitter after the last
+#: one (``completeWork`` in pkg/kubelet/pod_workers.go).
+SYNC_RETRY_1_33 = 15.0
+
+
+def resize_retry_delay(binaries: Binaries) -> float:
+    """Seconds to add to a wait for a Deferred resize to be actuated once its room is
+    free: :data:`SYNC_RETRY_1_33` on a 1.33 kubelet, nothing later."""
+    return SYNC_RETRY_1_33 if binaries.kube_version < (1, 34) else 0.0
+
+
 @functools.cache
 def binaries_under_test() -> Binaries:
     """The binaries the session's clusters run (built first if need be: RPW_ASSETS,
