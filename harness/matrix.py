@@ -19,7 +19,8 @@ Each entry's result records the commit tested, the date, the machine's load whil
 tests ran, every test's outcome (with the failure message or the skip's reason) and the
 wall time. Progress goes to stderr; the table (markdown) to stdout and, with ``--docs``,
 into docs/control-plane.md between its ``matrix-table`` markers; every outcome to
-``--json`` (default ``bench/results/matrix.json``). The exit status is 0 when every entry
+``--json`` (default ``bench/results/matrix.json``); pytest's temporary directories (the
+clusters' logs) to ``$TMPDIR/rpw-matrix-<entry>``. The exit status is 0 when every entry
 built and every test passed or was skipped for a stated reason.
 
     .venv/bin/python -m harness.matrix [--versions v1.36.3,v1.37.2-gate-off] [--json FILE]
@@ -35,6 +36,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -186,7 +188,7 @@ class LoadSampler:
         return [round(s[0], 2), round(sum(s) / len(s), 2), round(max(s), 2)]
 
 
-def pytest_argv(result: VersionResult, junit: Path, log_dir: Path) -> list[str]:
+def pytest_argv(result: VersionResult, junit: Path) -> list[str]:
     paths = [str(E2E / m) for m in result.modules] or [str(E2E)]
     argv = [sys.executable, "-m", "pytest", *paths, "-m", "not realnode", "-q", "-rfEs"]
     if result.selection:
@@ -196,7 +198,8 @@ def pytest_argv(result: VersionResult, junit: Path, log_dir: Path) -> list[str]:
         "-p",
         "no:cacheprovider",
         f"--junitxml={junit}",
-        f"--basetemp={log_dir / ('tmp-' + result.version)}",
+        # Short: the kubelet's unix sockets live under it (108 bytes at most).
+        f"--basetemp={Path(tempfile.gettempdir()) / ('rpw-matrix-' + result.version)}",
     ]
 
 
@@ -212,7 +215,7 @@ def run_tests(result: VersionResult, directory: Path, log_dir: Path) -> None:
     with output.open("w") as out:
         try:
             subprocess.run(
-                pytest_argv(result, junit, log_dir),
+                pytest_argv(result, junit),
                 cwd=REPO_ROOT,
                 env=env,
                 stdout=out,

@@ -141,7 +141,7 @@ def test_the_run_leaves_out_the_real_node_and_runs_the_chosen_modules(
 ) -> None:
     result = VersionResult("v1.33.13", modules=modules, selection=selection)
 
-    argv = pytest_argv(result, tmp_path / "junit.xml", tmp_path)
+    argv = pytest_argv(result, tmp_path / "junit.xml")
 
     root = Path(__file__).resolve().parents[2]
     assert [str(root / p) for p in paths] == argv[3 : 3 + len(paths)]
