@@ -173,15 +173,6 @@ class RefusalCase:
             id="actuated-after-all",
         ),
         pytest.param(RefusalCase(batch_1("6Gi", error_generation=1), False), id="not-lent"),
-        pytest.param(
-            # A 1.33 kubelet: no observedGeneration on its conditions.
-            RefusalCase(batch_1("4Gi", running="6Gi", error_generation=0, generation=2), True),
-            id="kubelet-without-observed-generations",
-        ),
-        pytest.param(
-            RefusalCase(batch_1("4Gi", error_generation=0, generation=2), False),
-            id="kubelet-without-observed-generations-actuated-after-all",
-        ),
     ],
 )
 def test_a_loan_is_refused_only_when_the_kubelet_reports_an_error_for_the_lent_spec(

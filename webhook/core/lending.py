@@ -339,14 +339,11 @@ def refused(loan: Loan, lender: Pod | None) -> bool:
     The case met is a memory limit lowered below the container's usage, which the kubelet
     will not do ("cannot decrease memory limits ..."); it checks the whole pod's resize at
     once, so every loan of that pod not yet actuated is refused with it. An error about an
-    older generation says nothing about this spec. A kubelet before 1.34 puts no
-    ``observedGeneration`` on its conditions (``PodObservedGenerationTracking``, alpha and
-    off in 1.33): its error is taken as about the spec it was given, which runs above
-    ``after`` still.
+    older generation says nothing about this spec.
     """
     if lender is None or loan_state(loan, lender) != "lent" or not lender.resize_error:
         return False
-    if 0 < lender.resize_error_generation < lender.generation:
+    if lender.resize_error_generation < lender.generation:
         return False
     status = lender.statuses.get(loan.container)
     running = None if status is None else status.actual
