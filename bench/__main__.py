@@ -1,8 +1,11 @@
 """``python -m bench [NAME ...]``: run the named benchmarks, or all of them.
 
 Each benchmark is a module under ``bench`` with a ``main(argv) -> int``; it prints a small
-table and writes its figures to ``bench/results/NAME.json``. Those that start the real
-node (root, one at a time per machine: ``docs/real-node.md``) run only when named.
+table and writes its figures to ``bench/results/NAME.json`` through
+:class:`harness.provenance.Run` (the commit, date, load and command with them). The rigs
+they drive live in ``harness`` (the tests drive the same ones). One-off experiments are
+under ``bench.experiments``. Those that start the real node (root, one at a time per
+machine: ``docs/real-node.md``) run only when named.
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ BENCHMARKS: dict[str, str] = {
     "vpa": "bench.vpa",
     "realnode": "bench.realnode",
     "realcompare": "bench.realcompare",
-    "lender-memory": "bench.lender_memory",
+    "lender-memory": "bench.experiments.lender_memory",
     "checkpoint": "bench.checkpoint",
     "checkpoint-actuation": "bench.checkpoint_actuation",
-    "containerd-overlay-diff": "bench.containerd_overlay_diff",
+    "containerd-overlay-diff": "bench.experiments.containerd_overlay_diff",
 }
 #: Run only when named: they start the real node.
 REAL_NODE = frozenset(

@@ -19,7 +19,6 @@ Bounded in time (``--seconds``, under the server's body deadline of 10 s) and co
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import signal
@@ -35,8 +34,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.hostile_clients import CLIENT_CERT, CLIENT_KEY, client_context
-from bench.review_bench import REPO, _free_port, _wait_ready, _worker_pids
+from harness.binaries import REPO_ROOT as REPO
+from harness.hostile_clients import CLIENT_CERT, CLIENT_KEY, client_context
+from harness.local_server import free_port, wait_ready, worker_pids
+from harness.provenance import Run
 
 RESULTS = Path(__file__).resolve().parent / "results" / "body-flood.json"
 #: The chart's resources.limits.memory and server.workers.
@@ -109,7 +110,7 @@ def run(clients: int, seconds: float, memory_limit: int, body_bytes: int) -> dic
         }
         for name, data in files.items():
             Path(tmp, name).write_bytes(data)
-        port = _free_port()
+        port = free_port()
         server = subprocess.Popen(
             [
                 sys.executable, "-m", "bench.review_bench", "serve",
@@ -123,9 +124,9 @@ def run(clients: int, seconds: float, memory_limit: int, body_bytes: int) -> dic
             start_new_session=True,
         )  # fmt: skip
         try:
-            _wait_ready(port, f"{tmp}/ca.crt", server)
+            wait_ready(port, f"{tmp}/ca.crt", server)
             time.sleep(1.0)
-            pids = [server.pid, *_worker_pids(server.pid)]
+            pids = [server.pid, *worker_pids(server.pid)]
             idle = sum(_rss(p) for p in pids)
             context = client_context(f"{tmp}/ca.crt")
             outcomes: list[str] = []
@@ -192,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--memory-limit", type=int, default=MEMORY_LIMIT)
     parser.add_argument("--max-body-bytes", type=int, default=3 * 1024 * 1024)
     args = parser.parse_args(argv)
+    started = Run()
     from webhook.web.server import connections_within
 
     fits = WORKERS * connections_within(args.memory_limit, WORKERS, args.max_body_bytes)
@@ -202,8 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run(clients, seconds, args.memory_limit, args.max_body_bytes)
     print(table(result))
     if not args.quick:
-        RESULTS.parent.mkdir(exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+        started.write(RESULTS, result)
     return 0 if result["within_limit"] else 1
 
 

@@ -34,6 +34,8 @@ from typing import Any
 
 import orjson
 
+from harness.provenance import Run
+
 RESULTS = Path(__file__).resolve().parent / "results" / "cache.json"
 TARGET_MB = 500
 T0 = 1_760_000_000.0
@@ -428,12 +430,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.measure is not None:
         print(json.dumps(measure(args.measure, args.nodes, freeze=not args.no_freeze_gc)))
         return 0
+    started = Run()
     pods, nodes = (15_000, 500) if args.quick else (args.pods, args.nodes)
     result = run(pods, nodes, freeze=not args.no_freeze_gc)
     print(table(result))
     if not args.quick and not args.no_freeze_gc:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        started.write(RESULTS, result)
         print(f"wrote {RESULTS}")
     return 0
 

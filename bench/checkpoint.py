@@ -35,6 +35,7 @@ from typing import Any
 
 from harness.binaries import REPO_ROOT, ensure_binaries
 from harness.processes import install_signal_handlers
+from harness.provenance import Run
 from harness.realcluster import RealCluster, RealClusterOptions
 from harness.realnode import NODE_IP, NODE_NAME, check_machine, ensure_images, ensure_node_stack
 from webhook.agent.oci import process_args, write_image_layout
@@ -126,7 +127,7 @@ def _varint(data: bytes, at: int) -> tuple[int, int]:
             return value, at
 
 
-def _dump_stats(data: bytes) -> dict[int, int]:
+def dump_stats(data: bytes) -> dict[int, int]:
     """CRIU's ``stats-dump`` image (magics, size, a ``stats_entry``): the numbered fields of
     its ``dump`` message (``criu/images/stats.proto``), e.g. 2 = frozen time in µs."""
     size = int.from_bytes(data[8:12], "little")
@@ -151,7 +152,7 @@ def _criu_times(archive: Path) -> dict[str, float]:
         stats = tar.extractfile("stats-dump")
         assert log is not None and stats is not None
         last = log.read().decode(errors="replace").strip().splitlines()[-1]
-        fields = _dump_stats(stats.read())
+        fields = dump_stats(stats.read())
     stamp = re.match(r"\((\d+\.\d+)\)", last)
     return {
         "criu_dump_s": round(float(stamp.group(1)), 3) if stamp else -1.0,
@@ -213,6 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="16Mi only")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    started = Run()
     labels = ["16Mi"] if args.quick else [s.strip() for s in args.sizes.split(",") if s.strip()]
     install_signal_handlers()
     check_machine()
@@ -232,8 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  r["import_s"], r["restore_running_s"], r["restore_counting_s"])  # fmt: skip
         print("  ".join(f"{c!s:>12}" for c in cells))
     # The file also keeps bench.checkpoint_actuation's figures.
-    written = json.loads(args.out.read_text()) if args.out.exists() else {}
-    args.out.write_text(json.dumps(written | {"runs": rows}, indent=2) + "\n")
+    started.update(args.out, "runs", rows)
     print(f"wrote {args.out}")
     return 0
 

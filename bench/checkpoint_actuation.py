@@ -6,7 +6,7 @@ through the service on the real node.
 as the real kubelet on containerd (:class:`harness.realcluster.RealCluster`), installs the
 chart with checkpoints on (the service's setting and the node agent's DaemonSet,
 :meth:`~harness.realcluster.RealCluster.checkpoint_values`), then runs the scaled
-walkthrough (:func:`harness.realdemo.scaled_walkthrough`) ``--repeat`` times with each
+walkthrough (:func:`harness.walkthrough.scaled_walkthrough`) ``--repeat`` times with each
 kind of victim, alternating: evicted, then checkpointed.
 
 The victim is a bare pod from the product image (it has Python; `--images` adds busybox's,
@@ -49,9 +49,10 @@ from harness.chart import NAMESPACE as SERVICE_NAMESPACE
 from harness.kubeapi import ApiError
 from harness.manifests import workload_pod
 from harness.processes import install_signal_handlers
+from harness.provenance import Run
 from harness.realcluster import RealCluster, RealClusterOptions, millicores
-from harness.realdemo import Walkthrough, resize_patch, scaled_walkthrough
 from harness.realnode import NODE_NAME, check_machine, ensure_images, ensure_node_stack
+from harness.walkthrough import Walkthrough, resize_patch, scaled_walkthrough
 from webhook.core.checkpoint import (
     GROUP,
     NODES,
@@ -272,7 +273,7 @@ def _checkpoint_and_restore(
 
     _wait("the victim restored", restored)
     running_s = time.monotonic() - shrunk
-    counts = _wait("a count after the restore", lambda: _after(_counts(cluster), shrunk_wall))
+    counts = _wait("a count after the restore", lambda: counts_after(_counts(cluster), shrunk_wall))
     counting_s = time.monotonic() - shrunk
     before = [n for n, at in _counts(cluster) if at < shrunk_wall]
     return {
@@ -282,7 +283,7 @@ def _checkpoint_and_restore(
     }  # fmt: skip
 
 
-def _after(counts: list[tuple[int, float]], since: float) -> list[int] | None:
+def counts_after(counts: list[tuple[int, float]], since: float) -> list[int] | None:
     """The counts written after ``since`` (wall time), or None."""
     return [n for n, at in counts if at >= since] or None
 
@@ -293,7 +294,7 @@ def _median(rows: list[dict[str, Any]], kind: str, key: str) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
-def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def victim_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     evicted = _median(rows, "evicted", "actuated_s")
     checkpointed = _median(rows, "checkpointed", "actuated_s")
     assert evicted is not None and checkpointed is not None
@@ -350,7 +351,7 @@ def measure(
 
 def summarize(rows: list[dict[str, Any]], kinds: Sequence[str]) -> dict[str, Any]:
     """Each image's summary of ``rows``."""
-    return {i: _summary([r for r in rows if r["image"] == i]) for i in kinds}
+    return {i: victim_summary([r for r in rows if r["image"] == i]) for i in kinds}
 
 
 def _print(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
@@ -378,6 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one run of each (a smoke run)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    started = Run()
     repeat = 1 if args.quick else args.repeat
     if repeat < 1:
         parser.error("--repeat must be at least 1")
@@ -395,8 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_average_before": load[0], "load_average_after": load[1],
         "runs": rows, "summary": summary,
     }  # fmt: skip
-    written = json.loads(args.out.read_text()) if args.out.exists() else {}
-    args.out.write_text(json.dumps(written | {"actuation": figures}, indent=2) + "\n")
+    started.update(args.out, "actuation", figures)
     print(f"load average (1, 5, 15 min): before {load[0]}, after {load[1]}")
     print(f"wrote {args.out}")
     return 0

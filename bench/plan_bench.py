@@ -11,7 +11,7 @@ Run ``python -m bench plan``. Figures are per call, in milliseconds, from
 ``time.perf_counter_ns`` after a warm-up; the machine is shared, so quote the median.
 
 Three ways of calling it. *Warm* (the headline): as the admission engine calls it, with
-its one memo (:class:`~webhook.engine.admission.NodeMemo`) of what the node's pods hold
+its one memo (:class:`~webhook.engine.planner.NodeMemo`) of what the node's pods hold
 and how they rank, with the budgets each one's eviction spends from, kept while the
 cluster view hands out the same pods and budgets. *Cold*: without it, all of that
 computed afresh (:class:`~webhook.core.plan.NodePods`). *One pod changed*: with the
@@ -42,6 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from harness.provenance import Run
 from webhook.core.accounting import Reservation, active_on, node_usage
 from webhook.core.model import DisruptionBudget, Node, Pod
 from webhook.core.objects import parse_node, parse_pdb, parse_pod
@@ -49,9 +50,9 @@ from webhook.core.plan import NodePods, NodeView, Plan, plan_resize
 from webhook.core.policy import DefaultPolicy
 from webhook.core.resize import apply_resize
 from webhook.core.resources import Resources
-from webhook.engine.admission import NodeMemo
 from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.memory import FixedClusterView, MemoryLedger
+from webhook.engine.planner import NodeMemo
 
 RESULTS = Path(__file__).resolve().parent / "results" / "plan.json"
 #: Medians per call the decision core must stay under on a 110- and a 1,000-pod node.
@@ -579,6 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps-110", type=int, default=2000)
     parser.add_argument("--reps-1000", type=int, default=300)
     args = parser.parse_args(argv)
+    started = Run()
     if args.quick:
         sizes, warmup = [(110, 60), (1000, 12)], 5
     else:
@@ -586,8 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run(sizes, warmup)
     print(table(result))
     if not args.quick:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        started.write(RESULTS, result)
         print(f"wrote {RESULTS}")
     return 0
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import re
 import ssl
 import statistics
@@ -39,6 +38,7 @@ from typing import Any
 from harness.binaries import REPO_ROOT, ensure_binaries
 from harness.chart import FULLNAME, NAMESPACE
 from harness.processes import install_signal_handlers
+from harness.provenance import Run
 from harness.realcluster import RealCluster, RealClusterOptions
 from harness.realnode import check_machine, ensure_images, ensure_node_stack
 
@@ -168,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one cold start")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    started = Run()
     runs = 1 if args.quick else args.runs
     install_signal_handlers()
     check_machine()
@@ -184,10 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i, run in enumerate(starts, 1):
         print(f"  run {i}{'':29}" + "  ".join(f"{run[s]:9.2f}" for s in STAGES))
     print(f"  median{'':28}" + "  ".join(f"{medians[s]:9.2f}" for s in STAGES))
-    args.out.write_text(
-        json.dumps({"sizes": sizes, "cold_starts": starts, "medians": medians}, indent=2) + "\n"
-    )
-    out = args.out.resolve()
+    figures = {"sizes": sizes, "cold_starts": starts, "medians": medians}
+    out = started.write(args.out, figures).resolve()
     print(f"wrote {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out}")
     return 0
 

@@ -9,7 +9,7 @@ checking each answer's status and uid), posting a realistic ``pods/resize`` Admi
 Pod objects with managed fields, the size the API server sends); and this orchestrator.
 
 Each measurement drives ``POST /validate-resize`` and ``POST /noop`` (same server, same
-body: :mod:`bench.noop_endpoint`, an allow-all webhook on the same review path, so only
+body: :mod:`harness.noop_endpoint`, an allow-all webhook on the same review path, so only
 the engine's decision is left out) in turn, a slice of a second each, from one client
 process: first from 4 connections, then from one. Every request carries a fresh uid, so
 each is a new admission: the review preempts one pod and writes the in-memory ledger, and
@@ -18,7 +18,7 @@ the JSON decision-log line is written (to ``/dev/null``, or to the file named by
 admission path runs.
 
 Saturation is not how the API server sends reviews, so each server is also offered
-:data:`TARGET_RPS` reviews a second the API server's way (:mod:`bench.flood`'s client: an
+:data:`TARGET_RPS` reviews a second the API server's way (:mod:`harness.flood`'s client: an
 open loop, a review every millisecond whatever the answers do, on an idle kept-alive
 connection or a new one, given up after 5 s): the p99 target is read there, the
 throughput target at saturation.
@@ -27,7 +27,7 @@ A second server runs a two-core replica's configuration, ``serve --workers 2``: 
 worker processes, two GILs, each with its own view and in-memory ledger (in a cluster
 they share the ledger Leases). Both endpoints are driven from the same 4 connections,
 then from 8, then from 4 again while :data:`UNDER_FIRE` connections hold the port without
-finishing a request (:mod:`bench.hostile_clients`). The targets are checked for both
+finishing a request (:mod:`harness.hostile_clients`). The targets are checked for both
 servers.
 
 Run ``python -m bench review`` (or ``python -m bench.review_bench``). An endpoint's p50
@@ -43,16 +43,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import http.client
 import json
 import logging
 import os
 import platform
-import random
 import signal
 import socket
-import ssl
 import statistics
 import subprocess
 import sys
@@ -61,11 +58,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.hostile_clients import CLIENT_CERT, CLIENT_KEY, client_context, held_open
+from harness.flood import centiles, drive
+from harness.hostile_clients import CLIENT_CERT, CLIENT_KEY, client_context, held_open
+from harness.local_server import cpu_seconds, free_port, read_response, wait_ready, worker_pids
+from harness.provenance import Run
+from harness.review_cluster import PODS_ON_NODE, REVIEW_UID, cluster_objects, review_body
 
 RESULTS = Path(__file__).resolve().parent / "results" / "review.json"
 REPO = Path(__file__).resolve().parents[1]
@@ -85,308 +85,6 @@ UNDER_FIRE = {"idle": 300, "slow_headers": 50, "slow_bodies": 50}
 VALIDATE = "/validate-resize"
 NOOP = "/noop"
 
-NODE = "bench-node"
-PODS_ON_NODE = 110
-T0 = 1_700_000_000.0
-PREEMPTOR = "resizing-app-7d9c6b5f4-x2x9q"
-#: The review's uid in the body; the client puts a fresh one in every request, so each
-#: is a new admission (a ledger write), not the API server retrying one review.
-REVIEW_UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
-
-
-# -- the cluster and the review --------------------------------------------------------------
-
-
-def _time(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _container(name: str, cpu: str, memory: str, *, limits: bool) -> dict[str, Any]:
-    resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
-    if limits:
-        resources["limits"] = {"cpu": cpu, "memory": memory}
-    return {
-        "name": name,
-        "image": f"registry.example.com/{name}:1.27.3",
-        "imagePullPolicy": "IfNotPresent",
-        "ports": [{"containerPort": 8080, "name": "http", "protocol": "TCP"}],
-        "env": [{"name": f"SETTING_{k}", "value": f"value-{k}"} for k in range(8)]
-        + [
-            {
-                "name": "POD_NAME",
-                "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}},
-            }
-        ],
-        "resources": resources,
-        "resizePolicy": [
-            {"resourceName": "cpu", "restartPolicy": "NotRequired"},
-            {"resourceName": "memory", "restartPolicy": "NotRequired"},
-        ],
-        "readinessProbe": {
-            "httpGet": {"path": "/healthz", "port": 8080, "scheme": "HTTP"},
-            "periodSeconds": 10,
-            "timeoutSeconds": 1,
-            "successThreshold": 1,
-            "failureThreshold": 3,
-        },
-        "volumeMounts": [
-            {"name": "config", "mountPath": "/etc/app"},
-            {
-                "name": "kube-api-access",
-                "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
-                "readOnly": True,
-            },
-        ],
-        "terminationMessagePath": "/dev/termination-log",
-        "terminationMessagePolicy": "File",
-    }
-
-
-def pod_object(
-    name: str,
-    namespace: str,
-    priority: int,
-    cpu: str,
-    memory: str,
-    *,
-    started: float,
-    sidecar: bool = False,
-) -> dict[str, Any]:
-    """A Pod as the API server stores it: managed fields, probes, env, volumes, status."""
-    app = name.rsplit("-", 2)[0]
-    containers = [_container("app", cpu, memory, limits=True)]
-    if sidecar:
-        containers.append(_container("proxy", "100m", "128Mi", limits=True))
-    statuses = [
-        {
-            "name": c["name"],
-            "ready": True,
-            "started": True,
-            "restartCount": 0,
-            "image": c["image"],
-            "imageID": f"{c['image']}@sha256:{'ab' * 32}",
-            "containerID": f"containerd://{'cd' * 32}",
-            "state": {"running": {"startedAt": _time(started)}},
-            # Copies: a resize changes the spec's resources, never what the kubelet
-            # reports (and the JSON the API server sends shares nothing).
-            "allocatedResources": dict(c["resources"]["requests"]),
-            "resources": copy.deepcopy(c["resources"]),
-        }
-        for c in containers
-    ]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            # Deterministic: the server and this process build the same objects.
-            "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{namespace}.{name}")),
-            "resourceVersion": "4817263",
-            "generation": 3,
-            "creationTimestamp": _time(started - 5),
-            "generateName": name.rsplit("-", 1)[0] + "-",
-            "labels": {
-                "app.kubernetes.io/name": app,
-                "app.kubernetes.io/part-of": namespace,
-                "pod-template-hash": "7d9c6b5f4",
-            },
-            "annotations": {"kubectl.kubernetes.io/restartedAt": _time(started - 60)},
-            "ownerReferences": [
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "ReplicaSet",
-                    "name": name.rsplit("-", 1)[0],
-                    "uid": "3f1c0000-0000-4000-8000-000000000001",
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-            "managedFields": [
-                {
-                    "manager": "kube-controller-manager",
-                    "operation": "Update",
-                    "apiVersion": "v1",
-                    "time": _time(started - 5),
-                    "fieldsType": "FieldsV1",
-                    "fieldsV1": {
-                        "f:metadata": {"f:generateName": {}, "f:labels": {".": {}}},
-                        "f:spec": {"f:containers": {'k:{"name":"app"}': {".": {}}}},
-                    },
-                },
-                {
-                    "manager": "kubelet",
-                    "operation": "Update",
-                    "apiVersion": "v1",
-                    "time": _time(started),
-                    "fieldsType": "FieldsV1",
-                    "subresource": "status",
-                    "fieldsV1": {"f:status": {"f:conditions": {}, "f:containerStatuses": {}}},
-                },
-            ],
-        },
-        "spec": {
-            "nodeName": NODE,
-            "priority": priority,
-            "priorityClassName": f"tier-{priority}",
-            "preemptionPolicy": "PreemptLowerPriority",
-            "schedulerName": "default-scheduler",
-            "serviceAccountName": "default",
-            "restartPolicy": "Always",
-            "terminationGracePeriodSeconds": 30,
-            "dnsPolicy": "ClusterFirst",
-            "enableServiceLinks": True,
-            "containers": containers,
-            "volumes": [
-                {"name": "config", "configMap": {"name": f"{app}-config", "defaultMode": 420}},
-                {
-                    "name": "kube-api-access",
-                    "projected": {
-                        "defaultMode": 420,
-                        "sources": [
-                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-                            {"configMap": {"name": "kube-root-ca.crt"}},
-                        ],
-                    },
-                },
-            ],
-            "tolerations": [
-                {
-                    "key": "node.kubernetes.io/not-ready",
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": 300,
-                }
-            ],
-        },
-        "status": {
-            "phase": "Running",
-            "qosClass": "Guaranteed",
-            "hostIP": "10.0.0.17",
-            "podIP": "10.244.3.41",
-            "startTime": _time(started),
-            "conditions": [
-                {"type": t, "status": "True", "lastTransitionTime": _time(started)}
-                for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
-            ],
-            "containerStatuses": statuses,
-        },
-    }
-
-
-def cluster_objects(seed: int = 5836) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """A full node: 109 pods of mixed priorities in 10 namespaces plus the resizing one.
-
-    Returns (objects for the view, the resizing pod). The node's allocatable is what the
-    pods hold plus 500m CPU, so growing the resizing pod by 1 CPU preempts one 500m pod.
-    """
-    rng = random.Random(seed)
-    namespaces = [f"team-{k}" for k in range(10)]
-    tiers = (0, 1000, 5000, 2_000_000_000)  # the last outranks the resizing pod
-    objects: list[dict[str, Any]] = []
-    held = 0
-    for i in range(PODS_ON_NODE - 1):
-        tier = rng.choices(tiers, (3, 4, 3, 1))[0]
-        cpu = 500 if tier == 0 else rng.choice((250, 500, 750))
-        held += cpu + (100 if i % 5 == 0 else 0)
-        objects.append(
-            pod_object(
-                f"svc-{i % 17}-7d9c6b5f4-{i:05d}",
-                rng.choice(namespaces),
-                tier,
-                f"{cpu}m",
-                f"{rng.choice((256, 512, 1024))}Mi",
-                started=T0 + rng.randrange(0, 80_000),
-                sidecar=i % 5 == 0,
-            )
-        )
-    resizing = pod_object(PREEMPTOR, "team-0", 1_000_000, "2", "4Gi", started=T0)
-    held += 2000
-    budgets = [
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": f"svc-{k}-pdb", "namespace": ns},
-            "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": f"svc-{k}"}}},
-            "status": {"disruptionsAllowed": rng.randrange(3)},
-        }
-        for k, ns in enumerate(namespaces)
-    ]
-    classes = [
-        {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": f"tier-{v}"},
-            "value": v,
-        }
-        for v in (*tiers, 1_000_000)
-    ]
-    node = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": NODE, "labels": {"kubernetes.io/os": "linux"}},
-        "status": {
-            "allocatable": {"cpu": f"{held + 500}m", "memory": "512Gi", "pods": "110"},
-        },
-    }
-    return [node, *classes, *budgets, *objects, resizing], resizing
-
-
-#: Who sends the benchmark's resize: an autoscaler's service account.
-AUTOSCALER = {
-    "username": "system:serviceaccount:team-0:autoscaler",
-    "uid": "c1f2e3d4-0000-4000-8000-000000000002",
-    "groups": [
-        "system:serviceaccounts",
-        "system:serviceaccounts:team-0",
-        "system:authenticated",
-    ],
-}
-
-
-def resize_review(
-    old: dict[str, Any], cpu: str, user: dict[str, Any], generation: int | None = None
-) -> bytes:
-    """The AdmissionReview kube-apiserver sends for ``kubectl patch --subresource resize``
-    of the stored pod ``old`` to ``cpu`` (requests and limits of its first container), with
-    :data:`REVIEW_UID` as its uid (clients splice a fresh one into each request)."""
-    new = copy.deepcopy(old)
-    for section in ("requests", "limits"):
-        new["spec"]["containers"][0]["resources"][section]["cpu"] = cpu
-    if generation is None:
-        generation = int(old["metadata"].get("generation", 1)) + 1
-    new["metadata"]["generation"] = generation
-    pod = {"group": "", "version": "v1", "kind": "Pod"}
-    pods = {"group": "", "version": "v1", "resource": "pods"}
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": REVIEW_UID,
-            "kind": pod,
-            "resource": pods,
-            "subResource": "resize",
-            "requestKind": pod,
-            "requestResource": pods,
-            "requestSubResource": "resize",
-            "name": old["metadata"]["name"],
-            "namespace": old["metadata"]["namespace"],
-            "operation": "UPDATE",
-            "userInfo": user,
-            "object": new,
-            "oldObject": old,
-            "dryRun": False,
-            "options": {"kind": "UpdateOptions", "apiVersion": "meta.k8s.io/v1"},
-        },
-    }
-    return json.dumps(review, separators=(",", ":")).encode()
-
-
-def review_body(resizing: dict[str, Any]) -> bytes:
-    """``kubectl patch --subresource resize`` growing the pod from 2 to 3 CPU."""
-    return resize_review(resizing, "3", AUTOSCALER, generation=4)
-
-
 # -- the server process ----------------------------------------------------------------------
 
 
@@ -401,9 +99,8 @@ def serve_main(argv: Sequence[str]) -> int:
     parser.add_argument("--worker-connections", type=int, default=None)
     parser.add_argument("--memory-limit", type=int, default=None)
     args = parser.parse_args(argv)
-
-    from bench.noop_endpoint import add_noop_endpoint
     from harness.doubles import InMemoryLedger, StaticClusterView
+    from harness.noop_endpoint import add_noop_endpoint
     from webhook.base.loop import Backlog
     from webhook.base.settings import Config
     from webhook.engine.admission import AdmissionEngine
@@ -471,7 +168,6 @@ def drive_main(argv: Sequence[str]) -> int:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--server-pid", type=int, action="append", default=[])
     args = parser.parse_args(argv)
-
     body = Path(args.body).read_bytes()
     context = client_context(args.ca)
     paths: list[str] = args.path
@@ -520,7 +216,7 @@ def drive_main(argv: Sequence[str]) -> int:
                 # The warm-up alternates too (negative slices), so both paths are warm.
                 k = int((t0 - start) // slice_s)
                 sock.sendall(heads[k % len(paths)] + uid + tail)
-                status, answer, pending = _read_response(sock, pending)
+                status, answer, pending = read_response(sock, pending)
                 t1 = clock()
                 # A real answer to this very review: 200 and the uid echoed.
                 if status != 200 or uid not in answer:
@@ -537,7 +233,7 @@ def drive_main(argv: Sequence[str]) -> int:
                     latencies[k].append(latency)
 
     def cpu() -> tuple[float, float]:
-        return sum(_cpu_seconds(p) for p in args.server_pid), time.process_time()
+        return sum(cpu_seconds(p) for p in args.server_pid), time.process_time()
 
     threads = [threading.Thread(target=worker) for _ in range(args.threads)]
     for t in threads:
@@ -570,88 +266,13 @@ def drive_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _read_response(sock: ssl.SSLSocket, data: bytes) -> tuple[int, bytes, bytes]:
-    """(status, body, bytes read past it) of one HTTP/1.1 response with a Content-Length
-    (every answer of the server has one)."""
-    while (end := data.find(b"\r\n\r\n")) < 0:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("connection closed before the response headers")
-        data += chunk
-    head = data[:end].decode("latin-1")
-    lines = head.split("\r\n")
-    status = int(lines[0].split(" ", 2)[1])
-    length = next(
-        (
-            int(v)
-            for k, _, v in (h.partition(":") for h in lines[1:])
-            if k.lower() == "content-length"
-        ),
-        None,
-    )
-    if length is None:
-        raise ValueError(f"response without Content-Length: {head!r}")
-    start = end + 4
-    while len(data) < start + length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("connection closed inside the response body")
-        data += chunk
-    return status, data[start : start + length], data[start + length :]
-
-
 # -- orchestration ---------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ready(port: int, ca: str, server: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    context = client_context(ca)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"server exited with {server.returncode}")
-        try:
-            conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=2)
-            conn.request("GET", "/readyz")
-            if conn.getresponse().status == 200:
-                conn.close()
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit("server did not become ready")
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _worker_pids(master: int) -> list[int]:
-    """The gunicorn workers: the master's children."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rpartition(")")[2].split()[1]) == master:
-                        pids.append(int(entry))
-            except OSError:
-                continue
-    return pids
 
 
 @contextlib.contextmanager
 def _server(files: dict[str, Path], workers: int) -> Iterator[tuple[int, list[int]]]:
     """A bench server on a free port: yields (port, worker pids) once it is ready."""
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [
             sys.executable,
@@ -667,19 +288,19 @@ def _server(files: dict[str, Path], workers: int) -> Iterator[tuple[int, list[in
             "--workers",
             str(workers),
             "--metrics-port",
-            str(_free_port()),
+            str(free_port()),
             *(["--client-ca", str(files["client-ca.crt"])] if "client-ca.crt" in files else []),
         ],
         cwd=REPO,
         start_new_session=True,
     )
     try:
-        _wait_ready(port, str(files["ca.crt"]), server)
-        pids = _worker_pids(server.pid)
+        wait_ready(port, str(files["ca.crt"]), server)
+        pids = worker_pids(server.pid)
         deadline = time.monotonic() + 30
         while len(pids) < workers and time.monotonic() < deadline:
             time.sleep(0.2)
-            pids = _worker_pids(server.pid)
+            pids = worker_pids(server.pid)
         if len(pids) != workers:
             raise SystemExit(f"expected {workers} gunicorn workers, found {len(pids)}")
         yield port, pids
@@ -885,8 +506,7 @@ def run(
 
 def _at_rate(port: int, files: dict[str, Path], seconds: float) -> dict[str, Any]:
     """``/validate-resize`` offered :data:`TARGET_RPS` reviews a second in an open loop
-    (:mod:`bench.flood`'s client, the API server's way) for ``seconds``."""
-    from bench.flood import centiles, drive
+    (:mod:`harness.flood`'s client, the API server's way) for ``seconds``."""
 
     result = drive(
         port, files["ca.crt"], [files["review"]], seconds, rate=TARGET_RPS, warmup=AT_RATE_WARMUP
@@ -1042,12 +662,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-two-workers", action="store_true", help="skip the 2-worker-process data point"
     )
     args = parser.parse_args(argv)
+    started = Run()
     slices, seconds = (3, 0.5) if args.quick else (args.slices, args.seconds)
     result = run(slices, seconds, args.threads, not args.no_two_workers, not args.no_client_auth)
     print(table(result))
     if not args.quick:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        started.write(RESULTS, result)
         print(f"wrote {RESULTS}")
     return 0
 

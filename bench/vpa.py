@@ -42,6 +42,7 @@ from typing import Any
 from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import ControlPlane
 from harness.manifests import guaranteed_pod
+from harness.provenance import Run
 
 RESULTS = Path(__file__).parent / "results" / "vpa.json"
 NODE = "node-1"
@@ -315,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="20 s waits (a smoke run)")
     parser.add_argument("--no-write", action="store_true", help="do not write the results")
     args = parser.parse_args(argv)
+    started = Run()
     wait = 20.0 if args.quick else args.wait
 
     from harness.binaries import ensure_binaries
@@ -348,22 +350,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             interval = updater.options.interval
     print_table(results)
     if not args.no_write and not args.quick:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
         command = "python -m bench.vpa" + (" --wait-fallback" if args.wait_fallback else "")
         if args.wait != 60.0:
             command += f" --wait {args.wait:g}"
-        RESULTS.write_text(
-            json.dumps(
-                {
-                    "command": command,
-                    "vpa": vpa.version,
-                    "kubernetes": binaries.version,
-                    "updater_interval_s": interval,
-                    "cases": [asdict(r) for r in results],
-                },
-                indent=2,
-            )
-            + "\n"
+        started.write(
+            RESULTS,
+            {
+                "command": command,
+                "vpa": vpa.version,
+                "kubernetes": binaries.version,
+                "updater_interval_s": interval,
+                "cases": [asdict(r) for r in results],
+            },
         )
     with_webhook_ok = all(
         r.actuated_at is not None and r.same_pod and r.restarts == 0 for r in results if r.webhook

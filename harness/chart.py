@@ -26,10 +26,13 @@ from harness.launcher import webhook_client_files
 
 CHART = REPO_ROOT / "deploy" / "helm" / "resize-preemption-webhook"
 BUILD_TOOLS = REPO_ROOT / "scripts" / "build-tools.sh"
-RELEASE = "resize-preemption-webhook"
+#: The release name the docs install (``helm install rpw ... -n resize-preemption-system``).
+RELEASE = "rpw"
 NAMESPACE = "rpw-system"
-#: The release name contains the chart's name, so every object is named after the release.
-FULLNAME = RELEASE
+#: The chart's name, which is the pods' ``app.kubernetes.io/name`` label.
+NAME = "resize-preemption-webhook"
+#: Every object is named ``<release>-<chart>``: the release name does not contain the chart's.
+FULLNAME = f"{RELEASE}-{NAME}"
 
 
 class ChartError(RuntimeError):
@@ -58,14 +61,11 @@ def set_args(values: Mapping[str, Any]) -> list[str]:
 
 def operator_values(pin_node: str | None, client_ca: bytes | None = None) -> dict[str, Any]:
     """What an operator sets on this cluster, and nothing more: the chart's own certificates
-    (no cert-manager here), its namespace made by helm, reviews only from kube-apiserver
+    (no cert-manager here), the image built and imported locally, reviews only from kube-apiserver
     (``client_ca``: the CA of the client certificate it presents to webhooks) and - when
     some nodes run no containers - the pods pinned to the node that does."""
-    values: dict[str, Any] = {
-        "certificates.mode": "self-signed",
-        "namespace.create": False,
-        "namespace.name": "",
-    }
+    # The image is the local build, imported into the node's containerd by name.
+    values: dict[str, Any] = {"certificates.mode": "self-signed", "image.localBuild": True}
     if client_ca is not None:
         values["clientAuth.enabled"] = True
         values["clientAuth.caBundle"] = client_ca.decode()

@@ -204,9 +204,12 @@ def _walkthrough(term: Terminal) -> int:
         'jsonpath={.status.containerStatuses[0].resources}{"\\n"}',
     )
     term.run("get", "pods")
-    if actuated:
-        print("# high-priority-pod runs with 6 CPU", flush=True)
+    if actuated and preempted(term):
+        print("# high-priority-pod runs with 6 CPU; low-priority-pod was preempted", flush=True)
         return 0
+    if actuated:
+        print("# the resize fit without preempting anyone: the demo showed nothing", flush=True)
+        return 1
     conditions = term.quiet(
         "get", "pod", "high-priority-pod", "-o", "jsonpath={.status.conditions}"
     )
@@ -214,6 +217,12 @@ def _walkthrough(term: Terminal) -> int:
     detail = f": {pending[0].get('reason')}, {pending[0].get('message')}" if pending else ""
     print(f"# the resize was NOT actuated within {ACTUATION_TIMEOUT:.0f} s{detail}", flush=True)
     return 1
+
+
+def preempted(term: Terminal) -> bool:
+    """Whether the webhook's ``Preempted`` event names low-priority-pod."""
+    selector = "involvedObject.name=low-priority-pod,reason=Preempted"
+    return bool(term.quiet("get", "events", "--field-selector", selector, "-o", "name").strip())
 
 
 if __name__ == "__main__":

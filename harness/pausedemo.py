@@ -22,8 +22,8 @@ from typing import Any
 from harness.chart import NAMESPACE
 from harness.demo import PRIORITY_CLASSES, Terminal
 from harness.realcluster import RealCluster
-from harness.realdemo import Walkthrough, resize_patch, scaled_walkthrough
 from harness.realnode import NODE_NAME
+from harness.walkthrough import Walkthrough, resize_patch, scaled_walkthrough
 from webhook.core.checkpoint import RESTORED_FROM_ANNOTATION
 
 #: Counts in a shell variable (the process's memory) and writes the count each second.
@@ -72,6 +72,7 @@ def run(cluster: RealCluster, term: Terminal) -> int:
     if not _wait(lambda: _ability(term), "the node agent to say what node-1 can do"):
         return 1
     term.run("-n", NAMESPACE, "get", "checkpointnode", NODE_NAME, "-o", "jsonpath={.status}")
+    cluster.settle()  # the replaced release's pods leave node-1 first
     walk = scaled_walkthrough(cluster.allocatable_millicores(), cluster.requested_millicores())
     term.run("apply", "-f", "-", stdin=manifests(walk, cluster.image("workload")))
     term.run("wait", "--for=condition=Ready", "pod/low-priority-pod", "pod/high-priority-pod")
@@ -87,6 +88,9 @@ def run(cluster: RealCluster, term: Terminal) -> int:
     print("# room returns: high-priority-pod shrinks back\n", flush=True)
     listed = term.quiet("get", "podcheckpoints", "-n", NAMESPACE, "-o", "json")
     recorded = json.loads(listed or "{}")
+    if not recorded.get("items"):
+        print("# nothing was checkpointed: the resize found room without a victim", flush=True)
+        return 1
     term.run("patch", "pod", "high-priority-pod", "--subresource", "resize",
              "--patch", resize_patch(walk.high))  # fmt: skip
     if not _wait(lambda: _restored(term, recorded), "low-priority-pod restored"):

@@ -308,9 +308,6 @@ class RealCluster:
         assert node is not None and node.stack.criu_dir is not None
         return {
             "checkpoint.enabled": True,
-            # No namespace controller runs here to finish a namespace the chart would remove.
-            "checkpoint.createNamespace": False,
-            "checkpoint.namespace": chart.NAMESPACE,
             "checkpoint.checkpointDir": str(node.paths.kubelet_root / "checkpoints"),
             "checkpoint.containerdConfig": str(node.paths.containerd_config),
             "checkpoint.containerdAddress": str(node.paths.containerd_socket),
@@ -396,6 +393,21 @@ class RealCluster:
     def allocatable_millicores(self, node: str = NODE_NAME) -> int:
         cpu = self.client.get(f"/api/v1/nodes/{node}")["status"]["allocatable"]["cpu"]
         return millicores(cpu)
+
+    def leaving(self, node: str = NODE_NAME) -> list[str]:
+        """The pods bound to ``node`` that are terminating."""
+        pods = self.client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node}")["items"]
+        return [p["metadata"]["name"] for p in pods if p["metadata"].get("deletionTimestamp")]
+
+    def settle(self, node: str = NODE_NAME, timeout: float = 120.0) -> None:
+        """Wait until no pod bound to ``node`` is terminating. A replaced release's pods
+        count on the node until they are gone: a walkthrough sized while they leave would
+        fit without preempting once they have. Raises TimeoutError naming them."""
+        deadline = time.monotonic() + timeout
+        while leaving := self.leaving(node):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pods still leaving {node} after {timeout:g}s: {leaving}")
+            time.sleep(0.5)
 
     def requested_millicores(self, node: str = NODE_NAME) -> int:
         """CPU requested by the pods bound to ``node`` that have not finished."""

@@ -17,11 +17,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
 
 from harness.binaries import BinariesUnavailable, ensure_binaries
 from harness.chart import NAMESPACE, ChartError
-from harness.demo import PRIORITY_CLASSES, Terminal
+from harness.demo import PRIORITY_CLASSES, Terminal, preempted
 from harness.nodes import NodeError
 from harness.processes import install_signal_handlers
 from harness.realcluster import CPU_QUOTA_COMMAND, RealCluster, parse_cpu_quota
@@ -33,10 +32,9 @@ from harness.realnode import (
     ensure_images,
     ensure_node_stack,
 )
+from harness.walkthrough import Walkthrough, resize_patch, scaled_walkthrough
 
 ACTUATION_TIMEOUT = 60.0
-#: Rounding of the scaled sizes, in millicores: figures a person reads at a glance.
-STEP = 10
 #: A real process that ends at once on SIGTERM (busybox sh: the trap runs when ``wait``
 #: returns, not after a whole ``sleep``).
 TRAPPING_COMMAND = [
@@ -44,37 +42,6 @@ TRAPPING_COMMAND = [
     "trap 'echo SIGTERM received, exiting; exit 0' TERM; "
     "echo started; while true; do sleep 1 & wait $!; done",
 ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Walkthrough:
-    """The walkthrough's sizes in millicores: the victim, the preemptor, its new size."""
-
-    low: int
-    high: int
-    target: int
-
-
-def scaled_walkthrough(allocatable: int, requested: int, step: int = STEP) -> Walkthrough:
-    """The seed walkthrough (an 8-CPU node: low 3, high 4 -> 6) scaled to the CPU the node
-    has free (``allocatable - requested`` millicores), each size rounded down to ``step``.
-
-    Keeps the story: both pods fit; the grown preemptor fits on its own; it does not fit
-    next to the victim. Raises ValueError when the node is too small for that.
-    """
-    free = allocatable - requested
-
-    def scaled(eighths: int) -> int:
-        return free * eighths // 8 // step * step
-
-    walk = Walkthrough(low=scaled(3), high=scaled(4), target=scaled(6))
-    fits = walk.low > 0 and walk.low + walk.high <= free and walk.high < walk.target <= free
-    if not fits or walk.low + walk.target <= free:
-        raise ValueError(
-            f"node has {free}m CPU free ({allocatable}m allocatable, {requested}m requested): "
-            "too little to replay the walkthrough"
-        )
-    return walk
 
 
 def manifests(walk: Walkthrough, image: str) -> str:
@@ -111,14 +78,6 @@ spec:
     )
 
 
-def resize_patch(millicores: int) -> str:
-    cpu = f"{millicores}m"
-    return json.dumps(
-        {"spec": {"containers": [{"name": "app", "resources": {
-            "requests": {"cpu": cpu}, "limits": {"cpu": cpu}}}]}}
-    )  # fmt: skip
-
-
 def run(*, checkpoint: bool = False) -> int:
     """The whole demo; 0 when the resize was actuated and the container's quota followed
     (``checkpoint``: the victim paused and restored, :mod:`harness.pausedemo`)."""
@@ -146,7 +105,7 @@ def run(*, checkpoint: bool = False) -> int:
 
                 return pausedemo.run(cluster, term)
             return _walkthrough(cluster, term)
-    except (PreflightError, NodeError, ChartError) as e:
+    except (PreflightError, NodeError, ChartError, TimeoutError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 
@@ -167,6 +126,7 @@ def _show_installation(cluster: RealCluster, term: Terminal) -> None:
 
 def _walkthrough(cluster: RealCluster, term: Terminal) -> int:
     _show_installation(cluster, term)
+    cluster.settle()  # the replaced release's pods leave node-1 first
     walk = scaled_walkthrough(cluster.allocatable_millicores(), cluster.requested_millicores())
     print(
         f"# node-1: {cluster.allocatable_millicores()}m CPU allocatable, "
@@ -228,6 +188,9 @@ def _verdict(
     term: Terminal,
 ) -> int:
     print(f"# CFS quota of high-priority-pod: {before}m before, {after}m after", flush=True)
+    if actuated_in is not None and not preempted(term):
+        print("# the resize fit without preempting anyone: the demo showed nothing", flush=True)
+        return 1
     if actuated_in is not None and after == walk.target:
         print(
             f"# high-priority-pod runs with {walk.target}m CPU, actuated {actuated_in:.2f} s "

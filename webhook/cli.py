@@ -226,7 +226,7 @@ def _ask_cluster(args: argparse.Namespace, config: Config, read: Any) -> Any:
 
 
 def _live_plan(args: argparse.Namespace, config: Config, key: str, patch: dict[str, Any]) -> Any:
-    from webhook.engine.lifecycle import room_holders
+    from webhook.engine.lifecycle.states import room_holders
     from webhook.kube.errors import NotFound
     from webhook.kube.status import read_live, read_pod
 

@@ -211,9 +211,7 @@ def build(
         metrics.unauthenticated.set(0 if tls.authenticates else 1)
         identity = process_identity(config.identity, workers, os.getpid())
         cache = ClusterCache(make_api_client(kubeconfig), config, metrics=metrics)
-        lease_ledger = LeaseLedger(
-            make_api_client(kubeconfig), config, metrics=metrics, pods_on=cache.pods_on
-        )
+        lease_ledger = LeaseLedger(make_api_client(kubeconfig), config, metrics=metrics)
         ledger = hooks.ledger(lease_ledger, identity)
         act_api = make_api_client(kubeconfig)
         recorder = EventRecorder(act_api, controller=config.scheduler_name, instance=identity)

@@ -351,3 +351,9 @@ def priority_classes(cluster: Cluster) -> Iterator[dict[str, str]]:
     yield names
     for name in names.values():
         cluster.client.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The demos first: each starts its own cluster, and a real node has one owner at a
+    time, so they run before any test's session cluster holds node-1."""
+    items.sort(key=lambda item: item.get_closest_marker("demo") is None)

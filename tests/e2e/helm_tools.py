@@ -15,7 +15,11 @@ from harness.chart import CHART, helm_binary, set_args
 REPO = Path(__file__).resolve().parents[2]
 #: The defaults reproduce the kustomize manifests under this release name and namespace.
 RELEASE = "resize-preemption-webhook"
+NAMESPACE = "resize-preemption-system"
 KUBE_VERSION = "1.37.2"
+#: The local build of ``make image``, as the harness's nodes have it: every render names
+#: it unless a test says otherwise (the chart refuses an unnamed image without it).
+LOCAL_BUILD = {"image.localBuild": True}
 #: Labels only Helm puts on objects (``rpw.helmLabels``); everything else is deploy/'s.
 HELM_LABELS = frozenset(
     {
@@ -44,11 +48,12 @@ def template(
     values: dict[str, Any] | None = None,
     *,
     release: str = RELEASE,
+    namespace: str = NAMESPACE,
     extra: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
     return helm(
         "template", release, str(CHART), "--kube-version", KUBE_VERSION,
-        *set_args(values or {}), *extra,
+        "--namespace", namespace, *set_args({**LOCAL_BUILD, **(values or {})}), *extra,
     )  # fmt: skip
 
 

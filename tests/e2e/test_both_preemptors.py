@@ -8,7 +8,7 @@ kube-scheduler preempts for a resize once the kubelet reports it ``Deferred``
 pod on its node). The webhook evicts at admission, before the kubelet has tried; while its
 victims take their grace period to stop, the kubelet still defers the resize and the
 scheduler plans again. A preemption is double when a scenario loses more pods than
-either preemptor would take alone (``expected`` of :mod:`bench.compare.scenarios`, which
+either preemptor would take alone (``expected`` of :mod:`harness.compare.scenarios`, which
 ``make compare`` measures side by side).
 
 What was measured: none. The scheduler chooses the victims the webhook already evicted
@@ -30,10 +30,10 @@ from typing import Any
 import orjson
 import pytest
 
-from bench.compare import scenarios as sc
-from bench.compare.measure import AuditCursor
-from bench.compare.runner import ScenarioRun
-from bench.compare.sides import Side, make_side
+from harness.compare import scenarios as sc
+from harness.compare.measure import AuditCursor
+from harness.compare.runner import ScenarioRun
+from harness.compare.sides import Side, make_side
 from harness.webhook_process import start_webhook
 from tests.e2e.conftest import SCHEDULER_GATE, UPSTREAM_WHY
 from webhook.kube.client import USER_AGENT

@@ -141,7 +141,7 @@ def test_with_authentication_only_the_api_servers_certificate_gets_past_the_hand
         forged["request"]["uid"]
         == post_review(service.url, service.context(), forged)["response"]["uid"]
     )
-    assert 0 == sample(scrape(service.metrics_port), "resize_preemption_webhook_unauthenticated")
+    assert 0 == sample(scrape(service.metrics_port), "resize_preemption_unauthenticated")
 
     # kube-apiserver itself gets through: the walkthrough preempts.
     result = resize(kubectl, "high-priority-pod", "6")
@@ -163,7 +163,7 @@ def test_without_authentication_forged_reviews_write_nothing_name_nobody_and_evi
     wait_until: Waiter,
 ) -> None:
     service: WebhookProcess = start_service(client_auth=False)
-    assert 1 == sample(scrape(service.metrics_port), "resize_preemption_webhook_unauthenticated")
+    assert 1 == sample(scrape(service.metrics_port), "resize_preemption_unauthenticated")
     assert "unauthenticated callers" in service.process.log_path.read_text()
     high, low = scene()
     # A real resize that fits (1 CPU free) gives the node its Lease.

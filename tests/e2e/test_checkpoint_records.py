@@ -115,7 +115,7 @@ def _rights(service_ns: str, agent_ns: str, rendered: list[dict[str, Any]]) -> l
     ]  # fmt: skip
     namespaces = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
-        for n in (service_ns, agent_ns)
+        for n in dict.fromkeys((service_ns, agent_ns))
     ]
     return [*namespaces, *chart, *intruder]
 
@@ -170,14 +170,9 @@ def _agent_pod(
 @pytest.fixture(scope="module")
 def callers(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callers]:
     suffix = secrets.token_hex(3)
-    service_ns, agent_ns, release = f"rpw-rec-{suffix}", f"rpw-agent-{suffix}", f"rpw-rec-{suffix}"
-    given = {
-        "checkpoint.enabled": True,
-        "checkpoint.namespace": agent_ns,
-        "checkpoint.createNamespace": False,
-        "namespace.name": service_ns,
-    }
-    rendered = render(given, release=release)
+    # The agent runs in the release's namespace, beside the service and the records.
+    service_ns = agent_ns = release = f"rpw-rec-{suffix}"
+    rendered = render({"checkpoint.enabled": True}, release=release, namespace=service_ns)
     policy = [
         d
         for d in rendered

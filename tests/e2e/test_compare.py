@@ -27,9 +27,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.compare import scenarios as sc
-from bench.compare.runner import Measured, compare
-from bench.compare.sides import UPSTREAM_POLICY
+from harness.compare import scenarios as sc
+from harness.compare.runner import Measured, compare
+from harness.compare.sides import UPSTREAM_POLICY
 from tests.e2e.conftest import SCHEDULER_GATE, UPSTREAM_WHY
 
 pytestmark = [

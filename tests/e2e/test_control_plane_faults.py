@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.faults import FaultRig, RunResult
+from harness.fault_rig import FaultRig, RunResult
 from tests.e2e.conftest import Cluster
 
 pytestmark = pytest.mark.e2e

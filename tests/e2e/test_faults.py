@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.faults import FaultRig
+from harness.fault_rig import FaultRig
 from tests.e2e.conftest import Cluster
 
 pytestmark = pytest.mark.e2e

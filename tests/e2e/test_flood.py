@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.flood_cluster import (
+from harness.cluster_flood import (
     GROWERS,
     LOWS,
     PREEMPTOR,

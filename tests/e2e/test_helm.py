@@ -1,7 +1,8 @@
 """The chart with the real helm against the local kube-apiserver: install, a walkthrough
 with the webhook process run as the chart configures it, upgrade (a changed value reaches
 the Deployment, the certificates stay), uninstall (the webhook configurations go first,
-nothing of the release is left).
+nothing of the release is left); and the move from a chart that made its own namespace,
+docs/deploy.md's block run as written.
 
 The local nodes run no containers (no Deployment controller either), so the walkthrough
 starts ``python -m webhook serve`` itself: with the container's arguments, the settings of
@@ -16,6 +17,8 @@ import os
 import re
 import secrets
 import subprocess
+import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.binaries import REPO_ROOT
 from harness.kubeapi import ApiError
 from harness.launcher import free_port
 from harness.webhook_process import launch
@@ -34,7 +38,8 @@ from tests.e2e.test_service import expect_preempted_and_actuated, walkthrough
 
 pytestmark = pytest.mark.e2e
 
-RELEASE = "rpw-helm"
+#: The release name the docs install.
+RELEASE = "rpw"
 FULLNAME = f"{RELEASE}-resize-preemption-webhook"
 VALIDATING = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 MUTATING = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
@@ -148,8 +153,7 @@ def test_install_walkthrough_upgrade_and_uninstall(
     tmp_path: Path,
 ) -> None:
     values = {
-        "namespace.create": False,
-        "namespace.name": "",
+        "image.localBuild": True,
         "certificates.mode": "self-signed",
         "certificates.ipAddresses": ["127.0.0.1"],
         "mutating.enabled": True,
@@ -269,3 +273,115 @@ def test_install_walkthrough_upgrade_and_uninstall(
     assert [] == [
         s["metadata"]["name"] for s in leftover if s["metadata"]["name"].startswith("sh.helm")
     ]
+
+
+# --- the move from a chart that made its own namespace ---------------------------------
+
+#: The last commit whose chart made the Namespace resize-preemption-system itself, its
+#: release installed into default: the layout docs/deploy.md's block moves from.
+OLD_LAYOUT = "904e723e38d3c0c7808f937e6ab358ebbefa2731"
+OLD_RELEASE = "resize-preemption-webhook"
+DOCUMENTED_NAMESPACE = "resize-preemption-system"
+DEPLOY_MD = REPO_ROOT / "docs" / "deploy.md"
+
+
+def old_chart(target: Path) -> Path:
+    """The chart as it was at OLD_LAYOUT, from the repository's history."""
+    target.mkdir()
+    chart = "deploy/helm/resize-preemption-webhook"
+    archive = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", OLD_LAYOUT, chart],
+        capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    if archive.returncode != 0:
+        pytest.skip(f"the chart of {OLD_LAYOUT[:7]} is not in this clone's history")
+    (target / "old.tar").write_bytes(archive.stdout)
+    with tarfile.open(target / "old.tar") as tar:
+        tar.extractall(target, filter="data")
+    return target / chart
+
+
+def upgrade_block() -> list[str]:
+    """The commands of docs/deploy.md's "Upgrading from a chart that made its own
+    namespace", one per element (continued lines joined)."""
+    section = DEPLOY_MD.read_text().split("\n### Upgrading from a chart that made its own", 1)[1]
+    (block,) = re.findall(r"```sh\n(.*?)```", section.split("\n#", 1)[0], re.S)
+    return [c for c in block.replace("\\\n", " ").splitlines() if c.strip()]
+
+
+def finish_namespace(cluster: Cluster, name: str) -> None:
+    """What the namespace controller (not run here) does once a namespace is deleted and
+    empty: drop its finalizers so it goes."""
+    try:
+        found = cluster.client.get(f"/api/v1/namespaces/{name}")
+        found["spec"]["finalizers"] = []
+        cluster.client.replace(f"/api/v1/namespaces/{name}/finalize", found)
+    except ApiError as e:
+        if e.status != 404:
+            raise
+
+
+@pytest.fixture
+def old_layout(cluster: Cluster) -> Iterator[Helm]:
+    """The old layout's release, and nothing of either release or the namespace after."""
+    yield Helm(cluster, "default")
+    for release, where in ((OLD_RELEASE, "default"), (RELEASE, DOCUMENTED_NAMESPACE)):
+        Helm(cluster, where)("uninstall", release, "--ignore-not-found", check=False)
+    _remove_namespace(cluster, DOCUMENTED_NAMESPACE)
+
+
+def test_the_documented_move_from_the_old_layout_runs_as_written(
+    cluster: Cluster, old_layout: Helm, tmp_path: Path
+) -> None:
+    old = old_chart(tmp_path / "old")
+    # What an operator of the old layout gave: their image, and (here) no namespace of
+    # other tests' resizes.
+    given = {
+        "image.repository": "registry.example/you/resize-preemption-webhook",
+        "webhook.namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "none"}},
+    }
+    old_layout("install", OLD_RELEASE, str(old), *set_args(given))
+    namespace = get(cluster, f"/api/v1/namespaces/{DOCUMENTED_NAMESPACE}")
+    assert namespace is not None
+    assert "default" == namespace["metadata"]["annotations"]["meta.helm.sh/release-namespace"]
+
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        # kubectl, helm and the kubectl plugin (the console script next to this Python).
+        "PATH": os.pathsep.join([str(Path(cluster.binaries.kubectl).parent),
+                                 str(helm_binary().parent), str(Path(sys.executable).parent),
+                                 os.environ["PATH"]]),
+    }  # fmt: skip
+    # The block's relative paths are the repository's; the files it writes stay here.
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "deploy").symlink_to(REPO_ROOT / "deploy")
+    for command in upgrade_block():
+        if command.startswith("OLD="):
+            env["OLD"] = command.split("=", 1)[1].split()[0]
+            continue
+        if command.startswith("kubectl wait --for=delete namespace/"):
+            finish_namespace(cluster, DOCUMENTED_NAMESPACE)
+        run = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", command],
+            cwd=work, env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert 0 == run.returncode, f"{command}\n{run.stdout}\n{run.stderr}"
+
+    moved = Helm(cluster, DOCUMENTED_NAMESPACE)
+    assert [RELEASE] == [r["name"] for r in json.loads(moved("list", "-o", "json").stdout)]
+    assert [] == json.loads(old_layout("list", "-o", "json").stdout)
+    found = get(cluster, f"/apis/apps/v1/namespaces/{DOCUMENTED_NAMESPACE}/deployments/{FULLNAME}")
+    assert found is not None
+    assert "registry.example/you/resize-preemption-webhook:0.1.0" == (container_of(found)["image"])
+    assert get(cluster, f"{VALIDATING}/{OLD_RELEASE}") is None
+    config = get(cluster, f"{VALIDATING}/{FULLNAME}")
+    assert config is not None
+    assert {"kubernetes.io/metadata.name": "none"} == config["webhooks"][0]["namespaceSelector"][
+        "matchLabels"
+    ]
+    assert DOCUMENTED_NAMESPACE == config["webhooks"][0]["clientConfig"]["service"]["namespace"]
+    namespace = get(cluster, f"/api/v1/namespaces/{DOCUMENTED_NAMESPACE}")
+    assert namespace is not None
+    assert "meta.helm.sh/release-name" not in (namespace["metadata"].get("annotations") or {})

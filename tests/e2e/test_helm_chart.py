@@ -26,6 +26,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from harness.binaries import ensure_binaries
 from tests.e2e.helm_tools import (
     CHART,
+    LOCAL_BUILD,
     REPO,
     by_key,
     helm,
@@ -65,7 +66,9 @@ def kustomize(directory: Path) -> list[dict[str, Any]]:
 
 
 def assert_same_objects(expected: list[dict[str, Any]], rendered: list[dict[str, Any]]) -> None:
-    want = by_key(expected)
+    """The same objects but kustomize's Namespace: the chart's go into the release's
+    namespace, which helm creates (``--create-namespace``), not the chart."""
+    want = by_key([o for o in expected if o["kind"] != "Namespace"])
     got = by_key([without_helm_labels(o) for o in rendered])
     assert sorted(want) == sorted(got)
     for k in want:
@@ -114,8 +117,8 @@ def enable_mutating(overlay: Path) -> None:
     ids=["defaults", "self-signed-with-mutating", "monitoring", "client-auth-service-mode"],
 )
 def test_helm_lint_is_clean(values: dict[str, Any]) -> None:
-    args = [a for k, v in values.items() for a in ("--set-json", f"{k}={json.dumps(v)}")]
-    result = helm("lint", "--strict", str(CHART), "--kube-version", "1.37.2", *args)
+    result = helm("lint", "--strict", str(CHART), "--kube-version", "1.37.2",
+                  *set_args({**LOCAL_BUILD, **values}))  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 chart(s) failed" in result.stdout
 
@@ -230,9 +233,48 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any
     return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
 
 
+#: Every optional object on, so that each one's namespace is checked.
+EVERYTHING = {
+    "mutating.enabled": True,
+    "metrics.serviceMonitor.enabled": True,
+    "metrics.prometheusRule.enabled": True,
+    "metrics.dashboard.enabled": True,
+    "networkPolicy.enabled": True,
+    "networkPolicy.apiServerCIDRs": ["10.0.0.1/32"],
+    "checkpoint.enabled": True,
+    "clientAuth.enabled": True,
+    "settings.evictionMethod": "delete",
+}
+
+
+@pytest.mark.parametrize("mode", ["service", "cert-manager", "self-signed"])
+def test_every_object_is_in_the_release_namespace_and_none_is_a_namespace(mode: str) -> None:
+    result = template({**EVERYTHING, "certificates.mode": mode}, release="edge",
+                      namespace="tools")  # fmt: skip
+    assert 0 == result.returncode, result.stderr
+    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert [] == [o for o in objects if o["kind"] == "Namespace"]
+    assert "resize-preemption-system" not in result.stdout
+    for obj in objects:
+        assert obj["metadata"]["name"].startswith("edge-resize-preemption-webhook")
+        if obj["kind"] not in CLUSTER_SCOPED:
+            assert "tools" == obj["metadata"]["namespace"], obj["kind"]
+        for subject in obj.get("subjects", []):
+            assert "tools" == subject["namespace"], obj["metadata"]["name"]
+    (monitor,) = by_kind(objects, "ServiceMonitor").values()
+    assert ["tools"] == monitor["spec"]["namespaceSelector"]["matchNames"]
+    for config in objects:
+        if config["kind"].endswith("WebhookConfiguration"):
+            assert "tools" == config["webhooks"][0]["clientConfig"]["service"]["namespace"]
+            if mode == "cert-manager":
+                assert (
+                    "tools/edge-resize-preemption-webhook"
+                    == (config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"])
+                )
+
+
 def test_release_name_and_namespace_name_every_object() -> None:
-    objects = render({"namespace.name": "", "namespace.create": False},
-                     release="edge", extra=["--namespace", "tools"])  # fmt: skip
+    objects = render(release="edge", namespace="tools")
     assert not [o for o in objects if o["kind"] == "Namespace"]
     for obj in objects:
         assert obj["metadata"]["name"].startswith("edge-resize-preemption-webhook")
@@ -348,7 +390,30 @@ GOOD_VALUES = [
     ("fail-policy", {"webhook.failurePolicy": "Fail"}),
     ("provided-with-ca", {"certificates.mode": "provided", "certificates.caBundle": "QUJD"}),
     ("one-replica", {"replicaCount": 1}),
-    ("strict-spread", {"topologySpread.hostname": "DoNotSchedule"}),
+    (
+        "strict-spread",
+        {
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "kubernetes.io/hostname",
+                    "whenUnsatisfiable": "DoNotSchedule",
+                }
+            ]
+        },
+    ),
+    ("no-spread", {"topologySpreadConstraints": []}),
+    ("critical-priority", {"priorityClassName": "system-cluster-critical"}),
+    ("account-of-the-operator", {"serviceAccount.create": False, "serviceAccount.name": "rpw"}),
+    ("openshift-ids", {"podSecurityContext.runAsUser": None, "securityContext.runAsUser": None}),
+    (
+        "extra-args-and-env",
+        {"extraArgs": ["--log-level", "debug"], "extraEnv": [{"name": "A", "value": "1"}]},
+    ),
+    (
+        "budget-as-percentage",
+        {"podDisruptionBudget.minAvailable": None, "podDisruptionBudget.maxUnavailable": "50%"},
+    ),
     ("pinned-digest", {"image.digest": "sha256:" + "0" * 64}),
     (
         "client-certificate-lifetime",
@@ -397,6 +462,10 @@ BAD_VALUES = [
      "at '/certificates/duration': '90 days' does not match pattern"),
     ("client-lifetime-in-years", {"clientAuth.duration": "1y"},
      "at '/clientAuth/duration': '1y' does not match pattern"),
+    ("repository-with-tag-case", {"image.repository": "Registry.Example/You"},
+     "at '/image/repository': 'Registry.Example/You' does not match pattern"),
+    ("local-build-as-text", {"image.localBuild": "yes"},
+     "at '/image/localBuild': got string, want boolean"),
     ("bad-port", {"server.port": 70000}, "at '/server/port': maximum: got 70,000, want 65,535"),
     ("zero-port", {"server.port": 0}, "at '/server/port': minimum: got 0, want 1"),
     ("zero-metrics-port", {"server.metricsPort": 0},
@@ -407,6 +476,42 @@ BAD_VALUES = [
      "at '/resources/limits/cpu': 'lots' does not match pattern"),
     ("unknown-resources-key", {"resources.request.cpu": "1"},
      "at '/resources': additional properties 'request' not allowed"),
+    ("old-spread-key", {"topologySpread": {"hostname": "DoNotSchedule"}},
+     "at '': additional properties 'topologySpread' not allowed"),
+    ("spread-without-key", {"topologySpreadConstraints": [{"maxSkew": 1}]},
+     "at '/topologySpreadConstraints/0': missing properties 'topologyKey', 'whenUnsatisfiable'"),
+    ("spread-unknown-policy", {"topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "k", "whenUnsatisfiable": "Maybe"}]},
+     "at '/topologySpreadConstraints/0/whenUnsatisfiable': value must be one of"),
+    ("tolerations-as-object", {"tolerations": {"key": "a"}},
+     "at '/tolerations': got object, want array"),
+    ("affinity-as-list", {"affinity": []}, "at '/affinity': got array, want object"),
+    ("args-not-strings", {"extraArgs": [1]}, "at '/extraArgs/0': got number, want string"),
+    ("args-as-string", {"extraArgs": "--log-level debug"},
+     "at '/extraArgs': got string, want array"),
+    ("env-without-name", {"extraEnv": [{"value": "1"}]},
+     "at '/extraEnv/0': missing property 'name'"),
+    ("env-as-map", {"extraEnv": {"A": "1"}}, "at '/extraEnv': got object, want array"),
+    ("env-unknown-field", {"extraEnv": [{"name": "A", "values": "1"}]},
+     "at '/extraEnv/0': additional properties 'values' not allowed"),
+    ("env-number-value", {"extraEnv": [{"name": "A", "value": 1}]},
+     "at '/extraEnv/0/value': got number, want string"),
+    ("annotation-not-string", {"podAnnotations": {"a": 1}},
+     "at '/podAnnotations/a': got number, want string"),
+    ("label-not-string", {"podLabels": {"a": True}},
+     "at '/podLabels/a': got boolean, want string"),
+    ("account-name-not-dns", {"serviceAccount.name": "My_Account"},
+     "at '/serviceAccount/name': 'My_Account' does not match pattern"),
+    ("account-unknown-key", {"serviceAccount.automount": False},
+     "at '/serviceAccount': additional properties 'automount' not allowed"),
+    ("negative-user", {"securityContext.runAsUser": -1},
+     "at '/securityContext/runAsUser': minimum: got -1, want 0"),
+    ("user-as-name", {"podSecurityContext.runAsUser": "nobody"},
+     "at '/podSecurityContext/runAsUser': got string, want null or integer"),
+    ("budget-as-words", {"podDisruptionBudget.maxUnavailable": "half"},
+     "at '/podDisruptionBudget/maxUnavailable'"),
+    ("old-namespace-values", {"namespace.create": True},
+     "at '': additional properties 'namespace' not allowed"),
 ]  # fmt: skip
 
 
@@ -495,6 +600,179 @@ def test_one_replica_gets_no_budget_that_would_block_every_drain(
         assert replicas == deployment_of(objects)["spec"]["replicas"]
 
 
+@pytest.mark.parametrize(
+    ("values", "spec"),
+    [
+        ({}, {"minAvailable": 1}),
+        ({"podDisruptionBudget.minAvailable": None, "podDisruptionBudget.maxUnavailable": 1},
+         {"maxUnavailable": 1}),
+        ({"podDisruptionBudget.minAvailable": "50%"}, {"minAvailable": "50%"}),
+    ],
+    ids=["default", "max-unavailable", "percentage"],
+)  # fmt: skip
+def test_the_budget_is_min_available_or_max_unavailable(
+    values: dict[str, Any], spec: dict[str, Any]
+) -> None:
+    (budget,) = [o for o in render(values) if o["kind"] == "PodDisruptionBudget"]
+    assert spec == {k: v for k, v in budget["spec"].items() if k != "selector"}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"podDisruptionBudget.maxUnavailable": 1}, {"podDisruptionBudget.minAvailable": None}],
+    ids=["both", "neither"],
+)
+def test_the_budget_takes_exactly_one_of_them(values: dict[str, Any]) -> None:
+    result = template(values)
+    assert 0 != result.returncode
+    assert (
+        "podDisruptionBudget: set exactly one of minAvailable and maxUnavailable, the other null"
+        in result.stderr
+    )
+
+
+# --- the pod's values -------------------------------------------------------------------
+
+
+def pod_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = deployment_of(objects)["spec"]["template"]["spec"]
+    return spec
+
+
+HARDENED_POD = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+                "fsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
+HARDENED_CONTAINER = {
+    "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+    "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "privileged": False,
+    "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("values", "pod", "container"),
+    [
+        ({}, HARDENED_POD, HARDENED_CONTAINER),
+        ({"podSecurityContext.runAsUser": 1000, "securityContext.runAsUser": 1000},
+         {**HARDENED_POD, "runAsUser": 1000}, {**HARDENED_CONTAINER, "runAsUser": 1000}),
+        # OpenShift's restricted-v2 assigns the ids from the namespace's range.
+        ({"podSecurityContext.runAsUser": None, "podSecurityContext.runAsGroup": None,
+          "podSecurityContext.fsGroup": None, "securityContext.runAsUser": None,
+          "securityContext.runAsGroup": None},
+         {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+         {k: v for k, v in HARDENED_CONTAINER.items() if k not in ("runAsUser", "runAsGroup")}),
+    ],
+    ids=["hardened-default", "other-user", "ids-unset"],
+)  # fmt: skip
+def test_security_contexts_are_values_with_the_hardened_default(
+    values: dict[str, Any], pod: dict[str, Any], container: dict[str, Any]
+) -> None:
+    spec = pod_of(render(values))
+    assert pod == spec["securityContext"]
+    assert container == spec["containers"][0]["securityContext"]
+
+
+@pytest.mark.parametrize(
+    ("values", "account", "created", "annotations"),
+    [
+        ({}, NAME, True, None),
+        ({"serviceAccount.name": "webhook-sa",
+          "serviceAccount.annotations": {"iam.gke.io/gcp-service-account": "a@b.iam"}},
+         "webhook-sa", True, {"iam.gke.io/gcp-service-account": "a@b.iam"}),
+        ({"serviceAccount.create": False, "serviceAccount.name": "theirs"}, "theirs", False, None),
+    ],
+    ids=["default", "named-annotated", "operators-own"],
+)  # fmt: skip
+def test_the_service_account_is_a_value_and_every_right_and_policy_follows_it(
+    values: dict[str, Any], account: str, created: bool, annotations: dict[str, str] | None
+) -> None:
+    objects = render({**values, "settings.evictionMethod": "delete"})
+    accounts = [o for o in objects if o["kind"] == "ServiceAccount"]
+    assert ([account] if created else []) == [a["metadata"]["name"] for a in accounts]
+    if created:
+        assert annotations == accounts[0]["metadata"].get("annotations")
+    assert account == pod_of(objects)["serviceAccountName"]
+    bindings = [o for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    assert len(bindings) >= 4
+    for binding in bindings:
+        assert [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}] == (
+            binding["subjects"]
+        )
+    username = f"'system:serviceaccount:{NAMESPACE}:{account}'"
+    policies = by_kind(objects, "ValidatingAdmissionPolicy")
+    assert len(policies) >= 3
+    for policy in policies.values():
+        assert username in json.dumps(policy["spec"]), policy["metadata"]["name"]
+
+
+def test_extra_args_and_env_come_after_the_charts_own() -> None:
+    extra_env = [
+        {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "t", "key": "k"}}},
+    ]
+    container = pod_of(render({"extraArgs": ["--log-level", "debug"], "extraEnv": extra_env}))[
+        "containers"
+    ][0]
+    assert ["--log-level", "debug"] == container["args"][-2:]
+    assert extra_env == container["env"][-2:]
+    assert "POD_IP" == container["env"][-3]["name"]
+
+
+def test_pod_annotations_labels_affinity_and_tolerations_reach_the_pod() -> None:
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "pool", "operator": "In", "values": ["system"]}]}]}}}  # fmt: skip
+    tolerations = [{"key": "dedicated", "operator": "Equal", "value": "system",
+                    "effect": "NoSchedule"}]  # fmt: skip
+    objects = render({
+        "podAnnotations": {"a": "1"}, "podLabels": {"team": "platform"},
+        "affinity": affinity, "tolerations": tolerations,
+    })  # fmt: skip
+    template_ = deployment_of(objects)["spec"]["template"]
+    assert {"a": "1"} == template_["metadata"]["annotations"]
+    assert "platform" == template_["metadata"]["labels"]["team"]
+    assert (affinity, tolerations) == (
+        template_["spec"]["affinity"],
+        template_["spec"]["tolerations"],
+    )
+    selector = deployment_of(objects)["spec"]["selector"]["matchLabels"]
+    assert "team" not in selector
+
+
+@pytest.mark.parametrize(
+    ("values", "priority"),
+    [({}, None), ({"priorityClassName": "system-cluster-critical"}, "system-cluster-critical")],
+    ids=["none-by-default", "critical-when-asked"],
+)
+def test_the_priority_class_is_empty_unless_asked(
+    values: dict[str, Any], priority: str | None
+) -> None:
+    assert priority == pod_of(render(values)).get("priorityClassName")
+
+
+def test_spread_constraints_are_a_list_whose_entries_get_the_pods_selector() -> None:
+    own = {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+           "whenUnsatisfiable": "DoNotSchedule",
+           "labelSelector": {"matchLabels": {"app": "other"}}}  # fmt: skip
+    given = [{"maxSkew": 2, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}, own]
+    spread = pod_of(render({"topologySpreadConstraints": given}))["topologySpreadConstraints"]
+    selector = {"matchLabels": {"app.kubernetes.io/name": NAME,
+                                "app.kubernetes.io/component": "admission-webhook"}}  # fmt: skip
+    assert [
+        {**given[0], "labelSelector": selector, "matchLabelKeys": ["pod-template-hash"]},
+        own,
+    ] == spread
+    assert "topologySpreadConstraints" not in pod_of(render({"topologySpreadConstraints": []}))
+
+
+def test_the_webhook_port_can_be_one_a_private_control_plane_reaches() -> None:
+    objects = render({"server.port": 10250})
+    (port,) = [p for p in pod_of(objects)["containers"][0]["ports"] if p["name"] == "https"]
+    assert 10250 == port["containerPort"]
+    (service,) = [o for o in objects if o["kind"] == "Service"]
+    (https,) = [p for p in service["spec"]["ports"] if p["name"] == "https"]
+    assert (443, "https") == (https["port"], https["targetPort"])
+
+
 # --- monitoring objects -----------------------------------------------------------------
 
 
@@ -528,6 +806,29 @@ def test_prometheus_rule_holds_the_rules_file_and_the_dashboard_the_json_file() 
     assert service["spec"]["selector"] == monitor["spec"]["selector"]["matchLabels"]
 
 
+BASE = "https://git.example.com/platform/rpw/blob/v0.1.0/docs/operations.md"
+
+
+@pytest.mark.parametrize(
+    ("base", "prefix"), [("", "docs/operations.md#"), (BASE, f"{BASE}#")], ids=["path", "base"]
+)
+def test_every_alert_links_its_runbook_where_the_docs_are_published(base: str, prefix: str) -> None:
+    objects = render(
+        {"metrics.prometheusRule.enabled": True, "metrics.prometheusRule.runbookBaseURL": base}
+    )  # fmt: skip
+    (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts) >= 12
+    for alert in alerts:
+        assert f"{prefix}{alert['alert'].lower()}" == alert["annotations"]["runbook_url"]
+
+
+def test_a_runbook_base_that_is_no_address_is_refused() -> None:
+    result = template({"metrics.prometheusRule.runbookBaseURL": "docs/operations.md#x"})
+    assert 0 != result.returncode
+    assert "at '/metrics/prometheusRule/runbookBaseURL'" in result.stderr
+
+
 def test_plain_files_under_deploy_prometheus_are_the_charts() -> None:
     for name, source in (("rules.yaml", RULES), ("dashboard.json", DASHBOARD)):
         assert source.read_bytes() == (DEPLOY / "prometheus" / name).read_bytes()
@@ -537,7 +838,7 @@ def test_plain_files_under_deploy_prometheus_are_the_charts() -> None:
 
 DIGEST = "sha256:" + "ab" * 32
 IMAGES = [
-    ("default", {}, "localhost/resize-preemption-webhook:0.1.0"),
+    ("local-build", {}, "localhost/resize-preemption-webhook:0.1.0"),
     ("repository-and-tag", {"image.repository": "registry.example.com/you/rpw",
                             "image.tag": "1.2.3"}, "registry.example.com/you/rpw:1.2.3"),
     ("digest", {"image.digest": DIGEST}, f"localhost/resize-preemption-webhook:0.1.0@{DIGEST}"),
@@ -548,6 +849,53 @@ IMAGES = [
 def test_the_image_is_fully_qualified_and_may_be_pinned(values: dict[str, Any], image: str) -> None:
     container = deployment_of(render(values))["spec"]["template"]["spec"]["containers"][0]
     assert image == container["image"]
+
+
+UNPUBLISHED = (
+    "image.repository is not set and no image is published: push the image `make image` "
+    "builds and --set image.repository=<your registry>/resize-preemption-webhook, or --set "
+    "image.localBuild=true where every node has localhost/resize-preemption-webhook "
+    '(docs/deploy.md "The image")'
+)
+
+
+@pytest.mark.parametrize("command", ["template", "install"])
+def test_the_unpublished_default_image_fails_the_install_at_once_in_one_line(
+    command: str,
+) -> None:
+    extra = ["--dry-run=client"] if command == "install" else ["--kube-version", "1.37.2"]
+    result = helm(command, "rpw", str(CHART), "--namespace", NAMESPACE, *extra)
+    assert 0 != result.returncode
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("Error:")]
+    assert line.endswith(UNPUBLISHED), line
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"image.repository": "registry.example.com/you/rpw"}, {"image.localBuild": True}],
+    ids=["pushed", "acknowledged-local-build"],
+)
+def test_an_image_reference_or_the_acknowledgement_installs(values: dict[str, Any]) -> None:
+    result = helm(
+        "install", "rpw", str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
+        *set_args(values),
+    )  # fmt: skip
+    assert 0 == result.returncode, result.stderr
+
+
+def test_the_notes_say_how_to_build_and_load_the_local_image() -> None:
+    result = helm(
+        "install", "rpw", str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
+        *set_args(LOCAL_BUILD),
+    )  # fmt: skip
+    notes = result.stdout.split("\nNOTES:\n", 1)[1]
+    assert "make image IMAGE=localhost/resize-preemption-webhook:0.1.0" in notes
+    assert "kind load docker-image localhost/resize-preemption-webhook:0.1.0" in notes
+    pushed = helm(
+        "install", "rpw", str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
+        *set_args({"image.repository": "registry.example.com/you/rpw"}),
+    )  # fmt: skip
+    assert "make image" not in pushed.stdout.split("\nNOTES:\n", 1)[1]
 
 
 def _rules(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -717,8 +1065,8 @@ NOTES_MODES = [
 def test_the_notes_say_how_to_give_kube_apiserver_its_certificate(mode: str, renews: bool) -> None:
     # NOTES.txt is rendered by install, not by template; --dry-run=client needs no cluster.
     result = helm(
-        "install", "rpw", str(CHART), "--dry-run=client",
-        *set_args({"clientAuth.enabled": True, "certificates.mode": mode}),
+        "install", "rpw", str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
+        *set_args({**LOCAL_BUILD, "clientAuth.enabled": True, "certificates.mode": mode}),
     )  # fmt: skip
     assert 0 == result.returncode, result.stderr
     notes = result.stdout.split("\nNOTES:\n", 1)[1]

@@ -1,5 +1,5 @@
 """The chart's node agent of checkpoint and restore (``checkpoint.enabled``), rendered by the
-real helm: off by default; when on, a DaemonSet in a namespace of its own with no more host
+real helm: off by default; when on, a DaemonSet in the release's namespace with no more host
 access than docs/checkpoint.md "Security" says, a Role on the checkpoint records and node
 reports of the webhook's namespace only (no ConfigMap), and a command line the agent
 accepts; the CustomResourceDefinitions of those in the chart's ``crds/``. No cluster."""
@@ -19,17 +19,13 @@ from webhook.core.errors import InputError
 pytestmark = pytest.mark.e2e
 
 NAMESPACE = "resize-preemption-system"
-AGENT_NAMESPACE = "resize-preemption-node"
 AGENT = "resize-preemption-webhook-node-agent"
 ON = {"checkpoint.enabled": True}
 
 
 def agent_objects(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The objects of the node agent, by kind (one each)."""
-    objects = [
-        o for o in render(values)
-        if "node-agent" in o["metadata"]["name"] or o["metadata"]["name"] == AGENT_NAMESPACE
-    ]  # fmt: skip
+    objects = [o for o in render(values) if "node-agent" in o["metadata"]["name"]]
     kinds = [o["kind"] for o in objects]
     assert len(kinds) == len(set(kinds)), kinds
     return {o["kind"]: o for o in objects}
@@ -60,15 +56,13 @@ def test_the_agent_is_off_by_default() -> None:
     assert {} == agent_objects({})
 
 
-def test_the_agent_runs_in_its_own_privileged_namespace() -> None:
+def test_the_agent_runs_in_the_release_namespace_which_the_chart_does_not_make() -> None:
     objects = agent_objects(ON)
-    labels = objects["Namespace"]["metadata"]["labels"]
-    assert "privileged" == labels["pod-security.kubernetes.io/enforce"]
-    assert (AGENT_NAMESPACE, AGENT_NAMESPACE) == (
+    assert "Namespace" not in objects
+    assert (NAMESPACE, NAMESPACE) == (
         objects["DaemonSet"]["metadata"]["namespace"],
         objects["ServiceAccount"]["metadata"]["namespace"],
     )
-    assert "Namespace" not in agent_objects({**ON, "checkpoint.createNamespace": False})
 
 
 def test_its_rights_are_records_and_reports_of_the_webhooks_namespace_only() -> None:
@@ -83,7 +77,7 @@ def test_its_rights_are_records_and_reports_of_the_webhooks_namespace_only() -> 
         {"apiGroups": [group], "resources": ["podcheckpoints/status", "checkpointnodes/status"],
          "verbs": ["get", "patch"]},
     ] == role["rules"]  # fmt: skip
-    assert [{"kind": "ServiceAccount", "name": AGENT, "namespace": AGENT_NAMESPACE}] == (
+    assert [{"kind": "ServiceAccount", "name": AGENT, "namespace": NAMESPACE}] == (
         binding["subjects"]
     )
     assert {"ClusterRole", "ClusterRoleBinding"}.isdisjoint(objects)
@@ -167,8 +161,8 @@ BAD = [
      "at '/checkpoint/maxCheckpointBytes'"),
     ("relative-dir", {"checkpoint.checkpointDir": "checkpoints"},
      "at '/checkpoint/checkpointDir': 'checkpoints' does not match pattern"),
-    ("bad-namespace", {"checkpoint.namespace": "Node_Agents"},
-     "at '/checkpoint/namespace': 'Node_Agents' does not match pattern"),
+    ("own-namespace", {"checkpoint.namespace": "resize-preemption-node"},
+     "at '/checkpoint': additional properties 'namespace' not allowed"),
     ("zero-poll", {"checkpoint.pollInterval": 0},
      "at '/checkpoint/pollInterval': exclusiveMinimum: got 0, want 0"),
     ("unknown-key", {"checkpoint.maxImages": 3},
@@ -195,6 +189,8 @@ def test_the_agent_refuses_them_too(flag: str, value: Any) -> None:
 
 
 def test_helm_lint_is_clean_with_the_agent() -> None:
-    result = helm("lint", "--strict", str(CHART), "--kube-version", "1.37.2",
-                  "--set-json", "checkpoint.enabled=true")  # fmt: skip
+    result = helm(
+        "lint", "--strict", str(CHART), "--kube-version", "1.37.2",
+        "--set-json", "checkpoint.enabled=true", "--set", "image.localBuild=true",
+    )  # fmt: skip
     assert 0 == result.returncode, result.stdout + result.stderr

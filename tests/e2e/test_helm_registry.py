@@ -65,7 +65,7 @@ def test_an_inline_ca_and_a_credentials_secret_are_mounted_and_named() -> None:
     ca_map = agent_objects(values)["ConfigMap"]
     ca_name = ca_map["metadata"]["name"]
     assert {"ca.crt": PEM} == ca_map["data"]
-    assert "resize-preemption-node" == ca_map["metadata"]["namespace"]
+    assert "resize-preemption-system" == ca_map["metadata"]["namespace"]
     assert {
         "/etc/rpw/registry-ca": ("registry-ca", {"configMap": {"name": ca_name}}),
         "/etc/rpw/registry-auth": ("registry-auth", {"secret": {

@@ -3,7 +3,7 @@ with a clock 30 s off; a node's Lease full.
 
 Every replica reads an entry on its own clock, as of when it first saw it
 (:func:`webhook.engine.ledger.on_local_clock`): the replica whose clock is off neither drops
-the other's fresh entries when it writes (the keep rule, :func:`lifecycle.to_keep`) nor
+the other's fresh entries when it writes (the keep rule, :func:`states.to_keep`) nor
 counts their room after the TTL. A write past a node's bound on entries writes nothing,
 and says so in a log line and ``resize_preemption_ledger_full_total``.
 """
@@ -20,8 +20,8 @@ from webhook.base.metrics import Metrics
 from webhook.base.settings import Config
 from webhook.core.model import PodRef
 from webhook.core.resources import Resources
-from webhook.engine import lifecycle
 from webhook.engine.ledger import MAX_NODE_ENTRIES, LedgerEntry, LedgerFull
+from webhook.engine.lifecycle import states
 from webhook.kube.client import make_api_client
 from webhook.kube.ledger import LEDGER_ANNOTATION, LeaseLedger, lease_name
 
@@ -52,13 +52,13 @@ def _admitting(new: LedgerEntry, now: float) -> Any:
     """What an admission writes: the keep rule applied to what is there, and ``new``."""
 
     def change(entries: tuple[LedgerEntry, ...]) -> tuple[tuple[LedgerEntry, ...], None]:
-        return (*lifecycle.to_keep(entries, (), now), new), None
+        return (*states.to_keep(entries, (), now), new), None
 
     return change
 
 
 def _holding(replica: LeaseLedger, now: float) -> set[str]:
-    return {e.review_uid for e in lifecycle.room_holders(replica.entries(NODE), (), now)}
+    return {e.review_uid for e in states.room_holders(replica.entries(NODE), (), now)}
 
 
 def _until(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:

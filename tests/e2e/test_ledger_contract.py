@@ -11,7 +11,7 @@ per node, two replicas on one fresh namespace). Together they prove that both st
   (``entries``, ``all_entries``, another replica's once its watch has seen the write)
   return what was written;
 * hold, after each of the lifecycle's changes (``release``, ``drop_victims``, ``tidy``,
-  ``admit``), what :func:`webhook.engine.lifecycle.to_keep` keeps: an expired entry that
+  ``admit``), what :func:`webhook.engine.states.to_keep` keeps: an expired entry that
   owes a loan survives another admission's write on its node, and goes with the next
   write once its lender is back at its size before;
 * lose no write to a conflict: two writers at once both land, and a change is applied
@@ -42,7 +42,6 @@ from webhook.core.lending import Loan
 from webhook.core.model import Pod, PodRef
 from webhook.core.plan import Plan
 from webhook.core.resources import Resources
-from webhook.engine import lifecycle
 from webhook.engine.ledger import (
     MAX_NODE_BYTES,
     Ledger,
@@ -53,6 +52,7 @@ from webhook.engine.ledger import (
     decode_entries,
     encode_entries,
 )
+from webhook.engine.lifecycle import changes
 from webhook.engine.memory import MemoryLedger
 
 TTL = 120.0
@@ -314,7 +314,7 @@ def resizing(name: str) -> tuple[Pod, Pod]:
 
 @dataclass(frozen=True)
 class Resize:
-    """A :class:`~webhook.engine.lifecycle.Planner`: ``pod``'s resize from ``old`` as a
+    """A :class:`~webhook.engine.changes.Planner`: ``pod``'s resize from ``old`` as a
     review, planned by the decision core on :data:`NODE_16` among ``others``."""
 
     old: Pod
@@ -345,7 +345,7 @@ def admit(store: Store, name: str, lent_from: Pod) -> str | None:
     old, new = resizing(name)
     others = (HIGH_POD, lent_from)
     now = time.time()
-    change = lifecycle.admit(Resize(old, new, others, f"r-{name}", now), (*others, new), now)
+    change = changes.admit(Resize(old, new, others, f"r-{name}", now), (*others, new), now)
     written = store.ledger.update(NODE, change).entry
     return None if written is None else written.review_uid
 
@@ -418,14 +418,14 @@ class Kept:
 KEPT = [
     pytest.param(
         lambda now: Kept(
-            (entry("r-1"), entry("r-2")), lifecycle.release("r-1", (LENT,), now), ("r-2",)
+            (entry("r-1"), entry("r-2")), changes.release("r-1", (LENT,), now), ("r-2",)
         ),
         id="release-drops-an-entry-without-loans",
     ),
     pytest.param(
         lambda now: Kept(
             (loan_entry(expired=False, victims=["v1"]),),
-            lifecycle.release("r-loan", (HIGH_POD, LENT), now),
+            changes.release("r-loan", (HIGH_POD, LENT), now),
             ("r-loan",),
         ),
         id="release-keeps-an-entry-owing-a-loan-without-its-victims",
@@ -433,7 +433,7 @@ KEPT = [
     pytest.param(
         lambda now: Kept(
             (entry("r-1", victims=["v1", "v2"]), entry("r-old", expired=True)),
-            lifecycle.drop_victims("r-1", [uid("v1")], (LENT,), now),
+            changes.drop_victims("r-1", [uid("v1")], (LENT,), now),
             ("r-1[v2]",),
         ),
         id="drop-victims-and-the-expired-entry",
@@ -441,7 +441,7 @@ KEPT = [
     pytest.param(
         lambda now: Kept(
             (entry("r-1"), entry("r-old", expired=True), loan_entry()),
-            lifecycle.tidy((HIGH_POD, LENT), now),
+            changes.tidy((HIGH_POD, LENT), now),
             ("r-1", "r-loan"),
         ),
         id="tidy-keeps-an-expired-entry-whose-loan-is-lent",
@@ -449,7 +449,7 @@ KEPT = [
     pytest.param(
         lambda now: Kept(
             (entry("r-1"), loan_entry()),
-            lifecycle.tidy((HIGH_POD, RETURNING), now),
+            changes.tidy((HIGH_POD, RETURNING), now),
             ("r-1", "r-loan"),
         ),
         id="tidy-keeps-an-expired-entry-whose-loan-is-returning",
@@ -457,7 +457,7 @@ KEPT = [
     pytest.param(
         lambda now: Kept(
             (entry("r-1"), loan_entry()),
-            lifecycle.tidy((HIGH_POD, BACK), now),
+            changes.tidy((HIGH_POD, BACK), now),
             ("r-1",),
         ),
         id="tidy-drops-it-once-the-loan-ended",

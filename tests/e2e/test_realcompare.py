@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.compare import scenarios as sc
-from bench.realcompare import RealScenarioRun, RealSide, scaled
+from harness.compare import scenarios as sc
+from harness.compare.realnode import RealScenarioRun, RealSide, scaled
 from harness.realcluster import RealCluster
 from tests.e2e.conftest import SCHEDULER_GATE, UPSTREAM_WHY
 

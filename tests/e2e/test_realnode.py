@@ -37,12 +37,12 @@ import pytest
 from cryptography import x509
 
 from harness.audit import deletion_time, eviction_codes, evictions_made
-from harness.chart import FULLNAME, NAMESPACE, ready_endpoints, wait_ready
+from harness.chart import FULLNAME, NAME, NAMESPACE, ready_endpoints, wait_ready
 from harness.kubeapi import ApiError
 from harness.manifests import workload_pod
 from harness.realcluster import RealCluster, millicores
-from harness.realdemo import resize_patch, scaled_walkthrough
 from harness.realnode import NODE_NAME
+from harness.walkthrough import resize_patch, scaled_walkthrough
 from tests.e2e.conftest import Waiter
 from webhook.core.model import FLOOR_ANNOTATION
 from webhook.core.resources import format_memory, memory_bytes
@@ -108,7 +108,7 @@ def test_a_resize_rewrites_the_containers_cpu_quota(
 def test_the_webhook_runs_from_its_image_behind_its_service(real_cluster: RealCluster) -> None:
     pods = real_cluster.client.get(
         f"/api/v1/namespaces/{NAMESPACE}/pods",
-        labelSelector=f"app.kubernetes.io/name={FULLNAME}",
+        labelSelector=f"app.kubernetes.io/name={NAME}",
     )["items"]
     assert 2 == len(pods)
     product = real_cluster.image("product")
@@ -151,7 +151,7 @@ def release_pods(cluster: RealCluster) -> list[dict[str, Any]]:
     return list(
         cluster.client.get(
             f"/api/v1/namespaces/{NAMESPACE}/pods",
-            labelSelector=f"app.kubernetes.io/name={FULLNAME}",
+            labelSelector=f"app.kubernetes.io/name={NAME}",
         )["items"]
     )
 

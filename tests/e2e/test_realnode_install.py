@@ -41,10 +41,10 @@ import pytest
 from cryptography import x509
 
 from harness.binaries import REPO_ROOT
-from harness.chart import CHART, helm_binary, run_helm
+from harness.chart import CHART, NAME, helm_binary, run_helm
 from harness.realcluster import RealCluster
-from harness.realdemo import resize_patch, scaled_walkthrough
 from harness.realnode import NODE_NAME
+from harness.walkthrough import resize_patch, scaled_walkthrough
 from tests.e2e.conftest import Waiter, _remove_namespace
 from tests.e2e.test_realnode import (
     classes,  # noqa: F401 - a fixture
@@ -59,10 +59,10 @@ from tests.e2e.test_realnode import (
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 
 README = REPO_ROOT / "README.md"
-#: What the README installs: the chart's default names.
-RELEASE = "resize-preemption-webhook"
+#: What the README installs: the release rpw in resize-preemption-system.
+RELEASE = "rpw"
 NAMESPACE = "resize-preemption-system"
-FULLNAME = RELEASE
+FULLNAME = f"{RELEASE}-{NAME}"
 SECRET = f"/api/v1/namespaces/{NAMESPACE}/secrets/{FULLNAME}-tls"
 VALIDATING = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{FULLNAME}"
 WEBHOOK_PORT = 8443
@@ -99,8 +99,11 @@ def readme_release(real_cluster: RealCluster) -> Iterator[None]:
     """No release installed at the start, and the session's release back at the end."""
     real_cluster.uninstall_chart()
     yield
-    run_helm(real_cluster.kubeconfig, "uninstall", RELEASE, "--ignore-not-found")
-    # No namespace controller here: the namespace the chart made is finished by hand.
+    run_helm(
+        real_cluster.kubeconfig, "uninstall", RELEASE, "--namespace", NAMESPACE,
+        "--ignore-not-found",
+    )  # fmt: skip
+    # No namespace controller here: the namespace helm made is finished by hand.
     _remove_namespace(real_cluster, NAMESPACE)
     real_cluster.install_chart()
 
@@ -119,7 +122,7 @@ def release_pods(cluster: RealCluster, *, stopping: bool = False) -> list[dict[s
     """The release's pods; ``stopping``: those being deleted too."""
     pods = cluster.client.get(
         f"/api/v1/namespaces/{NAMESPACE}/pods",
-        labelSelector=f"app.kubernetes.io/name={FULLNAME}",
+        labelSelector=f"app.kubernetes.io/name={NAME}",
     )["items"]
     return [p for p in pods if stopping or not p["metadata"].get("deletionTimestamp")]
 
@@ -168,12 +171,6 @@ def ready_replicas(cluster: RealCluster) -> list[tuple[str, str, bool]]:
     )
 
 
-def leaving_on_node(cluster: RealCluster) -> list[str]:
-    """The pods bound to node-1 that are terminating."""
-    pods = cluster.client.get("/api/v1/pods", fieldSelector=f"spec.nodeName={NODE_NAME}")
-    return [p["metadata"]["name"] for p in pods["items"] if p["metadata"].get("deletionTimestamp")]
-
-
 def preempting_resize(
     cluster: RealCluster, namespace: str, priority: dict[str, str], wait_until: Waiter
 ) -> None:
@@ -181,7 +178,7 @@ def preempting_resize(
     preempted - kube-apiserver called the webhook through its Service."""
     # Pods an earlier test left on their way out would still count on the node, and the
     # resize would fit once they are gone instead of preempting: wait them out first.
-    wait_until(lambda: not leaving_on_node(cluster), timeout=120, what="node-1 settled")
+    wait_until(lambda: not cluster.leaving(), timeout=120, what="node-1 settled")
     walk = scaled_walkthrough(cluster.allocatable_millicores(), cluster.requested_millicores())
     image = cluster.image("workload")
     start(cluster, namespace, [
@@ -284,7 +281,8 @@ def test_helm_upgrade_keeps_the_certificate_and_the_ca_bundle(
     assert before, "the README install made the certificate"
     pods_before = {p["metadata"]["name"] for p in release_pods(real_cluster)}
     run_helm(
-        real_cluster.kubeconfig, "upgrade", RELEASE, str(CHART), "--reuse-values",
+        real_cluster.kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE,
+        "--reuse-values",
         "--set", "settings.maxVictims=5",
     )  # fmt: skip
     rollout(real_cluster, wait_until)
@@ -313,7 +311,8 @@ def test_the_certificate_is_renewed_as_it_nears_expiry_and_served_without_a_rest
 ) -> None:
     long_lived = secret_data(real_cluster)
     run_helm(
-        real_cluster.kubeconfig, "upgrade", RELEASE, str(CHART), "--reuse-values",
+        real_cluster.kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE,
+        "--reuse-values",
         *(a for k, v in SHORT.items() for a in ("--set", f"{k}={v}")),
     )  # fmt: skip
     rollout(real_cluster, wait_until)
@@ -355,3 +354,67 @@ def test_the_certificate_is_renewed_as_it_nears_expiry_and_served_without_a_rest
     }
     preempting_resize(real_cluster, real_namespace, classes, wait_until)
     assert [first["ca.crt"]] == ca_bundles(real_cluster)
+
+
+def lending_uninstall_block() -> list[str]:
+    """The command lines of docs/lending.md's uninstall block, as an operator runs them."""
+    text = (REPO_ROOT / "docs" / "lending.md").read_text()
+    block = re.search(r"uninstall is two steps:\n\n```sh\n(.*?)```", text, re.S)
+    assert block is not None, "docs/lending.md has its two-step uninstall block"
+    return [line.split("#")[0].strip() for line in block.group(1).splitlines() if line.strip()]
+
+
+#: Kinds the chart makes, by their API path; each listed for the release's label.
+RELEASE_KINDS = (
+    "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+    "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+    "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments",
+    f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets",
+    f"/api/v1/namespaces/{NAMESPACE}/services",
+    f"/api/v1/namespaces/{NAMESPACE}/secrets",
+    f"/api/v1/namespaces/{NAMESPACE}/configmaps",
+    f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
+    f"/api/v1/namespaces/{NAMESPACE}/pods",
+    f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles",
+    f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/rolebindings",
+    f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets",
+)
+
+
+def left_of_release(cluster: RealCluster) -> list[str]:
+    """Every object the release's label still names, as ``path/name``."""
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    return [
+        f"{path.rsplit('/', 1)[1]}/{item['metadata']['name']}"
+        for path in RELEASE_KINDS
+        for item in cluster.client.get(path, labelSelector=selector)["items"]
+    ]
+
+
+def test_the_documented_uninstall_leaves_nothing_of_the_release(
+    real_cluster: RealCluster, readme_release: None, wait_until: Waiter
+) -> None:
+    """docs/lending.md's two steps, as written: `helm uninstall`, then every loan given
+    back; nothing the release labels is left (the ledger Leases are the service's, and
+    documented as such)."""
+    helm, give_back = lending_uninstall_block()
+    assert helm == f"helm uninstall {RELEASE} -n {NAMESPACE}", helm
+    assert give_back == "kubectl resize-preemption return-loans", give_back
+    run_helm(real_cluster.kubeconfig, *helm.split()[1:])
+    # The plugin is the console script of the same command.
+    returned = subprocess.run(
+        [sys.executable, "-m", "webhook", "return-loans", "--kubeconfig",
+         str(real_cluster.kubeconfig)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert 0 == returned.returncode, returned.stderr
+    # Pods and what they own leave as the garbage collector gets to them.
+    wait_until(
+        lambda: not left_of_release(real_cluster),
+        timeout=120, interval=1, what="nothing of the release left",
+    )  # fmt: skip
+    assert [] == left_of_release(real_cluster)

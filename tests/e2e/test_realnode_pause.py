@@ -22,8 +22,8 @@ import pytest
 
 from harness.chart import NAMESPACE as SERVICE_NAMESPACE
 from harness.realcluster import RealCluster
-from harness.realdemo import resize_patch, scaled_walkthrough
 from harness.realnode import NODE_NAME
+from harness.walkthrough import resize_patch, scaled_walkthrough
 from tests.e2e.conftest import Waiter
 from tests.e2e.records_support import nodes_path, records_path
 from tests.e2e.test_realnode import (

@@ -199,7 +199,7 @@ def test_two_worker_processes_preempt_once_and_count_into_one_view(
         # Reviews are counted right after they are answered, off the review path.
         return sample(
             scrape(service.metrics_port),
-            "resize_preemption_webhook_requests_total",
+            "resize_preemption_reviews_total",
             endpoint="validate",
             verdict="preempt",
         )
@@ -207,7 +207,7 @@ def test_two_worker_processes_preempt_once_and_count_into_one_view(
     wait_until(counted, what="the review to be counted")
     metrics = scrape(service.metrics_port)
     assert 1.0 == sample(
-        metrics, "resize_preemption_webhook_requests_total", endpoint="validate", verdict="preempt"
+        metrics, "resize_preemption_reviews_total", endpoint="validate", verdict="preempt"
     )
     # The two processes elect one leader between them; the master shows the replica's.
     assert 1.0 == sample(metrics, "resize_preemption_leader_election_master_status")
@@ -685,7 +685,7 @@ def test_metrics_count_reviews_by_verdict(
     result = resize(kubectl, "high-priority-pod", cpu)
 
     assert 0 == result.returncode, result.stderr
-    counted = "resize_preemption_webhook_requests_total"
+    counted = "resize_preemption_reviews_total"
 
     def counted_since() -> float:
         # Reviews are counted right after they are answered, off the review path.
@@ -698,7 +698,7 @@ def test_metrics_count_reviews_by_verdict(
     after = scrape(service.metrics_port)
     assert 1.0 == counted_since()
     assert 1.0 == sample(
-        after, "resize_preemption_webhook_latency_seconds_count", endpoint="validate"
+        after, "resize_preemption_review_duration_seconds_count", endpoint="validate"
     )
     # The admitted resize holds a reservation until the kubelet actuated it.
     wait_until(

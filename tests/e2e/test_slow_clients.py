@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.hostile_clients import held_open
+from harness.hostile_clients import held_open
 from harness.webhook_process import WebhookProcess, start_webhook
 from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter, victim_leaves
 from tests.e2e.service_support import (

@@ -25,7 +25,7 @@ from webhook.base.settings import Config
 from webhook.core.resize import apply_resize
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.lifecycle import room_holders
+from webhook.engine.lifecycle.states import room_holders
 from webhook.engine.worker import PreemptionWorker
 from webhook.kube.cache import BUDGETS, ClusterCache
 from webhook.kube.events import EventRecorder

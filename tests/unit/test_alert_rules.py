@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from webhook.base.metrics import Metrics
+from webhook.base.metrics import METRICS, Metrics
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = REPO / "deploy" / "prometheus"
@@ -50,6 +50,40 @@ def test_every_alert_has_unit_tests_that_see_it_fire_and_stay_quiet() -> None:
         assert [c for c in mine if not c["exp_alerts"]], f"{rule['alert']} is never quiet"
 
 
+def anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a document's headings: lower case, punctuation but hyphens
+    dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", markdown, re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_alert_links_its_runbook_section_of_the_operations_doc() -> None:
+    sections = anchors((REPO / "docs" / "operations.md").read_text())
+    for rule in alert_rules():
+        url = str(rule["annotations"]["runbook_url"])  # type: ignore[index]
+        path, _, anchor = url.partition("#")
+        assert ("docs/operations.md", str(rule["alert"]).lower()) == (path, anchor)
+        assert anchor in sections, f"{rule['alert']}: no section #{anchor}"
+
+
+@pytest.mark.parametrize(
+    ("heading", "anchor"),
+    [("### ResizePreemptionNoLeader", "resizepreemptionnoleader"),
+     ('## Install with "Helm" (opt-in)', "install-with-helm-opt-in")],
+    ids=["alert", "punctuation"],
+)  # fmt: skip
+def test_anchors_are_githubs(heading: str, anchor: str) -> None:
+    assert {anchor} == anchors(heading)
+
+
+def test_the_webhook_being_gone_or_bypassed_is_an_alert() -> None:
+    exprs = {str(r["alert"]): " ".join(str(r["expr"]).split()) for r in alert_rules()}
+    assert exprs["ResizePreemptionWebhookAbsent"].startswith("absent(resize_preemption_")
+    stopped = exprs["ResizePreemptionReviewsStopped"]
+    assert 'apiserver_request_total{resource="pods",subresource="resize"' in stopped
+    assert "or vector(0)) == 0" in stopped
+
+
 def test_every_alert_has_a_severity_and_a_summary() -> None:
     for rule in alert_rules():
         assert rule["labels"]["severity"] in ("info", "warning", "critical"), rule["alert"]  # type: ignore[index]
@@ -65,6 +99,17 @@ def test_expressions_read_only_metrics_the_service_exports(where: str, expr: str
     used = set(METRIC.findall(expr))
     assert used, f"{where} reads no resize_preemption_ metric"
     assert set() == used - exported_series(), where
+
+
+@pytest.mark.parametrize(
+    ("where", "expr"),
+    [(str(r["alert"]), str(r["expr"])) for r in alert_rules()] + dashboard_expressions(),
+    ids=lambda v: str(v)[:40],
+)
+def test_expressions_read_no_deprecated_name(where: str, expr: str) -> None:
+    deprecated = {d.deprecated for d in METRICS if d.deprecated}
+    series = {re.sub(r"_(bucket|sum|count)$", "", m) for m in METRIC.findall(expr)}
+    assert set() == series & deprecated, where
 
 
 def test_operations_doc_lists_every_alert_and_panel_with_its_expression() -> None:

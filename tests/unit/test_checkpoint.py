@@ -35,7 +35,7 @@ from webhook.engine.pauses import (
     IMAGING_PATIENCE,
     Advance,
     Create,
-    Wait,
+    Later,
     step,
 )
 
@@ -232,7 +232,7 @@ def _now_pod(
 @pytest.mark.parametrize(
     ("phase", "now_pod", "where", "age", "expected"),
     [
-        pytest.param(Phase.ARCHIVED, None, NODE, 5.0, Wait(), id="archived-waits-for-its-agent"),
+        pytest.param(Phase.ARCHIVED, None, NODE, 5.0, Later(), id="archived-waits-for-its-agent"),
         pytest.param(
             Phase.ARCHIVED,
             None,
@@ -246,10 +246,10 @@ def _now_pod(
             _now_pod(uid_="u-1", ours=False),
             NODE,
             1.0,
-            Wait(),
+            Later(),
             id="imaged-victim-still-leaving",
         ),
-        pytest.param(Phase.IMAGED, None, "", 1.0, Wait(), id="imaged-no-room-yet"),
+        pytest.param(Phase.IMAGED, None, "", 1.0, Later(), id="imaged-no-room-yet"),
         pytest.param(
             Phase.IMAGED,
             _now_pod(ours=False),
@@ -271,7 +271,7 @@ def _now_pod(
             _now_pod(phase="Pending"),
             NODE,
             1.0,
-            Wait(),
+            Later(),
             id="restoring-not-running-yet",
         ),
         pytest.param(
@@ -306,8 +306,8 @@ def _now_pod(
             Advance(Phase.ABANDONED, "the restored pod was deleted"),
             id="restoring-deleted",
         ),
-        pytest.param(Phase.RESTORED, None, NODE, 1.0, Wait(), id="restored-is-the-agents"),
-        pytest.param(Phase.FAILED, None, NODE, 1.0, Wait(), id="failed-is-the-agents"),
+        pytest.param(Phase.RESTORED, None, NODE, 1.0, Later(), id="restored-is-the-agents"),
+        pytest.param(Phase.FAILED, None, NODE, 1.0, Later(), id="failed-is-the-agents"),
     ],
 )
 def test_one_step_of_a_checkpoint(
@@ -337,7 +337,7 @@ def test_room_is_read_only_when_it_decides() -> None:
     def where() -> str:
         raise AssertionError("read")
 
-    assert Wait() == step(_record(phase=Phase.ARCHIVED), None, where, 1.0)
+    assert Later() == step(_record(phase=Phase.ARCHIVED), None, where, 1.0)
 
 
 # -- where a checkpointed pod comes back ---------------------------------------------------

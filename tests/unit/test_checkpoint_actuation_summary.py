@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.checkpoint_actuation import _after, _summary
+from bench.checkpoint_actuation import counts_after, victim_summary
 
 
 def evicted(actuated: float) -> dict[str, Any]:
@@ -50,7 +50,7 @@ def checkpointed(actuated: float, checkpoint: float, before: int, after: int) ->
     ],
 )  # fmt: skip
 def test_summary(rows: list[dict[str, Any]], expected: dict[str, Any]) -> None:
-    summary = _summary(rows)
+    summary = victim_summary(rows)
     assert expected == {key: summary[key] for key in expected}
 
 
@@ -63,4 +63,4 @@ def test_summary(rows: list[dict[str, Any]], expected: dict[str, Any]) -> None:
     ],
 )
 def test_counts_after(counts: list[tuple[int, float]], since: float, expected: Any) -> None:
-    assert expected == _after(counts, since)
+    assert expected == counts_after(counts, since)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.checkpoint import _dump_stats
+from bench.checkpoint import dump_stats
 
 
 def varint(value: int) -> bytes:
@@ -35,10 +35,10 @@ def image(fields: dict[int, int]) -> bytes:
     ],
 )  # fmt: skip
 def test_dump_stats(fields: dict[int, int], expected: dict[int, int]) -> None:
-    assert expected == _dump_stats(image(fields))
+    assert expected == dump_stats(image(fields))
 
 
 def test_a_restore_entry_is_not_read_as_a_dump() -> None:
     restore = varint(2 << 3 | 2) + varint(2) + varint(1 << 3) + varint(5)
     data = b"\0" * 8 + len(restore).to_bytes(4, "little") + restore
-    assert {} == _dump_stats(data)
+    assert {} == dump_stats(data)

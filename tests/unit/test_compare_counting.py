@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 
-from bench.compare.measure import IDLE_LABEL, AuditCursor, count_requests
+from harness.compare.measure import IDLE_LABEL, AuditCursor, count_requests
 
 AGENT = "resize-preemption-webhook/1"
 AT = "2026-01-01T00:00:01.000000Z"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.containerd_overlay_diff import summarize
+from bench.experiments.containerd_overlay_diff import summarize
 
 
 def run(stack: str, image: str, actuated: float, checkpoint: float | None = None) -> dict[str, Any]:

@@ -33,7 +33,7 @@ def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 
 def reviews_counted(engine: AdmissionEngine) -> float:
     value = engine.metrics.registry.get_sample_value(
-        "resize_preemption_webhook_requests_total", {"endpoint": "validate", "verdict": "preempt"}
+        "resize_preemption_reviews_total", {"endpoint": "validate", "verdict": "preempt"}
     )
     return value or 0.0
 

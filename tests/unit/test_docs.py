@@ -1,5 +1,5 @@
-"""The operator-facing tables in docs/service.md and docs/operations.md match the code they
-describe."""
+"""The operator-facing tables in docs/service.md, docs/operations.md and docs/reliability.md
+match the code and the tests they describe."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.metrics_core import Metric
 
+from bench.__main__ import BENCHMARKS
 from harness.doubles import InMemoryLedger
 from tests.unit.web_fixtures import walkthrough_review, walkthrough_view
 from webhook.base.metrics import METRICS, Metrics
@@ -93,7 +94,9 @@ def test_the_operations_metrics_table_is_the_generated_one(
 
 def test_every_exported_metric_is_named_in_the_table_with_its_type() -> None:
     exported = {_exported_names(f): f.type for f in Metrics().registry.collect()}
-    assert {d.name: d.kind for d in METRICS} == exported
+    # A renamed metric is exported under its former name too, for one release.
+    deprecated = {d.deprecated: d.kind for d in METRICS if d.deprecated}
+    assert {**{d.name: d.kind for d in METRICS}, **deprecated} == exported
 
 
 def test_the_documented_decision_log_line_has_the_fields_the_engine_logs(
@@ -150,7 +153,8 @@ def _named_tests(cell: str) -> list[Path]:
     """The test files a cell names: full paths, and bare names after one in its folder."""
     named: list[Path] = []
     folder = REPO / "tests"
-    for word in re.findall(r"`([^`]+\.py)`", cell):
+    # A path opens its backticks; ``-k`` and other arguments may follow it.
+    for word in re.findall(r"`([^`\s]+\.py)[`\s]", cell):
         path = REPO / word if "/" in word else folder / word
         folder = path.parent
         named.append(path)
@@ -167,3 +171,51 @@ def test_every_threat_names_tests_that_exist_and_every_metric_it_names_is_export
         assert [] == [str(f) for f in files if not f.is_file()], who
         for metric in re.findall(r"`(resize_preemption_\w+?)(?:\{[^`]*\})?`", stops):
             assert metric in exported, (who, metric)
+
+
+#: Past this a table row is prose in a cell; its detail belongs in the sections below.
+LONGEST_ROW = 400
+
+
+def test_no_table_row_of_the_reliability_doc_is_longer_than_400_characters() -> None:
+    lines = RELIABILITY_DOC.read_text(encoding="utf-8").splitlines()
+    rows = [line for line in lines if line.startswith("|")]
+    too_long = [f"line {lines.index(r) + 1}: {len(r)}" for r in rows if len(r) > LONGEST_ROW]
+
+    assert rows
+    assert [] == too_long
+
+
+def _finding_rows() -> list[list[str]]:
+    """The findings table at the head of docs/reliability.md, without its header."""
+    head = RELIABILITY_DOC.read_text(encoding="utf-8").split("\n## ", 1)[0]
+    return [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in head.splitlines()
+        if line.startswith("|") and not set(line) <= set("|-: ")
+    ][1:]
+
+
+def _bench_modules(cell: str) -> list[str]:
+    """The modules a cell's ``python -m bench ...`` commands run."""
+    modules = []
+    for module, name in re.findall(r"`python -m (bench(?:\.\w+)?)(?: ([\w-]+))?", cell):
+        modules.append(BENCHMARKS.get(name, name) if module == "bench" else module)
+    return modules
+
+
+@pytest.mark.parametrize("row", _finding_rows(), ids=lambda row: row[0])
+def test_every_finding_names_a_test_or_benchmark_that_exists(row: list[str]) -> None:
+    shown_by = row[-1]
+    files = _named_tests(shown_by)
+    modules = _bench_modules(shown_by)
+    missing_modules = [
+        m
+        for m in modules
+        if not (REPO / f"{m.replace('.', '/')}.py").is_file()
+        and not (REPO / m.replace(".", "/") / "__main__.py").is_file()
+    ]
+
+    assert files or modules, "names neither a test nor a benchmark"
+    assert [] == [str(f) for f in files if not f.is_file()]
+    assert [] == missing_modules

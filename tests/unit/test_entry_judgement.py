@@ -34,7 +34,8 @@ from webhook.base.settings import Config
 from webhook.core.lending import Loan
 from webhook.core.model import LabelSelector, Pod
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.lifecycle import Release, next_action, to_put_back
+from webhook.engine.lifecycle.next_step import Release, next_action
+from webhook.engine.lifecycle.states import to_put_back
 
 PROD = LabelSelector(match_labels=(("tier", "prod"),))
 

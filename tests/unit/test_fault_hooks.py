@@ -16,7 +16,7 @@ from harness.fault_hooks import Fault, FaultEvictor, FaultLedger, fault_hooks
 from tests.unit.test_worker_logic import NOW, entry, ref
 from webhook.engine.hooks import Hooks
 from webhook.engine.ledger import EvictionResult, LedgerChange, LedgerEntry
-from webhook.engine.lifecycle import drop_victims, release
+from webhook.engine.lifecycle.changes import drop_victims, release
 
 
 @dataclass

@@ -11,7 +11,8 @@ from tests.unit.test_worker_logic import ADMITTED, LOAN, NODE, NOW, entry, pod, 
 from webhook.core.lending import Loan, loan_state
 from webhook.core.model import Pod
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.lifecycle import give_backs, to_keep
+from webhook.engine.lifecycle.give_back import give_backs
+from webhook.engine.lifecycle.states import to_keep
 
 # "high" (priority 1000) borrowed 2 CPUs from "lender" (priority 0, 3 -> 1) to grow to 6
 # on 8; "mid" (priority 2000) holds 1.
@@ -126,7 +127,7 @@ def test_an_entry_stays_until_its_loans_are_given_back_and_actuated() -> None:
         pytest.param(
             "returning", pod("lender", cpu="3", allocated="1"), id="given-back-not-actuated"
         ),
-        pytest.param("pending", pod("lender", cpu="3"), id="given-back-and-actuated"),
+        pytest.param("to-lend", pod("lender", cpu="3"), id="given-back-and-actuated"),
         pytest.param("void", pod("lender", cpu="2"), id="owner-changed-it"),
         pytest.param("void", None, id="gone"),
     ],

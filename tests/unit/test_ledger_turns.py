@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_ledger_metrics import LeaseServer, add, entry
+from tests.unit.lease_server import LeaseServer, add, entry
 from tests.unit.web_fixtures import walkthrough_review, walkthrough_view
 from webhook.base.metrics import Metrics
 from webhook.base.settings import Config

@@ -28,7 +28,7 @@ from webhook.core.model import DisruptionBudget, Node, Pod
 from webhook.core.plan import NodePods, Plan, candidates_of, lent, plan_resize, shortfall
 from webhook.core.policy import DefaultPolicy
 from webhook.core.resources import Resources, total
-from webhook.engine.admission import NodeMemo
+from webhook.engine.planner import NodeMemo
 
 Mi = 2**20
 FAST = settings(

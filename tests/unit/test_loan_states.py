@@ -1,4 +1,4 @@
-"""A loan's states (``lifecycle.loan_phase``), the keep rule every ledger change writes
+"""A loan's states (``lifecycle.states.loan_phase``), the keep rule every ledger change writes
 through, loans recorded on their lenders, and the orphans whose entry was lost."""
 
 # House style puts the expected value on the left of ==.
@@ -18,19 +18,9 @@ from webhook.core.lending import LoanRecord, records, records_text
 from webhook.core.model import LOANS_ANNOTATION, Pod
 from webhook.core.snapshot import Snapshot
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.lifecycle import (
-    ORPHAN_PREFIX,
-    LoanPhase,
-    drop_victims,
-    ended_records,
-    give_backs,
-    loan_phase,
-    orphans,
-    owes,
-    release,
-    tidy,
-    to_keep,
-)
+from webhook.engine.lifecycle.changes import drop_victims, release, tidy
+from webhook.engine.lifecycle.give_back import ORPHAN_PREFIX, ended_records, give_backs, orphans
+from webhook.engine.lifecycle.states import LoanPhase, loan_phase, owes, to_keep
 from webhook.engine.status import service_status
 
 LENT = pod("lender", cpu="1")  # made and actuated

@@ -14,7 +14,7 @@ from tests.unit.web_fixtures import resized, review, walkthrough_objects, walkth
 from webhook.base.settings import Config
 from webhook.core.resources import Resources
 from webhook.engine.admission import AdmissionEngine
-from webhook.engine.lifecycle import Wait, next_action
+from webhook.engine.lifecycle.next_step import Wait, next_action
 
 
 @dataclass(frozen=True)

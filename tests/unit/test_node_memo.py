@@ -17,8 +17,8 @@ from webhook.core.model import DisruptionBudget, Pod
 from webhook.core.plan import NodePods, plan_resize
 from webhook.core.policy import DefaultPolicy, PreemptionPolicy, rank
 from webhook.core.resources import Resources
-from webhook.engine import admission
-from webhook.engine.admission import NodeMemo
+from webhook.engine import planner
+from webhook.engine.planner import NodeMemo
 
 POLICY = DefaultPolicy()
 SIZED = make_node(NODE).allocatable(cpu="8", memory="16Gi").build()
@@ -39,7 +39,7 @@ def _nothing_computed() -> AbstractContextManager[object]:
     """Fails whatever computes an amount, a ranking or the budgets spent from."""
     refused = dict.fromkeys(("pod_requests", "rank", "holdings", "spending"), mock.DEFAULT)
     return mock.patch.multiple(
-        admission, new_callable=lambda: mock.Mock(side_effect=AssertionError), **refused
+        planner, new_callable=lambda: mock.Mock(side_effect=AssertionError), **refused
     )
 
 
@@ -95,7 +95,7 @@ def test_a_changed_pod_is_computed_again(expected_computed: list[str], version: 
     grown = _pod(1, cpu="5", version="2" if version else None)
     changed = (pods[0], grown, pods[2])
 
-    with mock.patch.object(admission, "pod_requests", wraps=pod_requests) as computed:
+    with mock.patch.object(planner, "pod_requests", wraps=pod_requests) as computed:
         view = memo.of(SIZED, changed, WEB_BUDGETS, NOW)
 
     assert expected_computed == [c.args[0].name for c in computed.call_args_list]

@@ -26,7 +26,7 @@ from webhook.core.model import DisruptionBudget, Node, Pod
 from webhook.core.plan import NodePods, Plan, plan_resize, shortfall
 from webhook.core.policy import DefaultPolicy, importance_key, rank
 from webhook.core.resources import Resources, total
-from webhook.engine.admission import NodeMemo
+from webhook.engine.planner import NodeMemo
 
 # Priority tiers, weighted; HIGH + 1 is above most resizing pods.
 POD_PRIORITIES = (ZERO_PRIORITY, LOW, LOW, MID, MID, HIGH, HIGH + 1)

@@ -1,5 +1,5 @@
-"""The real-node comparison scales bench/compare's scenarios to the CPU node-1 has free,
-as the real-node walkthrough is scaled, lending floors included."""
+"""The real-node comparison scales the comparison's scenarios (:mod:`harness.compare`) to
+the CPU node-1 has free, as the real-node walkthrough is scaled, lending floors included."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.compare import scenarios as sc
-from bench.realcompare import scaled, sizes
 from harness import quantity
-from harness.realdemo import scaled_walkthrough
+from harness.compare import scenarios as sc
+from harness.compare.realnode import scaled, sizes
+from harness.walkthrough import scaled_walkthrough
 from webhook.core.model import FLOOR_ANNOTATION
 
 

@@ -25,7 +25,7 @@ from harness.realcluster import (
     parse_cpu_quota,
     parse_memory,
 )
-from harness.realdemo import Walkthrough, manifests, scaled_walkthrough
+from harness.realdemo import manifests
 from harness.realnode import (
     NODE_IP,
     POD_BRIDGE,
@@ -43,6 +43,7 @@ from harness.realnode import (
     preflight_message,
     registry_hosts_toml,
 )
+from harness.walkthrough import Walkthrough, scaled_walkthrough
 
 CAPABLE = MachineFacts(
     root=True,
@@ -368,6 +369,8 @@ def test_operator_values_pin_to_the_real_node_only_beside_hollow_ones() -> None:
     assert "nodeSelector" not in operator_values(None)
     assert {"kubernetes.io/hostname": "node-1"} == operator_values("node-1")["nodeSelector"]
     assert "self-signed" == operator_values(None)["certificates.mode"]
+    # The product image is the local build the node imported, run by its name.
+    assert operator_values(None)["image.localBuild"] is True
 
 
 def test_operator_values_require_the_api_servers_client_certificate_given_its_ca() -> None:

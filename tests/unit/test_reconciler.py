@@ -35,7 +35,7 @@ from webhook.core.model import NODE_OPT_OUT_ANNOTATION, DisruptionBudget, Node, 
 from webhook.core.plan import Plan
 from webhook.core.resources import Resources
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.lifecycle import is_give_back
+from webhook.engine.lifecycle.states import is_give_back
 from webhook.engine.reconciler import DEFERRED_REASONS, Reconciler, review_uid_for, skip_reason
 
 CONFIG = Config(reservation_ttl=120.0)

@@ -26,18 +26,10 @@ from webhook.core.plan import NodePods, plan_resize
 from webhook.core.policy import DefaultPolicy
 from webhook.core.resources import ZERO, Resources, memory_bytes
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.lifecycle import (
-    Act,
-    Refuse,
-    Release,
-    give_backs,
-    is_give_back,
-    next_action,
-    record_refusal,
-    refuse,
-    to_keep,
-    to_put_back,
-)
+from webhook.engine.lifecycle.changes import record_refusal, refuse
+from webhook.engine.lifecycle.give_back import give_backs
+from webhook.engine.lifecycle.next_step import Act, Refuse, Release, next_action
+from webhook.engine.lifecycle.states import is_give_back, to_keep, to_put_back
 
 GI = 1024**3
 REFUSAL = (
@@ -246,8 +238,8 @@ def test_recording_a_refusal_replaces_the_plan_and_is_idempotent() -> None:
 @pytest.mark.parametrize(
     ("lender", "state", "put_back"),
     [
-        pytest.param(REFUSED, "undo", True, id="still-lent"),
-        pytest.param(RESTORING, "restoring", False, id="put-back-not-admitted"),
+        pytest.param(REFUSED, "refused", True, id="still-lent"),
+        pytest.param(RESTORING, "putting-back", False, id="put-back-not-admitted"),
         pytest.param(batch_1("6Gi", generation=3), "ended", False, id="back-at-its-spec"),
         pytest.param(batch_1("5Gi", generation=3), "ended", False, id="owner-changed-it"),
     ],

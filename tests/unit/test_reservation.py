@@ -1,5 +1,5 @@
 """When an admitted resize stops holding room: the cluster shows it holds nothing any more
-(:func:`webhook.engine.lifecycle.phase` leaves the states that hold room)."""
+(:func:`webhook.engine.lifecycle.states.entry_phase` leaves the states that hold room)."""
 
 # House style puts the expected value on the left of ==.
 
@@ -13,7 +13,7 @@ from tests.unit.builders import Gi, make_pod
 from webhook.core.model import Pod, PodRef
 from webhook.core.resources import Resources
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.lifecycle import HOLDS_ROOM, phase
+from webhook.engine.lifecycle.states import HOLDS_ROOM, entry_phase
 
 NOW = 1000.0
 #: "high" was admitted from 2 to 6 CPUs; the resize's spec is generation 3.
@@ -119,5 +119,5 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES)
 def test_spent(case: Case) -> None:
-    spent = phase(case.reservation, case.pod, case.now).state not in HOLDS_ROOM
+    spent = entry_phase(case.reservation, case.pod, case.now).state not in HOLDS_ROOM
     assert case.expected == spent

@@ -16,7 +16,8 @@ from tests.unit.test_worker import Clock, Cluster, add, make_worker
 from tests.unit.test_worker_logic import ADMITTED, CONFIG, NODE, entry, pod
 from webhook.core.model import Pod, PodRef
 from webhook.engine.ledger import EvictionResult
-from webhook.engine.lifecycle import Release, next_action, room_holders
+from webhook.engine.lifecycle.next_step import Release, next_action
+from webhook.engine.lifecycle.states import room_holders
 from webhook.engine.reconciler import Reconciler
 from webhook.engine.worker import PreemptionWorker
 

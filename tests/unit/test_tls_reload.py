@@ -394,10 +394,7 @@ def test_gunicorn_server_rotates_certificates_and_refuses_old_protocols(
             while chunk := m.recv(65536):
                 text += chunk
         assert text.startswith(b"HTTP/1.0 200") or text.startswith(b"HTTP/1.1 200")
-        assert (
-            b'resize_preemption_webhook_requests_total{endpoint="validate",verdict="preempt"} 2.0'
-            in text
-        )
+        assert b'resize_preemption_reviews_total{endpoint="validate",verdict="preempt"} 2.0' in text
 
 
 def test_plain_http_refused_by_fixed_context_server(

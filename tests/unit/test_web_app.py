@@ -13,8 +13,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
-from bench.noop_endpoint import add_noop_endpoint
 from harness.doubles import InMemoryLedger, StaticClusterView
+from harness.noop_endpoint import add_noop_endpoint
 from tests.unit.web_fixtures import (
     fit_to_node_objects,
     node,
@@ -120,7 +120,7 @@ def test_walkthrough_preempts_with_warning_audit_and_reservation() -> None:
     assert (
         counter(
             svc.metrics,
-            "resize_preemption_webhook_requests_total",
+            "resize_preemption_reviews_total",
             endpoint="validate",
             verdict="preempt",
         )
@@ -546,7 +546,7 @@ def test_bad_input_raised_after_the_review_was_read_fails_open() -> None:
     assert 1 == counter(engine.metrics, "resize_preemption_errors_total", where="web")
     assert 1 == counter(
         engine.metrics,
-        "resize_preemption_webhook_requests_total",
+        "resize_preemption_reviews_total",
         endpoint="validate",
         verdict="error",
     )
@@ -648,7 +648,7 @@ def test_metrics_are_injected_not_global() -> None:
     for served in (app, other):
         served.test_client().post("/validate-resize", data=orjson.dumps(walkthrough_review()))
     assert 1 == counter(
-        metrics, "resize_preemption_webhook_requests_total", endpoint="validate", verdict="preempt"
+        metrics, "resize_preemption_reviews_total", endpoint="validate", verdict="preempt"
     )
 
 

@@ -12,7 +12,7 @@ import gevent
 import orjson
 import pytest
 
-from bench import flood
+from harness import flood
 from harness.doubles import InMemoryLedger
 from tests.unit.web_fixtures import dumps, walkthrough_review, walkthrough_view
 from webhook.base.metrics import Metrics
@@ -177,7 +177,7 @@ def test_overloaded_review_is_allowed_at_once_without_a_decision(path: str) -> N
     endpoint = path.strip("/").split("-")[0]
     labels = {"endpoint": endpoint, "verdict": "overloaded"}
     registry = metrics.registry
-    assert 1.0 == registry.get_sample_value("resize_preemption_webhook_requests_total", labels)
+    assert 1.0 == registry.get_sample_value("resize_preemption_reviews_total", labels)
 
 
 def test_not_overloaded_the_review_is_decided() -> None:

@@ -217,9 +217,7 @@ def _reviews_counted(metrics_port: int) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
     return sum(
         float(m)
-        for m in re.findall(
-            rb"^resize_preemption_webhook_requests_total{[^}]*} ([0-9.e+]+)$", text, re.M
-        )
+        for m in re.findall(rb"^resize_preemption_reviews_total{[^}]*} ([0-9.e+]+)$", text, re.M)
     )
 
 

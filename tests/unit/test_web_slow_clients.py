@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.hostile_clients import HostileClients, open_hostile_clients
+from harness.hostile_clients import HostileClients, open_hostile_clients
 from harness.launcher import free_port
 from harness.processes import ManagedProcess, spawn
 from tests.unit.web_fixtures import (

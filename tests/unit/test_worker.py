@@ -27,7 +27,8 @@ from webhook.base.metrics import Metrics
 from webhook.base.settings import Config
 from webhook.core.model import Node, Pod, PodRef
 from webhook.engine.ledger import EvictionResult, LedgerEntry
-from webhook.engine.lifecycle import drop_victims, release, room_holders
+from webhook.engine.lifecycle.changes import drop_victims, release
+from webhook.engine.lifecycle.states import room_holders
 from webhook.engine.loans import LenderResizer
 from webhook.engine.worker import PreemptionWorker
 
@@ -609,8 +610,8 @@ def test_ledger_changes_are_pure_and_report_presence() -> None:
 
 
 def actuation_times(metrics: Metrics) -> tuple[float | None, float | None]:
-    """(count, sum) of ``resize_preemption_time_to_actuation_seconds``."""
-    name = "resize_preemption_time_to_actuation_seconds"
+    """(count, sum) of ``resize_preemption_actuation_duration_seconds``."""
+    name = "resize_preemption_actuation_duration_seconds"
     return (
         metrics.registry.get_sample_value(f"{name}_count"),
         metrics.registry.get_sample_value(f"{name}_sum"),

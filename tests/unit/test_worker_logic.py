@@ -22,7 +22,8 @@ from webhook.core.model import (
 from webhook.core.objects import parse_pod
 from webhook.core.resources import Resources
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.lifecycle import Act, Action, Release, Wait, next_action, persisted, phase
+from webhook.engine.lifecycle.next_step import Act, Action, Release, Wait, next_action
+from webhook.engine.lifecycle.states import entry_phase, persisted
 
 GI = 1024**3
 NODE = Node(name="node-1", allocatable=Resources(8000, 16 * GI))
@@ -482,7 +483,7 @@ def test_own_reservation_is_not_counted_against_itself() -> None:
 )
 def test_persisted_and_actuated(the_pod: Pod, in_spec: bool, actuated: bool) -> None:
     assert in_spec is persisted(entry("low"), the_pod)
-    assert actuated is (phase(entry("low"), the_pod, NOW).state == "actuated")
+    assert actuated is (entry_phase(entry("low"), the_pod, NOW).state == "actuated")
 
 
 # -- loans ------------------------------------------------------------------------------------
@@ -586,7 +587,7 @@ def test_next_action_with_loans(case: LoanCase) -> None:
 @pytest.mark.parametrize(
     ("expected", "lender"),
     [
-        pytest.param("pending", LENDER, id="at-before"),
+        pytest.param("to-lend", LENDER, id="at-before"),
         pytest.param("lent", LENT, id="at-after"),
         pytest.param("lent", pod("lender", cpu="500m"), id="below-after"),
         pytest.param("void", pod("lender", cpu="2"), id="owner-set-another-amount"),

@@ -4,15 +4,20 @@ Every metric is named once, in :data:`METRICS`: :class:`Metrics` builds its attr
 from it and ``python -m webhook metrics --markdown`` prints the table docs/operations.md
 shows (a test keeps the two equal). A new metric is a new row there and an attribute
 annotation on :class:`Metrics`.
+
+A renamed metric keeps its former name for one release (``MetricDef.deprecated``): the
+same samples exported under it too, their help beginning ``DEPRECATED: use <new>``
+(:class:`DeprecatedAliases`), in one process and across worker processes alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
 #: Milliseconds matter here: the API server waits for us on every resize.
 LATENCY_BUCKETS_SECONDS = (
@@ -55,6 +60,8 @@ class MetricDef:
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
     multiprocess_mode: Combine = "livemax"
+    #: The name it had before (exported as well for one release); empty: none.
+    deprecated: str = ""
 
 
 #: ``unit`` label and divisor of a quantity exported in Prometheus's base units, as
@@ -72,18 +79,30 @@ def in_base_unit(resource: str, amount: int) -> tuple[str, float]:
 METRICS: tuple[MetricDef, ...] = (
     MetricDef(
         "reviews",
-        "resize_preemption_webhook_requests_total",
+        "resize_preemption_reviews_total",
         "counter",
         "AdmissionReviews answered, by endpoint and verdict",
         ("endpoint", "verdict"),
+        deprecated="resize_preemption_webhook_requests_total",
     ),
     MetricDef(
         "review_latency",
-        "resize_preemption_webhook_latency_seconds",
+        "resize_preemption_review_duration_seconds",
         "histogram",
         "Time to answer one AdmissionReview (buckets from 0.5 ms)",
         ("endpoint",),
         buckets=LATENCY_BUCKETS_SECONDS,
+        deprecated="resize_preemption_webhook_latency_seconds",
+    ),
+    # kube-scheduler's scheduler_preemption_attempts_total, for resizes.
+    MetricDef(
+        "attempts",
+        "resize_preemption_attempts_total",
+        "counter",
+        "Resizes that did not fit their node as it was, so that preemption was tried, by "
+        "review or by the reconciler, by result: preempt (victims found), infeasible "
+        "(none would make room)",
+        ("result",),
     ),
     MetricDef(
         "errors",
@@ -94,17 +113,19 @@ METRICS: tuple[MetricDef, ...] = (
     ),
     MetricDef(
         "connections_refused",
-        "resize_preemption_webhook_connections_refused_total",
+        "resize_preemption_connections_refused_total",
         "counter",
         "New connections reset before their TLS handshake because the serving worker was "
         "overloaded; the API server fails those reviews open",
+        deprecated="resize_preemption_webhook_connections_refused_total",
     ),
     MetricDef(
         "unauthenticated",
-        "resize_preemption_webhook_unauthenticated",
+        "resize_preemption_unauthenticated",
         "gauge",
         "1 while the review port accepts callers without a client certificate (no "
         "client-ca): anyone who reaches it can post a review",
+        deprecated="resize_preemption_webhook_unauthenticated",
     ),
     MetricDef(
         "unverified_reviews",
@@ -213,11 +234,24 @@ METRICS: tuple[MetricDef, ...] = (
     ),
     MetricDef(
         "time_to_actuation",
-        "resize_preemption_time_to_actuation_seconds",
+        "resize_preemption_actuation_duration_seconds",
         "histogram",
         "Time from a preempting resize's admission until the kubelet actuated it, observed "
         "by the leader's worker when the reservation is spent",
         buckets=ACTUATION_BUCKETS_SECONDS,
+        deprecated="resize_preemption_time_to_actuation_seconds",
+    ),
+    # KEP-5836's scheduler_pending_resize_pods, split by where the resize waits.
+    MetricDef(
+        "pending_resizes",
+        "resize_preemption_pending_resizes",
+        "gauge",
+        "Resizes not yet actuated, set by the leader's reconciler on every pass, by state: "
+        "deferred, infeasible (the kubelet's PodResizePending reason, as cached), admitted "
+        "(a ledger entry holds room, the pod's spec does not carry the resize yet), "
+        "persisted (the spec carries it, the kubelet has not actuated it); a persisted "
+        "resize is usually deferred too, so states overlap",
+        ("state",),
     ),
     # No node label: a pod per node would make a series per node of the cluster; the
     # reason is a short fixed list (webhook.engine.reconciler.DEFERRED_REASONS), and
@@ -247,10 +281,11 @@ METRICS: tuple[MetricDef, ...] = (
     ),
     MetricDef(
         "checkpoint_seconds",
-        "resize_preemption_checkpoint_seconds",
+        "resize_preemption_checkpoint_duration_seconds",
         "histogram",
         "Time the kubelet took to checkpoint a victim's containers",
         buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+        deprecated="resize_preemption_checkpoint_seconds",
     ),
     MetricDef(
         "checkpoint_bytes",
@@ -261,10 +296,11 @@ METRICS: tuple[MetricDef, ...] = (
     ),
     MetricDef(
         "restore_seconds",
-        "resize_preemption_restore_seconds",
+        "resize_preemption_restore_duration_seconds",
         "histogram",
         "Time from creating a pod again from its checkpoint until it runs",
         buckets=(0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+        deprecated="resize_preemption_restore_seconds",
     ),
     MetricDef(
         "leader",
@@ -280,6 +316,7 @@ class Metrics:
 
     reviews: Counter
     review_latency: Histogram
+    attempts: Counter
     errors: Counter
     connections_refused: Counter
     unauthenticated: Gauge
@@ -298,6 +335,7 @@ class Metrics:
     cache_age: Gauge
     reconciler_actions: Counter
     time_to_actuation: Histogram
+    pending_resizes: Gauge
     deferred_resizes: Gauge
     checkpoints: Counter
     checkpoint_seconds: Histogram
@@ -308,8 +346,74 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        for d in METRICS:
-            setattr(self, d.attribute, _build(d, self.registry))
+        built = [_build(d, self.registry) for d in METRICS]
+        for d, metric in zip(METRICS, built, strict=True):
+            setattr(self, d.attribute, metric)
+        self.registry.register(DeprecatedAliases(_Together(built)))
+
+    def count_attempt(self, verdict: str, n: int = 1) -> None:
+        """``n`` more preemption attempts when ``verdict`` (a plan's) is one."""
+        if verdict in ATTEMPT_RESULTS:
+            self.attempts.labels(verdict).inc(n)
+
+    def set_pending(self, counts: Mapping[str, int]) -> None:
+        """Every state of :data:`PENDING_STATES` (0 when not in ``counts``), so a state
+        whose resizes went is not left at its last count."""
+        for state in PENDING_STATES:
+            self.pending_resizes.labels(state).set(counts.get(state, 0))
+
+
+#: The plan verdicts of a resize that did not fit as the node was: preemption was tried.
+ATTEMPT_RESULTS: Final = ("preempt", "infeasible")
+#: The states of ``resize_preemption_pending_resizes``.
+PENDING_STATES: Final = ("deferred", "infeasible", "admitted", "persisted")
+
+
+class _Collector(Protocol):
+    def collect(self) -> Iterable[Metric]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Together:
+    """Several collectors as one."""
+
+    parts: Sequence[_Collector]
+
+    def collect(self) -> Iterator[Metric]:
+        for part in self.parts:
+            yield from part.collect()
+
+
+def _family(name: str) -> str:
+    """The family name prometheus-client gives a metric (a counter's without _total)."""
+    return name.removesuffix("_total")
+
+
+#: Family of a current name -> (family of its deprecated name, help of that one).
+ALIASES: Final[dict[str, tuple[str, str]]] = {
+    _family(d.name): (_family(d.deprecated), f"DEPRECATED: use {d.name}. {d.help}")
+    for d in METRICS
+    if d.deprecated
+}
+
+
+class DeprecatedAliases:
+    """Exports each renamed metric of ``source`` again under its former name."""
+
+    def __init__(self, source: _Collector) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            alias = ALIASES.get(family.name)
+            if alias is None:
+                continue
+            name, documentation = alias
+            renamed = Metric(name, documentation, family.type, family.unit)
+            renamed.samples = [
+                s._replace(name=name + s.name[len(family.name) :]) for s in family.samples
+            ]
+            yield renamed
 
 
 def _build(d: MetricDef, registry: CollectorRegistry) -> Counter | Gauge | Histogram:

@@ -94,7 +94,7 @@ class Config:
     scheduler_name: str = "resize-preemption-webhook"
     #: A file of CA certificates; review connections must present a client certificate one
     #: of them signed (kube-apiserver's). Empty: any caller is accepted, and the service
-    #: says so at start and in ``resize_preemption_webhook_unauthenticated``.
+    #: says so at start and in ``resize_preemption_unauthenticated``.
     client_ca: str = ""
     #: With :attr:`client_ca`: the Common Name the client certificate must bear. A CA may
     #: sign certificates for more than kube-apiserver (a cluster's CA signs every

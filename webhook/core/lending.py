@@ -280,14 +280,16 @@ def _lent_from(loan: Loan, lender: Pod | None) -> tuple[int, ContainerStatus | N
     return container.requests.get(loan.resource), lender.statuses.get(loan.container)
 
 
-LoanState = Literal["pending", "lent", "returning", "void"]
+#: A loan as its lender shows it, in the words of the loan's phases (``to-lend``, ``lent``,
+#: ``returning``; docs/architecture.md), plus ``void``.
+LoanState = Literal["to-lend", "lent", "returning", "void"]
 
 
 def loan_state(loan: Loan, lender: Pod | None) -> LoanState:
     """Where ``loan`` stands, read from the lender as cached (``None``: not cached).
 
     ``lent``: the lender's spec asks for at most the loan's ``after`` (made, actuated or
-    not). ``pending``: still at ``before``, as planned. ``returning``: at ``before`` again
+    not). ``to-lend``: still at ``before``, as planned. ``returning``: at ``before`` again
     (given back) and the kubelet has not allocated that yet: the loan still owes its
     lender, and such a give-back, if the kubelet defers it, is nobody's to preempt for.
     ``void``: the lender is gone, replaced or leaving, or its owner set another amount
@@ -305,7 +307,7 @@ def loan_state(loan: Loan, lender: Pod | None) -> LoanState:
     return (
         "returning"
         if granted is not None and granted.get(loan.resource) < loan.before
-        else "pending"
+        else "to-lend"
     )
 
 
@@ -387,16 +389,17 @@ def recorded(loan: Loan, lender: Pod | None) -> bool:
     return lender is not None and any(loan_key(r.loan) == key for r in records(lender))
 
 
-RefusalState = Literal["undo", "restoring", "ended"]
+#: A refused loan as its lender shows it, in the words of the loan's phases.
+RefusalState = Literal["refused", "putting-back", "ended"]
 
 
 def refusal_state(loan: Loan, lender: Pod | None) -> RefusalState:
     """Where a refused ``loan`` stands, read from the lender as cached.
 
-    ``undo``: the lender's spec is still at ``after``: put it back to ``before`` (one
+    ``refused``: the lender's spec is still at ``after``: put it back to ``before`` (one
     lowered further since lent again, from what this loan left: that loan is undone
     first, by its own entry).
-    ``restoring``: the spec is back at ``before`` but the kubelet has not admitted that
+    ``putting-back``: the spec is back at ``before`` but the kubelet has not admitted that
     yet (its allocation is still below): the room it lost is owed to it, and the resize
     that borrowed it must make that room. ``ended``: the lender holds its ``before``
     again, or is gone, or its owner set another amount (its spec wins).
@@ -406,14 +409,14 @@ def refusal_state(loan: Loan, lender: Pod | None) -> RefusalState:
         return "ended"
     request, status = found
     if request < loan.after:
-        return "restoring"
+        return "putting-back"
     if request == loan.after:
-        return "undo"
+        return "refused"
     if request != loan.before:
         return "ended"
     allocated = None if status is None else status.allocated
     return (
-        "restoring"
+        "putting-back"
         if allocated is not None and allocated.get(loan.resource) < loan.before
         else "ended"
     )

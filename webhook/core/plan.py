@@ -483,7 +483,7 @@ class NodeView(Protocol):
     they rank. Both depend on the pods alone (and the ranking on the budgets, the policy
     and, for pods not started, the time), never on the resize, so a caller deciding many
     resizes on the same pods may keep them between decisions and answer from what it
-    kept (:class:`~webhook.engine.admission.NodeMemo` does); :class:`NodePods` computes
+    kept (:class:`~webhook.engine.planner.NodeMemo` does); :class:`NodePods` computes
     them when asked.
 
     Whatever it keeps, a view's answers must equal :class:`NodePods`'s for its

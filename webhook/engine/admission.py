@@ -14,9 +14,7 @@ The AdmissionReview v1 wire format is here too (the section "on the wire"): type
 shapes, validation of what arrives, responses. The API server enforces its own rules on
 our answers (uid echo, apiVersion/kind, no patch from a validating webhook, warning and
 audit-annotation formats); everything we send is built there so those rules live in one
-place. So is the one memo of the decision path, :class:`NodeMemo` (the section "the node
-memo"): what a decision reads of a recently planned node's pods alone, kept between
-decisions by the engine and the reconciler and handed to the core as the node's view.
+place. The planner it plans with, and the reconciler too, is :mod:`webhook.engine.planner`.
 """
 
 from __future__ import annotations
@@ -25,10 +23,8 @@ import base64
 import copy
 import logging
 import re
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, NamedTuple, NotRequired, TypedDict, cast
 
 import jsonpatch
@@ -37,19 +33,16 @@ import orjson
 from webhook.base.loop import After, run_now
 from webhook.base.metrics import Metrics
 from webhook.base.settings import Config
-from webhook.core.accounting import Holdings, holdings, pod_requests
 from webhook.core.checkpoint import Pause
 from webhook.core.errors import InputError, WebhookError
 from webhook.core.fit import largest_fit
 from webhook.core.model import FIT_TO_NODE_ANNOTATION, DisruptionBudget, Node, Pod, PodRef
 from webhook.core.objects import parse_pod
-from webhook.core.plan import NodeView, Plan, plan_resize
-from webhook.core.policy import PreemptionPolicy, Ranking, rank, spending
+from webhook.core.plan import NodeView, Plan
 from webhook.core.report import WARNING_LIMIT, clip, warnings_for
 from webhook.core.resize import resize_of
 from webhook.core.resources import (
     RESOURCE_NAMES,
-    Resources,
     format_amount,
     format_cpu,
     format_memory,
@@ -57,7 +50,9 @@ from webhook.core.resources import (
 from webhook.engine.decision_log import Decision, Facts, decision_logger, emit, line
 from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.ledger import ClusterView, Ledger, LedgerEntry
-from webhook.engine.lifecycle import admit, room_holders
+from webhook.engine.lifecycle.changes import admit
+from webhook.engine.lifecycle.states import room_holders
+from webhook.engine.planner import NodeMemo, ResizePlanner
 
 # -- on the wire ---------------------------------------------------------------------------
 
@@ -221,187 +216,6 @@ def response(
     return {"apiVersion": api_version, "kind": "AdmissionReview", "response": resp}
 
 
-# -- the node memo -------------------------------------------------------------------------
-# What a decision reads of a recently planned node's pods alone, kept between decisions.
-#
-# A decision reads what every pod on the node holds (``pod_requests``, the kubelet's
-# model), the pods' importance order and the PodDisruptionBudgets each one's eviction
-# spends from (:func:`~webhook.core.policy.rank`). None of it depends on the resize, only
-# on the node's pods and its namespaces' budgets, so the engine keeps it for the last
-# pods and budgets it planned each node with and hands it to the core as the node's
-# :class:`~webhook.core.plan.NodeView`; the core computes the same when nothing is kept
-# (``python -m bench plan``: docs/decision-core.md has the figures). It is the one memo
-# of the decision path.
-
-#: Nodes kept. Decisions come in bursts on the nodes being resized; the bound keeps a
-#: large cluster's worth of them out of memory.
-NODES_KEPT = 256
-
-#: One version of a pod: its uid and ``metadata.resourceVersion``.
-Version = tuple[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class NodeFacts:
-    """What the memo keeps of one node for one list of its pods and of its budgets: the
-    :class:`~webhook.core.plan.NodeView` of :attr:`node` and :attr:`pods` that answers
-    from it.
-
-    ``amounts``: ``pod_requests`` of each pod that carries a resource version, by
-    :data:`Version`, for the next list of pods to reuse. ``held``:
-    :func:`~webhook.core.accounting.holdings` of the pods; ``ranked``:
-    :func:`~webhook.core.policy.rank` of them with :attr:`budgets` under :attr:`policy`
-    at :attr:`ranked_at`.
-    """
-
-    node: Node
-    pods: tuple[Pod, ...]
-    budgets: tuple[DisruptionBudget, ...]
-    policy: PreemptionPolicy
-    amounts: Mapping[Version, Resources]
-    held: Holdings
-    ranked: Ranking
-    ranked_at: float
-
-    def holdings(self) -> Holdings:
-        return self.held
-
-    def ranking(
-        self, budgets: Sequence[DisruptionBudget], policy: PreemptionPolicy, now: float
-    ) -> Ranking:
-        """The kept ranking when asked for the budgets and policy it was made with, at a
-        time it holds for (:meth:`ranked_for`); ranked afresh otherwise."""
-        if self.ranked_for(now) and policy == self.policy and tuple(budgets) == self.budgets:
-            return self.ranked
-        return rank(self.node.name, self.pods, budgets, policy, now)
-
-    def ranked_for(self, now: float) -> bool:
-        """Whether :attr:`ranked` is the ranking at ``now`` too: the importance order
-        reads the time only for pods not started yet, as starting then, so it is the same
-        at any two times after the latest start time (:attr:`Ranking.settled`; at it, a
-        pod not started ties with the last one started)."""
-        return now == self.ranked_at or min(now, self.ranked_at) > self.ranked.settled
-
-    def current(
-        self, node: Node, pods: tuple[Pod, ...], budgets: tuple[DisruptionBudget, ...]
-    ) -> bool:
-        """Whether these are the facts of ``pods`` and ``budgets`` on a node of ``node``'s
-        size: compared by value, so a view that hands out a new but equal list reuses
-        them, and one that changes a pod in any way gets fresh ones."""
-        return (
-            self.node.allocatable == node.allocatable
-            and self.budgets == budgets
-            and self.pods == pods
-        )
-
-
-class NodeMemo:
-    """A bounded, thread-safe memo of :class:`NodeFacts`, one per node, under one policy.
-
-    The policy's importance order must read the time as
-    :func:`~webhook.core.policy.importance_key` does (every policy of the service
-    does). The kept facts are reused only for pods and budgets equal to theirs (by
-    value, whatever objects the cluster view hands out). A new list of pods reuses what
-    the kept facts computed of each pod of the same :data:`Version`: a pod's uid and a
-    non-empty ``resourceVersion`` name one version of the stored object, which reads the
-    same every time (the API server's promise; a pod changed in this process, e.g.
-    shown as lending, must not reach the memo under its stored version). A pod without
-    a version is computed every time.
-    """
-
-    def __init__(self, policy: PreemptionPolicy, size: int = NODES_KEPT) -> None:
-        self.policy = policy
-        self.size = size
-        self._kept: dict[str, NodeFacts] = {}
-        self._lock = threading.Lock()
-
-    def of(
-        self,
-        node: Node,
-        pods: tuple[Pod, ...],
-        budgets: tuple[DisruptionBudget, ...],
-        now: float,
-    ) -> NodeFacts:
-        """The view of ``pods`` on ``node``, with their ranking with ``budgets`` at
-        ``now``: the kept facts while they are :meth:`~NodeFacts.current` (ranked again
-        when the ranking does not hold at ``now``), fresh ones otherwise."""
-        kept = self._kept.get(node.name)
-        if kept is not None and kept.current(node, pods, budgets):
-            if kept.ranked_for(now) and kept.node == node:
-                return kept
-            facts = replace(kept, node=node)
-            if not kept.ranked_for(now):
-                ranked = rank(node.name, pods, budgets, self.policy, now)
-                facts = replace(facts, ranked=ranked, ranked_at=now)
-        else:
-            facts = self._fresh(kept, node, pods, budgets, now)
-        with self._lock:
-            if len(self._kept) >= self.size and node.name not in self._kept:
-                # The oldest insertion goes: a dict keeps insertion order.
-                del self._kept[next(iter(self._kept))]
-            self._kept[node.name] = facts
-        return facts
-
-    def _fresh(
-        self,
-        kept: NodeFacts | None,
-        node: Node,
-        pods: tuple[Pod, ...],
-        budgets: tuple[DisruptionBudget, ...],
-        now: float,
-    ) -> NodeFacts:
-        """The facts of ``pods``, reusing what ``kept`` computed of the same versions."""
-        before = kept.amounts if kept is not None else {}
-        amounts: dict[Version, Resources] = {}
-        for p in pods:
-            if p.resource_version:
-                version = (p.uid, p.resource_version)
-                amount = before.get(version)
-                amounts[version] = pod_requests(p) if amount is None else amount
-
-        def holds(p: Pod) -> Resources:
-            if p.resource_version:
-                return amounts[p.uid, p.resource_version]
-            return pod_requests(p)
-
-        spends = self._spends(kept, pods, budgets)
-        return NodeFacts(
-            node,
-            pods,
-            budgets,
-            self.policy,
-            amounts,
-            holdings(node, pods, holds),
-            rank(node.name, pods, budgets, self.policy, now, spends),
-            now,
-        )
-
-    def _spends(
-        self, kept: NodeFacts | None, pods: tuple[Pod, ...], budgets: tuple[DisruptionBudget, ...]
-    ) -> dict[str, tuple[int, ...]] | None:
-        """``spending`` of ``pods``: what the kept facts say of the same versions, under
-        equal budgets, and computed for the others (None: nothing to share)."""
-        if kept is None or kept.budgets != budgets:
-            return None
-        known = {
-            (p.uid, p.resource_version): kept.ranked.spends[p.uid]
-            for p in kept.ranked.pods
-            if p.resource_version
-        }
-        spends: dict[str, tuple[int, ...]] = {}
-        fresh: list[Pod] = []
-        for p in pods:
-            spent = known.get((p.uid, p.resource_version)) if p.resource_version else None
-            if spent is None:
-                fresh.append(p)
-            else:
-                spends[p.uid] = spent
-        return spends | spending(fresh, budgets, self.policy.pdb_mode)
-
-    def __len__(self) -> int:
-        return len(self._kept)
-
-
 # -- the engine ----------------------------------------------------------------------------
 
 Endpoint = Literal["validate", "mutate"]
@@ -410,7 +224,7 @@ PREFIX = "resize-preemption: "
 log = logging.getLogger(__name__)
 
 
-class _Scene(NamedTuple):
+class _Inputs(NamedTuple):
     """Everything a decision reads, taken from the cache once, at one time."""
 
     old: Pod
@@ -420,67 +234,6 @@ class _Scene(NamedTuple):
     budgets: tuple[DisruptionBudget, ...]
     #: The node and its pods as the plan reads them: from the memo.
     view: NodeView
-
-
-@dataclass(frozen=True, slots=True)
-class ResizePlanner:
-    """The one :class:`~webhook.engine.lifecycle.Planner` of
-    :func:`~webhook.engine.lifecycle.admit`, for the admission path (``review``) and for
-    the reconciler (a resize the kubelet deferred): ``pod``'s resize from ``old`` planned
-    on ``node`` as the memo's ``view`` has it, at ``now``; in victim order
-    ``movable-first``, with the room elsewhere (read only by a plan with victims, and
-    only as far as it looks). ``refused``: why the preemptor policy lets the pod take
-    room from nobody (:meth:`~webhook.core.policy.Preemptors.refusal`; ``""``: it may)."""
-
-    old: Pod
-    pod: Pod
-    node: Node
-    view: NodeView
-    budgets: tuple[DisruptionBudget, ...]
-    now: float
-    review_uid: str
-    review: bool
-    config: Config
-    policy: PreemptionPolicy
-    elsewhere: Elsewhere
-    refused: str = ""
-    #: Whether a victim is checkpointed (:class:`~webhook.engine.pauses.Pauses`).
-    pause: Callable[[Pod], Pause | None] | None = None
-
-    def plan(self, holders: Sequence[LedgerEntry]) -> Plan:
-        rooms = None
-        if self.config.victim_order == "movable-first":
-            rooms = self.elsewhere.rooms(self.node.name, self.now, self.pod.uid)
-        return plan_resize(
-            self.old,
-            self.pod,
-            self.view,
-            now=self.now,
-            budgets=self.budgets,
-            reservations=[e.reservation() for e in holders],
-            policy=self.policy,
-            elsewhere=rooms,
-            refused=self.refused,
-            pause=self.pause,
-        )
-
-    def reserves(self, plan: Plan) -> bool:
-        """A review's plan reserves when it needs room (:func:`_reserves`); a deferred
-        resize's only with victims: room that appears lets the kubelet actuate by itself,
-        and a reservation without victims would only hold room others may use."""
-        return _reserves(plan) if self.review else plan.verdict == "preempt"
-
-    def entry(self, plan: Plan) -> LedgerEntry:
-        return LedgerEntry.for_plan(
-            self.pod,
-            plan,
-            review_uid=self.review_uid,
-            now=self.now,
-            ttl=self.config.reservation_ttl,
-            # A deferred resize is in the spec already: it has no deadline to persist by.
-            persisted=not self.review,
-            persist_timeout=self.config.persist_timeout,
-        )
 
 
 def _audit(plan: Plan) -> dict[str, str]:
@@ -606,6 +359,7 @@ class AdmissionEngine:
         counts: dict[tuple[str, str], int] = {}
         latencies: dict[str, list[float]] = {}
         victims: list[int] = []
+        attempts: dict[str, int] = {}
         logging_on = decision_logger.isEnabledFor(logging.INFO)
         lines: list[bytes] = []
         for facts in batch:
@@ -613,6 +367,8 @@ class AdmissionEngine:
             key = (facts.endpoint, d.verdict)
             counts[key] = counts.get(key, 0) + 1
             latencies.setdefault(facts.endpoint, []).append(facts.elapsed)
+            if d.plan is not None:
+                attempts[d.plan.verdict] = attempts.get(d.plan.verdict, 0) + 1
             entry = d.admitted
             if entry is not None and entry.victims:
                 victims.append(len(entry.victims))
@@ -630,6 +386,8 @@ class AdmissionEngine:
             latency = metrics.review_latency.labels(endpoint)
             for amount in amounts:
                 latency.observe(amount)
+        for verdict, n in attempts.items():
+            metrics.count_attempt(verdict, n)
         if victims:
             metrics.victims_planned.inc(sum(victims))
             for n in victims:
@@ -647,7 +405,7 @@ class AdmissionEngine:
 
     # -- reading the request ----------------------------------------------------------
 
-    def _scene(self, request: AdmissionRequest, now: float) -> _Scene | Decision:
+    def _scene(self, request: AdmissionRequest, now: float) -> _Inputs | Decision:
         uid = request["uid"]
         new_obj, old_obj = request.get("object"), request.get("oldObject")
         # Decoded JSON is plain dicts: told apart before the (slower) ABC check.
@@ -684,7 +442,7 @@ class AdmissionEngine:
             )
         pods = tuple(self.cluster.pods_on(node.name))
         budgets = tuple(self.cluster.budgets(frozenset({p.namespace for p in pods})))
-        return _Scene(old, new, node, pods, budgets, self._memo.of(node, pods, budgets, now))
+        return _Inputs(old, new, node, pods, budgets, self._memo.of(node, pods, budgets, now))
 
     def _claimed(
         self, request: AdmissionRequest, old_obj: Mapping[str, Any], new_obj: Mapping[str, Any]
@@ -752,7 +510,7 @@ class AdmissionEngine:
             return None
         return pod
 
-    def _planner(self, s: _Scene, uid: str, now: float) -> ResizePlanner:
+    def _planner(self, s: _Inputs, uid: str, now: float) -> ResizePlanner:
         config = self.config
         labels = self.cluster.namespace_labels(s.new.namespace)
         return ResizePlanner(
@@ -860,14 +618,6 @@ def _fits_to_node(pod: Pod) -> bool:
 def _declared(pod: Pod) -> tuple[object, ...]:
     """What a pod declares that a plan counts: its containers' and the pod's resources."""
     return (pod.containers, pod.init_containers, pod.overhead, pod.pod_requests, pod.pod_limits)
-
-
-def _reserves(plan: Plan) -> bool:
-    """Whether an admitted review's plan takes a reservation: one that needs room. One
-    that needs none writes nothing: an earlier entry of the pod stops holding room by
-    itself once the API server persists this spec (its generation moves past the
-    entry's), and the kubectl warning is what tells a person, not an event."""
-    return plan.verdict in ("fits", "preempt") and plan.code != "no-growth"
 
 
 def _resources_patch(

@@ -99,7 +99,7 @@ class LedgerEntry:
     API server bumps it on every spec change, before validating admission sees the
     object); 0 when unknown. ``persist_by``: when a resize still not in the pod's spec is
     taken as refused by a later admission step (0: no deadline). Where the entry stands
-    is read, never written: :func:`webhook.engine.lifecycle.phase`.
+    is read, never written: :func:`webhook.engine.lifecycle.states.entry_phase`.
     ``loans``: the plan's loans in the order taken. Whether one is carried out is read
     from the cluster (the lender's spec at or below the loan's ``after``), never written,
     so a restart neither repeats a loan nor forgets one. ``refused``: loans the kubelet
@@ -374,7 +374,7 @@ class Ledger(Protocol):
     def update(self, node: str, change: LedgerChange[R]) -> R:
         """Apply ``change`` atomically to ``node``'s entries; retried on conflict. The
         store writes exactly the entries ``change`` returns: which entries live is the
-        lifecycle's rule (:func:`webhook.engine.lifecycle.to_keep`), never the store's.
+        lifecycle's rule (:func:`webhook.engine.lifecycle.states.to_keep`), never the store's.
 
         Raises :class:`LedgerFull` when they would not fit one store object, and
         ``webhook.kube.errors.ClusterError`` (a :class:`WebhookError`) when the store
@@ -387,7 +387,7 @@ class Ledger(Protocol):
     def untidy(self) -> frozenset[str]:
         """Nodes whose stored entries include some that reads leave out (a late write's
         void entries): a write through the keep rule
-        (:func:`webhook.engine.lifecycle.tidy`) drops them."""
+        (:func:`webhook.engine.lifecycle.changes.tidy`) drops them."""
         ...
 
 
@@ -404,7 +404,7 @@ class ClusterView(Protocol):
         """Pods bound to ``node``, terminal ones included (the planner skips them). A pod
         with a ``resource_version`` reads as that version of the stored object, nothing
         else: the node memo reuses what it computed of a version
-        (:class:`~webhook.engine.admission.NodeMemo`)."""
+        (:class:`~webhook.engine.planner.NodeMemo`)."""
         ...
 
     def node_rooms(self) -> NodeRooms:

@@ -1,7 +1,7 @@
 """Loans carried out: the lenders' port and the executor the worker calls.
 
 What a loan is and where it stands is :mod:`webhook.engine.lifecycle`'s (its states,
-:func:`~webhook.engine.lifecycle.loan_phase`, and the ledger changes); the arithmetic is
+:func:`~webhook.engine.states.loan_phase`, and the ledger changes); the arithmetic is
 :mod:`webhook.core.lending`'s. This module acts on them through a :class:`LenderResizer`
 (``pods/resize`` on the lender, ``webhook.kube.resizer``): :class:`Lending` makes an
 entry's loans before its evictions, records a refusal and puts the lenders back, gives
@@ -18,13 +18,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Protocol
 
-from webhook.base.loop import KeyedBackoff
 from webhook.base.metrics import RESOURCE_UNITS, Metrics, in_base_unit
 from webhook.core.lending import Loan, LoanKey, LoanRecord, loan_key, loan_state
 from webhook.core.model import Pod, PodRef
-from webhook.engine import lifecycle
 from webhook.engine.ledger import ClusterView, Ledger, LedgerEntry
-from webhook.engine.lifecycle import Refuse
+from webhook.engine.lifecycle import changes, give_back, states
+from webhook.engine.lifecycle.next_step import Refuse
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +76,32 @@ class LenderResizer(Protocol):
         ...
 
 
+class WorkerHandle(Protocol):
+    """What :class:`Lending` asks of the worker it acts for."""
+
+    def may_act(self) -> bool:
+        """Whether this replica may call the API server now (it leads, its cache is
+        current)."""
+        ...
+
+    def current(self, entry: LedgerEntry) -> LedgerEntry | None:
+        """``entry`` as the ledger holds it now, while its resize is still the pod's
+        persisted one on its node (``None``: released or cancelled meanwhile)."""
+        ...
+
+    def failed(self, entry: LedgerEntry) -> None:
+        """Back ``entry`` off: an API call for it failed."""
+        ...
+
+    def succeeded(self, entry: LedgerEntry) -> None:
+        """End ``entry``'s backoff."""
+        ...
+
+    def wake(self) -> None:
+        """Ask for another pass."""
+        ...
+
+
 # -- what they free now ---------------------------------------------------------------------
 
 
@@ -114,8 +139,8 @@ class Lending:
     Without a ``resizer`` no loan is made (nor are the victims chosen to go with one
     evicted).
 
-    ``may_act`` is asked before every call to the API server; a failure backs the entry
-    off in ``backoff``; ``wake`` asks the worker for another pass.
+    ``handle`` is the worker's: asked before every call to the API server whether it
+    may act and whether the entry is still current; a failure backs the entry off there.
 
     Guarantees: it never lends twice: a loan is made only while its lender still asks
     for the loan's ``before`` as the cache holds it, and the resizer's patch carries that
@@ -133,19 +158,14 @@ class Lending:
         metrics: Metrics,
         clock: Callable[[], float],
         resizer: LenderResizer | None,
-        *,
-        may_act: Callable[[], bool],
-        backoff: KeyedBackoff,
-        wake: Callable[[], None],
+        handle: WorkerHandle,
     ) -> None:
         self.cluster = cluster
         self.ledger = ledger
         self.metrics = metrics
         self.clock = clock
         self.resizer = resizer
-        self.may_act = may_act
-        self.backoff = backoff
-        self.wake = wake
+        self.handle = handle
         #: Nodes whose ``resize_preemption_lent_resources`` was set by the last count.
         self._lent_nodes: set[str] = set()
 
@@ -178,30 +198,25 @@ class Lending:
         more), so that the evictions may follow."""
         if self.resizer is None:
             log.warning("resize of %s needs loans and nothing can make them", entry.pod.key)
-            self.backoff.failed(entry.review_uid)
+            self.handle.failed(entry)
             return False
         for loan in loans:
-            if stop.is_set() or not self.may_act():
+            if stop.is_set() or not self.handle.may_act():
                 return False
-            current = next(
-                (e for e in self.ledger.entries(entry.node) if e.review_uid == entry.review_uid),
-                None,
-            )
-            pod = self.cluster.pod(entry.pod.namespace, entry.pod.name)
-            if current is None or not lifecycle.wanted(entry, pod):
+            if self.handle.current(entry) is None:
                 return False  # released or cancelled meanwhile: nobody needs the room
             result = self.resizer.lend(loan, entry.pod, entry.node)
             if result is LoanResult.VOID:
                 # The lender changed since the decision: decide again before evicting.
-                self.wake()
+                self.handle.wake()
                 return False
             if not result.done:
                 log.info(
                     "lending from %s for %s failed; retrying later", loan.pod.key, entry.pod.key
                 )
-                self.backoff.failed(entry.review_uid)
+                self.handle.failed(entry)
                 return False
-        self.backoff.succeeded(entry.review_uid)
+        self.handle.succeeded(entry)
         return True
 
     def refuse(self, entry: LedgerEntry, action: Refuse) -> None:
@@ -209,7 +224,7 @@ class Lending:
         back; the next pass carries the new plan out. The write comes first: a lender put
         back before it would look like a loan still to make."""
         pods = tuple(self.cluster.pods_on(entry.node))
-        change = lifecycle.refuse(entry.review_uid, action, pods, self.clock())
+        change = changes.refuse(entry.review_uid, action, pods, self.clock())
         if not self.ledger.update(entry.node, change):
             return  # gone meanwhile, or recorded already (counted then)
         for loan in action.loans:
@@ -225,8 +240,8 @@ class Lending:
                 if action.plan is not None
                 else "no plan makes room without it",
             )
-        self.put_back(lifecycle.record_refusal(entry, action), action.why)
-        self.wake()
+        self.put_back(changes.record_refusal(entry, action), action.why)
+        self.handle.wake()
 
     def put_back(self, entry: LedgerEntry, why: str = "") -> None:
         """Put back the entry's refused loans whose lender still asks for the loan's
@@ -237,17 +252,17 @@ class Lending:
             return
         pods = tuple(self.cluster.pods_on(entry.node))
         errors = {p.uid: p.resize_error for p in pods}
-        for loan in lifecycle.to_put_back(entry, pods):
-            if not self.may_act():
+        for loan in states.to_put_back(entry, pods):
+            if not self.handle.may_act():
                 return
             reason = why or errors.get(loan.pod.uid) or "the kubelet could not actuate it"
             if self.resizer.put_back(loan, entry.pod, entry.node, reason) is LoanResult.FAILED:
-                self.backoff.failed(entry.review_uid)
+                self.handle.failed(entry)
                 return
 
     def give_back(self, node_name: str, stop: threading.Event) -> int:
         """Return the loans on ``node_name`` the node has room for now
-        (:func:`~webhook.engine.lifecycle.give_backs`, orphans included), then remove the
+        (:func:`~webhook.engine.give_back.give_backs`, orphans included), then remove the
         records of loans that ended; how many were returned. No ledger write: a loan
         given back is read from the lender (its spec at ``before``), and the next write
         to the node drops the entry once the kubelet actuated it. An error is logged and
@@ -266,15 +281,15 @@ class Lending:
         entries = self.ledger.entries(node_name)
         pods = tuple(self.cluster.pods_on(node_name))
         done = 0
-        for give in lifecycle.give_backs(node, pods, entries, self.clock()):
-            if stop.is_set() or not self.may_act():
+        for give in give_back.give_backs(node, pods, entries, self.clock()):
+            if stop.is_set() or not self.handle.may_act():
                 return done
             result = self.resizer.give_back(give.loan, give.borrower, node_name)
             if result is LoanResult.FAILED:
                 return done  # judged again on the next pass, on fresh state
             done += result is LoanResult.LENT
-        for lender, ended in lifecycle.ended_records(entries, pods, self.clock()).items():
-            if stop.is_set() or not self.may_act():
+        for lender, ended in give_back.ended_records(entries, pods, self.clock()).items():
+            if stop.is_set() or not self.handle.may_act():
                 break
             self.resizer.forget(lender, ended)
         return done
@@ -284,5 +299,6 @@ __all__ = [
     "LenderResizer",
     "Lending",
     "LoanResult",
+    "WorkerHandle",
     "lent_on",
 ]

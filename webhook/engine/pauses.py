@@ -47,11 +47,12 @@ from webhook.core.checkpoint import (
     rfc3339,
 )
 from webhook.core.model import Pod, PodRef
-from webhook.core.movable import Room, room_on
+from webhook.core.movable import Room
 from webhook.core.objects import parse_pod
 from webhook.core.resources import ZERO, Resources
 from webhook.engine.ledger import ClusterView, EvictionResult, Ledger, VictimEvictor
-from webhook.engine.lifecycle import room_holders
+from webhook.engine.lifecycle.states import room_holders
+from webhook.engine.rooms import NodeRooms
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ class PausingEvictor:
 
 
 @dataclass(frozen=True, slots=True)
-class Wait:
+class Later:
     """Nothing to do yet."""
 
 
@@ -243,7 +244,7 @@ class Advance:
     message: str = ""
 
 
-Step = Wait | Create | Advance
+Step = Later | Create | Advance
 
 
 def step(
@@ -266,20 +267,20 @@ def step(
     if record.phase is Phase.ARCHIVED:
         if age > IMAGING_PATIENCE:
             return Advance(Phase.ABANDONED, "no image of the checkpoint was made in time")
-        return Wait()
+        return Later()
     ours = now_pod is not None and now_pod.annotations.get(RESTORED_FROM_ANNOTATION) == record.name
     if record.phase is Phase.IMAGED:
         if ours:
             return Advance(Phase.RESTORING)  # created before a restart of the leader
         if now_pod is not None:
             if now_pod.uid == record.uid:
-                return Wait()  # the victim is still on its way out
+                return Later()  # the victim is still on its way out
             return Advance(Phase.ABANDONED, f"another pod {record.key} exists")
         refused = restore_refusal(record)
         if refused:
             return Advance(Phase.ABANDONED, f"not restored: {refused}")
         node = where()
-        return Create(restored_pod(record, node), node) if node else Wait()
+        return Create(restored_pod(record, node), node) if node else Later()
     if record.phase is Phase.RESTORING:
         if not ours:
             return Advance(Phase.ABANDONED, "the restored pod was deleted")
@@ -288,7 +289,7 @@ def step(
             return Advance(Phase.RESTORED, f"the restored pod is {now_pod.phase}")
         if age > RESTORE_PATIENCE:
             return Advance(Phase.RESTORED, "the restored pod has not started in time")
-    return Wait()
+    return Later()
 
 
 class Restorer:
@@ -379,6 +380,8 @@ class _PassRooms:
         self._rooms: dict[str, Room | None] = {}
         self._reservations: list[Reservation] | None = None
         self._able: frozenset[str] | None = None
+        #: The cluster view's index of every node's room (the one count of free room).
+        self._index: NodeRooms | None = None
 
     def take(self, node: str, asks: Resources) -> None:
         self.taken[node] = self.taken.get(node, ZERO) + asks
@@ -407,11 +410,10 @@ class _PassRooms:
         active reservations hold and what plans promised there to their victims'
         replacements."""
         if node not in self._rooms:
-            found = self.cluster.node(node)
-            self._rooms[node] = None
-            if found is not None:
-                pods = self.cluster.pods_on(node)
-                self._rooms[node] = room_on(found, pods, self.reservations(), self.now)
+            if self._index is None:
+                self._index = self.cluster.node_rooms()
+                self._index.refresh(self.cluster)
+            self._rooms[node] = self._index.room_with(node, self.reservations(), self.now)
         return self._rooms[node]
 
     def reservations(self) -> list[Reservation]:

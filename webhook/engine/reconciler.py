@@ -37,11 +37,12 @@ from webhook.core.checkpoint import Pause
 from webhook.core.errors import WebhookError
 from webhook.core.model import Node, Pod
 from webhook.core.plan import Plan
-from webhook.engine.admission import NodeMemo, ResizePlanner
 from webhook.engine.decision_log import decision_logger, plan_fields
 from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.ledger import ClusterView, Ledger, LedgerChange
-from webhook.engine.lifecycle import Admitted, admit, claim
+from webhook.engine.lifecycle.changes import Admitted, admit
+from webhook.engine.lifecycle.states import HOLDS_ROOM, answered_by, entry_phase
+from webhook.engine.planner import NodeMemo, ResizePlanner
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,7 @@ class Reconciler:
         self._loop.stop(timeout)
         # Another replica counts them now; a gauge left set would be counted twice.
         self._count_deferred({})
+        self.metrics.set_pending({})
 
     def wake(self) -> None:
         """Ask for a pass soon (cheap, thread-safe)."""
@@ -183,7 +185,8 @@ class Reconciler:
         outcomes = []
         seen: set[tuple[str, int]] = set()
         waiting: dict[str, list[Pod]] = {}
-        for pod in sorted(self.cluster.pending_resizes(), key=_kubelet_order):
+        pending = sorted(self.cluster.pending_resizes(), key=_kubelet_order)
+        for pod in pending:
             planned = not skip_reason(pod)
             reason, outcome = self.consider(pod)
             if pod.resize == "deferred":
@@ -197,6 +200,7 @@ class Reconciler:
         for key in set(self._last) - seen:
             del self._last[key]
         self._count_deferred(waiting)
+        self.metrics.set_pending(self._pending_counts(pending))
         return outcomes
 
     def consider(self, pod: Pod) -> tuple[str, Outcome | None]:
@@ -226,6 +230,23 @@ class Reconciler:
             longest = max(0.0, now - min(since)) if since else 0.0
             self.metrics.deferred_longest_wait.labels(reason).set(longest)
 
+    def _pending_counts(self, pending: Sequence[Pod]) -> dict[str, int]:
+        """Resizes not yet actuated (``resize_preemption_pending_resizes``): the kubelet's
+        pending verdicts as cached, and the ledger's entries that hold room by phase."""
+        counts: dict[str, int] = {}
+        for pod in pending:
+            counts[pod.resize] = counts.get(pod.resize, 0) + 1
+        now = self.clock()
+        on_node: dict[str, dict[str, Pod]] = {}
+        for entry in self.ledger.all_entries():
+            pods = on_node.get(entry.node)
+            if pods is None:
+                pods = on_node[entry.node] = {p.uid: p for p in self.cluster.pods_on(entry.node)}
+            state = entry_phase(entry, pods.get(entry.pod.uid), now).state
+            if state in HOLDS_ROOM:
+                counts[state] = counts.get(state, 0) + 1
+        return counts
+
     def _count_error(self) -> None:
         # The series appears with the first error, not before.
         self.metrics.errors.labels("reconciler").inc()
@@ -240,6 +261,7 @@ class Reconciler:
         plan = outcome.plan
         if plan is None:
             return
+        self.metrics.count_attempt(plan.verdict)
         if outcome.admitted and plan.victims:
             self.metrics.victims_planned.inc(len(plan.victims))
             self.metrics.victims_per_plan.observe(len(plan.victims))
@@ -263,7 +285,7 @@ class Reconciler:
             return "node-unknown", None
         pods = tuple(self.cluster.pods_on(node.name))
         # Cheap pre-check on the cached ledger; the update below decides atomically.
-        claimed = claim(pod, self.ledger.entries(node.name), pods, now)
+        claimed = answered_by(pod, self.ledger.entries(node.name), pods, now)
         if claimed == "held":
             return "preempt", None
         if claimed == "given-back":
@@ -284,7 +306,7 @@ class Reconciler:
         self, pod: Pod, node: Node, pods: tuple[Pod, ...], now: float
     ) -> LedgerChange[Admitted]:
         """The ledger write admitting ``pod``'s deferred resize, planned as the admission
-        path plans a review (:class:`~webhook.engine.admission.ResizePlanner`)."""
+        path plans a review (:class:`~webhook.engine.planner.ResizePlanner`)."""
         budgets = tuple(self.cluster.budgets(frozenset(p.namespace for p in pods)))
         view = self._memo.of(node, pods, budgets, now)
         planner = ResizePlanner(

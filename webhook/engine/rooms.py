@@ -1,6 +1,8 @@
-"""Every node's room before reservations, kept in order as nodes change: the index the
-cluster view owns for victim order ``movable-first`` (:mod:`webhook.engine.elsewhere`
-reads it with the ledger's entries). Apart from both, so that the view's port can name it
+"""Every node's room before reservations, kept in order as nodes change: the one count
+of free room on other nodes, an index the cluster view owns. Victim order
+``movable-first`` reads it with the ledger's entries (:mod:`webhook.engine.elsewhere`),
+and so does the restorer choosing where a checkpointed pod comes back
+(:mod:`webhook.engine.pauses`). Apart from both, so that the view's port can name it
 without importing what reads the ledger.
 """
 

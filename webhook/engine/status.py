@@ -30,7 +30,8 @@ from webhook.core.plan import Plan
 from webhook.core.resources import format_amount
 from webhook.core.snapshot import Snapshot
 from webhook.engine.ledger import LedgerEntry
-from webhook.engine.lifecycle import orphans, room_holders
+from webhook.engine.lifecycle.give_back import orphans
+from webhook.engine.lifecycle.states import room_holders
 from webhook.engine.memory import FixedClusterView, MemoryLedger
 from webhook.engine.reconciler import Reconciler
 
@@ -75,7 +76,8 @@ class LoanStatus:
 
 
 def _shown(state: str) -> str:
-    return "pending" if state == "returning" else state
+    """A loan's state as ``status`` prints it: one not made (again) yet is pending."""
+    return "pending" if state in ("to-lend", "returning") else state
 
 
 @dataclass(frozen=True, slots=True)

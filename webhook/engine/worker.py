@@ -1,68 +1,22 @@
-"""The preemption worker: carries out admitted plans from the ledger. Leader only.
+"""The preemption worker: carries out the ledger's admitted plans. Leader only.
 
-The admission path writes a ledger entry per admitted resize (its reservation and its
-plan) and answers at once; this worker does the slow part. It runs as a
-:class:`~webhook.base.loop.Loop`: woken by :meth:`~PreemptionWorker.wake` (the service
-calls it on every change of the cache or the ledger, an admission's write included), or every
-``interval`` seconds, it walks every entry: up to ``NODE_PARALLELISM`` nodes side by side, each
-node's entries one after another, oldest admission first. A node whose resize is admitted
-while a pass is under way is taken up by that pass at once, not after its slowest node.
-For each entry it asks the lifecycle (:func:`webhook.engine.lifecycle.next_action`) what
-to do and does it:
+A :class:`~webhook.base.loop.Loop`, woken on every change of the cache or the ledger and
+every ``interval`` seconds. A pass walks the ledger: up to ``NODE_PARALLELISM`` nodes side
+by side, each node's entries oldest admission first. For each entry it asks the lifecycle
+what to do (:func:`~webhook.engine.lifecycle.next_step.next_action`) and does it:
 
-1. ``Release`` - evict nobody; the entry is removed from the ledger only when readers
-   would still count it (``Release.write``: its pod is gone from the cache, or the plan
-   was given up on). An entry whose resize was actuated, superseded or refused holds no
-   room for any reader (:func:`webhook.engine.lifecycle.phase`), nor does an expired
-   one; the next write to its node drops it;
-2. ``Wait`` - nothing;
-3. ``Act`` - take victims no longer needed off the claim first (a ledger write, only when
-   room appeared), then make the plan's pending loans (:class:`~webhook.engine.loans.Lending`
-   does all a loan needs: made, refused and put back, given back), then evict the listed
-   victims together, as kube-scheduler's executor removes a candidate's victims (at most
-   ``VICTIM_PARALLELISM`` calls at once for one plan): the resize waits for the slowest
-   victim, not for the sum of them. A loan that fails stops the entry's turn before any
-   eviction. A victim ``blocked-by-pdb`` or ``failed`` does not hold back the others; the
-   entry is retried later with exponential backoff (:class:`~webhook.base.loop.Backoff`),
-   or at once when a PodDisruptionBudget changes (it may allow the eviction now).
+1. ``Release``: evict nobody; remove the entry only when readers would still count it;
+2. ``Wait``: nothing;
+3. ``Refuse``: record the kubelet's refusal of a loan and put the lender back;
+4. ``Act``: drop victims no longer needed, make the pending loans
+   (:class:`~webhook.engine.loans.Lending`), then evict the listed victims together, at
+   most ``VICTIM_PARALLELISM`` at once, as kube-scheduler's executor does.
 
-So a plan carried out as admitted costs no ledger write here: the admission's write is
-the only one. Which victims are done is read from the cluster (terminating, gone, or
-another uid), not written: the victims this worker evicted are remembered in memory only
-until its cache shows them leaving, a watch delay later.
-
-Guarantees:
-
-* never evicts a victim twice: victims terminating or gone in the cache, or evicted by
-  this worker and not yet seen leaving, are skipped; the eviction carries the victim's
-  uid as a precondition;
-* never evicts a pod the admitted plan did not name (``next_action`` re-plans restricted
-  to the entry's own pending victims, and evicts fewer when room appeared), except after
-  a loan the kubelet refused: the plan made again without its lender is written into the
-  entry first, and only its victims may go;
-* the victims evicted together are the ones a decision on the current cache named a
-  moment before, and before each loan and each eviction the resize must still be wanted
-  (:func:`~webhook.engine.lifecycle.wanted`: the pod there, its spec at the admitted
-  size) and the entry still in the ledger with the victim pending: a resize patched back
-  down, a deleted pod, a newer resize of the same pod or a release stops the rest;
-* before each eviction the replica must still lead (``may_act``): a leader that lost its
-  Lease stops acting before another can have taken over (renew deadline < lease
-  duration);
-* a crash at any point loses nothing: the ledger is the state; on restart the leader
-  resumes from it, and a victim evicted before the crash is found terminating (a new
-  leader acts only after the old one's Lease ran out, seconds after its last eviction
-  reached every watch);
-* errors are logged, counted (``resize_preemption_errors_total{where="worker"}``) and
-  retried; they never end the thread.
-
-Only the leader must run it: the service registers it with
-:class:`~webhook.base.loop.Runnables` as needing leader election. It reaches the
-cluster only through its ports (:mod:`webhook.engine.ledger`): the cache, the ledger, an
-evictor and an event sink, which ``webhook.kube`` provides. The event sink hears only of
-plans given up on with victims left (``abandoned``); a plan carried out is told by the
-victims' ``Preempted`` events, as upstream's. Each eviction is also told to
-:class:`~webhook.engine.follow.Follow` (before and after the call, memory only), which
-follows where the victim's work goes on its own thread.
+Guarantees: it evicts only pods the admitted plan names, never twice (the victim's uid is
+a precondition); before each loan and each eviction the replica still leads, its cache is
+current, and the entry is still current (:meth:`PreemptionWorker.current`); the ledger is
+the state, so a crash loses nothing; errors are logged, counted and retried. A plan
+carried out as admitted costs no ledger write here.
 """
 
 from __future__ import annotations
@@ -74,7 +28,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import islice
 from math import inf
 
@@ -95,19 +49,9 @@ from webhook.engine.ledger import (
     PreemptionEvents,
     VictimEvictor,
 )
-from webhook.engine.lifecycle import (
-    Act,
-    Action,
-    Refuse,
-    Release,
-    Wait,
-    drop_victims,
-    next_action,
-    release,
-    room_holders,
-    tidy,
-    wanted,
-)
+from webhook.engine.lifecycle.changes import drop_victims, release, tidy
+from webhook.engine.lifecycle.next_step import Act, Action, Refuse, Release, Wait, next_action
+from webhook.engine.lifecycle.states import room_holders, wanted
 from webhook.engine.loans import LenderResizer, Lending
 
 #: Releases that give up on a plan: victims still live then were never evicted for it,
@@ -211,9 +155,7 @@ class PreemptionWorker:
             metrics,
             clock,
             resizer,
-            may_act=self._may_act,
-            backoff=self.backoff,
-            wake=self.wake,
+            _Handle(self),
         )
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -268,6 +210,9 @@ class PreemptionWorker:
         self._woken.clear()
         groups = self._groups()
         now = self.clock()
+        # Set here, the one place, on every pass: expired and spent entries leave the
+        # count without anyone writing the Lease, and a plain set reaches every scrape,
+        # whichever process serves it.
         self.metrics.ledger_entries.set(
             sum(len(room_holders(g, self.cluster.pods_on(n), now)) for n, g in groups.items())
         )
@@ -517,13 +462,19 @@ class PreemptionWorker:
         size (a resize patched back down, or the pod deleted, stops the rest of its
         batch); and the entry is still in the ledger with the victim pending (a newer
         resize of the same pod or a release stops the old plan)."""
+        current = self.current(entry)
+        return current is not None and victim in self._with_evicted(current).pending_victims
+
+    def current(self, entry: LedgerEntry) -> LedgerEntry | None:
+        """The one "still current" check before an API call for ``entry``: the entry as the
+        ledger holds it now, while the resizing pod as cached still asks for the admitted
+        size on the entry's node (:func:`~webhook.engine.lifecycle.states.wanted`)."""
         if not wanted(entry, self.cluster.pod(entry.pod.namespace, entry.pod.name)):
-            return False
-        current = next(
+            return None
+        return next(
             (e for e in self.ledger.entries(entry.node) if e.review_uid == entry.review_uid),
             None,
         )
-        return current is not None and victim in self._with_evicted(current).pending_victims
 
     def _act(self, entry: LedgerEntry, action: Act, stop: threading.Event) -> None:
         self._count_settled(entry, action.settle)
@@ -616,6 +567,29 @@ class PreemptionWorker:
             return True
         log.info("cache watches lost %.0fs ago: no eviction until they are back", stale)
         return False
+
+
+@dataclass(frozen=True, slots=True)
+class _Handle:
+    """The worker as :class:`~webhook.engine.loans.Lending` sees it
+    (:class:`~webhook.engine.loans.WorkerHandle`)."""
+
+    worker: PreemptionWorker
+
+    def may_act(self) -> bool:
+        return self.worker._may_act()
+
+    def current(self, entry: LedgerEntry) -> LedgerEntry | None:
+        return self.worker.current(entry)
+
+    def failed(self, entry: LedgerEntry) -> None:
+        self.worker.backoff.failed(entry.review_uid)
+
+    def succeeded(self, entry: LedgerEntry) -> None:
+        self.worker.backoff.succeeded(entry.review_uid)
+
+    def wake(self) -> None:
+        self.worker.wake()
 
 
 def _oldest_first(groups: dict[str, list[LedgerEntry]]) -> list[str]:

@@ -54,7 +54,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -65,7 +65,6 @@ from webhook.base.loop import Backoff
 from webhook.base.metrics import Metrics
 from webhook.base.settings import Config
 from webhook.core.errors import ObjectError
-from webhook.core.model import Pod
 from webhook.engine.ledger import (
     LedgerChange,
     LedgerEntry,
@@ -76,7 +75,6 @@ from webhook.engine.ledger import (
     encode_entries,
     on_local_clock,
 )
-from webhook.engine.lifecycle import room_holders
 from webhook.kube import reflector as rf
 from webhook.kube.errors import ClusterError, Conflict, NotFound
 from webhook.kube.jsonapi import request_json
@@ -337,14 +335,11 @@ class LeaseLedger:
         close_client: bool = False,
         max_attempts: int = MAX_ATTEMPTS,
         timeout: tuple[float, float] = WRITE_TIMEOUT,
-        pods_on: Callable[[str], Sequence[Pod]] | None = None,
         max_queued: int = MAX_QUEUED,
         queue_wait: float = QUEUE_WAIT,
     ) -> None:
         self.config = config or Config()
         self._turns = _WriteTurns(max_queued, queue_wait)
-        #: The cached pods of a node, to leave spent entries out of the gauge.
-        self._pods_on = pods_on
         self.namespace = self.config.namespace
         self._api = api
         self._metrics = metrics
@@ -375,10 +370,6 @@ class LeaseLedger:
         #: Review uids of admission entries whose write landed late (module docstring).
         self._void: frozenset[str] = frozenset()
         self._void_lock = threading.Lock()
-        if metrics is not None:
-            # Read at every scrape: always the entries as last seen, expired and spent
-            # ones left out even when nobody has written the Lease since.
-            metrics.ledger_entries.set_function(self.live_entry_count)
 
     # -- reads (the Ledger protocol) -----------------------------------------------------
 
@@ -396,17 +387,6 @@ class LeaseLedger:
         if not void:
             return entries
         return tuple(e for e in entries if e.review_uid not in void)
-
-    def live_entry_count(self) -> int:
-        """Entries holding a reservation now: seen in the Leases, not yet expired, and
-        (with ``pods_on``) not spent."""
-        now = self._clock()
-        if self._pods_on is None:
-            return sum(1 for e in self.all_entries() if e.deadline > now)
-        return sum(
-            len(room_holders(self._valid(s.entries), self._pods_on(s.node), now))
-            for s in self._store.states()
-        )
 
     def reachable(self) -> bool:
         """The last request to the API server succeeded, or the Lease watch is healthy."""

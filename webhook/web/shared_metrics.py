@@ -45,6 +45,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app, multiprocess
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from webhook.base.metrics import DeprecatedAliases
+
 #: prometheus-client reads the directory from this variable (in every process).
 DIRECTORY_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: Names the directory when :func:`enable` made it (and :func:`disable` removes it); a
@@ -73,9 +75,11 @@ def enable(parent: str | None = None) -> Path:
 
 
 def registry(directory: Path) -> CollectorRegistry:
-    """A registry that reads the sum of every process's values in ``directory``."""
+    """A registry that reads the sum of every process's values in ``directory``, renamed
+    metrics under their former names too."""
     collected = CollectorRegistry()
-    multiprocess.MultiProcessCollector(collected, path=str(directory))  # type: ignore[no-untyped-call]
+    summed = multiprocess.MultiProcessCollector(collected, path=str(directory))  # type: ignore[no-untyped-call]
+    collected.register(DeprecatedAliases(summed))
     return collected
 
 

@@ -49,7 +49,7 @@ connections open than the API server keeps idle (:func:`is_overloaded`):
 * a new connection is reset before its TLS handshake (:class:`HandshakeDeadline`): the
   API server fails open at once instead of paying us a handshake. Its review never
   reaches the app, so the worker counts it apart
-  (``resize_preemption_webhook_connections_refused_total``).
+  (``resize_preemption_connections_refused_total``).
 
 Either way the resize goes ahead unchecked, as the API server would let it a few
 seconds later anyway; one the kubelet then defers is taken up by the reconciler.

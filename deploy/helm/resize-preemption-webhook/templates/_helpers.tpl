@@ -13,15 +13,36 @@
 {{- end -}}
 {{- end -}}
 
+{{/* Every namespaced object is in the release's namespace (helm install -n). */}}
 {{- define "rpw.namespace" -}}
-{{- default .Release.Namespace .Values.namespace.name -}}
+{{- .Release.Namespace -}}
 {{- end -}}
 
-{{/* repository:tag, and @digest when pinned; the tag defaults to the chart's appVersion. */}}
+{{/* The repository `make image` names a local build: published nowhere. The one place
+the chart names it. */}}
+{{- define "rpw.localImage" -}}
+localhost/resize-preemption-webhook
+{{- end -}}
+
+{{/* repository:tag, and @digest when pinned; the tag defaults to the chart's appVersion.
+No repository is the local build, which the install refuses unless image.localBuild says
+the nodes have it: a node without it would fail to pull, quietly, forever. */}}
 {{- define "rpw.image" -}}
+{{- $repository := .Values.image.repository -}}
+{{- if not $repository -}}
+{{- if not .Values.image.localBuild -}}
+{{- fail (printf "image.repository is not set and no image is published: push the image `make image` builds and --set image.repository=<your registry>/resize-preemption-webhook, or --set image.localBuild=true where every node has %s (docs/deploy.md \"The image\")" (include "rpw.localImage" .)) -}}
+{{- end -}}
+{{- $repository = include "rpw.localImage" . -}}
+{{- end -}}
 {{- $tag := default .Chart.AppVersion .Values.image.tag -}}
-{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- printf "%s:%s" $repository $tag -}}
 {{- with .Values.image.digest }}@{{ . }}{{ end -}}
+{{- end -}}
+
+{{/* The service's ServiceAccount: serviceAccount.name, else <fullname>. */}}
+{{- define "rpw.serviceAccountName" -}}
+{{- default (include "rpw.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
 {{- define "rpw.tlsSecret" -}}

@@ -1,10 +1,10 @@
 """API requests while nothing happens: the webhook service beside kube-scheduler.
 
-``python -m bench.idle [--window 60]`` starts one local control plane (v1.37.2, every
-request in the audit log) with kube-scheduler run as in a cluster - leader election on,
-with its defaults (15 s lease, renewed every 2 s) - and one webhook replica with its
-defaults, lets both settle, and counts each one's requests over ``--window`` seconds in
-which nothing is created, resized or deleted.
+``python -m bench.experiments.idle [--window 60]`` starts one local control plane
+(v1.37.2, every request in the audit log) with kube-scheduler run as in a cluster -
+leader election on, with its defaults (15 s lease, renewed every 2 s) - and one webhook
+replica with its defaults, lets both settle, and counts each one's requests over
+``--window`` seconds in which nothing is created, resized or deleted.
 
 A full resync (the cache and the ledger watch list everything again, every
 ``resync-period``, 300 s by default) does not fit such a window, so its cost is measured
@@ -25,8 +25,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.compare.measure import AUDIT_EVERYTHING, AuditCursor, count_requests
 from harness.binaries import ensure_binaries
+from harness.compare.measure import AUDIT_EVERYTHING, AuditCursor, count_requests
 from harness.launcher import ControlPlane, ControlPlaneConfig, free_port
 from harness.processes import spawn
 from harness.webhook_process import start_webhook
@@ -51,7 +51,7 @@ def _window(audit: Path, seconds: float) -> dict[str, tuple[int, dict[str, int]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.idle", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.experiments.idle", description=__doc__)
     parser.add_argument("--window", type=float, default=60.0, help="seconds counted")
     args = parser.parse_args(argv)
     window = args.window
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     per_resync = (with_resyncs - ours) / (window / resync)
     default_resync = 300.0
     result = {
-        "command": f"python -m bench.idle --window {window:g}",
+        "command": f"python -m bench.experiments.idle --window {window:g}",
         "window_s": window,
         "webhook": {"requests": ours, "by": ours_by, "per_minute": 60 * ours / window},
         "kube_scheduler": {

@@ -8,7 +8,7 @@
 * :func:`count_requests` counts the API requests of one component in the API server's
   audit log (every request is logged at ``Metadata`` level by the comparison's audit
   policy) by user agent, within a wall-clock window. Leader election's Lease traffic is
-  left out of the total: it is the same whether a scenario runs or not (``bench.idle``
+  left out of the total: it is the same whether a scenario runs or not (``bench.experiments.idle``
   measures it at rest, for both sides), and the comparison runs kube-scheduler with
   ``--leader-elect=false``, so counting ours would compare renewals with nothing.
 """

@@ -19,4 +19,4 @@ class FloodServer(WebhookServer):  # type: ignore[misc]
     """The service's server serving with :class:`ShedWorker`."""
 
     def settings(self) -> dict[str, Any]:
-        return {**super().settings(), "worker_class": "bench.shed_worker.ShedWorker"}
+        return {**super().settings(), "worker_class": "harness.shed_worker.ShedWorker"}

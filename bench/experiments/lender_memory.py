@@ -1,8 +1,8 @@
 """A lender's memory on the real node: what the kubelet and the kernel do to a pod whose
 memory was lowered in place, when its usage grows afterwards.
 
-``python -m bench.lender_memory`` (as root, after ``make node``; it starts its own cluster,
-without the chart, so not beside ``make cluster``; ``--kubeconfig .cluster/kubeconfig``
+``python -m bench.experiments.lender_memory`` (as root, after ``make node``; it starts its
+own cluster, without the chart, so not beside ``make cluster``; ``--kubeconfig .cluster/kubeconfig``
 runs on a cluster ``make cluster NODE=real`` left running instead) lowers a pod's memory
 through ``pods/resize`` (``kubectl patch --subresource resize``), as a loan does, with no
 webhook in the way, then makes its process use more, and records what follows:
@@ -54,6 +54,7 @@ from harness.images import PRODUCT_REFERENCE, WORKLOAD_REPOSITORY
 from harness.kubeapi import ApiError, KubeClient
 from harness.kubectl import Kubectl
 from harness.processes import install_signal_handlers
+from harness.provenance import Run
 from harness.realcluster import MEMORY_COMMAND, RealCluster, RealClusterOptions, parse_memory
 from harness.realnode import NODE_NAME, check_machine, ensure_images, ensure_node_stack
 
@@ -698,7 +699,7 @@ def _imported(client: KubeClient) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.lender_memory",
+        prog="python -m bench.experiments.lender_memory",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -713,6 +714,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="that cluster's log directory (the kubelet's log)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    started = Run()
     chosen = [s for s in SCENARIOS if args.only is None or s.name in args.only]
     if args.only and len(chosen) != len(args.only):
         parser.error(f"unknown scenario among {args.only}")
@@ -748,9 +750,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "notes": node.notes,
         "scenarios": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=2) + "\n")
-    out = args.out.resolve()
+    out = started.write(args.out, document).resolve()
     print(f"wrote {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out}")
     return 0 if all("error" not in r for r in results.values()) else 1
 

@@ -1,9 +1,9 @@
 """A checkpointed victim's cost with containerd's stock walking differ, against the same
 containerd reading an overlay container's changes from its upper directory.
 
-``python -m bench.containerd_overlay_diff [--repeat 3]`` (as root, after ``make node``; it
-starts its own node, so not beside ``make cluster``) builds the node stack of
-``bench/containerd/build-overlay-diff.sh`` (containerd of the same version with
+``python -m bench.experiments.containerd_overlay_diff [--repeat 3]`` (as root, after
+``make node``; it starts its own node, so not beside ``make cluster``) builds the node stack of
+``bench/experiments/containerd/build-overlay-diff.sh`` (containerd of the same version with
 ``walking-overlay.patch``), then alternates the two stacks ``--repeat`` times, each round
 a fresh node running :func:`bench.checkpoint_actuation.measure` once per image and kind of
 victim. Its table: per stack and image, the medians of the kubelet's checkpoint call (the
@@ -20,7 +20,6 @@ one (busybox).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -31,11 +30,12 @@ from typing import Any
 from bench.checkpoint_actuation import IMAGES, measure
 from harness.binaries import REPO_ROOT
 from harness.processes import install_signal_handlers
+from harness.provenance import Run
 from harness.realnode import check_machine
 from webhook.core.resources import memory_bytes
 
 RESULTS = REPO_ROOT / "bench" / "results" / "checkpoint-overlay-diff.json"
-BUILD = REPO_ROOT / "bench" / "containerd" / "build-overlay-diff.sh"
+BUILD = REPO_ROOT / "bench" / "experiments" / "containerd" / "build-overlay-diff.sh"
 STACKS = ("stock", "overlay-diff")
 KEYS = ("checkpoint_s", "actuated_s")
 
@@ -87,13 +87,14 @@ def _print(summary: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.containerd_overlay_diff",
+        prog="python -m bench.experiments.containerd_overlay_diff",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--repeat", type=int, default=3, help="rounds of both stacks")
     parser.add_argument("--size", default="100Mi", help="the victim's memory to hold")
     args = parser.parse_args(argv)
+    started = Run()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     install_signal_handlers()
@@ -114,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _print(summary)
     figures = {"size": args.size, "repeat": args.repeat, "load_average_before": loads[0],
                "load_average_after": loads[1], "runs": rows, "summary": summary}  # fmt: skip
-    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
+    started.write(RESULTS, figures)
     print(f"load average (1, 5, 15 min): before {loads[0]}, after {loads[1]}")
     print(f"wrote {RESULTS}")
     return 0

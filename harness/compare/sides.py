@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from bench.compare.measure import AUDIT_EVERYTHING
 from harness.binaries import Binaries, ensure_binaries
+from harness.compare.measure import AUDIT_EVERYTHING
 from harness.kubeapi import ApiError, KubeClient
 from harness.launcher import ControlPlane, ControlPlaneConfig
 from harness.nodes import HollowNodes, NodeOptions

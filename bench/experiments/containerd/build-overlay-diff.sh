@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Builds the real node's stack with one change to containerd, for the checkpoint benchmark
-# (bench/containerd_overlay_diff.py) only: walking-overlay.patch (beside this script) makes
-# containerd's walking differ read an overlay container's changes from its upper directory
-# (continuity's fs.DiffDirChanges) instead of walking the image and the container's root
-# side by side. The tests, the demo and the chart run stock containerd.
+# Builds the real node's stack with one change to containerd, for the checkpoint experiment
+# (bench/experiments/containerd_overlay_diff.py) only: walking-overlay.patch (beside this
+# script) makes containerd's walking differ read an overlay container's changes from its
+# upper directory (continuity's fs.DiffDirChanges) instead of walking the image and the
+# container's root side by side. The tests, the demo and the chart run stock containerd.
 #
 # Prints, on its last line of stdout, a node stack directory for RPW_NODE_ASSETS: the stock
 # stack of scripts/build-node.sh (hard links), its containerd built from the same version's
