@@ -3,6 +3,12 @@
 ``scripts/build-control-plane.sh`` owns the build, the cache and the overrides
 (``RPW_ASSETS``, ``KUBEBUILDER_ASSETS``, ``RPW_KUBE_VERSION``, ``RPW_ETCD_VERSION``,
 ``RPW_CACHE``); this module runs it and checks what it printed.
+
+``RPW_FEATURE_GATES_OFF=GateA,GateB`` holds gates off: :meth:`Binaries.settable` leaves
+them out as if the version lacked them, so no component of the harness turns them on. A
+v1.37 cluster with ``InPlacePodVerticalScalingSchedulerPreemption`` held off is a managed
+v1.37 cluster, where nobody may turn an alpha gate on (``make matrix``'s
+``v1.37.2-gate-off``).
 """
 
 from __future__ import annotations
@@ -33,6 +39,12 @@ def listed_feature_gates(help_text: str) -> frozenset[str]:
     ``kube:InPlacePodVerticalScaling=true|false (BETA - default=true)`` (the ``kube:`` prefix
     appeared in 1.31)."""
     return frozenset(re.findall(r"^\s+(?:kube:)?(\w+)=true\|false \(", help_text, re.M))
+
+
+def gates_held_off(environ: Mapping[str, str] = os.environ) -> frozenset[str]:
+    """The gates ``RPW_FEATURE_GATES_OFF`` (comma-separated) holds off."""
+    text = environ.get("RPW_FEATURE_GATES_OFF", "")
+    return frozenset(name.strip() for name in text.split(",") if name.strip())
 
 
 class BinariesUnavailable(RuntimeError):
@@ -116,8 +128,9 @@ class Binaries:
 
     def settable(self, gates: Mapping[str, bool]) -> dict[str, bool]:
         """``gates`` without those this version does not know: a gate newer than the binary
-        means the feature is absent, and the binary would refuse to start with it."""
-        known = self.feature_gates
+        means the feature is absent, and the binary would refuse to start with it. Nor
+        those :func:`gates_held_off` holds off."""
+        known = self.feature_gates - gates_held_off()
         return {name: value for name, value in gates.items() if name in known}
 
     def missing(self) -> list[str]:

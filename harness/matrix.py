@@ -1,21 +1,31 @@
-"""``make matrix``: the end-to-end tests that matter most, against the Kubernetes versions our
-users run.
+"""``make matrix``: the end-to-end suite against the Kubernetes versions our users run.
 
-For each version (default: v1.33.13, v1.34.4, v1.35.4, v1.36.3), one after the other:
+For each entry (default: v1.33.13, v1.34.4, v1.35.4, v1.36.3 and ``v1.37.2-gate-off``, the
+v1.37.2 binaries with the scheduler's ``InPlacePodVerticalScalingSchedulerPreemption``
+held off as on a managed v1.37 cluster), one after the other:
 
 1. its control plane and hollow kubelet are built, or taken from the cache, by
    ``scripts/build-control-plane.sh`` with ``RPW_KUBE_VERSION`` set and no fallback to
    another version, under ``nice`` (a cold build takes a quarter of an hour on two cores);
-2. the walkthrough, infeasible, dry-run, PDB and reconciler tests and the hollow kubelet's
-   own tests (:data:`SELECTION`) run with ``RPW_ASSETS`` pointing at that version's binaries;
+2. every module of ``tests/e2e`` runs (``--modules`` chooses fewer) with ``RPW_ASSETS``
+   pointing at that version's binaries, less the tests of the real node (``-m "not
+   realnode"``: that node is the v1.37 kubelet on containerd whatever the control plane).
+   A test a version cannot run skips itself with a reason naming the version
+   (``needs_kube``/``needs_gate`` marks, tests/e2e/conftest.py);
 3. what the version offers that the tests depend on is read from the binaries (the kubelet's
    version, the ``PodResizeValidator`` admission plugin, the in-place resize gate).
 
-Progress goes to stderr; the table (markdown) to stdout; every outcome, with the failure
-messages, to ``--json`` (default ``bench/results/matrix.json``). The exit status is 0 when
-every version built and every selected test passed or was skipped for a stated reason.
+Each entry's result records the commit tested, the date, the machine's load while the
+tests ran, every test's outcome (with the failure message or the skip's reason) and the
+wall time. Progress goes to stderr; the table (markdown) to stdout and, with ``--docs``,
+into docs/control-plane.md between its ``matrix-table`` markers; every outcome to
+``--json`` (default ``bench/results/matrix.json``); pytest's temporary directories (the
+clusters' logs) to ``$TMPDIR/rpw-matrix-<entry>``. The exit status is 0 when every entry
+built and every test passed or was skipped for a stated reason.
 
-    .venv/bin/python -m harness.matrix [--versions v1.36.3,v1.35.4] [--json FILE]
+    .venv/bin/python -m harness.matrix [--versions v1.36.3,v1.37.2-gate-off] [--json FILE]
+        [--modules test_service.py,test_lending.py] [-k EXPRESSION] [--docs]
+    .venv/bin/python -m harness.matrix --docs-only   # the docs' table from --json, no run
 """
 
 from __future__ import annotations
@@ -26,29 +36,27 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.binaries import BUILD_SCRIPT, REPO_ROOT, Binaries
 
-VERSIONS = ("v1.33.13", "v1.34.4", "v1.35.4", "v1.36.3")
-TEST_FILES = (
-    "tests/e2e/test_service.py",
-    "tests/e2e/test_reconciler.py",
-    "tests/e2e/test_hollow_kubelet.py",
-)
-# Of test_service.py: the walkthrough, the infeasible resizes (warned, denied, reduced, and
-# one beyond the node, which the API server or the kubelet refuses by version), the dry runs
-# and the PodDisruptionBudget cases; the other two files whole.
-SELECTION = (
-    "test_reconciler or test_hollow_kubelet"
-    " or walkthrough or infeasible or beyond_the_node or only_told_about_preemption or pdb"
-)
+GATE = "InPlacePodVerticalScalingSchedulerPreemption"
+GATE_OFF = "-gate-off"
+VERSIONS = ("v1.33.13", "v1.34.4", "v1.35.4", "v1.36.3", "v1.37.2" + GATE_OFF)
+E2E = REPO_ROOT / "tests" / "e2e"
+DOCS = REPO_ROOT / "docs" / "control-plane.md"
+BEGIN = "<!-- matrix-table: python -m harness.matrix --docs-only writes it from the json -->"
+END = "<!-- end of matrix-table -->"
 BUILD_TIMEOUT = 3 * 3600.0
-TEST_TIMEOUT = 45 * 60.0
+TEST_TIMEOUT = 2 * 3600.0
+LOAD_EVERY = 30.0
 
 
 def log(message: str) -> None:
@@ -65,6 +73,7 @@ class CaseOutcome:
 
 @dataclass
 class VersionResult:
+    #: The entry: a version, or a version with ``-gate-off``.
     version: str
     built: bool = False
     build_seconds: float = 0.0
@@ -76,6 +85,17 @@ class VersionResult:
     test_seconds: float = 0.0
     tests: list[CaseOutcome] = field(default_factory=list)
     error: str = ""
+    #: ``git describe``-like: the commit tested, ``+dirty`` when the tree had changes.
+    commit: str = ""
+    #: UTC, when the tests started.
+    date: str = ""
+    #: The 1-minute load average when the tests started, and its mean and maximum while
+    #: they ran (sampled every LOAD_EVERY seconds).
+    load: list[float] = field(default_factory=list)
+    #: The modules run (file names); empty: every module of tests/e2e.
+    modules: list[str] = field(default_factory=list)
+    #: pytest's ``-k`` expression, if any.
+    selection: str = ""
 
     def count(self, outcome: str) -> int:
         return sum(1 for t in self.tests if t.outcome == outcome)
@@ -88,6 +108,16 @@ class VersionResult:
             and bool(self.tests)
             and all(t.outcome in ("passed", "skipped") for t in self.tests)
         )
+
+
+def kube_version_of(entry: str) -> str:
+    """The Kubernetes version an entry runs: ``v1.37.2-gate-off`` runs v1.37.2."""
+    return entry.removesuffix(GATE_OFF)
+
+
+def entry_env(entry: str) -> dict[str, str]:
+    """What the entry sets for the tests beyond ``RPW_ASSETS``."""
+    return {"RPW_FEATURE_GATES_OFF": GATE} if entry.endswith(GATE_OFF) else {}
 
 
 def build(version: str, log_dir: Path) -> tuple[Path | None, float, Path]:
@@ -127,29 +157,65 @@ def read_facts(result: VersionResult, binaries: Binaries) -> None:
     result.in_place_resize_gate = match.group(1) if match else "GA"
 
 
-def run_tests(result: VersionResult, directory: Path, log_dir: Path) -> None:
-    junit = log_dir / f"junit-{result.version}.xml"
-    output = log_dir / f"pytest-{result.version}.log"
-    env = {**os.environ, "RPW_ASSETS": str(directory)}
-    argv = [
-        sys.executable,
-        "-m",
-        "pytest",
-        *TEST_FILES,
-        "-k",
-        SELECTION,
-        "-q",
-        "-rfEs",
+def commit_tested() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    commit = git("rev-parse", "--short=7", "HEAD")
+    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+class LoadSampler:
+    """The 1-minute load average at start, then every ``every`` seconds until stopped."""
+
+    def __init__(self, every: float = LOAD_EVERY) -> None:
+        self.samples = [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> list[float]:
+        """[at start, mean, maximum], two decimals."""
+        self._stop.set()
+        self._thread.join()
+        s = self.samples
+        return [round(s[0], 2), round(sum(s) / len(s), 2), round(max(s), 2)]
+
+
+def pytest_argv(result: VersionResult, junit: Path) -> list[str]:
+    paths = [str(E2E / m) for m in result.modules] or [str(E2E)]
+    argv = [sys.executable, "-m", "pytest", *paths, "-m", "not realnode", "-q", "-rfEs"]
+    if result.selection:
+        argv += ["-k", result.selection]
+    return [
+        *argv,
         "-p",
         "no:cacheprovider",
         f"--junitxml={junit}",
-        f"--basetemp={log_dir / ('tmp-' + result.version)}",
+        # Short: the kubelet's unix sockets live under it (108 bytes at most).
+        f"--basetemp={Path(tempfile.gettempdir()) / ('rpw-matrix-' + result.version)}",
     ]
+
+
+def run_tests(result: VersionResult, directory: Path, log_dir: Path) -> None:
+    junit = log_dir / f"junit-{result.version}.xml"
+    output = log_dir / f"pytest-{result.version}.log"
+    junit.unlink(missing_ok=True)
+    env = {**os.environ, "RPW_ASSETS": str(directory), **entry_env(result.version)}
+    result.commit = commit_tested()
+    result.date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    sampler = LoadSampler()
     began = time.monotonic()
     with output.open("w") as out:
         try:
             subprocess.run(
-                argv,
+                pytest_argv(result, junit),
                 cwd=REPO_ROOT,
                 env=env,
                 stdout=out,
@@ -160,6 +226,7 @@ def run_tests(result: VersionResult, directory: Path, log_dir: Path) -> None:
         except subprocess.TimeoutExpired:
             result.error = f"tests did not finish within {TEST_TIMEOUT:.0f} s (see {output})"
     result.test_seconds = time.monotonic() - began
+    result.load = sampler.stop()
     if junit.exists():
         result.tests = parse_junit(junit.read_text())
     elif not result.error:
@@ -183,9 +250,12 @@ def parse_junit(text: str) -> list[CaseOutcome]:
     return outcomes
 
 
-def run_version(version: str, log_dir: Path) -> VersionResult:
-    result = VersionResult(version)
-    log(f"{version}: building (or reusing) its binaries; log {log_dir / f'build-{version}.log'}")
+def run_version(
+    entry: str, log_dir: Path, modules: Sequence[str] = (), selection: str = ""
+) -> VersionResult:
+    result = VersionResult(entry, modules=list(modules), selection=selection)
+    version = kube_version_of(entry)
+    log(f"{entry}: building (or reusing) its binaries; log {log_dir / f'build-{version}.log'}")
     try:
         directory, result.build_seconds, build_log = build(version, log_dir)
     except subprocess.TimeoutExpired:
@@ -195,87 +265,129 @@ def run_version(version: str, log_dir: Path) -> VersionResult:
     if directory is None:
         tail = build_log.read_text().strip().splitlines()[-5:]
         result.error = "build failed: " + " | ".join(tail)
-        log(f"{version}: build failed after {result.build_seconds:.0f} s")
+        log(f"{entry}: build failed after {result.build_seconds:.0f} s")
         return result
     result.built = True
     result.binaries = str(directory)
-    binaries = Binaries(directory)
-    read_facts(result, binaries)
+    read_facts(result, Binaries(directory))
     log(
-        f"{version}: binaries ready in {result.build_seconds:.0f} s ({directory}); "
+        f"{entry}: binaries ready in {result.build_seconds:.0f} s ({directory}); "
         f"kubelet {result.kubelet_version!r}, PodResizeValidator "
         f"{'on' if result.pod_resize_validator else 'absent'}; running the tests"
     )
     run_tests(result, directory, log_dir)
     log(
-        f"{version}: {result.count('passed')} passed, {result.count('failed')} failed, "
+        f"{entry}: {result.count('passed')} passed, {result.count('failed')} failed, "
         f"{result.count('error')} errors, {result.count('skipped')} skipped "
         f"in {result.test_seconds:.0f} s{'; ' + result.error if result.error else ''}"
     )
     return result
 
 
+def row(r: VersionResult) -> str:
+    """One entry's line of :func:`table`."""
+    modules = f"{len(r.modules)} modules" if r.modules else "all"
+    if r.selection:
+        modules += f", `-k {r.selection}`"
+    load = " / ".join(f"{x:.1f}" for x in r.load) if r.load else ""
+    return (
+        f"| {r.version} | {r.kubelet_version.removeprefix('Kubernetes ')} "
+        f"| {'on' if r.pod_resize_validator else 'absent'} | {r.in_place_resize_gate} "
+        f"| {r.commit} | {r.date} | {load} | {modules} | {r.count('passed')} "
+        f"| {r.count('failed') + r.count('error')} | {r.count('skipped')} "
+        f"| {r.test_seconds:.0f} s |"
+    )
+
+
+def notes(r: VersionResult) -> list[str]:
+    """What did not pass: each failure with its first line, skips grouped by reason."""
+    lines = [f"* {r.version}: {r.error}"] if r.error else []
+    skipped: dict[str, list[str]] = defaultdict(list)
+    for t in r.tests:
+        first = t.message.splitlines()[0][:300] if t.message else ""
+        if t.outcome == "skipped":
+            skipped[first].append(t.name)
+        elif t.outcome != "passed":
+            lines.append(f"* {r.version} {t.outcome}: `{t.name}`: {first}")
+    for reason, names in skipped.items():
+        lines.append(f"* {r.version} skipped {len(names)} ({', '.join(sorted(names)[:3])}"
+                     f"{', ...' if len(names) > 3 else ''}): {reason}")  # fmt: skip
+    return lines
+
+
 def table(results: Sequence[VersionResult]) -> str:
-    """The results as markdown: one row per version, then what did not pass."""
+    """The results as markdown: one row per entry, then what did not pass."""
     lines = [
-        "| version | build | kubelet | PodResizeValidator | InPlacePodVerticalScaling "
-        "| passed | failed | skipped | tests took |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| version | kubelet | PodResizeValidator | InPlacePodVerticalScaling | commit | date "
+        "| load (start / mean / max) | modules | passed | failed | skipped | tests took |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *(row(r) for r in results),
     ]
-    for r in results:
-        build_cell = f"{r.build_seconds:.0f} s" if r.built else "failed"
-        failed = r.count("failed") + r.count("error")
-        lines.append(
-            f"| {r.version} | {build_cell} | {r.kubelet_version.removeprefix('Kubernetes ')} "
-            f"| {'on' if r.pod_resize_validator else 'absent'} | {r.in_place_resize_gate} "
-            f"| {r.count('passed')} | {failed} | {r.count('skipped')} | {r.test_seconds:.0f} s |"
-        )
-    notes = []
-    for r in results:
-        if r.error:
-            notes.append(f"* {r.version}: {r.error}")
-        for t in r.tests:
-            if t.outcome != "passed":
-                first = t.message.splitlines()[0] if t.message else ""
-                notes.append(f"* {r.version} {t.outcome}: `{t.name}`: {first[:300]}")
-    return "\n".join(lines + (["", *notes] if notes else []))
+    below = [line for r in results for line in notes(r)]
+    return "\n".join(lines + (["", *below] if below else []))
+
+
+def docs_table(text: str) -> str:
+    """The generated table in the docs' ``text`` (between the markers), stripped."""
+    begin, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[begin:end].strip()
+
+
+def write_docs(results: Sequence[VersionResult], path: Path = DOCS) -> None:
+    text = path.read_text()
+    begin, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    path.write_text(text[:begin] + "\n" + table(results) + "\n" + text[end:])
+
+
+def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m harness.matrix", description=__doc__)
+    listed = lambda text: [v.strip() for v in text.split(",") if v.strip()]  # noqa: E731
+    parser.add_argument("--versions", type=listed, default=list(VERSIONS),
+                        help="comma-separated entries (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--modules", type=listed, default=[],
+                        help="comma-separated tests/e2e modules (default: all)")  # fmt: skip
+    parser.add_argument("-k", dest="selection", default="", help="pytest's -k, if any")
+    parser.add_argument("--json", type=Path, default=REPO_ROOT / "bench/results/matrix.json")
+    parser.add_argument("--log-dir", type=Path, default=REPO_ROOT / ".matrix",
+                        help="build logs, pytest output")  # fmt: skip
+    parser.add_argument("--docs", action="store_true", help=f"also write the table to {DOCS}")
+    parser.add_argument("--docs-only", action="store_true", help="write the table, run nothing")
+    args = parser.parse_args(argv)
+    for entry in args.versions:
+        if not re.fullmatch(r"v1\.\d+\.\d+(-gate-off)?", entry):
+            parser.error(f"not a Kubernetes version: {entry!r} (like v1.36.3, v1.37.2-gate-off)")
+    for module in args.modules:
+        if not (E2E / module).is_file():
+            parser.error(f"no such module in tests/e2e: {module!r}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.matrix", description=__doc__)
-    parser.add_argument(
-        "--versions",
-        type=lambda text: [v.strip() for v in text.split(",") if v.strip()],
-        default=list(VERSIONS),
-        help="comma-separated Kubernetes versions (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--json", type=Path, default=REPO_ROOT / "bench" / "results" / "matrix.json"
-    )
-    parser.add_argument(
-        "--log-dir", type=Path, default=REPO_ROOT / ".matrix", help="build logs, pytest output"
-    )
-    args = parser.parse_args(argv)
-    for version in args.versions:
-        if not re.fullmatch(r"v1\.\d+\.\d+", version):
-            parser.error(f"not a Kubernetes version: {version!r} (like v1.36.3)")
+    args = arguments(argv)
+    if args.docs_only:
+        write_docs(load(args.json))
+        return 0
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    # A run of some versions replaces their rows and keeps the others' (one version at a time
-    # fits better between other work than all four at once).
+    # A run of some entries replaces their rows and keeps the others' (one version at a time
+    # fits better between other work than all of them at once).
     kept = {r.version: r for r in load(args.json) if r.version not in args.versions}
     results: list[VersionResult] = []
     merged = sorted(kept.values(), key=lambda r: version_key(r.version))
-    for version in args.versions:
-        results.append(run_version(version, args.log_dir))
+    for entry in args.versions:
+        results.append(run_version(entry, args.log_dir, args.modules, args.selection))
         merged = sorted([*kept.values(), *results], key=lambda r: version_key(r.version))
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([asdict(r) for r in merged], indent=2) + "\n")
     print(table(merged))
+    if args.docs:
+        write_docs(merged)
     return 0 if all(r.green for r in results) else 1
 
 
-def version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.lstrip("v").split("."))
+def version_key(entry: str) -> tuple[int, ...]:
+    """Sorts by version; an entry with ``-gate-off`` after its version."""
+    numbers = tuple(int(part) for part in kube_version_of(entry).lstrip("v").split("."))
+    return (*numbers, int(entry.endswith(GATE_OFF)))
 
 
 def load(path: Path) -> list[VersionResult]:

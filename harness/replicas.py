@@ -133,6 +133,8 @@ class Replica:
     extra_args: Sequence[str] = ()
     #: What runs the service (``harness.fault_hooks.COMMAND`` for fault injection).
     command: Sequence[str] = SERVE_COMMAND
+    #: Whether the replica requires kube-apiserver's client certificate (``--client-ca``).
+    client_auth: bool = True
     process: ManagedProcess | None = None
 
     @property
@@ -140,8 +142,10 @@ class Replica:
         return f"replica-{self.index}"
 
     def context(self) -> ssl.SSLContext:
-        """A client context presenting kube-apiserver's certificate, as it calls the replica."""
-        return client_context(self.ca_pem, client_auth_files(self.kubeconfig))
+        """A client context presenting kube-apiserver's certificate where the replica asks
+        for it, as kube-apiserver calls the replica."""
+        files = client_auth_files(self.kubeconfig) if self.client_auth else None
+        return client_context(self.ca_pem, files)
 
     def running(self) -> bool:
         return self.process is not None and self.process.running()
@@ -161,6 +165,7 @@ class Replica:
             command=self.command,
             extra_args=[*self.extra_args, "--identity", self.identity],
             name=self.identity,
+            client_auth=self.client_auth,
         )
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
@@ -210,9 +215,12 @@ def start_replicas(
     command: Sequence[str] = SERVE_COMMAND,
     register_webhook: bool = True,
     settle: float = 0.5,
+    client_auth: bool = True,
 ) -> ReplicaSet:
     """Start ``count`` replicas (identities ``replica-0``...), the front, and register the
-    front's URL as the ValidatingWebhookConfiguration (unless ``register_webhook`` is off)."""
+    front's URL as the ValidatingWebhookConfiguration (unless ``register_webhook`` is off).
+    ``client_auth``: each replica requires kube-apiserver's client certificate (False:
+    none, as on a managed control plane)."""
     cert_dir = state_dir / "replicas"
     ca_pem = write_serving_files(cert_dir)
     ensure_namespace(client, namespace)
@@ -229,6 +237,7 @@ def start_replicas(
             namespace=namespace,
             extra_args=tuple(extra_args),
             command=tuple(command),
+            client_auth=client_auth,
         )
         replicas.append(replica)
     front = RoundRobinFront([r.port for r in replicas]).start()

@@ -54,6 +54,9 @@ build_etcd() {
   [[ -x "$out/etcd" ]] && return 0
   local work="$CACHE/work/etcd-$ETCD_VERSION"
   mkdir -p "$work" "$out"
+  # Builds of two Kubernetes versions share this work directory.
+  exec 8>"$work.lock"
+  flock 8
   cat > "$work/go.mod" <<MOD
 module rpw.local/etcd
 
@@ -75,6 +78,7 @@ GO
   log "etcd $ETCD_VERSION: compiling"
   (cd "$work" && go build -trimpath -ldflags='-s -w' -o "$out/etcd.tmp" . >&2)
   mv "$out/etcd.tmp" "$out/etcd"
+  exec 8>&-
 }
 
 # build_node VERSION OUT: the hollow kubelet of harness/node, in a wrapper module of its own
@@ -150,14 +154,20 @@ GO
   done
 }
 
-# One build at a time: two at once overwrite each other's .tmp files, and the loser would fall
-# back to an older version. A second build waits here, then finds the binaries built.
+# One build of a version at a time: two at once overwrite each other's .tmp files, and the
+# loser would fall back to an older version. A second build of it waits for the lock, then
+# finds the binaries built. Builds of different versions share nothing but etcd's work
+# directory (its own lock) and Go's caches (safe to share), so one never waits for another:
+# a half-hour build of an older version keeps no session from the binaries it has.
 mkdir -p "$CACHE/bin"
-exec 9>"$CACHE/bin/control-plane.lock"
-flock 9
-
 for version in "${KUBE_VERSIONS[@]}"; do
   out="$CACHE/bin/kube-$version-etcd-$ETCD_VERSION"
+  if have_all "$out"; then
+    echo "$out"
+    exit 0
+  fi
+  exec 9>"$CACHE/bin/control-plane-$version.lock"
+  flock 9
   if have_all "$out"; then
     echo "$out"
     exit 0
@@ -168,6 +178,7 @@ for version in "${KUBE_VERSIONS[@]}"; do
     echo "$out"
     exit 0
   fi
+  exec 9>&-
   log "kubernetes $version failed; trying the next version"
 done
 log "no Kubernetes version could be built; see the messages above"

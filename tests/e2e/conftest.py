@@ -11,6 +11,16 @@
   Configuration (never the process-global one).
 * ``webhook``: the webhook service started and registered (for tests of the service; the
   harness's own tests do not use it).
+* ``service_mode``: how the API server reaches the service that ``start_service`` (and
+  the reconciler tests' replicas) start. ``client-ca`` (the default):
+  the service requires kube-apiserver's client certificate; ``managed``: it asks for none,
+  as on GKE, EKS or AKS, where nobody configures the API server's client certificate for
+  webhooks. A test (or module) marked ``service_modes`` that starts a service runs in both,
+  or in the modes the mark names, the mode in its id (``[client-ca]``, ``[managed]``).
+* Version keys: ``@pytest.mark.needs_kube(minor, why)`` and
+  ``@pytest.mark.needs_gate(gate, why)`` skip, with a reason naming the cluster's version,
+  a test the binaries under test cannot run (:func:`missing_requirement`); nothing is
+  skipped without one.
 * ``real_cluster`` (session): the same control plane with ``node-1`` as the real kubelet on
   containerd and the webhook installed by its Helm chart from the locally built image
   (:class:`harness.realcluster.RealCluster`: ``exec``, ``cpu_quota``, ``image``,
@@ -20,6 +30,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 import time
@@ -50,6 +61,77 @@ from harness.webhook_process import WebhookProcess, start_webhook
 
 NODE = "node-1"
 GRACE_CAP = 1.0
+#: The service's modes (see the module's docstring); the first is the default.
+SERVICE_MODES = ("client-ca", "managed")
+#: The scheduler's resize preemption (KEP-5836), alpha in v1.37 and absent before.
+SCHEDULER_GATE = "InPlacePodVerticalScalingSchedulerPreemption"
+#: Why a test of upstream's resize preemption needs that gate.
+UPSTREAM_WHY = f"the scheduler's {SCHEDULER_GATE} gate (upstream's resize preemption)"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in (
+        "service_modes(*modes): each test that starts the service runs in each of modes "
+        "(default: client-ca and managed, no client certificate), the mode in its id",
+        "needs_kube(minor, why): skipped, with why, on Kubernetes versions before 1.<minor>",
+        "needs_gate(gate, why): skipped, with why, where the binaries lack the feature gate "
+        "or RPW_FEATURE_GATES_OFF holds it off",
+    ):
+        config.addinivalue_line("markers", line)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    mark = metafunc.definition.get_closest_marker("service_modes")
+    if mark is not None and "service_mode" in metafunc.fixturenames:
+        modes = mark.args or SERVICE_MODES
+        assert set(modes) <= set(SERVICE_MODES), f"unknown service modes {modes}"
+        metafunc.parametrize("service_mode", modes, indirect=True)
+
+
+#: How much later than a 1.34+ kubelet a 1.33 one may retry a Deferred resize once room
+#: appears. From 1.34 the allocation manager retries pending resizes when a pod is removed
+#: or shrinks; 1.33 decides in ``Kubelet.canResizePod`` and leaves the retry to the pod's
+#: next sync ("Let the next sync iteration retry the resize", pkg/kubelet/kubelet.go), which
+#: comes syncFrequency (10 s in harness/node/main.go) plus up to 50% jitter after the last
+#: one (``completeWork`` in pkg/kubelet/pod_workers.go).
+SYNC_RETRY_1_33 = 15.0
+
+
+def resize_retry_delay(binaries: Binaries) -> float:
+    """Seconds to add to a wait for a Deferred resize to be actuated once its room is
+    free: :data:`SYNC_RETRY_1_33` on a 1.33 kubelet, nothing later."""
+    return SYNC_RETRY_1_33 if binaries.kube_version < (1, 34) else 0.0
+
+
+@functools.cache
+def binaries_under_test() -> Binaries:
+    """The binaries the session's clusters run (built first if need be: RPW_ASSETS,
+    RPW_KUBE_VERSION...)."""
+    return ensure_binaries()
+
+
+def missing_requirement(item: pytest.Item, binaries: Binaries) -> str | None:
+    """Why ``item`` cannot run on ``binaries`` (its ``needs_kube``/``needs_gate`` marks), or
+    None when it can."""
+    version = binaries.version
+    for mark in item.iter_markers("needs_kube"):
+        minor, why = mark.args
+        if binaries.kube_version < (1, minor):
+            return f"needs v1.{minor}+: {why} (this cluster: {version})"
+    for mark in item.iter_markers("needs_gate"):
+        gate, why = mark.args
+        if gate not in binaries.feature_gates:
+            return f"needs a version with {gate}: {why} (this cluster: {version})"
+        if gate not in binaries.settable({gate: True}):
+            return f"{gate} held off by RPW_FEATURE_GATES_OFF: {why} (this cluster: {version})"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marked = item.get_closest_marker("needs_kube") or item.get_closest_marker("needs_gate")
+    if marked and (why := missing_requirement(item, binaries_under_test())) is not None:
+        pytest.skip(why)
 
 
 @dataclass(frozen=True)
@@ -76,7 +158,7 @@ class Cluster:
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     install_signal_handlers()
-    binaries = ensure_binaries()
+    binaries = binaries_under_test()
     config = ControlPlaneConfig(
         state_dir=tmp_path_factory.mktemp("cluster"), workload_controllers=True
     )
@@ -165,6 +247,19 @@ def policy_v1(api_client: k8s.ApiClient) -> k8s.PolicyV1Api:
     return k8s.PolicyV1Api(api_client)
 
 
+@pytest.fixture
+def service_mode(request: pytest.FixtureRequest) -> str:
+    """``client-ca`` or ``managed`` (see the module's docstring)."""
+    mode: str = getattr(request, "param", SERVICE_MODES[0])
+    return mode
+
+
+def client_auth_of(mode: str, asked: bool = True) -> bool:
+    """Whether the service requires kube-apiserver's client certificate: in ``client-ca``
+    mode when the test does not ask otherwise, never in ``managed`` mode."""
+    return asked and mode == "client-ca"
+
+
 @pytest.fixture(scope="session")
 def webhook(cluster: Cluster) -> Iterator[WebhookProcess]:
     process = start_webhook(cluster.client, cluster.kubeconfig, cluster.control_plane.state_dir)
@@ -176,9 +271,10 @@ StartService = Callable[..., WebhookProcess]
 
 
 @pytest.fixture
-def start_service(cluster: Cluster) -> Iterator[StartService]:
+def start_service(cluster: Cluster, service_mode: str) -> Iterator[StartService]:
     """``start_service(*serve_flags)``: the service process, started with an empty ledger
-    and registered; stopped and unregistered when the test ends."""
+    and registered; stopped and unregistered when the test ends. ``client_auth=False``
+    leaves out ``--client-ca`` (so does ``managed`` mode)."""
     # service_support builds on this module; imported here to keep the import one-way.
     from tests.e2e.service_support import clear_ledger
 
@@ -191,7 +287,7 @@ def start_service(cluster: Cluster) -> Iterator[StartService]:
             cluster.kubeconfig,
             cluster.control_plane.state_dir,
             extra_args=flags,
-            client_auth=client_auth,
+            client_auth=client_auth_of(service_mode, client_auth),
         )
         started.append(process)
         return process

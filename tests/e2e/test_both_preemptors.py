@@ -35,7 +35,14 @@ from harness.compare.measure import AuditCursor
 from harness.compare.runner import ScenarioRun
 from harness.compare.sides import Side, make_side
 from harness.webhook_process import start_webhook
+from tests.e2e.conftest import SCHEDULER_GATE, UPSTREAM_WHY
 from webhook.kube.client import USER_AGENT
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.needs_kube(37, UPSTREAM_WHY),
+    pytest.mark.needs_gate(SCHEDULER_GATE, UPSTREAM_WHY),
+]
 
 #: Every pod's terminationGracePeriodSeconds, honoured in full by the kubelets.
 VICTIM_GRACE = 30

@@ -30,8 +30,13 @@ import pytest
 from harness.compare import scenarios as sc
 from harness.compare.runner import Measured, compare
 from harness.compare.sides import UPSTREAM_POLICY
+from tests.e2e.conftest import SCHEDULER_GATE, UPSTREAM_WHY
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.needs_kube(37, UPSTREAM_WHY),
+    pytest.mark.needs_gate(SCHEDULER_GATE, UPSTREAM_WHY),
+]
 
 SCENARIOS = {s.name: s for s in sc.victim_scenarios() if s.victim_relevant}
 #: Where upstream over-preempts (KEP-5836 "Risk of Additional Preemption").

@@ -95,6 +95,7 @@ def shrink_and_see_it_given_back(
     )
 
 
+@pytest.mark.service_modes
 def test_an_entry_owing_a_loan_survives_another_admissions_write_past_its_expiry(
     cluster: Cluster,
     namespace: str,

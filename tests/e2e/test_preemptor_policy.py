@@ -39,7 +39,7 @@ from tests.e2e.test_reconciler import (
     walkthrough,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.service_modes]
 
 __all__ = ["replicas"]  # the fixture, used by name
 

@@ -9,8 +9,14 @@ import pytest
 from harness.compare import scenarios as sc
 from harness.compare.realnode import RealScenarioRun, RealSide, scaled
 from harness.realcluster import RealCluster
+from tests.e2e.conftest import SCHEDULER_GATE, UPSTREAM_WHY
 
-pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.realnode,
+    pytest.mark.needs_kube(37, UPSTREAM_WHY),
+    pytest.mark.needs_gate(SCHEDULER_GATE, UPSTREAM_WHY),
+]
 VICTIM_GRACE = 2
 
 

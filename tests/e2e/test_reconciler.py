@@ -20,7 +20,7 @@ from harness.audit import eviction_codes
 from harness.kubeapi import ApiError
 from harness.replicas import ReplicaSet, start_replicas
 from harness.webhook_process import unregister
-from tests.e2e.conftest import Cluster, Kubectl, Waiter, victim_leaves
+from tests.e2e.conftest import Cluster, Kubectl, Waiter, client_auth_of, victim_leaves
 from tests.e2e.service_support import (
     actual_cpu,
     pod_manifest,
@@ -41,9 +41,10 @@ StartReplicas = Callable[..., ReplicaSet]
 
 
 @pytest.fixture
-def replicas(cluster: Cluster) -> Iterator[StartReplicas]:
+def replicas(cluster: Cluster, service_mode: str) -> Iterator[StartReplicas]:
     """``replicas(count=1, register=True, *flags)``: service replicas with their own
-    service namespace (fresh ledger and leader Lease); stopped when the test ends."""
+    service namespace (fresh ledger and leader Lease), in the session's ``service_mode``;
+    stopped when the test ends."""
     started: list[ReplicaSet] = []
 
     def start(*flags: str, count: int = 1, register: bool = True) -> ReplicaSet:
@@ -57,6 +58,7 @@ def replicas(cluster: Cluster) -> Iterator[StartReplicas]:
             namespace=service_ns,
             register_webhook=register,
             extra_args=["--lease-duration", str(LEASE_DURATION), *flags],
+            client_auth=client_auth_of(service_mode),
         )
         replica_set.service_namespace = service_ns  # type: ignore[attr-defined]
         started.append(replica_set)

@@ -211,6 +211,7 @@ def _shape(pod: dict[str, Any]) -> tuple[str, str, str, str]:
     )
 
 
+@pytest.mark.service_modes
 def test_a_checkpoint_in_a_registry_comes_back_on_another_node_with_room(
     scene: Scene, namespace: str, kubectl: Kubectl, wait_until: Waiter
 ) -> None:

@@ -56,7 +56,7 @@ from webhook.core.resources import Resources, memory_bytes
 from webhook.engine.ledger import LedgerEntry
 from webhook.kube.ledger import LeaseLedger
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.service_modes("managed")]
 
 OTHER = "node-2"
 PROD = {"rpw-test": "prod"}

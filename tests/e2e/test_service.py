@@ -125,6 +125,7 @@ def expect_preempted_and_actuated(
     return high
 
 
+@pytest.mark.service_modes
 def test_walkthrough_preempts_the_low_priority_pod_and_the_resize_is_actuated(
     cluster: Cluster,
     namespace: str,
@@ -177,6 +178,7 @@ def test_walkthrough_preempts_the_low_priority_pod_and_the_resize_is_actuated(
     } == webhook_audit(annotations)
 
 
+@pytest.mark.service_modes
 def test_two_worker_processes_preempt_once_and_count_into_one_view(
     cluster: Cluster,
     namespace: str,
@@ -402,6 +404,7 @@ def protect(cluster: Cluster, namespace: str, app: str, wait_until: Waiter) -> N
     wait_until(counted, timeout=30, what="the disruption controller to count the PDB")
 
 
+@pytest.mark.service_modes
 def test_a_pdb_protected_victim_is_not_planned_and_the_resize_waits(
     cluster: Cluster,
     namespace: str,
@@ -605,6 +608,7 @@ def mutating_registration(cluster: Cluster) -> Iterator[Callable[[WebhookProcess
             raise
 
 
+@pytest.mark.service_modes
 def test_the_mutating_endpoint_reduces_an_infeasible_resize_to_the_largest_fit(
     cluster: Cluster,
     namespace: str,

@@ -19,7 +19,7 @@ from kubernetes import client as k8s
 
 from harness.doubles import InMemoryLedger
 from harness.manifests import guaranteed_pod
-from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter, victim_leaves
+from tests.e2e.conftest import NODE, Cluster, Kubectl, Waiter, resize_retry_delay, victim_leaves
 from webhook.base.metrics import Metrics
 from webhook.base.settings import Config
 from webhook.core.resize import apply_resize
@@ -181,7 +181,7 @@ def test_the_worker_preempts_for_an_admitted_resize_and_releases_it_once_actuate
 
     wait_until(
         lambda: actual_cpu(get(cluster, namespace, "high-priority-pod")) == "6",
-        timeout=15,
+        timeout=15 + resize_retry_delay(cluster.binaries),
         what="the resize to be actuated",
     )
     victim_leaves(cluster, namespace, "low-priority-pod", wait_until)

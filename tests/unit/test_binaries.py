@@ -51,3 +51,26 @@ def test_a_gate_the_version_does_not_know_is_left_out(tmp_path: Path) -> None:
     )
 
     assert {"InPlacePodVerticalScalingSchedulerPreemption": True} == settable
+
+
+@pytest.mark.parametrize(
+    ("held_off", "expected"),
+    [
+        ("", {"InPlacePodVerticalScalingSchedulerPreemption": True}),
+        ("InPlacePodVerticalScalingSchedulerPreemption", {}),
+        (" InPlacePodVerticalScalingSchedulerPreemption , Other", {}),
+        ("Other", {"InPlacePodVerticalScalingSchedulerPreemption": True}),
+    ],
+    ids=["none", "the-gate", "spaces-and-another", "another-gate"],
+)
+def test_a_gate_held_off_is_left_out_like_an_unknown_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held_off: str, expected: dict[str, bool]
+) -> None:
+    apiserver = tmp_path / "kube-apiserver"
+    apiserver.write_text("#!/bin/sh\ncat <<'HELP'\n" + HELP_1_37 + "HELP\n")
+    apiserver.chmod(0o755)
+    monkeypatch.setenv("RPW_FEATURE_GATES_OFF", held_off)
+
+    settable = Binaries(tmp_path).settable({"InPlacePodVerticalScalingSchedulerPreemption": True})
+
+    assert expected == settable

@@ -1,4 +1,4 @@
-"""Reading pytest's junit report and writing the matrix table."""
+"""Reading pytest's junit report, writing the matrix table, and the docs' copy of it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,25 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from harness.matrix import CaseOutcome, VersionResult, load, parse_junit, table, version_key
+import pytest
+
+from harness.matrix import (
+    DOCS,
+    GATE,
+    CaseOutcome,
+    VersionResult,
+    docs_table,
+    entry_env,
+    kube_version_of,
+    load,
+    parse_junit,
+    pytest_argv,
+    table,
+    version_key,
+    write_docs,
+)
+
+MATRIX_JSON = Path(__file__).resolve().parents[2] / "bench" / "results" / "matrix.json"
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="4">
@@ -52,7 +70,7 @@ def test_a_version_is_green_only_when_built_and_nothing_failed() -> None:
     )
 
 
-def test_table_has_a_row_per_version_and_a_line_per_test_that_did_not_pass() -> None:
+def test_table_has_a_row_per_entry_and_lines_for_what_did_not_pass() -> None:
     results = [
         VersionResult(
             "v1.36.3",
@@ -62,7 +80,16 @@ def test_table_has_a_row_per_version_and_a_line_per_test_that_did_not_pass() -> 
             pod_resize_validator=True,
             in_place_resize_gate="GA",
             test_seconds=300,
-            tests=[CaseOutcome("m::a", "passed", 1.0), CaseOutcome("m::b", "failed", 1, "boom\nx")],
+            tests=[
+                CaseOutcome("m::a", "passed", 1.0),
+                CaseOutcome("m::b", "failed", 1, "boom\nx"),
+                CaseOutcome("m::c", "skipped", 0, "needs v1.37+: the gate (this cluster: v1.36.3)"),
+                CaseOutcome("m::d", "skipped", 0, "needs v1.37+: the gate (this cluster: v1.36.3)"),
+            ],
+            commit="abc1234",
+            date="2026-12-07 07:00 UTC",
+            load=[1.5, 2.25, 3.0],
+            modules=["test_a.py", "test_b.py"],
         ),
         VersionResult("v1.33.13", error="build failed: no compat_1_33.go"),
     ]
@@ -70,12 +97,74 @@ def test_table_has_a_row_per_version_and_a_line_per_test_that_did_not_pass() -> 
     lines = table(results).splitlines()
 
     assert [
-        "| v1.36.3 | 900 s | v1.36.3 | on | GA | 1 | 1 | 0 | 300 s |",
-        "| v1.33.13 | failed |  | absent |  | 0 | 0 | 0 | 0 s |",
+        "| v1.36.3 | v1.36.3 | on | GA | abc1234 | 2026-12-07 07:00 UTC | 1.5 / 2.2 / 3.0 "
+        "| 2 modules | 1 | 1 | 2 | 300 s |",
+        "| v1.33.13 |  | absent |  |  |  |  | all | 0 | 0 | 0 | 0 s |",
         "",
         "* v1.36.3 failed: `m::b`: boom",
+        "* v1.36.3 skipped 2 (m::c, m::d): needs v1.37+: the gate (this cluster: v1.36.3)",
         "* v1.33.13: build failed: no compat_1_33.go",
     ] == lines[2:]
+
+
+@pytest.mark.parametrize(
+    ("entry", "version", "env"),
+    [
+        ("v1.33.13", "v1.33.13", {}),
+        ("v1.37.2-gate-off", "v1.37.2", {"RPW_FEATURE_GATES_OFF": GATE}),
+    ],
+    ids=["a-version", "gate-off"],
+)
+def test_an_entry_is_a_version_and_what_it_holds_off(
+    entry: str, version: str, env: dict[str, str]
+) -> None:
+    assert (version, env) == (kube_version_of(entry), entry_env(entry))
+
+
+def test_entries_sort_by_version_the_gate_off_one_after_its_version() -> None:
+    entries = ["v1.37.2-gate-off", "v1.37.2", "v1.36.3", "v1.33.13"]
+    assert ["v1.33.13", "v1.36.3", "v1.37.2", "v1.37.2-gate-off"] == sorted(
+        entries, key=version_key
+    )
+
+
+@pytest.mark.parametrize(
+    ("modules", "selection", "paths", "k"),
+    [
+        ([], "", ["tests/e2e"], []),
+        (["test_service.py"], "walkthrough", ["tests/e2e/test_service.py"], ["-k", "walkthrough"]),
+    ],
+    ids=["every-module", "chosen"],
+)
+def test_the_run_leaves_out_the_real_node_and_runs_the_chosen_modules(
+    tmp_path: Path, modules: list[str], selection: str, paths: list[str], k: list[str]
+) -> None:
+    result = VersionResult("v1.33.13", modules=modules, selection=selection)
+
+    argv = pytest_argv(result, tmp_path / "junit.xml")
+
+    root = Path(__file__).resolve().parents[2]
+    assert [str(root / p) for p in paths] == argv[3 : 3 + len(paths)]
+    assert ["-m", "not realnode"] == argv[3 + len(paths) : 5 + len(paths)]
+    assert k == argv[argv.index("-rfEs") + 1 : argv.index("-rfEs") + 1 + len(k)]
+
+
+def test_the_docs_table_is_the_one_generated_from_the_results_file() -> None:
+    """docs/control-plane.md shows bench/results/matrix.json (``python -m harness.matrix
+    --docs-only`` rewrites it)."""
+    assert table(load(MATRIX_JSON)) == docs_table(DOCS.read_text())
+
+
+def test_writing_the_docs_replaces_only_the_table(tmp_path: Path) -> None:
+    from harness.matrix import BEGIN, END
+
+    path = tmp_path / "doc.md"
+    path.write_text(f"before\n{BEGIN}\nold\n{END}\nafter\n")
+    results = [VersionResult("v1.34.4", built=True, tests=[CaseOutcome("m::a", "passed", 1)])]
+
+    write_docs(results, path)
+
+    assert f"before\n{BEGIN}\n{table(results)}\n{END}\nafter\n" == path.read_text()
 
 
 def test_a_run_of_one_version_keeps_the_rows_of_the_others(tmp_path: Path) -> None:
