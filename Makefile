@@ -129,7 +129,7 @@ e2e: venv binaries-current node vpa tools
 	$(PY) -m pytest tests/e2e -q
 
 test: lint binaries node vpa tools
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 	$(MAKE) --no-print-directory test-oldest
 
 test-oldest: venv binaries-oldest
