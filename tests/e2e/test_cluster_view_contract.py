@@ -20,7 +20,8 @@ real API server ("cache"). Together they prove that the views
   ``node_rooms()`` from the pods bound to it, a pod's priority and the
   ``priority_resolver`` from its PriorityClass;
 * list in ``pending_resizes()`` the pods whose resize is Deferred or Infeasible;
-* are ``synced``, not stale, and fresh once they hold what was written.
+* are ``synced``, not stale, and fresh once they hold what was written, and have
+  ``caught_up`` with the version of each pod write they hold, never with a later one.
 
 ``-k fixed`` runs the doubles' part without a control plane.
 """
@@ -290,3 +291,18 @@ def test_a_view_holding_what_was_written_is_synced_current_and_fresh(world: Worl
     assert view.synced()
     assert 0.0 == view.staleness()
     assert 0.0 <= view.age() < 130.0
+
+
+def test_a_view_has_caught_up_with_each_pod_write_it_holds_and_with_none_later(
+    world: World,
+) -> None:
+    stored = world.create(pod_doc("web", ghost()))
+    version = stored["metadata"]["resourceVersion"]
+    view = world.view()
+
+    assert view.caught_up(version, timeout=30.0)
+    found = view.pod(world.namespace, "web")
+    assert found is not None and version == found.resource_version
+    # A version no write has reached yet, and one that is not a version at all.
+    assert not view.caught_up(str(int(version) + 10**9), timeout=0.2)
+    assert not view.caught_up("not-a-version", timeout=0.2)

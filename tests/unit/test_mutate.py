@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import copy
+import threading
+import time
 from typing import Any
 
 import jsonpatch
@@ -19,9 +21,15 @@ import pytest
 from flask import Flask
 
 from harness.doubles import InMemoryLedger, StaticClusterView
-from tests.unit.web_fixtures import fit_to_node_objects, resized, review
+from tests.unit.test_reflector_stream import list_page, node_obj, pages
+from tests.unit.web_fixtures import NODE, fit_to_node_objects, resized, review
+from webhook.base.metrics import Metrics
 from webhook.base.settings import Config
 from webhook.core.model import FIT_TO_NODE_ANNOTATION
+from webhook.engine import admission
+from webhook.engine.admission import AdmissionEngine
+from webhook.kube.cache import BUDGETS, NAMESPACES, NODES, PODS, PRIORITY_CLASSES, ClusterCache
+from webhook.kube.reflector import WatchEvent
 from webhook.web.app import create_app
 
 
@@ -180,3 +188,96 @@ def test_warn_mode_tells_what_the_reduction_would_be_and_patches_nothing() -> No
     assert answer["warnings"] == [
         "resize-preemption: resize would be reduced to fit node-1: app cpu 7 -> 6"
     ]
+
+
+# -- a review sent the moment its neighbours were bound ---------------------------------------
+
+
+def _versioned(obj: dict[str, Any], version: str, **spec: Any) -> dict[str, Any]:
+    stamped = copy.deepcopy(obj)
+    stamped["metadata"]["resourceVersion"] = version
+    stamped["spec"].update(spec)
+    return stamped
+
+
+def _lagging_cache(
+    monkeypatch: pytest.MonkeyPatch, held: list[dict[str, Any]], later: list[dict[str, Any]]
+) -> ClusterCache:
+    """The service's real cache, listed with ``held``; the watch delivers ``later`` (as
+    MODIFIED events) 50 ms after a review first waits for it, and never if none does."""
+    cache = ClusterCache(None, freeze_gc=False)
+    for kind, items in ((NODES, [node_obj(NODE, "1")]), (BUDGETS, []), (PRIORITY_CLASSES, [])):
+        cache.reflector(kind).load_pages(pages(list_page(items, "1")))
+    namespaces = [
+        {"metadata": {"name": n, "resourceVersion": "1"}} for n in ("default", "kube-system")
+    ]
+    cache.reflector(NAMESPACES).load_pages(pages(list_page(namespaces, "1")))
+    pods = cache.reflector(PODS)
+    pods.load_pages(pages(list_page(held, held[-1]["metadata"]["resourceVersion"])))
+    waiting = pods.wait_for
+
+    def deliver_then_wait(version: str, timeout: float) -> bool:
+        def deliver() -> None:
+            for obj in later:
+                pods.apply(WatchEvent("MODIFIED", obj))
+
+        threading.Timer(0.05, deliver).start()
+        return waiting(version, timeout)
+
+    monkeypatch.setattr(pods, "wait_for", deliver_then_wait)
+    return cache
+
+
+def test_a_review_sent_as_a_neighbour_is_bound_is_reduced_with_the_neighbour_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The race seen on v1.35.4 (docs/control-plane.md): the resize reached the service
+    before the watch had delivered system-pod's binding to node-1, so the mutating review
+    planned on a node without it and reduced nothing. ``oldObject`` names a version of
+    the pod written after that binding: the review waits for the cache to hold it."""
+    _, system, low, high = fit_to_node_objects(annotated=True)
+    held = [
+        _versioned(system, "5", nodeName=""),  # created, not yet bound
+        _versioned(low, "6"),
+        _versioned(high, "7"),
+    ]
+    # The binding, then the kubelet's status write of high-priority-pod: the review's.
+    bound, stored = _versioned(system, "12"), _versioned(high, "13")
+    cache = _lagging_cache(monkeypatch, held, [bound, stored])
+    app = create_app(Config(), cluster=cache, ledger=InMemoryLedger())
+    new = resized(stored, "7")
+
+    answer = post(app, "/mutate-resize", review(stored, new, uid="m-race"))
+
+    assert ["resize-preemption: resize reduced to fit node-1: app cpu 7 -> 6"] == answer.get(
+        "warnings"
+    )
+    assert {"cpu": "6", "memory": "1Gi"} == resources(patched(new, answer))["requests"]
+    assert "13" == cache.reflector(PODS).resource_version
+
+
+def test_a_claimed_version_never_written_costs_only_the_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A review that is a claim may name any version: it waits :data:`CATCH_UP` at most,
+    is counted, and is planned on the cache as it is."""
+    monkeypatch.setattr(admission, "CATCH_UP", 0.05)
+    _, system, low, high = fit_to_node_objects(annotated=True)
+    held = [_versioned(system, "5"), _versioned(low, "6"), _versioned(high, "7")]
+    cache = _lagging_cache(monkeypatch, held, [])
+    metrics = Metrics()
+    engine = AdmissionEngine(Config(), cache, InMemoryLedger(), metrics=metrics)
+    claimed = _versioned(high, "99999")
+
+    started = time.monotonic()
+    decision = engine.mutate(review(claimed, resized(claimed, "7"))["request"])
+    waited = time.monotonic() - started
+
+    assert ("reduced", ("resize-preemption: resize reduced to fit node-1: app cpu 7 -> 6",)) == (
+        decision.verdict,
+        decision.warnings,
+    )
+    assert 0.05 <= waited < 1.0
+    assert 1 == metrics.registry.get_sample_value(
+        "resize_preemption_errors_total", {"where": "cache-behind"}
+    )

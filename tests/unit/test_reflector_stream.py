@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -255,6 +256,34 @@ def test_bookmark_only_moves_the_resource_version() -> None:
     assert reflector.resource_version == "42"
     assert store.get("default/a") is before
     assert len(recorder.changes) == 1
+
+
+@pytest.mark.parametrize(
+    ("wanted", "delivered", "expected"),
+    [
+        pytest.param("5", [], True, id="already-held"),
+        pytest.param("7", ["6", "7"], True, id="delivered-while-waiting"),
+        pytest.param("9", ["6", "9"], True, id="a-bookmark-past-it"),
+        pytest.param("8", ["6"], False, id="never-delivered"),
+        pytest.param("not-a-version", [], False, id="not-comparable"),
+    ],
+)
+def test_wait_for_returns_once_the_store_holds_every_write_up_to_a_version(
+    wanted: str, delivered: list[str], expected: bool
+) -> None:
+    reflector, _, _ = pod_reflector()
+    reflector.load_pages(pages(list_page([pod_obj("a", "1")], "5")))
+    stream = b"".join(
+        bookmark(v) if v == "9" else event("MODIFIED", pod_obj("a", v, cpu=v)) for v in delivered
+    )
+    feeder = threading.Timer(0.05, reflector.consume, [[stream]])
+    feeder.start()
+
+    held = reflector.wait_for(wanted, timeout=0.5)
+    feeder.join()
+
+    assert expected is held
+    assert (delivered or ["5"])[-1] == reflector.resource_version
 
 
 def test_error_410_means_relist() -> None:

@@ -47,12 +47,18 @@ from webhook.core.resources import (
     format_cpu,
     format_memory,
 )
+from webhook.core.versions import comparable
 from webhook.engine.decision_log import Decision, Facts, decision_logger, emit, line
 from webhook.engine.elsewhere import Elsewhere
 from webhook.engine.ledger import ClusterView, Ledger, LedgerEntry
 from webhook.engine.lifecycle.changes import admit
 from webhook.engine.lifecycle.states import room_holders
 from webhook.engine.planner import NodeMemo, ResizePlanner
+
+#: Seconds a review waits for the view to hold the pod it resizes
+#: (:meth:`AdmissionEngine._catch_up`): watch events arrive within milliseconds, and the API
+#: server's call to the webhook has seconds (``timeoutSeconds``).
+CATCH_UP: Final = 1.0
 
 # -- on the wire ---------------------------------------------------------------------------
 
@@ -424,6 +430,7 @@ class AdmissionEngine:
                 f"{self.config.max_cache_staleness:g}s); resize allowed without a plan"
             )
             return Decision(uid, verdict="error", warnings=(PREFIX + message,), error=message)
+        self._catch_up(old_obj)
         scene = self._claimed(request, old_obj, new_obj)
         if isinstance(scene, Decision):
             return scene
@@ -443,6 +450,19 @@ class AdmissionEngine:
         pods = tuple(self.cluster.pods_on(node.name))
         budgets = tuple(self.cluster.budgets(frozenset({p.namespace for p in pods})))
         return _Inputs(old, new, node, pods, budgets, self._memo.of(node, pods, budgets, now))
+
+    def _catch_up(self, old_obj: Mapping[str, Any]) -> None:
+        """Wait, at most :data:`CATCH_UP` seconds, until the view holds the pod as
+        ``oldObject`` names its version, and so every pod write before it: a resize sent
+        the moment its neighbours were bound would otherwise be planned, or reduced, on
+        a node that lacks them. A claimed version never written costs only the wait; the
+        review is then planned on the view as it is."""
+        meta = old_obj.get("metadata")
+        version = meta.get("resourceVersion") if type(meta) is dict else None
+        if not isinstance(version, str) or not comparable(version):
+            return
+        if not self.cluster.caught_up(version, CATCH_UP):
+            self.metrics.errors.labels("cache-behind").inc()
 
     def _claimed(
         self, request: AdmissionRequest, old_obj: Mapping[str, Any], new_obj: Mapping[str, Any]

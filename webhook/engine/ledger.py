@@ -442,6 +442,13 @@ class ClusterView(Protocol):
         open watches, growing from the moment one was lost until it is back."""
         ...
 
+    def caught_up(self, version: str, timeout: float) -> bool:
+        """Whether the view holds every pod write up to resource version ``version``
+        (:mod:`webhook.core.versions`), waiting at most ``timeout`` seconds for it. False
+        when ``version`` is not comparable. A review's ``oldObject`` names the version of
+        the pod it resizes; once the view holds it, it holds every pod bound before too."""
+        ...
+
 
 class EvictionResult(StrEnum):
     """What happened to one victim. All but ``blocked-by-pdb`` and ``failed`` are final."""

@@ -25,6 +25,7 @@ from webhook.core.model import (
 )
 from webhook.core.objects import PriorityResolver
 from webhook.core.snapshot import Snapshot
+from webhook.core.versions import at_least, latest
 from webhook.engine.ledger import LedgerChange, LedgerEntry, R, check_size, encode_entries
 from webhook.engine.rooms import NodeRooms
 
@@ -52,6 +53,8 @@ class FixedClusterView:
         self._nodes = {n.name: n for n in nodes}
         self._namespaces = None if namespaces is None else {n.name: n for n in namespaces}
         self._pods = {p.key: p for p in pods}
+        # Read at once: the view holds every write up to its newest pod's.
+        self._version = latest(p.resource_version for p in self._pods.values())
         by_node: dict[str, list[Pod]] = {}
         for p in self._pods.values():
             if p.node:
@@ -131,6 +134,11 @@ class FixedClusterView:
     def staleness(self) -> float:
         # Read at once: there are no watches to lose.
         return 0.0
+
+    def caught_up(self, version: str, timeout: float) -> bool:
+        # Nothing arrives later: no wait. Objects given without versions (the tests'
+        # builders) are all there is.
+        return not self._version or at_least(self._version, version) is True
 
     def pending_resizes(self) -> Sequence[Pod]:
         """Pods whose ``PodResizePending`` is Deferred or Infeasible (as the live cache)."""

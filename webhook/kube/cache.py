@@ -558,6 +558,9 @@ class ClusterCache:
         :meth:`~webhook.kube.reflector.Reflector.staleness`): 0 while every watch is open."""
         return max(r.staleness() for r in self._reflectors.values())
 
+    def caught_up(self, version: str, timeout: float) -> bool:
+        return self._reflectors["pods"].wait_for(version, timeout)
+
     # -- more reads for the worker and reconciler ----------------------------------------
 
     def lenders(self) -> tuple[Pod, ...]:

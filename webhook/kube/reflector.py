@@ -46,6 +46,7 @@ import urllib3.exceptions
 
 from webhook.base.loop import Backoff
 from webhook.core.errors import InputError
+from webhook.core.versions import at_least, comparable
 from webhook.kube.errors import TRANSLATABLE, ClusterError, Expired, translate
 
 log = logging.getLogger(__name__)
@@ -292,8 +293,10 @@ class Reflector(Generic[V]):
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
         self._watch_timeout = watch_timeout
-        #: resourceVersion to watch from: the last list's, advanced by every event.
+        #: resourceVersion to watch from: the last list's, advanced by every event once
+        #: the sink holds it (:meth:`wait_for` waits on it).
         self.resource_version = ""
+        self._advanced = threading.Condition()
         #: Each stored object's resourceVersion, so a relist skips unchanged objects.
         self._versions: dict[str, str] = {}
         #: Keys whose current version failed to convert (logged once per key).
@@ -353,6 +356,23 @@ class Reflector(Generic[V]):
     def _heard(self) -> None:
         self._last_heard = self._clock()
 
+    def _advance(self, version: str) -> None:
+        with self._advanced:
+            self.resource_version = version
+            self._advanced.notify_all()
+
+    def wait_for(self, version: str, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds until the sink holds every write of the
+        resource up to resource version ``version`` (the watch delivers them in order, so
+        having applied a later one means having applied all before it). False on timeout,
+        and at once when ``version`` is not comparable (:mod:`webhook.core.versions`)."""
+        if not comparable(version):
+            return False
+        with self._advanced:
+            return self._advanced.wait_for(
+                lambda: at_least(self.resource_version, version) is True, timeout
+            )
+
     # -- applying data (no I/O) ---------------------------------------------------------
 
     def _convert(self, key: str, obj: Raw) -> V | None:
@@ -409,7 +429,7 @@ class Reflector(Generic[V]):
             gc.freeze()
         self._versions = versions
         self._failed &= versions.keys()
-        self.resource_version = rv
+        self._advance(rv)
         self._last_list = self._current_at = self._clock()
         self._heard()
         self._synced.set()
@@ -425,7 +445,7 @@ class Reflector(Generic[V]):
         version = resource_version(obj)
         if event.type == "BOOKMARK":
             if version:
-                self.resource_version = version
+                self._advance(version)
             return None
         if event.type not in ("ADDED", "MODIFIED", "DELETED"):
             log.debug("%s: ignoring watch event type %s", self.resource.name, event.type)
@@ -441,7 +461,7 @@ class Reflector(Generic[V]):
             view = self._convert(key, obj)
             change = None if view is None else self.sink.upsert(key, view)
         if version:
-            self.resource_version = version
+            self._advance(version)
         if change is not None:
             self._emit((change,))
         return change
