@@ -27,8 +27,11 @@ RUN pip install --no-cache-dir --require-virtualenv --require-hashes -r requirem
 # Then the package itself, without touching the dependencies installed above.
 COPY pyproject.toml README.md ./
 COPY webhook ./webhook
+# The virtualenv's own pip and setuptools (ensurepip's, pinned by nothing) only build it: the
+# image carries no Python package the lock does not pin (tests/e2e/test_sbom.py).
 RUN pip install --no-cache-dir --require-virtualenv --no-deps . \
- && pip check
+ && pip check \
+ && python -m pip uninstall --yes --quiet pip setuptools
 
 
 FROM python:3.11-slim-bookworm

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha1s
 # the webhook installed by its chart from the locally built image; docs/real-node.md).
 NODE ?= hollow
 
-.PHONY: help venv lock audit binaries binaries-current binaries-oldest node vpa tools lint unit e2e test test-oldest cluster cluster-down demo bench compare matrix certs clean image
+.PHONY: help venv lock audit sbom binaries binaries-current binaries-oldest node vpa tools lint unit e2e test test-oldest cluster cluster-down demo bench compare matrix certs clean image
 
 help:
 	@echo "make demo          local control plane + webhook, replays the resize walkthrough"
@@ -30,12 +30,15 @@ help:
 	@echo "                   CONTAINER_TOOL=docker|podman|buildah; IMAGE_ARCHIVE=FILE an OCI archive too;"
 	@echo "                   the base's stand-in from Debian 12 where it cannot be pulled, BASE=stand-in|upstream"
 	@echo "                   to choose; README \"Install on your cluster\", docs/deploy.md \"The image\")"
+	@echo "make sbom          the image's SBOM (SPDX JSON, by syft as the release workflow makes it;"
+	@echo "                   SBOM=FILE, default dist/resize-preemption-webhook-VERSION.spdx.json)"
 	@echo "make certs         a CA, the serving certificate and its Secret manifest in certs/"
 	@echo "make node          a real node's stack (kubelet, containerd, runc, CNI plugins; built from"
 	@echo "                   the Go module proxy) and its images (pause, busybox, the webhook's own"
 	@echo "                   from its Dockerfile), without a registry (docs/real-node.md)"
 	@echo "make vpa           the VPA updater and its CRDs (built from the Go module proxy)"
-	@echo "make tools         helm (built from the Go module proxy), promtool and prometheus"
+	@echo "make tools         helm, the registry, actionlint and syft (built from the Go module proxy),"
+	@echo "                   promtool, prometheus and shellcheck"
 	@echo "make bench         benchmarks under bench/"
 	@echo "make audit         the pinned dependencies against known advisories: pip-audit, or where"
 	@echo "                   PyPI's vulnerability service does not answer, a git clone of"
@@ -83,6 +86,11 @@ OLDEST_QUARANTINE := tests/e2e/test_reconciler.py::test_an_eviction_a_budget_ref
 OLDEST_TESTS := tests/e2e/test_service.py::test_walkthrough_preempts_the_low_priority_pod_and_the_resize_is_actuated \
 	tests/e2e/test_lending.py tests/e2e/test_reconciler.py \
 	--deselect $(OLDEST_QUARANTINE)
+# pytest-xdist workers of `make test`, `make e2e` and `make test-oldest`: each runs clusters
+# of its own, and one of them every test of the real node (tests/e2e/conftest.py,
+# MACHINE_GROUP). TEST_WORKERS=0 runs the tests in this process, one after another.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 BUILD_OLDEST := RPW_KUBE_VERSION=$(OLDEST) RPW_KUBE_NO_FALLBACK=1 scripts/build-control-plane.sh
 
 # v1.37.2's control plane (what the demo, the cluster and most tests run) and the oldest's,
@@ -100,6 +108,11 @@ binaries-oldest:
 image:
 	@scripts/build-image.sh
 
+# The image's SBOM (SPDX JSON) by syft, built from the Go module proxy, as the release
+# workflow makes it (SBOM=FILE, default dist/resize-preemption-webhook-VERSION.spdx.json).
+sbom:
+	@scripts/sbom.sh
+
 # A real node: kubelet, containerd, runc and the CNI plugins (Go module proxy), CRIU (its
 # Debian source package's upstream tarball, for checkpoint and restore), and the images it
 # runs as OCI archives (Debian's buildah and mmdebstrap), all cached like the control plane.
@@ -113,12 +126,14 @@ node:
 vpa:
 	@scripts/build-vpa.sh >/dev/null
 
-# helm and CNCF Distribution's registry (built from the Go module proxy, cached like the
-# control plane) and promtool and prometheus (Debian's package), for the chart, checkpoint
-# and monitoring tests.
+# helm, CNCF Distribution's registry, actionlint and syft (built from the Go module proxy,
+# cached like the control plane), promtool, prometheus and shellcheck (Debian's packages),
+# for the chart, checkpoint, monitoring, release workflow and SBOM tests.
 tools:
 	@scripts/build-tools.sh >/dev/null
 	@scripts/build-registry.sh >/dev/null
+	@scripts/build-actionlint.sh >/dev/null
+	@scripts/build-syft.sh >/dev/null
 	@scripts/install-test-tools.sh
 
 lint: venv
@@ -131,14 +146,14 @@ unit: venv
 	$(PY) -m pytest tests/unit -q
 
 e2e: venv binaries-current node vpa tools
-	$(PY) -m pytest tests/e2e -q
+	$(PY) -m pytest tests/e2e -q $(XDIST)
 
 test: lint binaries node vpa tools
-	$(PY) -m pytest -q --durations=30
+	$(PY) -m pytest -q --durations=30 $(XDIST)
 	$(MAKE) --no-print-directory test-oldest
 
 test-oldest: venv binaries-oldest
-	RPW_ASSETS=$$($(BUILD_OLDEST)) $(PY) -m pytest -q -p no:cacheprovider $(OLDEST_TESTS)
+	RPW_ASSETS=$$($(BUILD_OLDEST)) $(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(OLDEST_TESTS)
 
 cluster: venv binaries-current $(if $(filter 1,$(VPA)),vpa) $(if $(filter real,$(NODE)),node)
 	@$(PY) -m harness up --node $(NODE) $(CLUSTER_ARGS) $(if $(filter 1,$(VPA)),--vpa)

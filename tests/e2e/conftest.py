@@ -31,6 +31,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import secrets
 import time
@@ -76,6 +77,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "needs_kube(minor, why): skipped, with why, on Kubernetes versions before 1.<minor>",
         "needs_gate(gate, why): skipped, with why, where the binaries lack the feature gate "
         "or RPW_FEATURE_GATES_OFF holds it off",
+        "image_store: writes the image store the real node's images come from; runs in "
+        "the machine's xdist group",
     ):
         config.addinivalue_line("markers", line)
 
@@ -353,7 +356,53 @@ def priority_classes(cluster: Cluster) -> Iterator[dict[str, str]]:
         cluster.client.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: The pytest-xdist group (``--dist loadgroup``) of the tests that share something of the
+#: machine's: the real node (its fixed state directory, bridges and NAT rules), the demos'
+#: cluster directory, the image store `make image` writes. One worker runs them all, in
+#: order; every other worker runs hollow clusters of its own.
+MACHINE_GROUP = "machine"
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """Where ``item`` runs under pytest-xdist: :data:`MACHINE_GROUP`, its module's group
+    for the other end-to-end tests (a module's module-scoped clusters and scenario sets
+    are set up once, in one worker), or None (any worker, unit tests)."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if (
+        item.get_closest_marker("realnode")
+        or item.get_closest_marker("demo")
+        or item.get_closest_marker("image_store")
+        or fixtures & {"real_cluster", "real_namespace"}
+    ):
+        return MACHINE_GROUP
+    if item.get_closest_marker("e2e"):
+        return item.nodeid.split("::", 1)[0]
+    return None
+
+
+# A wrapper, so that this comes before pytest-xdist's worker reads the groups.
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> Iterator[None]:
     """The demos first: each starts its own cluster, and a real node has one owner at a
-    time, so they run before any test's session cluster holds node-1."""
+    time, so they run before any test's session cluster holds node-1. Each test in its
+    xdist group (:func:`xdist_group`)."""
     items.sort(key=lambda item: item.get_closest_marker("demo") is None)
+    groups: dict[pytest.Item, str] = {}
+    for item in items:
+        if (group := xdist_group(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+            groups[item] = group
+    yield
+    # pytest-xdist's worker has now put each group on its test's node id, which its
+    # scheduler reads; where it could not, two workers would share the real node.
+    if os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("loadgroup"):
+        lost = [
+            item.nodeid for item, group in groups.items() if not item.nodeid.endswith(f"@{group}")
+        ]
+        if lost:
+            raise pytest.UsageError(
+                f"pytest-xdist ignored the xdist_group of {len(lost)} tests ({lost[0]}, ...): "
+                "this pytest lets no plugin change a node id (pytest-dev/pytest-xdist#1386)"
+            )

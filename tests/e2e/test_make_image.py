@@ -32,7 +32,7 @@ import pytest
 
 from harness.binaries import REPO_ROOT
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.image_store]
 
 VERSION = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
 REFERENCE = f"localhost/resize-preemption-webhook:{VERSION}"
