@@ -19,10 +19,12 @@ WORKDIR /src
 
 # Dependencies first (a layer that changes only with the lock): the runtime requirements
 # of pyproject.toml and theirs, each at the version and with a hash requirements-runtime.lock
-# pins (`make lock`); pip refuses a file whose hash differs. Development tools (the "dev"
-# extra) are never installed.
+# pins (`make lock`); pip refuses a file whose hash differs, and resolves nothing beyond the
+# lock, which lists every package (`pip check` below confirms they agree). Development tools
+# (the "dev" extra) are never installed.
 COPY requirements-runtime.lock ./
-RUN pip install --no-cache-dir --require-virtualenv --require-hashes -r requirements-runtime.lock
+RUN pip install --no-cache-dir --require-virtualenv --require-hashes --no-deps \
+      -r requirements-runtime.lock
 
 # Then the package itself, without touching the dependencies installed above.
 COPY pyproject.toml README.md ./

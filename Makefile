@@ -51,11 +51,15 @@ help:
 	@echo "                   (builds each; docs/control-plane.md)"
 
 # Every dependency, pip and setuptools included, at the version and with a hash of
-# requirements.lock; the package itself then, built with those (no other download).
+# requirements.lock; the package itself then, built with those (no other download). The lock
+# lists every package, so pip resolves nothing (--no-deps): a new release of a package a pin
+# asks for with an extra (pip-audit's CacheControl[filecache]) would otherwise make an older
+# pip fetch it, unpinned, and refuse. pip check then confirms the pins agree.
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --require-hashes -r requirements.lock
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements.lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
 	rm -f $(VENV)/.installed-* && touch $@
 
 venv: $(STAMP)

@@ -96,6 +96,8 @@ class VersionResult:
     modules: list[str] = field(default_factory=list)
     #: pytest's ``-k`` expression, if any.
     selection: str = ""
+    #: pytest-xdist workers the tests ran in (0: one process), each with its own clusters.
+    workers: int = 0
 
     def count(self, outcome: str) -> int:
         return sum(1 for t in self.tests if t.outcome == outcome)
@@ -193,6 +195,8 @@ def pytest_argv(result: VersionResult, junit: Path) -> list[str]:
     argv = [sys.executable, "-m", "pytest", *paths, "-m", "not realnode", "-q", "-rfEs"]
     if result.selection:
         argv += ["-k", result.selection]
+    if result.workers:
+        argv += ["-n", str(result.workers), "--dist", "loadgroup"]
     return [
         *argv,
         "-p",
@@ -233,12 +237,19 @@ def run_tests(result: VersionResult, directory: Path, log_dir: Path) -> None:
         result.error = f"pytest wrote no report (see {output})"
 
 
+def without_group(name: str) -> str:
+    """A test's name without the ``@group`` pytest-xdist's ``--dist loadgroup`` appends (an
+    ``@`` inside the parameters' brackets is the test's own)."""
+    at = name.rfind("@")
+    return name[:at] if at > name.rfind("]") else name
+
+
 def parse_junit(text: str) -> list[CaseOutcome]:
     """One outcome per test case of a pytest junit XML report."""
     outcomes = []
     for case in ET.fromstring(text).iter("testcase"):
         module = case.get("classname", "").rsplit(".", 1)[-1]
-        name = f"{module}::{case.get('name', '')}"
+        name = f"{module}::{without_group(case.get('name', ''))}"
         outcome, message = "passed", ""
         for tag in ("failure", "error", "skipped"):
             element = case.find(tag)
@@ -251,9 +262,9 @@ def parse_junit(text: str) -> list[CaseOutcome]:
 
 
 def run_version(
-    entry: str, log_dir: Path, modules: Sequence[str] = (), selection: str = ""
+    entry: str, log_dir: Path, modules: Sequence[str] = (), selection: str = "", workers: int = 0
 ) -> VersionResult:
-    result = VersionResult(entry, modules=list(modules), selection=selection)
+    result = VersionResult(entry, modules=list(modules), selection=selection, workers=workers)
     version = kube_version_of(entry)
     log(f"{entry}: building (or reusing) its binaries; log {log_dir / f'build-{version}.log'}")
     try:
@@ -347,6 +358,8 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--modules", type=listed, default=[],
                         help="comma-separated tests/e2e modules (default: all)")  # fmt: skip
     parser.add_argument("-k", dest="selection", default="", help="pytest's -k, if any")
+    parser.add_argument("--workers", type=int, default=2, choices=range(9), metavar="N",
+                        help="pytest-xdist workers, 0: one process (default: 2)")  # fmt: skip
     parser.add_argument("--json", type=Path, default=REPO_ROOT / "bench/results/matrix.json")
     parser.add_argument("--log-dir", type=Path, default=REPO_ROOT / ".matrix",
                         help="build logs, pytest output")  # fmt: skip
@@ -374,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[VersionResult] = []
     merged = sorted(kept.values(), key=lambda r: version_key(r.version))
     for entry in args.versions:
-        results.append(run_version(entry, args.log_dir, args.modules, args.selection))
+        results.append(run_version(entry, args.log_dir, args.modules, args.selection, args.workers))
         merged = sorted([*kept.values(), *results], key=lambda r: version_key(r.version))
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([asdict(r) for r in merged], indent=2) + "\n")

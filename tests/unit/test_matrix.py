@@ -35,6 +35,8 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testcase classname="tests.e2e.test_reconciler" name="test_start" time="0.1">
   <error message="failed on setup">trace</error>
 </testcase>
+<testcase classname="tests.e2e.test_lending" name="test_lend[a@b]@tests/e2e/test_lending.py"
+  time="2.0"/>
 <testcase classname="tests.e2e.test_hollow_kubelet" name="test_old" time="0">
   <skipped message="no PodResizeValidator before 1.36">skip</skipped>
 </testcase>
@@ -52,6 +54,8 @@ def test_parse_junit_names_each_case_with_its_outcome_and_message() -> None:
             "AssertionError: assert 'Deferred' == 'Infeasible'",
         ),
         CaseOutcome("test_reconciler::test_start", "error", 0.1, "failed on setup"),
+        # pytest-xdist's group left out, an @ among the parameters kept
+        CaseOutcome("test_lending::test_lend[a@b]", "passed", 2.0),
         CaseOutcome(
             "test_hollow_kubelet::test_old", "skipped", 0.0, "no PodResizeValidator before 1.36"
         ),
@@ -147,6 +151,19 @@ def test_the_run_leaves_out_the_real_node_and_runs_the_chosen_modules(
     assert [str(root / p) for p in paths] == argv[3 : 3 + len(paths)]
     assert ["-m", "not realnode"] == argv[3 + len(paths) : 5 + len(paths)]
     assert k == argv[argv.index("-rfEs") + 1 : argv.index("-rfEs") + 1 + len(k)]
+
+
+@pytest.mark.parametrize(
+    ("workers", "xdist"),
+    [(0, []), (2, ["-n", "2", "--dist", "loadgroup"])],
+    ids=["one-process", "two-workers"],
+)
+def test_the_tests_run_in_the_workers_asked_for(
+    tmp_path: Path, workers: int, xdist: list[str]
+) -> None:
+    argv = pytest_argv(VersionResult("v1.33.13", workers=workers), tmp_path / "junit.xml")
+    found = argv[argv.index("-n") : argv.index("-n") + 4] if "-n" in argv else []
+    assert xdist == found
 
 
 def test_the_docs_table_is_the_one_generated_from_the_results_file() -> None:
