@@ -27,7 +27,7 @@ from harness.webhook_process import NAMESPACE
 from tests.e2e.conftest import Cluster, Kubectl, StartService
 from tests.e2e.service_support import entries_of, events, ledger_entries
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.solo]
 
 #: Seconds of flood: long enough for entries of the flood to be superseded, spent and
 #: dropped many times over, and for the real resize to be planned in the middle of it.

@@ -30,7 +30,7 @@ from tests.e2e.service_support import (
 )
 from tests.unit.web_fixtures import p99, review_latency
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.solo]
 
 
 @pytest.fixture

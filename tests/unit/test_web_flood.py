@@ -257,6 +257,7 @@ def test_the_flood_client_counts_a_denial_as_wrong() -> None:
 # --- the flood, quick variant -------------------------------------------------------------
 
 
+@pytest.mark.solo
 def test_review_flood_quick() -> None:
     """4 times saturation for a few seconds against one replica with its defaults: it
     survives, no 5xx, every answer is the full decision or the overload answer, memory
