@@ -197,7 +197,8 @@ def pause_and_resume(
     assert {CONTAINER: reference} == data["images"]
     assert {CONTAINER: ["sh", "-c", COUNTER]} == data["commands"]
     assert 0 < data["sizes"][CONTAINER]
-    assert not Path(archive).exists()
+    # The agent deletes the archive right after the record says imaged, never before.
+    wait_until(lambda: not Path(archive).exists(), timeout=10, what="the archive deleted")
     runtime = Containerd(ctr=str(node.stack.path("ctr")), address=str(node.paths.containerd_socket))
     digests = runtime.image_digests()
     assert reference in digests
