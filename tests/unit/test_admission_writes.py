@@ -13,7 +13,7 @@ from harness.doubles import InMemoryLedger, StaticClusterView
 from tests.unit.web_fixtures import pod, resized, review, walkthrough_objects, walkthrough_view
 from webhook.base.settings import Config
 from webhook.core.lending import Loan
-from webhook.core.model import PodRef
+from webhook.core.model import FLOOR_ANNOTATION, PodRef
 from webhook.core.resources import Resources
 from webhook.engine.admission import AdmissionEngine
 from webhook.engine.ledger import MAX_NODE_ENTRIES, LedgerEntry
@@ -255,3 +255,64 @@ def test_a_full_ledger_allows_the_resize_and_says_why() -> None:
         for w in decision.warnings
     )
     assert filler == ledger.entries("node-1")
+
+
+def lender_at_floor(cpu: str) -> dict:  # type: ignore[type-arg]
+    """low-priority-pod (3 CPU) lending down to a floor of 1, its spec at ``cpu``: the
+    kubelet has not actuated a lowered spec yet (the status still holds 3)."""
+    low = pod(
+        "low-priority-pod", "3", 1000, annotations={FLOOR_ANNOTATION: '{"app": {"cpu": "1"}}'}
+    )
+    return resized(low, cpu)
+
+
+@pytest.mark.parametrize(
+    ("lender", "taken", "making"),
+    [
+        pytest.param(
+            False,
+            (["default/low-priority-pod"], []),
+            "waiting for 1 to leave: default/low-priority-pod",
+            id="victim",
+        ),
+        pytest.param(
+            True,
+            ([], ["default/low-priority-pod"]),
+            "borrowing from default/low-priority-pod",
+            id="loan",
+        ),
+    ],
+)
+def test_a_resize_asked_again_before_the_kubelet_actuates_it_takes_nothing_anew(
+    lender: bool, taken: tuple[list[str], list[str]], making: str
+) -> None:
+    # An autoscaler sends a pending resize again on each loop. high-priority-pod asks for
+    # 6 CPU (4 + 3 of 8 held); the room is being made, neither the resize nor the loan is
+    # actuated yet (on 1.33 the kubelet retries a deferred resize only at the pod's next
+    # sync). A plan made now would count that room as missing: the loan's lender is at
+    # its floor, so it would name low-priority-pod as a victim too.
+    node, low, high = walkthrough_objects()
+    low = lender_at_floor("3") if lender else low
+    ledger = InMemoryLedger()
+    first_view = StaticClusterView.from_objects((node, low, high))
+    AdmissionEngine(Config(), first_view, ledger, clock=lambda: NOW).validate(
+        review(high, resized(high, "6"), uid="review-1")["request"]
+    )
+    (first,) = ledger.entries("node-1")
+    assert taken == ([v.key for v in first.victims], [loan.pod.key for loan in first.loans])
+    persisted = resized(high, "6")
+    lent = lender_at_floor("1") if lender else low
+    view = StaticClusterView.from_objects((node, lent, persisted))
+    engine = AdmissionEngine(Config(), view, ledger, clock=lambda: NOW + 2)
+    before = ledger.writes
+
+    decision = engine.validate(review(persisted, persisted, uid="review-2")["request"])
+
+    assert (0, (first,)) == (ledger.writes - before, ledger.entries("node-1"))
+    assert ("fits", "admitted", "") == (
+        decision.audit["verdict"],
+        decision.audit["reason"],
+        decision.audit["victims"],
+    )
+    assert first == decision.admitted
+    assert (f"resize already admitted on node-1, its room held: {making}",) == (decision.warnings)

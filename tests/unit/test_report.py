@@ -25,7 +25,7 @@ from tests.unit.test_plan import (
 )
 from webhook.core.lending import Loan
 from webhook.core.model import PodRef
-from webhook.core.plan import Plan, ResourceFigures, Victim
+from webhook.core.plan import Plan, ResourceFigures, Victim, already_admitted
 from webhook.core.report import WARNING_LIMIT, clip, human_report, plan_to_dict, warnings_for
 from webhook.core.resources import Resources
 
@@ -198,6 +198,33 @@ def test_human_report_for_an_unbound_pod() -> None:
 )
 def test_warnings(scene: Callable[[], Scene], enforcing: bool, expected: list[str]) -> None:
     assert expected == warnings_for(scene().plan(), enforcing=enforcing)
+
+
+@pytest.mark.parametrize(
+    ("victims", "lenders", "expected"),
+    [
+        pytest.param((), (), "waiting for the kubelet", id="room-free-already"),
+        pytest.param(
+            (PodRef("default", "b"), PodRef("default", "c")),
+            (),
+            "waiting for 2 to leave: default/b, default/c",
+            id="victims",
+        ),
+        pytest.param(
+            (PodRef("default", "c"),),
+            ("default/a",),
+            "waiting for 1 to leave: default/c; borrowing from default/a",
+            id="victims-and-loans",
+        ),
+    ],
+)
+def test_a_resize_asked_again_is_told_how_its_room_is_made(
+    victims: tuple[PodRef, ...], lenders: tuple[str, ...], expected: str
+) -> None:
+    plan = already_admitted(walk().new, "node-1", Resources(6000, 0), victims, lenders)
+
+    assert ("fits", "admitted", (), ()) == (plan.verdict, plan.code, plan.victims, plan.loans)
+    assert [f"resize already admitted on node-1, its room held: {expected}"] == warnings_for(plan)
 
 
 def test_long_warnings_are_clipped_to_one_short_line() -> None:

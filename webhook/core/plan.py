@@ -63,6 +63,7 @@ ReasonCode = Literal[
     "node-opted-out",
     "no-growth",
     "not-bound",
+    "admitted",
 ]
 
 
@@ -776,3 +777,33 @@ def plan_resize(
         selection = replace(selection, victims=victims)
     # Steps 6-7: the policy's limits, then the plan.
     return _plan(new, node, need, _within_policy(selection, node.name, need.short, policy))
+
+
+def already_admitted(
+    new: Pod,
+    node: str,
+    requested: Resources,
+    victims: Sequence[PodRef] = (),
+    lenders: Sequence[str] = (),
+) -> Plan:
+    """The answer to a resize asked for again while the room an earlier admission of the
+    very same resize holds is still being made (the same pod and requests, its entry
+    holding room): ``fits`` with code ``admitted``. Nothing is planned and nothing taken
+    anew: the kubelet has not actuated the resize yet, so a plan made now would count the
+    room the admission is making as missing and take it a second time. ``victims`` and
+    ``lenders`` (pod keys) are what that admission still makes the room with, for the
+    message a person reads."""
+    making = []
+    if victims:
+        making.append(f"waiting for {len(victims)} to leave: {', '.join(v.key for v in victims)}")
+    if lenders:
+        making.append(f"borrowing from {', '.join(lenders)}")
+    how = "; ".join(making) if making else "waiting for the kubelet"
+    return Plan(
+        new.ref,
+        node,
+        "fits",
+        "admitted",
+        f"resize already admitted on {node}, its room held: {how}",
+        requested,
+    )

@@ -195,6 +195,6 @@ def warnings_for(plan: Plan, *, enforcing: bool = True) -> list[str]:
         "node-opted-out",
     ):
         return [clip(f"resize will wait on {plan.node}: {plan.reason}")]
-    if plan.code == "fits-once-terminated":
+    if plan.code in ("fits-once-terminated", "admitted"):
         return [clip(plan.reason)]
     return []

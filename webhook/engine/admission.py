@@ -242,6 +242,12 @@ class _Inputs(NamedTuple):
     view: NodeView
 
 
+def _repeat(plan: Plan | None) -> bool:
+    """Whether ``plan`` answers a resize asked for again: its victims were counted when
+    it was admitted."""
+    return plan is not None and plan.code == "admitted"
+
+
 def _audit(plan: Plan) -> dict[str, str]:
     short = plan.unmet if plan.verdict == "infeasible" else plan.shortfall
     return {
@@ -376,7 +382,7 @@ class AdmissionEngine:
             if d.plan is not None:
                 attempts[d.plan.verdict] = attempts.get(d.plan.verdict, 0) + 1
             entry = d.admitted
-            if entry is not None and entry.victims:
+            if entry is not None and entry.victims and not _repeat(d.plan):
                 victims.append(len(entry.victims))
             if logging_on and d.verdict != "ignored":
                 try:

@@ -18,7 +18,7 @@ from webhook.base.settings import Config
 from webhook.core.accounting import Holdings, holdings, pod_requests
 from webhook.core.checkpoint import Pause
 from webhook.core.model import DisruptionBudget, Node, Pod
-from webhook.core.plan import NodeView, Plan, plan_resize
+from webhook.core.plan import NodeView, Plan, already_admitted, lender_keys, plan_resize
 from webhook.core.policy import PreemptionPolicy, Ranking, rank, spending
 from webhook.core.resources import Resources
 from webhook.engine.elsewhere import Elsewhere
@@ -240,6 +240,15 @@ class ResizePlanner:
         resize's only with victims: room that appears lets the kubelet actuate by itself,
         and a reservation without victims would only hold room others may use."""
         return reserves(plan) if self.review else plan.verdict == "preempt"
+
+    def admitted(self, entry: LedgerEntry) -> Plan:
+        return already_admitted(
+            self.pod,
+            entry.node,
+            entry.resources,
+            entry.pending_victims,
+            lender_keys(entry.loans),
+        )
 
     def entry(self, plan: Plan) -> LedgerEntry:
         return LedgerEntry.for_plan(

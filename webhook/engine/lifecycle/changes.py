@@ -66,6 +66,11 @@ class Planner(Protocol):
         """Whether ``plan`` takes a reservation."""
         ...
 
+    def admitted(self, entry: LedgerEntry) -> Plan:
+        """The answer to the resize asked for again while ``entry``, admitting the very
+        same resize, holds room: nothing planned anew."""
+        ...
+
     def entry(self, plan: Plan) -> LedgerEntry:
         """The entry admitting the resize as ``plan`` has it."""
         ...
@@ -75,10 +80,14 @@ def admit(planner: Planner, pods: Sequence[Pod], now: float) -> LedgerChange[Adm
     """The one write that admits ``planner.pod``'s resize on its node, as a ledger change.
     ``pods`` are the node's cached pods.
 
-    A review sent again is answered with the entry it wrote. Otherwise the resize is
-    planned against the entries holding room: for a review, the pod's own earlier entries
-    are superseded and left out; for a deferred resize, an entry of the pod still holding
-    room is the worker's, and nothing is planned. A give-back is never preempted for.
+    A review sent again is answered with the entry it wrote. A review asking again for a
+    resize that an entry holding room admitted (the same pod and requests: an autoscaler
+    repeats a pending resize on each loop) is answered with that entry, and nothing is
+    planned: until the kubelet actuates the resize, a plan would count the room being made
+    for it as missing and take it twice. Otherwise the resize is planned against the
+    entries holding room: for a review, the pod's own earlier entries are superseded and
+    left out; for a deferred resize, an entry of the pod still holding room is the
+    worker's, and nothing is planned. A give-back is never preempted for.
     The write keeps what :func:`to_keep` keeps of the rest: the one write a plan costs
     also clears what nobody reads."""
     pod = planner.pod
@@ -88,6 +97,9 @@ def admit(planner: Planner, pods: Sequence[Pod], now: float) -> LedgerChange[Adm
             for e in entries:
                 if e.review_uid == planner.review_uid:
                     return None, Admitted(planner.plan(room_holders(entries, pods, now)), e)
+            same = _same_resize(room_holders(entries, pods, now), pod)
+            if same is not None:
+                return None, Admitted(planner.admitted(same), same)
             rest = tuple(e for e in entries if e.pod.uid != pod.uid or _owing(e, pods, now))
             holders = room_holders((e for e in rest if e.pod.uid != pod.uid), pods, now)
         else:
@@ -133,6 +145,13 @@ def _answered(
     if not stale:
         return None
     return to_keep((e for e in entries if e not in stale), pods, now)
+
+
+def _same_resize(holders: Iterable[LedgerEntry], pod: Pod) -> LedgerEntry | None:
+    """The entry among ``holders`` admitting ``pod``'s resize as it asks now: the same
+    pod, exactly the same container requests."""
+    desired = dict(desired_requests(pod))
+    return next((e for e in holders if e.pod.uid == pod.uid and dict(e.desired) == desired), None)
 
 
 def _owing(entry: LedgerEntry, pods: Sequence[Pod], now: float) -> bool:
