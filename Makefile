@@ -83,13 +83,8 @@ audit: venv
 # The oldest Kubernetes version the product supports: `make test` runs the walkthrough, the
 # lending and the reconciler tests on it too (docs/control-plane.md, "Versions").
 OLDEST := v1.33.13
-# Failed once in three full runs on v1.33.13: the API server let the budget's victim be
-# evicted (201) 21 ms before the kubelet reported it started, so no 429 came; it passes
-# alone and on v1.37.2. Out of this run until `make matrix` shows it steady on v1.33.
-OLDEST_QUARANTINE := tests/e2e/test_reconciler.py::test_an_eviction_a_budget_refused_is_retried_at_once_when_the_budget_allows_it
 OLDEST_TESTS := tests/e2e/test_service.py::test_walkthrough_preempts_the_low_priority_pod_and_the_resize_is_actuated \
-	tests/e2e/test_lending.py tests/e2e/test_reconciler.py \
-	--deselect $(OLDEST_QUARANTINE)
+	tests/e2e/test_lending.py tests/e2e/test_reconciler.py
 # pytest-xdist workers of `make test`, `make e2e` and `make test-oldest`: each runs clusters
 # of its own, and one of them every test of the real node (tests/e2e/conftest.py,
 # MACHINE_GROUP). TEST_WORKERS=0 runs the tests in this process, one after another.

@@ -106,6 +106,27 @@ def resize_retry_delay(binaries: Binaries) -> float:
     return SYNC_RETRY_1_33 if binaries.kube_version < (1, 34) else 0.0
 
 
+def resize_events(binaries: Binaries) -> set[str]:
+    """The resize events the kubelet of ``binaries`` emits for an accepted resize: none
+    before 1.34, ResizeCompleted from 1.34, ResizeStarted too from 1.35."""
+    minor = binaries.kube_version[1]
+    if minor >= 35:
+        return {"ResizeStarted", "ResizeCompleted"}
+    return {"ResizeCompleted"} if minor == 34 else set()
+
+
+#: Why a test that lowers a memory limit in place needs 1.34 (``needs_kube(34, ...)``).
+NO_MEMORY_LIMIT_DECREASE = (
+    "the API server lowers a memory limit in place (1.33 refuses it: 'memory limits cannot "
+    "be decreased unless resizePolicy is RestartContainer', pkg/apis/core/validation)"
+)
+#: Why a test that expects the API server to refuse a resize beyond the node needs 1.36.
+RESIZE_VALIDATOR = (
+    "the API server refuses a resize beyond the node's allocatable (PodResizeValidator, "
+    "from 1.36; before, the kubelet marks it Infeasible)"
+)
+
+
 @functools.cache
 def binaries_under_test() -> Binaries:
     """The binaries the session's clusters run (built first if need be: RPW_ASSETS,

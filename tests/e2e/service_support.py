@@ -63,13 +63,23 @@ def pod_manifest(
 
 
 def run_pods(kubectl: Kubectl, pods: Iterable[Mapping[str, Any]]) -> None:
-    """Create the pods and wait until the kubelet reports them Ready."""
+    """Create the pods and wait until the kubelet reports them Ready and Running."""
     items = list(pods)
     kubectl(
         "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
     )
     names = [f"pod/{p['metadata']['name']}" for p in items]
     kubectl("wait", "--for=condition=Ready", *names, "--timeout=30s")
+    wait_running(kubectl, *names)
+
+
+def wait_running(kubectl: Kubectl, *names: str) -> None:
+    """Wait until the kubelet reports ``names`` (``pod/NAME``) Running. The hollow
+    kubelet's first status of a new pod can say Ready while its phase is still Pending
+    (its container waiting); the Eviction API lets a Pending pod go whatever its budget
+    says (``canIgnorePDB`` in pkg/registry/core/pod/storage/eviction.go), so a test that
+    expects a budget to refuse an eviction waits for Running."""
+    kubectl("wait", "--for=jsonpath={.status.phase}=Running", *names, "--timeout=30s")
 
 
 def resize_patch(cpu: str) -> str:

@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from harness.kubeapi import ApiError
-from tests.e2e.conftest import Cluster, Kubectl
+from tests.e2e.conftest import NO_MEMORY_LIMIT_DECREASE, Cluster, Kubectl
 from tests.unit.test_manifests import (
     EXPECTED_CLUSTER_PERMISSIONS,
     EXPECTED_DELETE_PERMISSIONS,
@@ -655,27 +655,35 @@ POLICY_CASES = [
 ]  # fmt: skip
 
 
+POLICY_IDS = [
+    "resize-of-a-pod-not-opted-in",
+    "lower-cpu-above-the-floor",
+    "lower-cpu-to-the-floor",
+    "lower-cpu-below-the-floor",
+    "lower-memory-to-the-floor",
+    "lower-memory-below-the-floor",
+    "raise-without-a-loan-record",
+    "raise-with-a-loan-record",
+    "another-account-below-the-floor",
+    "write-the-loan-record",
+    "remove-the-loan-record",
+    "another-annotation",
+    "change-the-floor",
+    "a-label",
+    "the-spec",
+    "another-account-annotates",
+]
+
+
+def policy_case(case: tuple[object, ...], case_id: str) -> Any:
+    """A case of POLICY_CASES; one that lowers a memory limit in place needs 1.34."""
+    marks = [pytest.mark.needs_kube(34, NO_MEMORY_LIMIT_DECREASE)] if "memory" in case_id else []
+    return pytest.param(*case, id=case_id, marks=marks)
+
+
 @pytest.mark.parametrize(
     ("annotations", "args", "as_service", "refused_with"),
-    POLICY_CASES,
-    ids=[
-        "resize-of-a-pod-not-opted-in",
-        "lower-cpu-above-the-floor",
-        "lower-cpu-to-the-floor",
-        "lower-cpu-below-the-floor",
-        "lower-memory-to-the-floor",
-        "lower-memory-below-the-floor",
-        "raise-without-a-loan-record",
-        "raise-with-a-loan-record",
-        "another-account-below-the-floor",
-        "write-the-loan-record",
-        "remove-the-loan-record",
-        "another-annotation",
-        "change-the-floor",
-        "a-label",
-        "the-spec",
-        "another-account-annotates",
-    ],
+    [policy_case(case, i) for case, i in zip(POLICY_CASES, POLICY_IDS, strict=True)],
 )
 def test_admission_policy_lets_the_service_make_loans_and_nothing_else(
     admin: Kubectl,

@@ -23,7 +23,7 @@ import pytest
 
 from harness.kubeapi import ApiError
 from harness.nodes import HollowNodes, NodeOptions, NodeSpec
-from tests.e2e.conftest import Cluster, Waiter
+from tests.e2e.conftest import Cluster, Waiter, resize_events
 
 pytestmark = pytest.mark.e2e
 
@@ -152,19 +152,6 @@ def test_a_node_starts_ready_untainted_with_the_requested_size(
     assert cluster.client.get_or_none(f"/apis/storage.k8s.io/v1/csinodes/{NODE}") is not None
 
 
-def resize_events(cluster: Cluster) -> set[str]:
-    """The resize events the cluster's kubelet version emits for an accepted resize: none
-    before 1.34, ResizeCompleted from 1.34, ResizeStarted too from 1.35."""
-    minor = cluster.binaries.kube_version[1]
-    return (
-        {"ResizeStarted", "ResizeCompleted"}
-        if minor >= 35
-        else {"ResizeCompleted"}
-        if minor == 34
-        else set()
-    )
-
-
 def test_a_resize_that_fits_is_actuated_with_the_kubelets_events(
     pods: Pods, cluster: Cluster, wait_until: Waiter
 ) -> None:
@@ -176,7 +163,7 @@ def test_a_resize_that_fits_is_actuated_with_the_kubelets_events(
     assert {} == pods.resize_conditions("grower")
     allocated = pods.get("grower")["status"]["containerStatuses"][0]["allocatedResources"]
     assert "2" == allocated["cpu"]
-    expected = resize_events(cluster)
+    expected = resize_events(cluster.binaries)
     if expected:
         reasons = wait_until(
             lambda: (

@@ -12,7 +12,15 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import NODE, Cluster, Kubectl, StartService, Waiter, resize_retry_delay
+from tests.e2e.conftest import (
+    NO_MEMORY_LIMIT_DECREASE,
+    NODE,
+    Cluster,
+    Kubectl,
+    StartService,
+    Waiter,
+    resize_retry_delay,
+)
 from tests.e2e.service_support import (
     actual_cpu,
     as_warning,
@@ -428,10 +436,6 @@ def test_by_default_a_guaranteed_lenders_memory_is_not_lent(
 
 
 #: Why a Guaranteed lender's memory cannot be lent before 1.34.
-NO_MEMORY_LIMIT_DECREASE = (
-    "the API server lowers a memory limit in place (1.33 refuses it: 'memory limits cannot "
-    "be decreased unless resizePolicy is RestartContainer', pkg/apis/core/validation)"
-)
 
 
 @pytest.mark.needs_kube(34, NO_MEMORY_LIMIT_DECREASE)

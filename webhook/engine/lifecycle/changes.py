@@ -80,14 +80,15 @@ def admit(planner: Planner, pods: Sequence[Pod], now: float) -> LedgerChange[Adm
     """The one write that admits ``planner.pod``'s resize on its node, as a ledger change.
     ``pods`` are the node's cached pods.
 
-    A review sent again is answered with the entry it wrote. A review asking again for a
-    resize that an entry holding room admitted (the same pod and requests: an autoscaler
-    repeats a pending resize on each loop) is answered with that entry, and nothing is
-    planned: until the kubelet actuates the resize, a plan would count the room being made
-    for it as missing and take it twice. Otherwise the resize is planned against the
-    entries holding room: for a review, the pod's own earlier entries are superseded and
-    left out; for a deferred resize, an entry of the pod still holding room is the
-    worker's, and nothing is planned. A give-back is never preempted for.
+    A review sent again is answered with the entry it wrote. Otherwise the resize is
+    planned against the entries holding room: for a review, the pod's own earlier entries
+    are superseded and left out; for a deferred resize, an entry of the pod still holding
+    room is the worker's, and nothing is planned. A review whose plan would take room, for
+    a resize that an entry holding room admitted already (the same pod and requests: an
+    autoscaler repeats a pending resize on each loop), is answered with that entry and
+    writes nothing: until the kubelet actuates the resize, its plan counts the room being
+    made for it as missing, and would take it twice. A plan that may take no room still
+    removes such an entry (:func:`_answered`). A give-back is never preempted for.
     The write keeps what :func:`to_keep` keeps of the rest: the one write a plan costs
     also clears what nobody reads."""
     pod = planner.pod
@@ -97,9 +98,6 @@ def admit(planner: Planner, pods: Sequence[Pod], now: float) -> LedgerChange[Adm
             for e in entries:
                 if e.review_uid == planner.review_uid:
                     return None, Admitted(planner.plan(room_holders(entries, pods, now)), e)
-            same = _same_resize(room_holders(entries, pods, now), pod)
-            if same is not None:
-                return None, Admitted(planner.admitted(same), same)
             rest = tuple(e for e in entries if e.pod.uid != pod.uid or _owing(e, pods, now))
             holders = room_holders((e for e in rest if e.pod.uid != pod.uid), pods, now)
         else:
@@ -108,6 +106,10 @@ def admit(planner: Planner, pods: Sequence[Pod], now: float) -> LedgerChange[Adm
             if any(e.pod.uid == pod.uid for e in holders):
                 return None, Admitted(None, None)
         planned = planner.plan(holders)
+        if planner.review and planner.reserves(planned):
+            same = _same_resize(room_holders(entries, pods, now), pod)
+            if same is not None:
+                return None, Admitted(planner.admitted(same), same)
         if planned.verdict == "preempt" and is_give_back(pod, entries):
             # A loan given back takes only room that is free: nobody is evicted or shrunk
             # for it, and if the room went meanwhile the kubelet defers it.
