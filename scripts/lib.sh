@@ -42,8 +42,9 @@ apt_install() {
 # steps): Debian's qemu-user-static, binfmt_misc mounted, and its handler for ARCH
 # registered from the package's binfmt.d file. That file asks for the F flag: the kernel
 # opens the interpreter once, at registration, so it runs inside chroots too, where its path
-# does not exist. Nothing for the machine's own architecture; as root (mount, register). One
-# line and status 1 when it cannot be.
+# does not exist. arch-test (which mmdebstrap asks before a foreign bootstrap) then runs a
+# program of ARCH to confirm it. Nothing for the machine's own architecture; as root (mount,
+# register). One line and status 1 when it cannot be.
 ensure_emulation() {
   local arch=$1 qemu dir=/proc/sys/fs/binfmt_misc
   [[ "$arch" == "$(dpkg --print-architecture)" ]] && return 0
@@ -52,7 +53,7 @@ ensure_emulation() {
     amd64) qemu=x86_64 ;;
     *) log "no emulation of $arch is known here"; return 1 ;;
   esac
-  apt_install qemu-user-static || { log "qemu-user-static is needed to build for $arch"; return 1; }
+  apt_install qemu-user-static arch-test || { log "qemu-user-static and arch-test are needed to build for $arch"; return 1; }
   if [[ ! -e "$dir/register" ]] && ! mount -t binfmt_misc binfmt_misc "$dir" 2>/dev/null; then
     log "binfmt_misc is not mounted at $dir and cannot be (as root, with a kernel that has it): $arch programs cannot run here"
     return 1
@@ -76,6 +77,10 @@ ensure_emulation() {
   fi
   if ! grep -q '^flags:.*F' "$handler"; then
     log "$handler is registered without the F flag, so it cannot run in a chroot: remove it (echo -1 > $handler) and build again"
+    return 1
+  fi
+  if [[ "$(arch-test "$arch" 2>&1)" != "$arch: ok" ]]; then
+    log "$handler is registered, yet a program of $arch does not run (arch-test $arch)"
     return 1
   fi
 }
