@@ -268,14 +268,15 @@ def storage_root(store: Path, arch: str | None = None) -> Path:
 def ensure_base(store: Path, local_cas: Path, arch: str | None = None) -> None:
     """The stand-in for ``arch`` (by default the machine's) in its buildah storage under
     ``store`` (:func:`storage_root`), built when its key changed. One build at a time per
-    store (a second caller waits, then finds it built)."""
+    storage (a second caller waits, then finds it built; an arm64 stand-in's minutes under
+    emulation hold up no build of the machine's own)."""
     arch = arch or native_arch()
     root = storage_root(store, arch)
     root.mkdir(parents=True, exist_ok=True)
     buildah = Buildah(root)
     key = base_key(local_cas, arch)
     record = store / "archives" / f"base-{key}.id"
-    with (store / "base.lock").open("w") as lock:
+    with (root / "base.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         present = buildah.image_id(BASE_REFERENCE)
         if present and record.is_file() and record.read_text(encoding="utf-8") == present:
