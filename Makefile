@@ -29,7 +29,9 @@ help:
 	@echo "                   (IMAGE=REPOSITORY:TAG, default localhost/resize-preemption-webhook:VERSION;"
 	@echo "                   CONTAINER_TOOL=docker|podman|buildah; IMAGE_ARCHIVE=FILE an OCI archive too;"
 	@echo "                   the base's stand-in from Debian 12 where it cannot be pulled, BASE=stand-in|upstream"
-	@echo "                   to choose; README \"Install on your cluster\", docs/deploy.md \"The image\")"
+	@echo "                   to choose; PLATFORMS=linux/amd64,linux/arm64 one OCI image index of both,"
+	@echo "                   a platform not the machine's built under QEMU; README \"Install on your"
+	@echo "                   cluster\", docs/deploy.md \"The image\")"
 	@echo "make sbom          the image's SBOM (SPDX JSON, by syft as the release workflow makes it;"
 	@echo "                   SBOM=FILE, default dist/resize-preemption-webhook-VERSION.spdx.json)"
 	@echo "make certs         a CA, the serving certificate and its Secret manifest in certs/"
@@ -103,7 +105,9 @@ binaries-oldest:
 	@$(BUILD_OLDEST) >/dev/null
 
 # The webhook's image from the Dockerfile (docker, podman or buildah; IMAGE=... names it), on
-# the real node's stand-in base when its own cannot be pulled (BASE=, IMAGE_ARCHIVE=).
+# the real node's stand-in base when its own cannot be pulled (BASE=, IMAGE_ARCHIVE=); for
+# PLATFORMS=linux/amd64,linux/arm64 one image index, the foreign platform under QEMU
+# (the script installs qemu-user-static and registers its binfmt_misc handler when missing).
 image:
 	@scripts/build-image.sh
 

@@ -37,6 +37,54 @@ apt_install() {
   }
 }
 
+# ensure_emulation ARCH: the machine runs programs of ARCH (a Debian architecture) through
+# QEMU, for building on a foreign platform (mmdebstrap's package scripts, buildah's RUN
+# steps): Debian's qemu-user-static, binfmt_misc mounted, and its handler for ARCH
+# registered from the package's binfmt.d file. That file asks for the F flag: the kernel
+# opens the interpreter once, at registration, so it runs inside chroots too, where its path
+# does not exist. arch-test (which mmdebstrap asks before a foreign bootstrap) then runs a
+# program of ARCH to confirm it. Nothing for the machine's own architecture; as root (mount,
+# register). One line and status 1 when it cannot be.
+ensure_emulation() {
+  local arch=$1 qemu dir=/proc/sys/fs/binfmt_misc
+  [[ "$arch" == "$(dpkg --print-architecture)" ]] && return 0
+  case "$arch" in
+    arm64) qemu=aarch64 ;;
+    amd64) qemu=x86_64 ;;
+    *) log "no emulation of $arch is known here"; return 1 ;;
+  esac
+  apt_install qemu-user-static arch-test || { log "qemu-user-static and arch-test are needed to build for $arch"; return 1; }
+  if [[ ! -e "$dir/register" ]] && ! mount -t binfmt_misc binfmt_misc "$dir" 2>/dev/null; then
+    log "binfmt_misc is not mounted at $dir and cannot be (as root, with a kernel that has it): $arch programs cannot run here"
+    return 1
+  fi
+  local handler="$dir/qemu-$qemu" conf="/usr/lib/binfmt.d/qemu-$qemu.conf"
+  if [[ ! -e "$handler" ]]; then
+    if [[ ! -f "$conf" ]]; then
+      log "qemu-user-static has no $conf: cannot register the $arch handler"
+      return 1
+    fi
+    # A concurrent build may register it first: the kernel then refuses this one.
+    if ! grep -v '^#' "$conf" > "$dir/register" 2>/dev/null && [[ ! -e "$handler" ]]; then
+      log "cannot register $conf with binfmt_misc ($dir/register refused it)"
+      return 1
+    fi
+    log "registered $handler: $arch programs run through qemu-$qemu"
+  fi
+  if ! grep -qx enabled "$handler"; then
+    log "$handler is disabled (echo 1 > $handler enables it)"
+    return 1
+  fi
+  if ! grep -q '^flags:.*F' "$handler"; then
+    log "$handler is registered without the F flag, so it cannot run in a chroot: remove it (echo -1 > $handler) and build again"
+    return 1
+  fi
+  if [[ "$(arch-test "$arch" 2>&1)" != "$arch: ok" ]]; then
+    log "$handler is registered, yet a program of $arch does not run (arch-test $arch)"
+    return 1
+  fi
+}
+
 # module_dir MODULE VERSION: the directory of MODULE@VERSION in the module cache (downloaded
 # on first use), or nothing when the proxy does not serve it.
 module_dir() {

@@ -6,15 +6,24 @@ Used by ``make image`` (scripts/build-image.sh, when the base cannot be pulled o
 ``BASE=stand-in``) and by the real node's images (harness/images.py, through that same
 script), so both build on one base, cached under a key of its inputs:
 
-    python3 scripts/stand_in_base.py ensure --store DIR --from python:3.11-slim-bookworm
-    python3 scripts/stand_in_base.py key --source-root ROOT --field NAME=VALUE...
+    python3 scripts/stand_in_base.py ensure --store DIR --from python:3.11-slim-bookworm [--arch A]
+    python3 scripts/stand_in_base.py key --source-root ROOT --field NAME=VALUE... [--arch A]
+    python3 scripts/stand_in_base.py storage --store DIR [--arch A]
     python3 scripts/stand_in_base.py label
 
 ``ensure`` builds the base when its key changed (as root: mmdebstrap and buildah's overlay
 storage need it); ``key`` prints the key of an image built on it from the source tree
-(the files the Dockerfile copies, the base's key and the given fields); ``label`` prints
-the label that marks such an image, ``NAME=VALUE``. Standard library
-only: ``make image`` runs it with the machine's python3.
+(the files the Dockerfile copies, the base's key and the given fields); ``storage`` prints
+the buildah storage root the base of that architecture is in; ``label`` prints the label
+that marks such an image, ``NAME=VALUE``. Standard library only: ``make image`` runs it
+with the machine's python3.
+
+``--arch`` is a Debian architecture of ARCHITECTURES, by default the machine's own. The
+base of the machine's architecture is in the storage under DIR itself; another's (a foreign
+one, its packages' scripts run under QEMU through binfmt_misc, which scripts/lib.sh's
+``ensure_emulation`` sets up) is in a storage of its own under DIR/platforms/ARCH, because
+each is committed under the Dockerfile's base name, which a storage holds once: the
+Dockerfile then builds unchanged for either, and both stay cached side by side.
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ BASE_REFERENCE: Final = "docker.io/library/python:3.11-slim-bookworm"
 STAND_IN_REFERENCE: Final = "localhost/stand-in/python:3.11-slim-bookworm"
 STAND_IN_LABEL: Final = "org.opencontainers.image.base.name"
 DEFAULT_LOCAL_CAS: Final = Path("/usr/local/share/ca-certificates")
+#: The Debian architectures the stand-in is made for, with the OCI platform each is.
+ARCHITECTURES: Final = {"amd64": "linux/amd64", "arm64": "linux/arm64"}
 
 # What the Dockerfile needs of its base: python 3.11 as `python`, venv with ensurepip,
 # groupadd/useradd, and the CA certificates pip verifies its index with.
@@ -172,10 +183,18 @@ class Buildah:
         )
 
 
-def build_base(buildah: Buildah, local_cas: Path, work: Path) -> None:
-    """Debian 12's minbase with BASE_PACKAGES from Debian's default mirror, the machine's own
-    local CAs (/usr/local/share/ca-certificates) added to its trust store, and the
-    environment the real image sets; committed as BASE_REFERENCE and STAND_IN_REFERENCE."""
+def native_arch() -> str:
+    """The machine's Debian architecture (amd64 on x86-64)."""
+    return subprocess.run(
+        ["dpkg", "--print-architecture"], check=True, text=True, stdout=subprocess.PIPE
+    ).stdout.strip()
+
+
+def build_base(buildah: Buildah, local_cas: Path, work: Path, arch: str) -> None:
+    """Debian 12's minbase for ``arch`` with BASE_PACKAGES from Debian's default mirror, the
+    machine's own local CAs (/usr/local/share/ca-certificates) added to its trust store, and
+    the environment the real image sets; committed as BASE_REFERENCE and STAND_IN_REFERENCE,
+    its configuration naming ``arch`` (what buildah's --platform matches)."""
     rootfs = work / "rootfs.tar"
     (work / "pip.conf").write_text(PIP_CONF, encoding="utf-8")
     hooks = [f"--customize-hook=copy-in {work / 'pip.conf'} /etc"]
@@ -187,6 +206,7 @@ def build_base(buildah: Buildah, local_cas: Path, work: Path) -> None:
     subprocess.run(
         [
             "mmdebstrap",
+            f"--architectures={arch}",
             "--variant=minbase",
             "--include=" + ",".join(BASE_PACKAGES),
             *(f"--dpkgopt={option}" for option in SLIM_DPKG),
@@ -202,6 +222,10 @@ def build_base(buildah: Buildah, local_cas: Path, work: Path) -> None:
         rootfs,
         BASE_REFERENCE,
         [
+            "--os",
+            "linux",
+            "--arch",
+            arch,
             "--env",
             "LANG=C.UTF-8",
             "--env",
@@ -213,12 +237,13 @@ def build_base(buildah: Buildah, local_cas: Path, work: Path) -> None:
     buildah.run("tag", BASE_REFERENCE, STAND_IN_REFERENCE)
 
 
-def base_key(local_cas: Path) -> str:
-    """The key of the stand-in: its packages, exclusions, pip configuration, the machine's
-    local CA files and the recipe."""
+def base_key(local_cas: Path, arch: str | None = None) -> str:
+    """The key of the stand-in: its architecture (by default the machine's), packages,
+    exclusions, pip configuration, the machine's local CA files and the recipe."""
     cas = sorted(local_cas.glob("**/*.crt"))
     return inputs_key(
         [
+            ("arch", (arch or native_arch()).encode()),
             ("packages", "\n".join(BASE_PACKAGES).encode()),
             ("slim", "\n".join(SLIM_DPKG).encode()),
             ("pip.conf", PIP_CONF.encode()),
@@ -232,34 +257,49 @@ def log(message: str) -> None:
     print(f"[stand-in base] {message}", file=sys.stderr, flush=True)
 
 
-def ensure_base(store: Path, local_cas: Path) -> None:
-    """The stand-in in the buildah storage under ``store``, built when its key changed.
-    One build at a time per store (a second caller waits, then finds it built)."""
-    store.mkdir(parents=True, exist_ok=True)
-    buildah = Buildah(store)
-    key = base_key(local_cas)
+def storage_root(store: Path, arch: str | None = None) -> Path:
+    """The buildah storage root holding the stand-in for ``arch`` (by default the machine's):
+    ``store`` itself for the machine's architecture, ``store/platforms/ARCH`` for another."""
+    if arch is None or arch == native_arch():
+        return store
+    return store / "platforms" / arch
+
+
+def ensure_base(store: Path, local_cas: Path, arch: str | None = None) -> None:
+    """The stand-in for ``arch`` (by default the machine's) in its buildah storage under
+    ``store`` (:func:`storage_root`), built when its key changed. One build at a time per
+    storage (a second caller waits, then finds it built; an arm64 stand-in's minutes under
+    emulation hold up no build of the machine's own)."""
+    arch = arch or native_arch()
+    root = storage_root(store, arch)
+    root.mkdir(parents=True, exist_ok=True)
+    buildah = Buildah(root)
+    key = base_key(local_cas, arch)
     record = store / "archives" / f"base-{key}.id"
-    with (store / "base.lock").open("w") as lock:
+    with (root / "base.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         present = buildah.image_id(BASE_REFERENCE)
         if present and record.is_file() and record.read_text(encoding="utf-8") == present:
             return
-        log(f"{BASE_REFERENCE}: building it from Debian 12's packages")
+        log(f"{BASE_REFERENCE} for {arch}: building it from Debian 12's packages")
         start = time.monotonic()
         with tempfile.TemporaryDirectory(dir=store) as work:
-            build_base(buildah, local_cas, Path(work))
+            build_base(buildah, local_cas, Path(work), arch)
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(buildah.image_id(BASE_REFERENCE), encoding="utf-8")
         log(f"done in {time.monotonic() - start:.0f} s")
 
 
-def image_key(root: Path, local_cas: Path, fields: Sequence[str]) -> str:
-    """The key of an image built on the stand-in: the source tree's build inputs, the
-    base's key and ``fields`` (NAME=VALUE: its reference, labels, build flags)."""
+def image_key(
+    root: Path, local_cas: Path, fields: Sequence[str], arch: str | None = None
+) -> str:
+    """The key of an image built on the stand-in for ``arch`` (by default the machine's):
+    the source tree's build inputs, the base's key and ``fields`` (NAME=VALUE: its
+    reference, labels, build flags)."""
     return inputs_key(
         [
             *context_parts(root),
-            ("base", base_key(local_cas).encode()),
+            ("base", base_key(local_cas, arch).encode()),
             *((f"field/{field.partition('=')[0]}", field.encode()) for field in fields),
         ]
     )
@@ -270,10 +310,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     ensure = sub.add_parser("ensure", help="build the stand-in when missing or out of date")
     key = sub.add_parser("key", help="print the key of an image built on the stand-in")
+    storage = sub.add_parser("storage", help="print the storage root of an architecture's base")
     sub.add_parser("label", help="print the label marking an image built on the stand-in")
     for command in (ensure, key):
         command.add_argument("--local-cas", type=Path, default=DEFAULT_LOCAL_CAS)
-    ensure.add_argument("--store", type=Path, required=True)
+    for command in (ensure, key, storage):
+        command.add_argument(
+            "--arch", choices=sorted(ARCHITECTURES), help="Debian architecture (the machine's)"
+        )
+    for command in (ensure, storage):
+        command.add_argument("--store", type=Path, required=True)
     ensure.add_argument("--from", dest="base", required=True, help="the Dockerfile's base")
     key.add_argument("--source-root", type=Path, required=True)
     key.add_argument("--field", action="append", default=[], help="NAME=VALUE")
@@ -282,13 +328,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{STAND_IN_LABEL}={STAND_IN_REFERENCE}")
         return 0
     if args.command == "key":
-        print(image_key(args.source_root, args.local_cas, args.field))
+        print(image_key(args.source_root, args.local_cas, args.field, args.arch))
+        return 0
+    if args.command == "storage":
+        print(storage_root(args.store.resolve(), args.arch))
         return 0
     if qualified(args.base) != BASE_REFERENCE:
         log(f"the Dockerfile builds on {args.base}; the stand-in is {BASE_REFERENCE} only")
         return 2
     try:
-        ensure_base(args.store.resolve(), args.local_cas)
+        ensure_base(args.store.resolve(), args.local_cas, args.arch)
     except (subprocess.CalledProcessError, OSError) as error:
         log(f"{BASE_REFERENCE} could not be built ({error}; see above)")
         return 1

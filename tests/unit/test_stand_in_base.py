@@ -8,13 +8,17 @@ from pathlib import Path
 import pytest
 
 from scripts.stand_in_base import (
+    ARCHITECTURES,
     BASE_REFERENCE,
     PRODUCT_FILES,
     STAND_IN_LABEL,
     STAND_IN_REFERENCE,
+    base_key,
     image_key,
     main,
+    native_arch,
     qualified,
+    storage_root,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -108,3 +112,29 @@ def test_ensure_refuses_a_dockerfile_on_another_base_before_building(
         f"[stand-in base] the Dockerfile builds on python:3.12-slim-bookworm; the stand-in is "
         f"{BASE_REFERENCE} only\n"
     ) == capsys.readouterr().err
+
+
+def test_each_architecture_has_a_base_of_its_own_keyed_and_stored_apart(tmp_path: Path) -> None:
+    native = native_arch()
+    (foreign,) = set(ARCHITECTURES) - {native}
+    fields = [f"{k}={v}" for k, v in FIELDS.items()]
+    _tree(tmp_path)
+
+    assert base_key(tmp_path) == base_key(tmp_path, native) != base_key(tmp_path, foreign)
+    assert image_key(tmp_path, tmp_path, fields) != image_key(tmp_path, tmp_path, fields, foreign)
+    # The machine's own stays where it always was; the other in a storage beside it.
+    assert tmp_path == storage_root(tmp_path) == storage_root(tmp_path, native)
+    assert tmp_path / "platforms" / foreign == storage_root(tmp_path, foreign)
+
+
+def test_storage_prints_the_root_and_refuses_an_architecture_not_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert 0 == main(["storage", "--store", str(tmp_path), "--arch", "arm64"])
+    printed = capsys.readouterr().out.strip()
+    with pytest.raises(SystemExit) as refused:
+        main(["storage", "--store", str(tmp_path), "--arch", "s390x"])
+
+    assert str(storage_root(tmp_path.resolve(), "arm64")) == printed
+    assert 2 == refused.value.code
+    assert "invalid choice: 's390x'" in capsys.readouterr().err
