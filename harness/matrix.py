@@ -8,8 +8,8 @@ held off as on a managed v1.37 cluster), one after the other:
    ``scripts/build-control-plane.sh`` with ``RPW_KUBE_VERSION`` set and no fallback to
    another version, under ``nice`` (a cold build takes a quarter of an hour on two cores);
 2. every module of ``tests/e2e`` runs (``--modules`` chooses fewer) with ``RPW_ASSETS``
-   pointing at that version's binaries, less the tests of the real node (``-m "not
-   realnode"``: that node is the v1.37 kubelet on containerd whatever the control plane).
+   pointing at that version's binaries, less the tests of the real node and of the product
+   image (:data:`LEFT_OUT`), the tests marked ``solo`` after the others, alone.
    A test a version cannot run skips itself with a reason naming the version
    (``needs_kube``/``needs_gate`` marks, tests/e2e/conftest.py);
 3. what the version offers that the tests depend on is read from the binaries (the kubelet's
@@ -190,10 +190,14 @@ class LoadSampler:
         return [round(s[0], 2), round(sum(s) / len(s), 2), round(max(s), 2)]
 
 
+#: What no entry runs: the real node's tests (that node is the v1.37 kubelet on containerd
+#: whatever the control plane) and the product image's (``image_store``: the image, its
+#: platforms and its SBOM are the same whatever cluster runs them).
+LEFT_OUT = "not realnode and not image_store"
 #: The passes of an entry's tests, as ``make test`` runs them: (marks, in the workers) the
 #: parallel pass, then the tests marked ``solo`` (floods and slow clients, which measure
 #: what the service takes against its saturation on this machine) alone.
-PASSES = (("not realnode and not solo", True), ("not realnode and solo", False))
+PASSES = ((f"{LEFT_OUT} and not solo", True), (f"{LEFT_OUT} and solo", False))
 
 
 def pytest_argv(

@@ -150,7 +150,9 @@ def test_the_run_leaves_out_the_real_node_and_runs_the_chosen_modules(
 
     root = Path(__file__).resolve().parents[2]
     assert [str(root / p) for p in paths] == argv[3 : 3 + len(paths)]
-    assert ["-m", "not realnode and not solo"] == argv[3 + len(paths) : 5 + len(paths)]
+    assert ["-m", "not realnode and not image_store and not solo"] == argv[
+        3 + len(paths) : 5 + len(paths)
+    ]
     assert k == argv[argv.index("-rfEs") + 1 : argv.index("-rfEs") + 1 + len(k)]
 
 
@@ -172,9 +174,10 @@ def test_the_solo_tests_run_after_the_parallel_pass_in_one_process(tmp_path: Pat
 
     passes = [pytest_argv(result, tmp_path / "junit.xml", m, p) for m, p in PASSES]
 
-    assert [("not realnode and not solo", True), ("not realnode and solo", False)] == [
-        (argv[argv.index("-m", 3) + 1], "-n" in argv) for argv in passes
-    ]
+    assert [
+        ("not realnode and not image_store and not solo", True),
+        ("not realnode and not image_store and solo", False),
+    ] == [(argv[argv.index("-m", 3) + 1], "-n" in argv) for argv in passes]
 
 
 def test_the_docs_table_is_the_one_generated_from_the_results_file() -> None:
