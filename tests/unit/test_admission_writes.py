@@ -315,4 +315,6 @@ def test_a_resize_asked_again_before_the_kubelet_actuates_it_takes_nothing_anew(
         decision.audit["victims"],
     )
     assert first == decision.admitted
-    assert (f"resize already admitted on node-1, its room held: {making}",) == (decision.warnings)
+    assert decision.plan is not None
+    assert f"resize already admitted on node-1, its room held: {making}" == decision.plan.reason
+    assert () == decision.warnings

@@ -218,13 +218,14 @@ def test_warnings(scene: Callable[[], Scene], enforcing: bool, expected: list[st
         ),
     ],
 )
-def test_a_resize_asked_again_is_told_how_its_room_is_made(
+def test_a_resize_asked_again_says_how_its_room_is_made_and_warns_nothing(
     victims: tuple[PodRef, ...], lenders: tuple[str, ...], expected: str
 ) -> None:
     plan = already_admitted(walk().new, "node-1", Resources(6000, 0), victims, lenders)
 
     assert ("fits", "admitted", (), ()) == (plan.verdict, plan.code, plan.victims, plan.loans)
-    assert [f"resize already admitted on node-1, its room held: {expected}"] == warnings_for(plan)
+    assert f"resize already admitted on node-1, its room held: {expected}" == plan.reason
+    assert [] == warnings_for(plan)
 
 
 def test_long_warnings_are_clipped_to_one_short_line() -> None:

@@ -195,6 +195,9 @@ def warnings_for(plan: Plan, *, enforcing: bool = True) -> list[str]:
         "node-opted-out",
     ):
         return [clip(f"resize will wait on {plan.node}: {plan.reason}")]
-    if plan.code in ("fits-once-terminated", "admitted"):
+    if plan.code == "fits-once-terminated":
         return [clip(plan.reason)]
+    # ``admitted`` says nothing: the API server sends a review again, under a new uid, when
+    # its update of the pod meets a conflict, and the answer of one request must read as
+    # the first review's alone (the decision log keeps the reason).
     return []
