@@ -219,15 +219,19 @@ class ClusterFlood:
                 raise RuntimeError(f"kubectl {args[0]}: {done.stderr}")
 
     def review_bodies(self) -> list[Path]:
-        """One AdmissionReview per grower, as kube-apiserver would send its resize to 2
-        CPU: built from the pod as stored; the uid is replaced by the client each time."""
+        """Two AdmissionReviews per grower, as kube-apiserver would send its resize to 2
+        CPU and to 1900m: built from the pod as stored; the uid is replaced by the client
+        each time. The client sends them in turn, so that each review of a pod asks for
+        another resize than the one before and is planned and written in full: the same
+        resize asked again is answered with its entry, and writes nothing."""
         paths = []
         for name in GROWERS:
             old = self.pod(name)
             assert old is not None, name
-            path = self.workdir / f"review-{name}.json"
-            path.write_bytes(resize_review(old, "2", FLOOD_USER))
-            paths.append(path)
+            for cpu in ("2", "1900m"):
+                path = self.workdir / f"review-{name}-{cpu}.json"
+                path.write_bytes(resize_review(old, cpu, FLOOD_USER))
+                paths.append(path)
         return paths
 
     # -- the run ------------------------------------------------------------------------------

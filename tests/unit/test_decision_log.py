@@ -100,10 +100,9 @@ def test_a_batch_is_counted_once_and_logged_as_one_record_of_its_lines(
             engine.validate({**walkthrough_review()["request"], "uid": uid})
         backlog.stop()
 
-    # The same resize three times: the first is planned, the other two are answered with
-    # its entry (fits/admitted), and its victim is counted once.
-    assert (1.0, 2.0) == (reviews_counted(engine, "preempt"), reviews_counted(engine, "fits"))
-    assert 1.0 == engine.metrics.registry.get_sample_value(
+    # The same resize three times, never stored by an API server: each one is planned.
+    assert (3.0, 0.0) == (reviews_counted(engine, "preempt"), reviews_counted(engine, "fits"))
+    assert 3.0 == engine.metrics.registry.get_sample_value(
         "resize_preemption_planned_victims_total"
     )
     assert 1 == len([r for r in caplog.records if r.name == LOGGER])

@@ -18,7 +18,7 @@ from webhook.core.lending import (
 from webhook.core.model import Pod
 from webhook.core.plan import Plan
 from webhook.engine.ledger import LedgerChange, LedgerEntry, desired_requests
-from webhook.engine.lifecycle.states import is_give_back, owes, room_holders, to_keep
+from webhook.engine.lifecycle.states import is_give_back, owes, persisted, room_holders, to_keep
 
 
 class Refusal(Protocol):
@@ -107,7 +107,7 @@ def admit(planner: Planner, pods: Sequence[Pod], now: float) -> LedgerChange[Adm
                 return None, Admitted(None, None)
         planned = planner.plan(holders)
         if planner.review and planner.reserves(planned):
-            same = _same_resize(room_holders(entries, pods, now), pod)
+            same = _same_resize(room_holders(entries, pods, now), pod, pods)
             if same is not None:
                 return None, Admitted(planner.admitted(same), same)
         if planned.verdict == "preempt" and is_give_back(pod, entries):
@@ -149,11 +149,26 @@ def _answered(
     return to_keep((e for e in entries if e not in stale), pods, now)
 
 
-def _same_resize(holders: Iterable[LedgerEntry], pod: Pod) -> LedgerEntry | None:
-    """The entry among ``holders`` admitting ``pod``'s resize as it asks now: the same
-    pod, exactly the same container requests."""
+def _same_resize(
+    holders: Iterable[LedgerEntry], pod: Pod, pods: Sequence[Pod]
+) -> LedgerEntry | None:
+    """The entry among ``holders`` admitting ``pod``'s resize as it asks now (the same pod,
+    exactly the same container requests) once the API server stored it: the cached pod's
+    spec carries it. An entry whose resize was never stored answers no review: a caller
+    that is not the API server may have written it."""
     desired = dict(desired_requests(pod))
-    return next((e for e in holders if e.pod.uid == pod.uid and dict(e.desired) == desired), None)
+    cached = next((p for p in pods if p.uid == pod.uid), None)
+    return next(
+        (
+            e
+            for e in holders
+            if e.pod.uid == pod.uid
+            and dict(e.desired) == desired
+            and cached is not None
+            and persisted(e, cached)
+        ),
+        None,
+    )
 
 
 def _owing(entry: LedgerEntry, pods: Sequence[Pod], now: float) -> bool:
