@@ -96,3 +96,7 @@ func cloneLinuxResources(r *runtimeapi.LinuxContainerResources) *runtimeapi.Linu
 	}
 	return out
 }
+
+func (probeManager) UpdatePodStatus(pod *v1.Pod, status *v1.PodStatus) {
+	reportProbed(pod, status)
+}

@@ -94,3 +94,7 @@ func newRuntimeClient(ctx context.Context, endpoint string) (internalapi.Runtime
 func cloneLinuxResources(r *runtimeapi.LinuxContainerResources) *runtimeapi.LinuxContainerResources {
 	return proto.Clone(r).(*runtimeapi.LinuxContainerResources)
 }
+
+func (probeManager) UpdatePodStatus(_ context.Context, pod *v1.Pod, status *v1.PodStatus) {
+	reportProbed(pod, status)
+}

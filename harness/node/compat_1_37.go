@@ -3,8 +3,9 @@
 // What differs between Kubernetes versions, for v1.37 (the default build). The build script
 // builds an older version with the tag kube1_<minor>, which picks its compat_1_<minor>.go
 // instead: cadvisor's types, the PodContainerManager methods that take a klog.Logger, the
-// arguments of cm.ResourceConfigForPod, how the CRI client is made, and the protobuf library
-// of the CRI types differ; nothing else in this package does.
+// arguments of cm.ResourceConfigForPod, how the CRI client is made, the protobuf library of
+// the CRI types, and whether the prober manager's UpdatePodStatus takes a context (from
+// v1.35) differ; nothing else in this package does.
 
 package main
 
@@ -89,4 +90,8 @@ func newRuntimeClient(ctx context.Context, endpoint string) (internalapi.Runtime
 
 func cloneLinuxResources(r *runtimeapi.LinuxContainerResources) *runtimeapi.LinuxContainerResources {
 	return proto.Clone(r).(*runtimeapi.LinuxContainerResources)
+}
+
+func (probeManager) UpdatePodStatus(_ context.Context, pod *v1.Pod, status *v1.PodStatus) {
+	reportProbed(pod, status)
 }

@@ -14,7 +14,8 @@
 //     that takes the container's grace period;
 //   - pod memory usage, zero unless a test sets it with a pod annotation (the kubelet will
 //     not lower a memory limit without a usage, nor below it);
-//   - real events, sent to the API server.
+//   - real events, sent to the API server;
+//   - containers ready only once they run, as the prober manager reports them.
 package main
 
 import (
@@ -196,6 +197,7 @@ func run(f *nodeFlags) error {
 	// (kubemark drops them into a FakeRecorder).
 	hollow.KubeletDeps.Recorder = nil
 	hollow.KubeletDeps.EventClient = client.CoreV1()
+	hollow.KubeletDeps.ProbeManager = probeManager{}
 
 	go hollow.Run(ctx)
 	<-ctx.Done()

@@ -12,7 +12,44 @@ import (
 	"k8s.io/klog/v2"
 	cadvisortest "k8s.io/kubernetes/pkg/kubelet/cadvisor/testing"
 	"k8s.io/kubernetes/pkg/kubelet/cm"
+	probetest "k8s.io/kubernetes/pkg/kubelet/prober/testing"
 )
+
+// probeManager runs no probe, as kubemark's stand-in does, but reports what the kubelet's
+// prober manager reports for containers without probes (UpdatePodStatus in
+// pkg/kubelet/prober/prober_manager.go): a container is started and ready once it runs, an
+// init container that is not a sidecar is ready once it exited 0. Kubemark's stand-in marks
+// every container ready, a waiting one included: a new pod was then Ready while its phase was
+// still Pending, and the Eviction API, which lets a Pending pod go whatever its budget says,
+// evicted a pod a PodDisruptionBudget counted as healthy. UpdatePodStatus itself, whose
+// arguments differ between versions, is in the compat files.
+type probeManager struct{ probetest.FakeManager }
+
+func reportProbed(pod *v1.Pod, status *v1.PodStatus) {
+	for i := range status.ContainerStatuses {
+		markRunning(&status.ContainerStatuses[i])
+	}
+	sidecars := map[string]bool{}
+	for _, c := range pod.Spec.InitContainers {
+		sidecars[c.Name] = c.RestartPolicy != nil && *c.RestartPolicy == v1.ContainerRestartPolicyAlways
+	}
+	for i := range status.InitContainerStatuses {
+		c := &status.InitContainerStatuses[i]
+		if sidecars[c.Name] {
+			markRunning(c)
+			continue
+		}
+		started := c.State.Running != nil
+		c.Started = &started
+		c.Ready = c.State.Terminated != nil && c.State.Terminated.ExitCode == 0
+	}
+}
+
+func markRunning(c *v1.ContainerStatus) {
+	running := c.State.Running != nil
+	c.Started = &running
+	c.Ready = running
+}
 
 // machine is the node's size as cadvisor would report it.
 type machine struct {
