@@ -3,9 +3,10 @@
 A node of this module's own, ``hollow-1`` (4 CPU, 8Gi, 20 pods, containers stop within
 2 s), runs next to the session's node-1 for the length of the module, whichever node type the
 rest of the suite uses. What is pinned here is the kubelet's behaviour the webhook depends
-on: a resize that fits is actuated, one that does not is Deferred with the kubelet's message
-and retried when the pod in the way leaves, victims take their grace period, and a change
-of allocatable reaches the kubelet's admission.
+on: a pod is ready only once its container runs, a resize that fits is actuated, one that
+does not is Deferred with the kubelet's message and retried when the pod in the way leaves,
+victims take their grace period, and a change of allocatable reaches the kubelet's
+admission.
 """
 
 from __future__ import annotations
@@ -150,6 +151,35 @@ def test_a_node_starts_ready_untainted_with_the_requested_size(
     ready = {c["type"]: c["status"] for c in status["conditions"]}["Ready"]
     assert "True" == ready
     assert cluster.client.get_or_none(f"/apis/storage.k8s.io/v1/csinodes/{NODE}") is not None
+
+
+def test_a_pod_is_ready_only_once_its_container_runs(pods: Pods) -> None:
+    """Every status the kubelet writes for a new pod, in order, until it says Ready.
+
+    The prober manager calls a container without probes started and ready once it runs. A
+    pod called Ready while still Pending counts as healthy for its PodDisruptionBudget, yet
+    the Eviction API lets a Pending pod go whatever the budget says.
+    """
+    listed = pods.api.get(pods.path)["metadata"]["resourceVersion"]
+    pods.api.create(pods.path, make_pod("prober", "1"))
+    seen: list[tuple[str, str, str, str, bool, bool]] = []
+    for event in pods.api.watch(pods.path, listed, timeout_seconds=30):
+        status = event["object"].get("status") or {}
+        if event["type"] == "BOOKMARK" or not status.get("containerStatuses"):
+            continue
+        conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        container = status["containerStatuses"][0]
+        state = next(iter(container.get("state") or {}), "none")
+        started, ready = bool(container.get("started")), bool(container["ready"])
+        ready_conditions = (conditions["Ready"], conditions["ContainersReady"])
+        seen.append((status["phase"], *ready_conditions, state, started, ready))
+        if conditions["Ready"] == "True":
+            break
+
+    assert seen, "the kubelet wrote no status with its container within 30 s"
+    assert ("Running", "True", "True", "running", True, True) == seen[-1], seen
+    assert [] == [s for s in seen if "True" in s[1:3] and s[:4] != seen[-1][:4]], seen
+    assert [] == [s for s in seen if (s[3] == "running") != s[4] or s[4] != s[5]], seen
 
 
 def test_a_resize_that_fits_is_actuated_with_the_kubelets_events(
