@@ -52,6 +52,7 @@ GATE_OFF = "-gate-off"
 VERSIONS = ("v1.33.13", "v1.34.4", "v1.35.4", "v1.36.3", "v1.37.2" + GATE_OFF)
 E2E = REPO_ROOT / "tests" / "e2e"
 DOCS = REPO_ROOT / "docs" / "control-plane.md"
+RESULTS = REPO_ROOT / "bench" / "results" / "matrix.json"
 BEGIN = "<!-- matrix-table: python -m harness.matrix --docs-only writes it from the json -->"
 END = "<!-- end of matrix-table -->"
 BUILD_TIMEOUT = 3 * 3600.0
@@ -159,14 +160,20 @@ def read_facts(result: VersionResult, binaries: Binaries) -> None:
     result.in_place_resize_gate = match.group(1) if match else "GA"
 
 
-def commit_tested() -> str:
+def commit_tested(root: Path = REPO_ROOT, own: Sequence[Path] = (RESULTS, DOCS)) -> str:
+    """HEAD, with ``+dirty`` when a tracked file differs from it. The matrix's own outputs
+    (``own``: the result file and the docs' table, written after each entry) do not count:
+    an entry after the first would otherwise always say dirty."""
+
     def git(*args: str) -> str:
         return subprocess.run(
-            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False
+            ["git", *args], cwd=root, capture_output=True, text=True, check=False
         ).stdout.strip()
 
     commit = git("rev-parse", "--short=7", "HEAD")
-    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    excluded = [f":(exclude){path.relative_to(root)}" for path in own]
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", *excluded)
+    return commit + ("+dirty" if changed else "")
 
 
 class LoadSampler:
@@ -377,7 +384,7 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("-k", dest="selection", default="", help="pytest's -k, if any")
     parser.add_argument("--workers", type=int, default=2, choices=range(9), metavar="N",
                         help="pytest-xdist workers, 0: one process (default: 2)")  # fmt: skip
-    parser.add_argument("--json", type=Path, default=REPO_ROOT / "bench/results/matrix.json")
+    parser.add_argument("--json", type=Path, default=RESULTS)
     parser.add_argument("--log-dir", type=Path, default=REPO_ROOT / ".matrix",
                         help="build logs, pytest output")  # fmt: skip
     parser.add_argument("--docs", action="store_true", help=f"also write the table to {DOCS}")

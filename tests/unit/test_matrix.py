@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import asdict
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from harness.matrix import (
     PASSES,
     CaseOutcome,
     VersionResult,
+    commit_tested,
     docs_table,
     entry_env,
     kube_version_of,
@@ -211,3 +213,38 @@ def test_a_run_of_one_version_keeps_the_rows_of_the_others(tmp_path: Path) -> No
     assert ["v1.33.13", "v1.34.4", "v1.36.3"] == sorted(
         ["v1.36.3", "v1.34.4", "v1.33.13"], key=version_key
     )
+
+
+@pytest.mark.parametrize(
+    ("changed", "dirty"),
+    [
+        pytest.param((), False, id="clean"),
+        pytest.param(("results.json",), False, id="the-result-file"),
+        pytest.param(("results.json", "table.md"), False, id="its-outputs"),
+        pytest.param(("code.py",), True, id="a-tracked-file"),
+        pytest.param(("results.json", "code.py"), True, id="outputs-and-a-tracked-file"),
+    ],
+)
+def test_the_commit_tested_is_dirty_for_any_change_but_the_matrixs_own_outputs(
+    tmp_path: Path, changed: tuple[str, ...], dirty: bool
+) -> None:
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+
+    git("init", "-q")
+    for name in ("results.json", "table.md", "code.py"):
+        (tmp_path / name).write_text("before\n")
+    git("add", ".")
+    git("commit", "-qm", "start")
+    for name in changed:
+        (tmp_path / name).write_text("after\n")
+
+    own = (tmp_path / "results.json", tmp_path / "table.md")
+    head = git("rev-parse", "--short=7", "HEAD")
+    assert head + ("+dirty" if dirty else "") == commit_tested(tmp_path, own)
