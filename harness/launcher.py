@@ -57,8 +57,9 @@ WORKLOAD_CONTROLLERS = (
 )
 #: What pods on a real node need from kube-controller-manager: a ``default`` service account
 #: in every namespace and the ``kube-root-ca.crt`` ConfigMap (their API credentials), the
-#: EndpointSlices kube-apiserver routes webhook Services to, and the pods of DaemonSets (the
-#: chart's node agent, docs/checkpoint.md).
+#: EndpointSlices kube-apiserver routes webhook Services to (the Endpoints on 1.33,
+#: :meth:`_controllers`), and the pods of DaemonSets (the chart's node agent,
+#: docs/checkpoint.md).
 REAL_NODE_CONTROLLERS = (
     "serviceaccount-controller",
     "root-ca-certificate-publisher-controller",
@@ -546,6 +547,11 @@ class ControlPlane:
     def _controllers(self) -> list[str]:
         workloads = WORKLOAD_CONTROLLERS if self.config.workload_controllers else ()
         real = REAL_NODE_CONTROLLERS if self.config.real_nodes else ()
+        if real and self.binaries.kube_version < (1, 34):
+            # kube-apiserver 1.33 routes a webhook's Service by its Endpoints
+            # (buildServiceResolver in cmd/kube-apiserver/app/server.go); from 1.34 by its
+            # EndpointSlices.
+            real = (*real, "endpoints-controller")
         return ["disruption-controller", *workloads, *real]
 
     def _start_scheduler(self) -> None:
