@@ -351,9 +351,19 @@ def test_walkthrough_pods_run_the_workload_image_and_trap_sigterm() -> None:
     ]["requests"]
 
 
+def apiserver_of(version: str, directory: Path) -> Binaries:
+    """Binaries whose kube-apiserver only says its version."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "kube-apiserver"
+    script.write_text(f"#!/bin/sh\necho 'Kubernetes {version}'\n")
+    script.chmod(0o755)
+    return Binaries(directory)
+
+
 def test_real_node_control_plane_flags(tmp_path: Path) -> None:
-    real = ControlPlane(Binaries(tmp_path), ControlPlaneConfig(state_dir=tmp_path, real_nodes=True))
-    hollow = ControlPlane(Binaries(tmp_path), ControlPlaneConfig(state_dir=tmp_path))
+    binaries = apiserver_of("v1.37.2", tmp_path / "bin")
+    real = ControlPlane(binaries, ControlPlaneConfig(state_dir=tmp_path, real_nodes=True))
+    hollow = ControlPlane(binaries, ControlPlaneConfig(state_dir=tmp_path))
     assert [
         "--kubelet-preferred-address-types=InternalIP",
         f"--kubelet-client-certificate={tmp_path}/pki/kubelet-client.crt",
@@ -362,6 +372,24 @@ def test_real_node_control_plane_flags(tmp_path: Path) -> None:
     ] == real._real_node_args()
     assert ["--disable-admission-plugins=ServiceAccount"] == hollow._real_node_args()
     assert ["disruption-controller", *REAL_NODE_CONTROLLERS] == real._controllers()
+    assert ["disruption-controller"] == hollow._controllers()
+
+
+@pytest.mark.parametrize(
+    ("version", "routed_by"),
+    [
+        pytest.param("v1.33.13", ["endpoints-controller"], id="1.33-endpoints"),
+        pytest.param("v1.34.4", [], id="1.34-endpointslices"),
+        pytest.param("v1.37.2", [], id="1.37-endpointslices"),
+    ],
+)
+def test_a_real_node_cluster_keeps_what_its_apiserver_routes_webhooks_by(
+    tmp_path: Path, version: str, routed_by: list[str]
+) -> None:
+    binaries = apiserver_of(version, tmp_path / "bin")
+    real = ControlPlane(binaries, ControlPlaneConfig(state_dir=tmp_path, real_nodes=True))
+    hollow = ControlPlane(binaries, ControlPlaneConfig(state_dir=tmp_path))
+    assert ["disruption-controller", *REAL_NODE_CONTROLLERS, *routed_by] == real._controllers()
     assert ["disruption-controller"] == hollow._controllers()
 
 
