@@ -543,6 +543,9 @@ def kubelet_config(
       ``exec``/``logs`` calls, the tests as the admin) and bearer tokens (a TokenReview: the
       service's account), each request authorized by a SubjectAccessReview (``Webhook``),
       so that a call to ``/checkpoint`` needs ``create`` on ``nodes/checkpoint``;
+    * ``syncFrequency: 10s``, the hollow node's: a 1.33 kubelet retries a Deferred resize
+      only at the pod's next sync (``canResizePod``), 60-90 s apart by default; from 1.34 a
+      pod leaving or shrinking retries it at once;
     * beside node-1, its own ``cgroupRoot`` and ``podLogsDir`` (:class:`NodeSlot`).
     """
     config: dict[str, Any] = {
@@ -569,6 +572,7 @@ def kubelet_config(
         "imageGCLowThresholdPercent": 99,
         "maxPods": max_pods,
         "nodeStatusUpdateFrequency": f"{status_update_frequency:g}s",
+        "syncFrequency": "10s",
         "serializeImagePulls": False,
         "featureGates": dict(feature_gates),
     }

@@ -188,12 +188,13 @@ def test_kubelet_config_for_a_cgroup_v1_machine_without_systemd(tmp_path: Path) 
         "authorization": {"mode": "Webhook"},
         "containerRuntimeEndpoint": f"unix://{tmp_path}/containerd/containerd.sock",
         "nodeStatusUpdateFrequency": "4s",
+        "syncFrequency": "10s",
         "featureGates": {"A": True},
     } == {k: config[k] for k in (
         "address", "port", "cgroupDriver", "failCgroupV1", "failSwapOn", "resolvConf",
         "evictionHard", "imageGCHighThresholdPercent", "imageGCLowThresholdPercent",
         "authorization", "containerRuntimeEndpoint", "nodeStatusUpdateFrequency",
-        "featureGates",
+        "syncFrequency", "featureGates",
     )}  # fmt: skip
     assert {
         "anonymous": {"enabled": False},
