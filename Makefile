@@ -49,8 +49,8 @@ help:
 	@echo "                   advisory database; docs/reliability.md, \"Dependencies\")"
 	@echo "make lock          requirements.lock and requirements-runtime.lock, with hashes"
 	@echo "make compare       this webhook vs kube-scheduler v1.37.2 resize preemption (docs/comparison.md)"
-	@echo "make matrix        the e2e suite on Kubernetes v1.33-v1.36 and v1.37 with its alpha gate off"
-	@echo "                   (builds each; docs/control-plane.md)"
+	@echo "make matrix        the e2e suite on Kubernetes v1.33-v1.36 and v1.37 with its alpha gate off,"
+	@echo "                   and the real node's round on v1.33 (builds each; docs/control-plane.md)"
 
 # Every dependency, pip and setuptools included, at the version and with a hash of
 # requirements.lock; the package itself then, built with those (no other download). The lock

@@ -1,17 +1,22 @@
 """``make matrix``: the end-to-end suite against the Kubernetes versions our users run.
 
-For each entry (default: v1.33.13, v1.34.4, v1.35.4, v1.36.3 and ``v1.37.2-gate-off``, the
+For each entry (default: v1.33.13, v1.34.4, v1.35.4, v1.36.3, ``v1.37.2-gate-off``, the
 v1.37.2 binaries with the scheduler's ``InPlacePodVerticalScalingSchedulerPreemption``
-held off as on a managed v1.37 cluster), one after the other:
+held off as on a managed v1.37 cluster, and ``v1.33.13-realnode``, the real-node round on
+the oldest kubelet supported), one after the other:
 
 1. its control plane and hollow kubelet are built, or taken from the cache, by
    ``scripts/build-control-plane.sh`` with ``RPW_KUBE_VERSION`` set and no fallback to
    another version, under ``nice`` (a cold build takes a quarter of an hour on two cores);
+   a ``-realnode`` entry also builds what ``make node`` does, the real node's stack with
+   that version's kubelet;
 2. every module of ``tests/e2e`` runs (``--modules`` chooses fewer) with ``RPW_ASSETS``
    pointing at that version's binaries, less the tests of the real node and of the product
    image (:data:`LEFT_OUT`), the tests marked ``solo`` after the others, alone.
    A test a version cannot run skips itself with a reason naming the version
-   (``needs_kube``/``needs_gate`` marks, tests/e2e/conftest.py);
+   (``needs_kube``/``needs_gate`` marks, tests/e2e/conftest.py). A ``-realnode`` entry
+   runs instead the real-node round (:data:`REAL_NODE_ROUND`): the walkthrough, lending and
+   checkpoints on that version's kubelet, containerd, runc and CRIU;
 3. what the version offers that the tests depend on is read from the binaries (the kubelet's
    version, the ``PodResizeValidator`` admission plugin, the in-place resize gate).
 
@@ -49,12 +54,20 @@ from harness.binaries import BUILD_SCRIPT, REPO_ROOT, Binaries
 
 GATE = "InPlacePodVerticalScalingSchedulerPreemption"
 GATE_OFF = "-gate-off"
-VERSIONS = ("v1.33.13", "v1.34.4", "v1.35.4", "v1.36.3", "v1.37.2" + GATE_OFF)
+REAL_NODE = "-realnode"
+OLDEST = "v1.33.13"
+VERSIONS = ("v1.33.13", "v1.34.4", "v1.35.4", "v1.36.3", "v1.37.2" + GATE_OFF, OLDEST + REAL_NODE)
+#: An entry's suffix, in the order its rows follow the version's own.
+SUFFIXES = ("", GATE_OFF, REAL_NODE)
 E2E = REPO_ROOT / "tests" / "e2e"
 DOCS = REPO_ROOT / "docs" / "control-plane.md"
 RESULTS = REPO_ROOT / "bench" / "results" / "matrix.json"
 BEGIN = "<!-- matrix-table: python -m harness.matrix --docs-only writes it from the json -->"
 END = "<!-- end of matrix-table -->"
+#: What the real node runs besides the control plane: its stack, CRIU, its images.
+NODE_BUILDS = tuple(
+    REPO_ROOT / "scripts" / name for name in ("build-node.sh", "build-criu.sh", "build-images.sh")
+)
 BUILD_TIMEOUT = 3 * 3600.0
 TEST_TIMEOUT = 2 * 3600.0
 LOAD_EVERY = 30.0
@@ -115,36 +128,54 @@ class VersionResult:
 
 def kube_version_of(entry: str) -> str:
     """The Kubernetes version an entry runs: ``v1.37.2-gate-off`` runs v1.37.2."""
-    return entry.removesuffix(GATE_OFF)
+    return entry.removesuffix(GATE_OFF).removesuffix(REAL_NODE)
+
+
+def pinned(version: str) -> dict[str, str]:
+    """The environment that builds (and, on the real node, runs) exactly ``version``."""
+    return {"RPW_KUBE_VERSION": version, "RPW_KUBE_NO_FALLBACK": "1"}
 
 
 def entry_env(entry: str) -> dict[str, str]:
-    """What the entry sets for the tests beyond ``RPW_ASSETS``."""
-    return {"RPW_FEATURE_GATES_OFF": GATE} if entry.endswith(GATE_OFF) else {}
+    """What the entry sets for the tests beyond ``RPW_ASSETS``: the gate it holds off, or
+    the real node's kubelet version (the node stack is built for ``RPW_KUBE_VERSION``)."""
+    if entry.endswith(GATE_OFF):
+        return {"RPW_FEATURE_GATES_OFF": GATE}
+    if entry.endswith(REAL_NODE):
+        return pinned(kube_version_of(entry))
+    return {}
 
 
-def build(version: str, log_dir: Path) -> tuple[Path | None, float, Path]:
-    """Build (or find in the cache) the binaries of exactly ``version``."""
-    build_log = log_dir / f"build-{version}.log"
-    env = {**os.environ, "RPW_KUBE_VERSION": version, "RPW_KUBE_NO_FALLBACK": "1"}
+def build_scripts(entry: str) -> list[Path]:
+    """What an entry builds, in order; the control plane's directory is the first's output."""
+    return [BUILD_SCRIPT, *NODE_BUILDS] if entry.endswith(REAL_NODE) else [BUILD_SCRIPT]
+
+
+def build(entry: str, log_dir: Path) -> tuple[Path | None, float, Path]:
+    """Build (or find in the cache) what ``entry`` runs, of exactly its version: the
+    control plane's directory (None if a build failed), the seconds taken, the log."""
+    build_log = log_dir / f"build-{entry}.log"
+    env = {**os.environ, **pinned(kube_version_of(entry))}
     env.pop("RPW_ASSETS", None)
     env.pop("KUBEBUILDER_ASSETS", None)
     began = time.monotonic()
+    outputs = []
     with build_log.open("w") as err:
-        result = subprocess.run(
-            ["nice", "-n", "15", "bash", str(BUILD_SCRIPT)],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env=env,
-            timeout=BUILD_TIMEOUT,
-            check=False,
-        )
-    seconds = time.monotonic() - began
-    lines = result.stdout.strip().splitlines()
-    if result.returncode != 0 or not lines:
-        return None, seconds, build_log
-    return Path(lines[-1]), seconds, build_log
+        for script in build_scripts(entry):
+            result = subprocess.run(
+                ["nice", "-n", "15", "bash", str(script)],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=env,
+                timeout=BUILD_TIMEOUT,
+                check=False,
+            )
+            lines = result.stdout.strip().splitlines()
+            if result.returncode != 0 or not lines:
+                return None, time.monotonic() - began, build_log
+            outputs.append(Path(lines[-1]))
+    return outputs[0], time.monotonic() - began, build_log
 
 
 def read_facts(result: VersionResult, binaries: Binaries) -> None:
@@ -197,14 +228,29 @@ class LoadSampler:
         return [round(s[0], 2), round(sum(s) / len(s), 2), round(max(s), 2)]
 
 
-#: What no entry runs: the real node's tests (that node is the v1.37 kubelet on containerd
-#: whatever the control plane) and the product image's (``image_store``: the image, its
-#: platforms and its SBOM are the same whatever cluster runs them).
+#: What a hollow-node entry leaves out: the real node's tests (a ``-realnode`` entry runs
+#: them) and the product image's (``image_store``: the image, its platforms and its SBOM
+#: are the same whatever cluster runs them).
 LEFT_OUT = "not realnode and not image_store"
 #: The passes of an entry's tests, as ``make test`` runs them: (marks, in the workers) the
 #: parallel pass, then the tests marked ``solo`` (floods and slow clients, which measure
 #: what the service takes against its saturation on this machine) alone.
 PASSES = ((f"{LEFT_OUT} and not solo", True), (f"{LEFT_OUT} and solo", False))
+#: The real-node round of a ``-realnode`` entry (whatever ``--modules`` and ``-k`` say):
+#: the CPU quota a resize writes, the walkthrough with the victim's grace period, lending,
+#: a checkpoint restored with its memory, and a paused victim back when room returns. One
+#: process: the node is the machine's own.
+REAL_NODE_ROUND = (
+    ("test_realnode.py", "test_realnode_checkpoint.py", "test_realnode_pause.py"),
+    "cpu_quota or walkthrough or lenders_memory or restored_with_its_memory"
+    " or comes_back_with_its_memory",
+)
+REAL_NODE_PASSES = (("realnode", False),)
+
+
+def passes(entry: str) -> tuple[tuple[str, bool], ...]:
+    """The (marks, parallel) passes an entry's tests run in."""
+    return REAL_NODE_PASSES if entry.endswith(REAL_NODE) else PASSES
 
 
 def pytest_argv(
@@ -236,7 +282,7 @@ def run_tests(result: VersionResult, directory: Path, log_dir: Path) -> None:
     began = time.monotonic()
     reports: list[Path] = []
     with output.open("w") as out:
-        for number, (marks, parallel) in enumerate(PASSES):
+        for number, (marks, parallel) in enumerate(passes(result.version)):
             junit = log_dir / f"junit-{result.version}-{number}.xml"
             junit.unlink(missing_ok=True)
             reports.append(junit)
@@ -288,11 +334,12 @@ def parse_junit(text: str) -> list[CaseOutcome]:
 def run_version(
     entry: str, log_dir: Path, modules: Sequence[str] = (), selection: str = "", workers: int = 0
 ) -> VersionResult:
+    if entry.endswith(REAL_NODE):
+        modules, selection = REAL_NODE_ROUND
     result = VersionResult(entry, modules=list(modules), selection=selection, workers=workers)
-    version = kube_version_of(entry)
-    log(f"{entry}: building (or reusing) its binaries; log {log_dir / f'build-{version}.log'}")
+    log(f"{entry}: building (or reusing) its binaries; log {log_dir / f'build-{entry}.log'}")
     try:
-        directory, result.build_seconds, build_log = build(version, log_dir)
+        directory, result.build_seconds, build_log = build(entry, log_dir)
     except subprocess.TimeoutExpired:
         result.error = f"build did not finish within {BUILD_TIMEOUT:.0f} s"
         return result
@@ -380,7 +427,8 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--versions", type=listed, default=list(VERSIONS),
                         help="comma-separated entries (default: %(default)s)")  # fmt: skip
     parser.add_argument("--modules", type=listed, default=[],
-                        help="comma-separated tests/e2e modules (default: all)")  # fmt: skip
+                        help="comma-separated tests/e2e modules (default: all; a -realnode "
+                             "entry runs its round)")  # fmt: skip
     parser.add_argument("-k", dest="selection", default="", help="pytest's -k, if any")
     parser.add_argument("--workers", type=int, default=2, choices=range(9), metavar="N",
                         help="pytest-xdist workers, 0: one process (default: 2)")  # fmt: skip
@@ -391,8 +439,11 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--docs-only", action="store_true", help="write the table, run nothing")
     args = parser.parse_args(argv)
     for entry in args.versions:
-        if not re.fullmatch(r"v1\.\d+\.\d+(-gate-off)?", entry):
-            parser.error(f"not a Kubernetes version: {entry!r} (like v1.36.3, v1.37.2-gate-off)")
+        if not re.fullmatch(r"v1\.\d+\.\d+(-gate-off|-realnode)?", entry):
+            parser.error(
+                f"not a Kubernetes version: {entry!r} "
+                "(like v1.36.3, v1.37.2-gate-off, v1.33.13-realnode)"
+            )
     for module in args.modules:
         if not (E2E / module).is_file():
             parser.error(f"no such module in tests/e2e: {module!r}")
@@ -422,9 +473,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def version_key(entry: str) -> tuple[int, ...]:
-    """Sorts by version; an entry with ``-gate-off`` after its version."""
-    numbers = tuple(int(part) for part in kube_version_of(entry).lstrip("v").split("."))
-    return (*numbers, int(entry.endswith(GATE_OFF)))
+    """Sorts by version; an entry with a suffix after its version, in :data:`SUFFIXES`."""
+    version = kube_version_of(entry)
+    numbers = tuple(int(part) for part in version.lstrip("v").split("."))
+    return (*numbers, SUFFIXES.index(entry.removeprefix(version)))
 
 
 def load(path: Path) -> list[VersionResult]:

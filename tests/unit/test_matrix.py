@@ -13,14 +13,17 @@ from harness.matrix import (
     DOCS,
     GATE,
     PASSES,
+    REAL_NODE_ROUND,
     CaseOutcome,
     VersionResult,
+    build_scripts,
     commit_tested,
     docs_table,
     entry_env,
     kube_version_of,
     load,
     parse_junit,
+    passes,
     pytest_argv,
     table,
     version_key,
@@ -119,8 +122,13 @@ def test_table_has_a_row_per_entry_and_lines_for_what_did_not_pass() -> None:
     [
         ("v1.33.13", "v1.33.13", {}),
         ("v1.37.2-gate-off", "v1.37.2", {"RPW_FEATURE_GATES_OFF": GATE}),
+        (
+            "v1.33.13-realnode",
+            "v1.33.13",
+            {"RPW_KUBE_VERSION": "v1.33.13", "RPW_KUBE_NO_FALLBACK": "1"},
+        ),
     ],
-    ids=["a-version", "gate-off"],
+    ids=["a-version", "gate-off", "real-node"],
 )
 def test_an_entry_is_a_version_and_what_it_holds_off(
     entry: str, version: str, env: dict[str, str]
@@ -128,11 +136,51 @@ def test_an_entry_is_a_version_and_what_it_holds_off(
     assert (version, env) == (kube_version_of(entry), entry_env(entry))
 
 
-def test_entries_sort_by_version_the_gate_off_one_after_its_version() -> None:
-    entries = ["v1.37.2-gate-off", "v1.37.2", "v1.36.3", "v1.33.13"]
-    assert ["v1.33.13", "v1.36.3", "v1.37.2", "v1.37.2-gate-off"] == sorted(
-        entries, key=version_key
-    )
+def test_entries_sort_by_version_the_gate_off_and_real_node_ones_after_their_version() -> None:
+    entries = ["v1.37.2-gate-off", "v1.33.13-realnode", "v1.37.2", "v1.36.3", "v1.33.13"]
+    assert [
+        "v1.33.13",
+        "v1.33.13-realnode",
+        "v1.36.3",
+        "v1.37.2",
+        "v1.37.2-gate-off",
+    ] == sorted(entries, key=version_key)
+
+
+@pytest.mark.parametrize(
+    ("entry", "scripts", "marks"),
+    [
+        ("v1.33.13", ["build-control-plane.sh"], [m for m, _ in PASSES]),
+        ("v1.37.2-gate-off", ["build-control-plane.sh"], [m for m, _ in PASSES]),
+        (
+            "v1.33.13-realnode",
+            ["build-control-plane.sh", "build-node.sh", "build-criu.sh", "build-images.sh"],
+            ["realnode"],
+        ),
+    ],
+    ids=["a-version", "gate-off", "real-node"],
+)
+def test_a_real_node_entry_builds_the_node_stack_and_runs_only_the_real_nodes_tests(
+    entry: str, scripts: list[str], marks: list[str]
+) -> None:
+    assert scripts == [s.name for s in build_scripts(entry)]
+    assert marks == [m for m, _ in passes(entry)]
+
+
+def test_the_real_node_round_is_the_walkthrough_lending_and_checkpoints() -> None:
+    """Each name of the round's ``-k`` picks a test of its modules (a renamed test would
+    otherwise leave the round silently smaller)."""
+    modules, selection = REAL_NODE_ROUND
+    root = Path(__file__).resolve().parents[2] / "tests" / "e2e"
+    names = [
+        line.split("(")[0].removeprefix("def ")
+        for module in modules
+        for line in (root / module).read_text().splitlines()
+        if line.startswith("def test_")
+    ]
+    words = selection.split(" or ")
+    assert all(sum(word in name for name in names) == 1 for word in words), words
+    assert {"walkthrough", "lenders_memory", "restored_with_its_memory"} <= set(words)
 
 
 @pytest.mark.parametrize(
