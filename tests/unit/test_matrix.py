@@ -159,7 +159,7 @@ def test_entries_sort_by_version_the_gate_off_and_real_node_ones_after_their_ver
     ids=["a-version", "gate-off", "real-node"],
 )
 def test_a_real_node_entry_builds_the_node_stack_and_runs_only_the_real_nodes_tests(
-    entry: str, scripts: list[str], marks: list[str]
+    entry: str, scripts: list[Path], marks: list[str]
 ) -> None:
     assert scripts == build_scripts(entry)
     assert marks == [m for m, _ in passes(entry)]
